@@ -1,0 +1,18 @@
+"""vitkit: vision transformers in PyTorch.
+
+One fast attention whose weights can always be read out, ViT / DeiT (and more families) in one registry
+with timm-compatible parameter names, and model directories saved without pickle.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from vitkit.layers.attention import capture_attention
+from vitkit.models.registry import create_model, list_models
+from vitkit.weights.io import from_pretrained, save_pretrained
+
+try:
+    __version__ = version("vitkit")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0.0.0"
+
+__all__ = ["__version__", "capture_attention", "create_model", "from_pretrained", "list_models", "save_pretrained"]

@@ -1,0 +1,34 @@
+"""`vitkit <command>`: argument parsing only; each command lives in its own module and calls the library."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vitkit.cli import models
+
+COMMANDS = {"models": models}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vitkit import __version__
+
+    parser = argparse.ArgumentParser(prog="vitkit", description="Vision transformers: models, costs, weights.")
+    parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        module.add_parser(sub.add_parser(name, help=module.HELP, description=module.HELP))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command].run(args) or 0
+    except (ValueError, OSError) as err:
+        print(f"vitkit {args.command}: error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,36 @@
+"""Building blocks shared by every vitkit model: one concept per module."""
+
+from vitkit.layers.attention import (
+    BACKENDS,
+    Attention,
+    attention_layers,
+    capture_attention,
+    check_backend,
+    set_attention_backend,
+)
+from vitkit.layers.attention2d import Attention2d
+from vitkit.layers.block import Block, LayerScale
+from vitkit.layers.drop import DropPath, drop_path
+from vitkit.layers.helpers import to_2tuple
+from vitkit.layers.mlp import Mlp
+from vitkit.layers.patch_embed import PatchEmbed
+from vitkit.layers.pos_embed import resample_abs_pos_embed, sincos_2d_pos_embed
+
+__all__ = [
+    "BACKENDS",
+    "Attention",
+    "Attention2d",
+    "Block",
+    "DropPath",
+    "LayerScale",
+    "Mlp",
+    "PatchEmbed",
+    "attention_layers",
+    "capture_attention",
+    "check_backend",
+    "drop_path",
+    "resample_abs_pos_embed",
+    "set_attention_backend",
+    "sincos_2d_pos_embed",
+    "to_2tuple",
+]

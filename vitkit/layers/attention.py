@@ -1,0 +1,154 @@
+"""Multi-head scaled dot-product attention: the one attention implementation in vitkit.
+
+Every model (ViT, DeiT, Swin's window attention, BoTNet's relative-position attention) computes
+softmax(q k^T * scale + bias) v through `Attention.attend`, so every backend, the attention capture
+and the cost accounting live here once.
+
+Letters used in shape comments: B batch, N tokens, C channels (= h * d), h heads, d head dim.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BACKENDS = ("sdpa", "math")
+"""`sdpa`: torch's fused scaled_dot_product_attention (flash / memory-efficient kernels, never keeps the
+N x N weights); `math`: the explicit softmax(q k^T * scale + bias) v, the reference."""
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention over tokens (B, N, C) with one fused qkv projection.
+
+    Heads are split by reshape/permute and computed as one batched matmul, never a loop over heads.
+
+    Args:
+        dim: token channels C; must be divisible by `num_heads`.
+        num_heads: number of heads h; head dim d = C // h.
+        qkv_bias: add a bias to the fused q, k, v projection.
+        attn_drop: dropout on the attention weights (training only).
+        proj_drop: dropout after the output projection.
+        backend: "sdpa" (fused kernel) or "math" (explicit reference); both give the same values.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        backend: str = "sdpa",
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.backend = check_backend(backend)
+        self.attn_drop = attn_drop
+        # Set by `capture_attention` while it is active; called with the (B, h, Nq, Nk) weights.
+        self.capture_hook: Callable[[torch.Tensor], None] | None = None
+
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """Attend over tokens x (B, N, C); `bias` is added to the logits, broadcastable to (B, h, N, N)."""
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, h, N, d)
+        q, k, v = qkv.unbind(0)  # each (B, h, N, d)
+        x = self.attend(q, k, v, bias)  # (B, h, N, d)
+        x = x.transpose(1, 2).reshape(B, N, C)  # (B, N, h, d) -> (B, N, C)
+        return self.proj_drop(self.proj(x))
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """softmax(q k^T * scale + bias) v for q (B, h, Nq, d), k and v (B, h, Nk, d) -> (B, h, Nq, d).
+
+        The fused kernel runs unless the backend is "math" or the weights are being captured; then the
+        weights (B, h, Nq, Nk) are formed explicitly.
+        """
+        dropout = self.attn_drop if self.training else 0.0
+        if self.backend == "sdpa" and self.capture_hook is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=self.scale)
+        attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, Nq, Nk)
+        if bias is not None:
+            attn = attn + bias
+        attn = attn.softmax(dim=-1)
+        if self.capture_hook is not None:
+            self.capture_hook(attn)
+        attn = F.dropout(attn, dropout)
+        return attn @ v  # (B, h, Nq, d)
+
+
+def attention_layers(model: nn.Module) -> list[tuple[str, Attention]]:
+    """The model's attention layers as (qualified name, module), in registration order."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, Attention)]
+
+
+def set_attention_backend(model: nn.Module, backend: str) -> nn.Module:
+    """Switch every attention layer of `model` to `backend` ("sdpa" or "math"); returns the model."""
+    check_backend(backend)
+    for _, layer in attention_layers(model):
+        layer.backend = backend
+    return model
+
+
+@contextmanager
+def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> Iterator[dict[str, torch.Tensor]]:
+    """Record attention weights while the context is open.
+
+    Yields an ordered dict, filled during forward passes run inside the context, mapping each attention
+    layer's qualified name (e.g. ``blocks.0.attn``) to its detached weights (B, h, Nq, Nk), whose rows sum
+    to one. A layer called again replaces its entry (the last forward pass wins). Works with every backend:
+    a capturing layer forms its weights explicitly only while the context is open; outside it nothing is
+    recorded and nothing N x N is kept.
+
+    Args:
+        model: any module containing vitkit `Attention` layers.
+        layers: names of the layers to capture (default: all). Capturing one layer costs that layer's
+            N x N map only.
+    """
+    found = attention_layers(model)
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no vitkit Attention layers to capture")
+    if layers is not None:
+        wanted = list(layers)
+        available = dict(found)
+        unknown = [name for name in wanted if name not in available]
+        if unknown:
+            names = ", ".join(name for name, _ in found[:4])
+            raise ValueError(f"no attention layer named {unknown}; attention layers are e.g. {names}, ...")
+        found = [(name, available[name]) for name in wanted]
+
+    maps: dict[str, torch.Tensor] = OrderedDict()
+    previous = [layer.capture_hook for _, layer in found]
+
+    def hook_for(name: str) -> Callable[[torch.Tensor], None]:
+        def store(attn: torch.Tensor) -> None:
+            maps[name] = attn.detach()
+
+        return store
+
+    for name, layer in found:
+        layer.capture_hook = hook_for(name)
+    try:
+        yield maps
+    finally:
+        for (_, layer), hook in zip(found, previous):
+            layer.capture_hook = hook

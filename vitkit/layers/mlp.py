@@ -1,0 +1,36 @@
+"""The transformer feed-forward block: Linear -> GELU -> Linear, with dropout."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Mlp(nn.Module):
+    """Two-layer perceptron applied to every token: (..., in) -> (..., hidden) -> (..., out).
+
+    Args:
+        in_features: input channels.
+        hidden_features: hidden channels (default: `in_features`).
+        out_features: output channels (default: `in_features`).
+        drop: dropout after the activation and after the second layer.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int | None = None,
+        out_features: int | None = None,
+        drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        hidden_features = hidden_features or in_features
+        out_features = out_features or in_features
+        self.fc1 = nn.Linear(in_features, hidden_features)
+        self.act = nn.GELU()  # exact (erf) GELU, as in the ViT paper and timm
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_features, out_features)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))

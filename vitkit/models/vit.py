@@ -1,0 +1,266 @@
+"""Vision Transformer (ViT) and Data-efficient Image Transformer (DeiT).
+
+- "An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale", Dosovitskiy et al.,
+  arXiv:2010.11929 (ViT).
+- "Training data-efficient image transformers & distillation through attention", Touvron et al.,
+  arXiv:2012.12877 (DeiT; the distilled variants add a distillation token and a second head).
+
+Data path: image (B, C, H, W) -> PatchEmbed (B, N, D) -> [cls (, dist)] + pos -> Block x depth -> norm
+-> pool (class token or mean of patch tokens) -> head (B, num_classes).
+Parameter names and shapes follow timm's `VisionTransformer`, so timm state dicts load unchanged.
+
+Letters: B batch, N patch tokens, P prefix tokens (class, distillation), D embedding dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vitkit.layers import Block, PatchEmbed, check_backend, resample_abs_pos_embed, sincos_2d_pos_embed, to_2tuple
+from vitkit.models.registry import register_family, register_model
+
+VIT_PAPER = "An Image is Worth 16x16 Words (Dosovitskiy et al., arXiv:2010.11929)"
+DEIT_PAPER = "Training data-efficient image transformers & distillation through attention (Touvron et al., arXiv:2012.12877)"
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    img_size: int | tuple[int, int] = 224  # training image size, an int for square or (H, W)
+    patch_size: int = 16  # patch side p; img_size must be a multiple of it
+    in_chans: int = 3  # image channels
+    num_classes: int = 1000  # classifier outputs; 0 removes the head (forward returns pooled features)
+    embed_dim: int = 768  # token width D
+    depth: int = 12  # number of encoder blocks
+    num_heads: int = 12  # attention heads; must divide embed_dim
+    mlp_ratio: float = 4.0  # MLP hidden width as a multiple of embed_dim
+    qkv_bias: bool = True  # bias on the fused qkv projection
+    class_token: bool = True  # prepend a learned class token
+    distilled: bool = False  # DeiT: add a distillation token and a second head (needs class_token)
+    global_pool: str = "token"  # "token": class token output; "avg": mean of the patch tokens
+    pos_embed: str = "learn"  # "learn": learned absolute table; "sincos": fixed 2-D sin-cos table
+    drop_rate: float = 0.0  # dropout before the head, after position embedding and in the blocks
+    attn_drop_rate: float = 0.0  # dropout on attention weights
+    drop_path_rate: float = 0.0  # stochastic depth, increasing linearly with depth to this rate
+    layer_norm_eps: float = 1e-6  # LayerNorm epsilon (1e-6 as in timm and the JAX reference)
+    init_values: float | None = None  # LayerScale initial value; None disables LayerScale
+    dynamic_img_size: bool = False  # accept any image size divisible by the patch (position table resampled)
+    attn_backend: str = "sdpa"  # "sdpa" (fused kernel) or "math" (explicit reference)
+
+    def __post_init__(self) -> None:
+        to_2tuple(self.img_size)
+        if self.embed_dim % self.num_heads != 0:
+            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if self.global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
+        if self.global_pool == "token" and not self.class_token:
+            raise ValueError("global_pool='token' needs class_token=True")
+        if self.distilled and (not self.class_token or self.global_pool != "token"):
+            raise ValueError("distilled=True needs class_token=True and global_pool='token'")
+        if self.pos_embed not in ("learn", "sincos"):
+            raise ValueError(f"pos_embed must be 'learn' or 'sincos', got {self.pos_embed!r}")
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
+        check_backend(self.attn_backend)
+
+
+class VisionTransformer(nn.Module):
+    """ViT / DeiT built from a `ViTConfig`.
+
+    `forward` returns logits (B, num_classes) (for distilled models: the mean of the class and
+    distillation heads, as DeiT evaluates). Training with DeiT's distillation loss uses
+    `forward_distill`, which returns both heads' logits.
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.num_prefix_tokens = int(c.class_token) + int(c.distilled)
+        self.patch_embed = PatchEmbed(
+            c.img_size, c.patch_size, c.in_chans, c.embed_dim, strict_img_size=not c.dynamic_img_size
+        )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.distilled else None
+        pos_len = self.patch_embed.num_patches + self.num_prefix_tokens
+        # A sin-cos table is fixed (requires_grad=False) but kept as a parameter so the state dict layout
+        # is the same as for a learned one.
+        self.pos_embed = nn.Parameter(torch.zeros(1, pos_len, c.embed_dim), requires_grad=c.pos_embed == "learn")
+        self.pos_drop = nn.Dropout(c.drop_rate)
+        dpr = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # linear stochastic-depth rule
+        self.blocks = nn.Sequential(
+            *[
+                Block(
+                    c.embed_dim,
+                    c.num_heads,
+                    c.mlp_ratio,
+                    c.qkv_bias,
+                    proj_drop=c.drop_rate,
+                    attn_drop=c.attn_drop_rate,
+                    drop_path=dpr[i],
+                    init_values=c.init_values,
+                    norm_eps=c.layer_norm_eps,
+                    attn_backend=c.attn_backend,
+                )
+                for i in range(c.depth)
+            ]
+        )
+        # As in timm: the final norm sits before pooling for class-token models and after it (fc_norm) for
+        # mean pooling.
+        use_fc_norm = c.global_pool == "avg"
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
+        self.fc_norm = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(c.drop_rate)
+        self.head = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        if c.distilled:
+            self.head_dist = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    @property
+    def num_features(self) -> int:
+        return self.config.embed_dim
+
+    def init_weights(self) -> None:
+        """timm's ViT initialisation: truncated normal (std .02) for linears and tables, tiny class token."""
+        if self.config.pos_embed == "sincos":
+            with torch.no_grad():
+                self.pos_embed.copy_(self._sincos_table(self.patch_embed.grid_size))
+        else:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def _sincos_table(self, grid: tuple[int, int]) -> torch.Tensor:
+        return sincos_2d_pos_embed(self.config.embed_dim, grid, num_prefix_tokens=self.num_prefix_tokens)
+
+    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Prepend the prefix tokens to x (B, N, D) and add the position table for the token grid."""
+        B = x.shape[0]
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token) if t is not None]
+        x = torch.cat([*prefix, x], dim=1)  # (B, P + N, D)
+        pos_embed = self.pos_embed
+        if grid != self.patch_embed.grid_size:
+            if self.config.pos_embed == "sincos":
+                pos_embed = self._sincos_table(grid).to(x.device, pos_embed.dtype)
+            else:
+                pos_embed = resample_abs_pos_embed(
+                    pos_embed, grid, self.patch_embed.grid_size, num_prefix_tokens=self.num_prefix_tokens
+                )
+        return self.pos_drop(x + pos_embed)
+
+    def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        tokens = self.patch_embed(x)  # (B, N, D); checks the input
+        grid = self.patch_embed.feat_size(x.shape[-2:])
+        return self._pos_embed(tokens, grid), grid
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> normalised tokens (B, P + N, D)."""
+        x, _ = self._embed(x)
+        x = self.blocks(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens (B, P + N, D) -> logits (B, num_classes), or the pooled features (B, D) with `pre_logits`."""
+        if self.config.distilled:
+            cls, dist = x[:, 0], x[:, 1]
+            if pre_logits:
+                return (cls + dist) / 2
+            return (self.head(self.head_drop(cls)) + self.head_dist(self.head_drop(dist))) / 2
+        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.config.global_pool == "avg" else x[:, 0]
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_distill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeiT training: (class-head logits, distillation-head logits), each (B, num_classes)."""
+        if not self.config.distilled:
+            raise ValueError("forward_distill needs a distilled model (config.distilled=True)")
+        x = self.forward_features(x)
+        return self.head(self.head_drop(x[:, 0])), self.head_dist(self.head_drop(x[:, 1]))
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | tuple[int, ...] | None = None,
+        output_fmt: str = "NCHW",
+        norm: bool = False,
+    ) -> list[torch.Tensor]:
+        """Outputs of chosen blocks, patch tokens only (prefix tokens dropped).
+
+        Args:
+            x: images (B, C, H, W).
+            indices: None for every block, an int n for the last n blocks, or a list of block indices
+                (negative ones count from the end).
+            output_fmt: "NCHW" for feature maps (B, D, Hp, Wp), "NLC" for tokens (B, Hp*Wp, D).
+            norm: apply the final norm to each output.
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take = _block_indices(len(self.blocks), indices)
+        x, (Hp, Wp) = self._embed(x)
+        outputs = []
+        for i, block in enumerate(self.blocks[: max(take) + 1]):
+            x = block(x)
+            if i in take:
+                y = (self.norm(x) if norm else x)[:, self.num_prefix_tokens :]  # (B, N, D)
+                if output_fmt == "NCHW":
+                    y = y.reshape(y.shape[0], Hp, Wp, -1).permute(0, 3, 1, 2).contiguous()  # (B, D, Hp, Wp)
+                outputs.append(y)
+        return outputs
+
+
+def _block_indices(depth: int, indices: int | list[int] | tuple[int, ...] | None) -> list[int]:
+    if indices is None:
+        return list(range(depth))
+    if isinstance(indices, int):
+        if not 0 < indices <= depth:
+            raise ValueError(f"indices={indices} asks for the last {indices} blocks of a {depth}-block model")
+        return list(range(depth - indices, depth))
+    take = []
+    for i in indices:
+        if not -depth <= i < depth:
+            raise ValueError(f"block index {i} is out of range for a {depth}-block model")
+        take.append(i % depth)
+    if not take:
+        raise ValueError("indices is empty; pass None for every block")
+    return take
+
+
+register_family("vit", ViTConfig, VisionTransformer)
+
+
+def _vit(name: str, paper: str = VIT_PAPER, **fields: object) -> None:
+    register_model(name, "vit", ViTConfig(**fields), paper)
+
+
+# ViT sizes from the ViT paper (Table 1); Tiny and Small from DeiT (Table 1).
+_TINY = dict(embed_dim=192, depth=12, num_heads=3)
+_SMALL = dict(embed_dim=384, depth=12, num_heads=6)
+_BASE = dict(embed_dim=768, depth=12, num_heads=12)
+_LARGE = dict(embed_dim=1024, depth=24, num_heads=16)
+
+_vit("vit_tiny_patch16_224", **_TINY)
+_vit("vit_small_patch16_224", **_SMALL)
+_vit("vit_small_patch16_384", img_size=384, **_SMALL)
+_vit("vit_base_patch16_224", **_BASE)
+_vit("vit_base_patch16_384", img_size=384, **_BASE)
+_vit("vit_base_patch32_224", patch_size=32, **_BASE)
+_vit("vit_base_patch32_384", img_size=384, patch_size=32, **_BASE)
+_vit("vit_large_patch16_224", **_LARGE)
+
+_vit("deit_tiny_patch16_224", DEIT_PAPER, **_TINY)
+_vit("deit_small_patch16_224", DEIT_PAPER, **_SMALL)
+_vit("deit_base_patch16_224", DEIT_PAPER, **_BASE)
+_vit("deit_tiny_distilled_patch16_224", DEIT_PAPER, distilled=True, **_TINY)
+_vit("deit_small_distilled_patch16_224", DEIT_PAPER, distilled=True, **_SMALL)
+_vit("deit_base_distilled_patch16_224", DEIT_PAPER, distilled=True, **_BASE)
