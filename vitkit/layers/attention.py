@@ -150,5 +150,5 @@ def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> 
     try:
         yield maps
     finally:
-        for (_, layer), hook in zip(found, previous):
+        for (_, layer), hook in zip(found, previous, strict=True):
             layer.capture_hook = hook

@@ -40,7 +40,7 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.img_size = to_2tuple(img_size)
         self.patch_size = to_2tuple(patch_size)
-        for side, size, patch in zip(("height", "width"), self.img_size, self.patch_size):
+        for side, size, patch in zip(("height", "width"), self.img_size, self.patch_size, strict=True):
             if size % patch != 0:
                 raise ValueError(f"image {side} {size} is not a multiple of patch size {patch}")
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
@@ -73,7 +73,7 @@ class PatchEmbed(nn.Module):
                     "build the model with dynamic_img_size=True to accept other sizes"
                 )
             return
-        for side, size, patch in zip(("height", "width"), (H, W), self.patch_size):
+        for side, size, patch in zip(("height", "width"), (H, W), self.patch_size, strict=True):
             if size % patch != 0 or size == 0:
                 raise ValueError(f"image {side} {size} is not a positive multiple of patch size {patch}")
 

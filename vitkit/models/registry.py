@@ -86,9 +86,7 @@ def replace_config(config: Any, **overrides: Any) -> Any:
     fields = {f.name for f in dataclasses.fields(config)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ValueError(
-            f"{type(config).__name__} has no field(s) {unknown}; its fields are {sorted(fields)}"
-        )
+        raise ValueError(f"{type(config).__name__} has no field(s) {unknown}; its fields are {sorted(fields)}")
     return dataclasses.replace(config, **overrides)
 
 

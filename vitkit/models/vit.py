@@ -23,7 +23,7 @@ from vitkit.layers import Block, PatchEmbed, check_backend, resample_abs_pos_emb
 from vitkit.models.registry import register_family, register_model
 
 VIT_PAPER = "An Image is Worth 16x16 Words (Dosovitskiy et al., arXiv:2010.11929)"
-DEIT_PAPER = "Training data-efficient image transformers & distillation through attention (Touvron et al., arXiv:2012.12877)"
+DEIT_PAPER = "Training data-efficient image transformers & distillation through attention (arXiv:2012.12877)"
 
 
 @dataclass(frozen=True)
