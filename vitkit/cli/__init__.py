@@ -1,13 +1,16 @@
-"""`vitkit <command>`: argument parsing only; each command lives in its own module and calls the library."""
+"""`vitkit <command>`: argument parsing only; each command lives in its own module and calls the library.
+
+A command module `vitkit/cli/NAME.py` defines `HELP`, `add_parser(parser)` and `run(args) -> int`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from vitkit.cli import models
-
-COMMANDS = {"models": models}
+# One line per command module, in the order `vitkit --help` lists them.
+COMMANDS = ("models",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,8 +19,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitkit", description="Vision transformers: models, costs, weights.")
     parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in COMMANDS.items():
-        module.add_parser(sub.add_parser(name, help=module.HELP, description=module.HELP))
+    for name in COMMANDS:
+        module = importlib.import_module(f"vitkit.cli.{name}")
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        command.set_defaults(run=module.run)
+        module.add_parser(command)
     return parser
 
 
@@ -28,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return COMMANDS[args.command].run(args) or 0
+        return args.run(args) or 0
     except (ValueError, OSError) as err:
         print(f"vitkit {args.command}: error: {err}", file=sys.stderr)
         return 2
