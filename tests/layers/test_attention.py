@@ -1,0 +1,128 @@
+"""The shared Attention: sdpa == math == an explicit per-head loop, capture, errors."""
+
+import pytest
+import torch
+
+from vitkit.layers import Attention, attention_layers, capture_attention, set_attention_backend
+
+
+def explicit_attention(layer: Attention, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Multi-head attention written the slow way: separate q, k, v slices and a loop over heads."""
+    B, N, C = x.shape
+    h, d = layer.num_heads, C // layer.num_heads
+    w, b = layer.qkv.weight, layer.qkv.bias
+    q_all, k_all, v_all = (x @ w[i * C : (i + 1) * C].T + b[i * C : (i + 1) * C] for i in range(3))
+    heads = []
+    for j in range(h):
+        q, k, v = (t[..., j * d : (j + 1) * d] for t in (q_all, k_all, v_all))
+        logits = q @ k.transpose(1, 2) / d**0.5
+        if bias is not None:
+            logits = logits + bias.expand(B, h, N, N)[:, j]
+        heads.append(torch.softmax(logits, dim=-1) @ v)
+    return layer.proj(torch.cat(heads, dim=-1))
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_backends_agree_with_explicit_forward_and_backward(with_bias):
+    torch.manual_seed(0)
+    layer = Attention(32, num_heads=4)
+    x = torch.randn(2, 10, 32)
+    bias = torch.randn(1, 4, 10, 10, requires_grad=True) if with_bias else None
+    results = {}
+    for backend in ("sdpa", "math"):
+        layer.backend = backend
+        xi = x.clone().requires_grad_(True)
+        layer.zero_grad()
+        out = layer(xi, bias)
+        out.square().sum().backward()
+        grads = [xi.grad.clone(), layer.qkv.weight.grad.clone(), layer.proj.weight.grad.clone()]
+        if with_bias:
+            grads.append(bias.grad.clone())
+            bias.grad = None
+        results[backend] = (out.detach(), grads)
+    reference = explicit_attention(layer, x, bias)
+    torch.testing.assert_close(results["sdpa"][0], reference, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(results["math"][0], reference, atol=1e-5, rtol=1e-5)
+    for g_sdpa, g_math in zip(results["sdpa"][1], results["math"][1], strict=True):
+        torch.testing.assert_close(g_sdpa, g_math, atol=1e-5, rtol=1e-5)
+
+
+def test_bias_broadcasts_per_sample():
+    torch.manual_seed(0)
+    layer = Attention(16, num_heads=2)
+    x = torch.randn(3, 5, 16)
+    bias = torch.randn(3, 2, 5, 5)
+    torch.testing.assert_close(layer(x, bias), explicit_attention(layer, x, bias), atol=1e-5, rtol=1e-5)
+
+
+def test_dim_not_divisible_by_heads_names_both_numbers():
+    with pytest.raises(ValueError, match="dim 30 is not divisible by num_heads 4"):
+        Attention(30, num_heads=4)
+
+
+def test_unknown_backend_is_rejected():
+    with pytest.raises(ValueError, match="'flash3'"):
+        Attention(16, num_heads=2, backend="flash3")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        set_attention_backend(Attention(16, 2), "bogus")
+
+
+class TwoLayers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Attention(16, num_heads=2)
+        self.second = Attention(16, num_heads=4)
+
+    def forward(self, x):
+        return self.second(self.first(x))
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+def test_capture_records_probabilities_in_forward_order(backend):
+    torch.manual_seed(0)
+    model = set_attention_backend(TwoLayers(), backend)
+    x = torch.randn(2, 7, 16)
+    expected_out = model(x)
+    with capture_attention(model) as maps:
+        out = model(x)
+    torch.testing.assert_close(out, expected_out)  # capturing does not change the result
+    assert list(maps) == ["first", "second"]
+    assert maps["first"].shape == (2, 2, 7, 7) and maps["second"].shape == (2, 4, 7, 7)
+    for attn in maps.values():
+        torch.testing.assert_close(attn.sum(-1), torch.ones(attn.shape[:-1]))
+        assert not attn.requires_grad
+    # The recorded weights are those of an explicit computation.
+    layer = model.first
+    q, k, _ = layer.qkv(x).reshape(2, 7, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    torch.testing.assert_close(maps["first"], torch.softmax(q @ k.transpose(-2, -1) / 8**0.5, -1).detach())
+
+
+def test_capture_only_inside_context_and_selected_layers():
+    model = TwoLayers()
+    x = torch.randn(1, 4, 16)
+    with capture_attention(model, layers=["second"]) as maps:
+        model(x)
+        assert list(maps) == ["second"]
+    assert all(layer.capture_hook is None for _, layer in attention_layers(model))
+    model(x)
+    assert list(maps) == ["second"]  # nothing recorded after the context closed
+
+
+def test_capture_errors():
+    with pytest.raises(ValueError, match="no vitkit Attention layers"):
+        with capture_attention(torch.nn.Linear(2, 2)):
+            pass
+    with pytest.raises(ValueError, match="no attention layer named"):
+        with capture_attention(TwoLayers(), layers=["third"]):
+            pass
+
+
+def test_sdpa_does_not_form_weights_outside_capture(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "softmax", lambda self, *a, **k: calls.append(1) or torch.softmax(self, *a, **k))
+    layer = Attention(16, num_heads=2)
+    layer(torch.randn(1, 4, 16))
+    assert calls == []
+    with capture_attention(layer):
+        layer(torch.randn(1, 4, 16))
+    assert calls == [1]

@@ -1,0 +1,58 @@
+"""The registry: names, overrides, errors."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.models.registry import model_entry
+
+
+def test_required_variants_are_registered():
+    required = [
+        *(f"vit_{size}_patch16_224" for size in ("tiny", "small", "base", "large")),
+        "vit_base_patch32_224",
+        "vit_base_patch32_384",
+        "vit_small_patch16_384",
+        "vit_base_patch16_384",
+        *(f"deit_{size}_patch16_224" for size in ("tiny", "small", "base")),
+        *(f"deit_{size}_distilled_patch16_224" for size in ("tiny", "small", "base")),
+    ]
+    assert set(required) <= set(vitkit.list_models())
+
+
+def test_list_models_pattern():
+    names = vitkit.list_models("deit_*distilled*")
+    assert names == sorted(names) and len(names) == 3
+    assert all(n.startswith("deit_") and "distilled" in n for n in names)
+    assert vitkit.list_models("no_such_*") == []
+
+
+def test_unknown_name_lists_closest():
+    with pytest.raises(ValueError, match=r"unknown model 'vit_smal_patch16_224'; closest: vit_small_patch16_224"):
+        vitkit.create_model("vit_smal_patch16_224")
+
+
+def test_overrides_replace_config_fields():
+    model = vitkit.create_model("vit_tiny_patch16_224", num_classes=7, img_size=32, depth=2)
+    assert model.config == dataclasses.replace(
+        model_entry("vit_tiny_patch16_224").config, num_classes=7, img_size=32, depth=2
+    )
+    assert len(model.blocks) == 2
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 7)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        model.config.depth = 3  # configs are frozen
+
+
+def test_bad_overrides():
+    with pytest.raises(ValueError, match=r"ViTConfig has no field\(s\) \['dpeth'\]"):
+        vitkit.create_model("vit_tiny_patch16_224", dpeth=2)
+    with pytest.raises(ValueError, match="embed_dim 192 is not divisible by num_heads 5"):
+        vitkit.create_model("vit_tiny_patch16_224", num_heads=5)
+    with pytest.raises(ValueError, match="global_pool must be 'token' or 'avg', got 'max'"):
+        vitkit.create_model("vit_tiny_patch16_224", global_pool="max")
+    with pytest.raises(ValueError, match="image height 100 is not a multiple of patch size 16"):
+        vitkit.create_model("vit_tiny_patch16_224", img_size=100)
+    with pytest.raises(ValueError, match="attention backend must be one of"):
+        vitkit.create_model("vit_tiny_patch16_224", attn_backend="xformers")

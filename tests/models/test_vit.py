@@ -1,0 +1,152 @@
+"""ViT and DeiT against timm with the same weights (fp32, eval), and input checking."""
+
+import pytest
+import timm
+import torch
+
+import vitkit
+
+
+def paired(name: str, **overrides):
+    """A timm model and a vitkit model of the same variant, the vitkit one loaded from timm's state dict."""
+    torch.manual_seed(0)
+    theirs = timm.create_model(name, pretrained=False, **overrides).eval()
+    ours = vitkit.create_model(name, **overrides).eval()
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    return theirs, ours
+
+
+@pytest.mark.parametrize(
+    "name", ["vit_small_patch16_224", "vit_base_patch32_384", "deit_tiny_distilled_patch16_224", "deit_tiny_patch16_224"]
+)
+def test_logits_equal_timm(name):
+    theirs, ours = paired(name)
+    x = torch.randn(2, 3, *ours.patch_embed.img_size)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(global_pool="avg"),
+        dict(class_token=False, global_pool="avg"),
+        dict(init_values=0.1),
+        dict(num_classes=0),
+        dict(img_size=(64, 96)),
+    ],
+    ids=["avg", "no-cls", "layerscale", "no-head", "rect"],
+)
+def test_options_equal_timm(overrides):
+    theirs, ours = paired("vit_tiny_patch16_224", depth=2, **overrides)
+    size = overrides.get("img_size", 224)
+    x = torch.randn(2, 3, *((size, size) if isinstance(size, int) else size))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            ours.forward_head(ours.forward_features(x), pre_logits=True),
+            theirs.forward_head(theirs.forward_features(x), pre_logits=True),
+            atol=1e-5,
+            rtol=1e-5,
+        )
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224"])
+@pytest.mark.parametrize("size", [(160, 256), (224, 224), (48, 32)])
+def test_dynamic_img_size_equals_timm(name, size):
+    theirs, ours = paired(name, depth=2, dynamic_img_size=True)
+    x = torch.randn(1, 3, *size)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["NCHW", "NLC"])
+@pytest.mark.parametrize("indices", [None, 2, [0, -1]])
+def test_forward_intermediates_equal_timm(fmt, indices):
+    theirs, ours = paired("deit_tiny_distilled_patch16_224", depth=3, dynamic_img_size=True)
+    x = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        expected = theirs.forward_intermediates(x, indices=indices, output_fmt=fmt, intermediates_only=True)
+        got = ours.forward_intermediates(x, indices=indices, output_fmt=fmt)
+        expected_norm = theirs.forward_intermediates(x, indices=indices, norm=True, intermediates_only=True)
+        got_norm = ours.forward_intermediates(x, indices=indices, norm=True)
+    assert len(got) == len(expected)
+    for a, b in zip(got + got_norm, expected + expected_norm, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    if fmt == "NCHW":
+        assert got[0].shape == (2, 192, 4, 6)
+
+
+def test_forward_intermediates_bad_arguments():
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=2, img_size=32)
+    x = torch.randn(1, 3, 32, 32)
+    with pytest.raises(ValueError, match="output_fmt must be 'NCHW' or 'NLC', got 'NHWC'"):
+        model.forward_intermediates(x, output_fmt="NHWC")
+    with pytest.raises(ValueError, match="block index 5 is out of range for a 2-block model"):
+        model.forward_intermediates(x, indices=[5])
+    with pytest.raises(ValueError, match="last 3 blocks of a 2-block model"):
+        model.forward_intermediates(x, indices=3)
+
+
+def test_distilled_heads_match_timm_distillation_training():
+    theirs, ours = paired("deit_tiny_distilled_patch16_224", depth=2)
+    theirs.set_distilled_training(True)
+    x = torch.randn(2, 3, 224, 224)
+    theirs.train()
+    ours.train()
+    cls_t, dist_t = theirs(x)
+    cls_o, dist_o = ours.forward_distill(x)
+    torch.testing.assert_close(cls_o, cls_t, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dist_o, dist_t, atol=1e-5, rtol=1e-5)
+    assert ours(x).shape == (2, 1000)  # forward keeps its one return type in training too
+    with pytest.raises(ValueError, match="needs a distilled model"):
+        vitkit.create_model("deit_tiny_patch16_224", depth=1).forward_distill(x)
+
+
+def test_sincos_position_embedding_is_fixed_and_follows_the_grid():
+    from vitkit.layers import sincos_2d_pos_embed
+
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=32, pos_embed="sincos", dynamic_img_size=True)
+    assert not model.pos_embed.requires_grad
+    torch.testing.assert_close(model.pos_embed.detach(), sincos_2d_pos_embed(192, (2, 2), num_prefix_tokens=1))
+    assert model(torch.randn(1, 3, 48, 64)).shape == (1, 1000)
+
+
+def test_mean_pooling_pools_patch_tokens_only():
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=32, global_pool="avg").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        pooled = model.forward_head(tokens, pre_logits=True)
+    torch.testing.assert_close(pooled, model.fc_norm(tokens[:, 1:].mean(1)))
+
+
+@pytest.mark.parametrize(
+    ("make_input", "message"),
+    [
+        (lambda: torch.randn(3, 224, 224), r"4-D image batch \(B, C, H, W\)"),
+        (lambda: torch.randn(1, 1, 224, 224), "expected 3 input channels, got 1"),
+        (lambda: torch.randn(1, 3, 160, 224), "expected images of size 224x224, got 160x224"),
+        (lambda: torch.randint(0, 255, (1, 3, 224, 224)), "floating-point image tensor, got dtype torch.int64"),
+    ],
+)
+def test_bad_input_is_a_clear_error(make_input, message):
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=1)
+    with pytest.raises(ValueError, match=message):
+        model(make_input())
+
+
+def test_dynamic_size_not_divisible_by_patch():
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=1, dynamic_img_size=True)
+    with pytest.raises(ValueError, match="image width 100 is not a positive multiple of patch size 16"):
+        model(torch.randn(1, 3, 96, 100))
+
+
+def test_capture_attention_on_vit():
+    model = vitkit.create_model("deit_tiny_distilled_patch16_224", depth=2, img_size=64).eval()
+    with vitkit.capture_attention(model) as maps, torch.no_grad():
+        model(torch.randn(2, 3, 64, 64))
+    assert list(maps) == ["blocks.0.attn", "blocks.1.attn"]
+    for attn in maps.values():
+        assert attn.shape == (2, 3, 2 + 16, 2 + 16)
+        torch.testing.assert_close(attn.sum(-1), torch.ones(2, 3, 18))
