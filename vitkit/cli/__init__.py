@@ -10,7 +10,10 @@ import importlib
 import sys
 
 # One line per command module, in the order `vitkit --help` lists them.
-COMMANDS = ("models",)
+COMMANDS = (
+    "models",
+    "profile",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

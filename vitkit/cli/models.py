@@ -1,14 +1,13 @@
-"""`vitkit models [PATTERN]`: list the registered variants with their parameter counts."""
+"""`vitkit models [PATTERN]`: list the registered variants with their parameter counts and GFLOPs."""
 
 from __future__ import annotations
 
 import argparse
 
-import torch
+from vitkit.analysis.profile import profile
+from vitkit.models.registry import list_models
 
-from vitkit.models.registry import create_model, list_models, model_entry
-
-HELP = "list registered models (shell-style PATTERN, e.g. 'vit_*') with parameter counts"
+HELP = "list registered models (shell-style PATTERN, e.g. 'vit_*') with parameters and GFLOPs at their size"
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -20,12 +19,10 @@ def run(args: argparse.Namespace) -> int:
     if not names:
         raise ValueError(f"no model matches {args.pattern!r}; run 'vitkit models' for the full list")
     width = max(len(n) for n in names)
-    print(f"{'model':<{width}}  {'params':>12}  {'img_size':>9}")
+    print(f"{'model':<{width}}  {'params':>12}  {'img_size':>9}  {'GFLOPs':>8}")
     for name in names:
-        with torch.device("meta"):  # shapes only: no memory, no initialisation cost
-            model = create_model(name)
-        params = sum(p.numel() for p in model.parameters())
-        size = model_entry(name).config.img_size
-        size = f"{size}" if isinstance(size, int) else f"{size[0]}x{size[1]}"
-        print(f"{name:<{width}}  {params:>12,}  {size:>9}")
+        report = profile(name)  # analytic, on the meta device: no memory, no forward pass
+        H, W = report.img_size
+        size = f"{H}" if H == W else f"{H}x{W}"
+        print(f"{name:<{width}}  {report.params:>12,}  {size:>9}  {report.flops / 1e9:>8.2f}")
     return 0

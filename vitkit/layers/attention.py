@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitkit.layers.cost import SOFTMAX_FLOPS, OpCost, elementwise_op, linear_op, matmul_op, numel
+
 BACKENDS = ("sdpa", "math")
 """`sdpa`: torch's fused scaled_dot_product_attention (flash / memory-efficient kernels, never keeps the
 N x N weights); `math`: the explicit softmax(q k^T * scale + bias) v, the reference."""
@@ -94,6 +96,40 @@ class Attention(nn.Module):
             self.capture_hook(attn)
         attn = F.dropout(attn, dropout)
         return attn @ v  # (B, h, Nq, d)
+
+    def cost(
+        self, name: str, shape: tuple[int, int, int], bias: bool = False, held: int = 0, dtype_bytes: int = 4
+    ) -> list[OpCost]:
+        """Analytic cost of `forward` on tokens of `shape` (B, N, C), one row per operator in forward order.
+
+        Args:
+            name: this layer's qualified module name, used in the rows.
+            shape: input shape (B, N, C).
+            bias: whether an additive bias is passed to the logits.
+            held: activation bytes the caller keeps alive meanwhile (e.g. the residual stream).
+            dtype_bytes: bytes per activation element.
+        """
+        # q@k^T and attn@v: B*h*N*N*d = BN^2C MACs each; softmax: 5 FLOPs per weight (BhN^2 weights).
+        B, N, C = shape
+        h, d = self.num_heads, self.head_dim
+        heads, logits = (B, h, N, d), (B, h, N, N)
+        # The fused kernel never stores the N x N logits or weights; the explicit path (math or capturing) does.
+        explicit = self.backend == "math" or self.capture_hook is not None
+        nn_bytes = numel(logits) * dtype_bytes if explicit else 0
+        head_bytes = numel(heads) * dtype_bytes
+        qkv = 3 * head_bytes  # the (B, N, 3C) projection, alive while q, k, v are in use
+        live = held + qkv
+        ops = [linear_op(name, "qkv", shape, 3 * C, self.qkv.bias is not None, held, dtype_bytes)]  # 3BNC^2 MACs
+        ops.append(elementwise_op(name, "q*scale", heads, 1, live, dtype_bytes))  # BNC
+        ops.append(matmul_op(name, "q@k^T", heads, logits, B * h * N * N * d, live, dtype_bytes, False, explicit))
+        if bias:
+            ops.append(elementwise_op(name, "+bias", logits, 1, live + nn_bytes, dtype_bytes, explicit))  # BhN^2
+        ops.append(elementwise_op(name, "softmax", logits, SOFTMAX_FLOPS, live + nn_bytes, dtype_bytes, explicit))
+        ops.append(matmul_op(name, "attn@v", logits, heads, B * h * N * N * d, live + nn_bytes, dtype_bytes))
+        ops.append(matmul_op(name, "merge_heads", heads, (B, N, C), 0, held + head_bytes, dtype_bytes))  # a copy
+        if isinstance(self.proj, nn.Linear):
+            ops.append(linear_op(name, "proj", (B, N, C), C, self.proj.bias is not None, held, dtype_bytes))  # BNC^2
+        return ops
 
 
 def attention_layers(model: nn.Module) -> list[tuple[str, Attention]]:

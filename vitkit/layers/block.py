@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from vitkit.layers.attention import Attention
+from vitkit.layers.cost import OpCost, elementwise_op, layer_norm_op, numel
 from vitkit.layers.drop import DropPath
 from vitkit.layers.mlp import Mlp
 
@@ -67,3 +68,18 @@ class Block(nn.Module):
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
+
+    def cost(self, name: str, shape: tuple[int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
+        """Analytic cost of `forward` on tokens of `shape` (B, N, C), one row per operator in forward order."""
+        stream = held + numel(shape) * dtype_bytes  # the residual stream x stays alive across each branch
+        ops = [layer_norm_op(f"{name}.norm1", shape, held, dtype_bytes)]  # 8BNC
+        ops += self.attn.cost(f"{name}.attn", shape, held=stream, dtype_bytes=dtype_bytes)
+        if isinstance(self.ls1, LayerScale):
+            ops.append(elementwise_op(f"{name}.ls1", "layer_scale", shape, 1, stream, dtype_bytes))  # BNC
+        ops.append(elementwise_op(name, "residual_add", shape, 1, stream, dtype_bytes))  # residual add: BNC
+        ops.append(layer_norm_op(f"{name}.norm2", shape, held, dtype_bytes))  # 8BNC
+        ops += self.mlp.cost(f"{name}.mlp", shape, held=stream, dtype_bytes=dtype_bytes)
+        if isinstance(self.ls2, LayerScale):
+            ops.append(elementwise_op(f"{name}.ls2", "layer_scale", shape, 1, stream, dtype_bytes))  # BNC
+        ops.append(elementwise_op(name, "residual_add", shape, 1, stream, dtype_bytes))  # residual add: BNC
+        return ops

@@ -11,3 +11,22 @@ def to_2tuple(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
         raise ValueError(f"expected an int or a pair of ints (height, width), got {value!r}")
     return pair  # type: ignore[return-value]
+
+
+def take_indices(depth: int, indices: int | list[int] | tuple[int, ...] | None) -> list[int]:
+    """Which of `depth` blocks (or stages) `forward_intermediates` returns: None for all, an int n for the last n,
+    or a list of indices (negative ones count from the end)."""
+    if indices is None:
+        return list(range(depth))
+    if isinstance(indices, int):
+        if not 0 < indices <= depth:
+            raise ValueError(f"indices={indices} asks for the last {indices} blocks of a {depth}-block model")
+        return list(range(depth - indices, depth))
+    take = []
+    for i in indices:
+        if not -depth <= i < depth:
+            raise ValueError(f"block index {i} is out of range for a {depth}-block model")
+        take.append(i % depth)
+    if not take:
+        raise ValueError("indices is empty; pass None for every block")
+    return take

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vitkit.layers.cost import GELU_FLOPS, OpCost, elementwise_op, linear_op, numel
+
 
 class Mlp(nn.Module):
     """Two-layer perceptron applied to every token: (..., in) -> (..., hidden) -> (..., out).
@@ -34,3 +36,12 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+    def cost(self, name: str, shape: tuple[int, ...], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
+        """Analytic cost of `forward` on input `shape` (..., in), one row per operator (see `Attention.cost`)."""
+        hidden = (*shape[:-1], self.fc1.out_features)
+        return [
+            linear_op(name, "fc1", shape, self.fc1.out_features, self.fc1.bias is not None, held, dtype_bytes),  # TCH
+            elementwise_op(name, "gelu", hidden, GELU_FLOPS, held + numel(hidden) * dtype_bytes, dtype_bytes),  # 8TH
+            linear_op(name, "fc2", hidden, self.fc2.out_features, self.fc2.bias is not None, held, dtype_bytes),  # THC
+        ]

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from vitkit.layers import Block, PatchEmbed, check_backend, resample_abs_pos_embed, sincos_2d_pos_embed, to_2tuple
+from vitkit.layers.cost import OpCost, elementwise_op, layer_norm_op, linear_op, numel
+from vitkit.layers.helpers import take_indices
 from vitkit.models.registry import register_family, register_model
 
 VIT_PAPER = "An Image is Worth 16x16 Words (Dosovitskiy et al., arXiv:2010.11929)"
@@ -188,6 +190,33 @@ class VisionTransformer(nn.Module):
         x = self.forward_features(x)
         return self.head(self.head_drop(x[:, 0])), self.head_dist(self.head_drop(x[:, 1]))
 
+    def cost(self, img_size: tuple[int, int], batch: int = 1, dtype_bytes: int = 4) -> list[OpCost]:
+        """Analytic cost of `forward` on a (batch, C, H, W) input, one row per operator in forward order."""
+        B, c = batch, self.config
+        self.patch_embed.check_input(torch.empty(B, c.in_chans, *img_size, device="meta"))
+        Hp, Wp = self.patch_embed.feat_size(img_size)
+        tokens = (B, self.num_prefix_tokens + Hp * Wp, c.embed_dim)
+        ops = self.patch_embed.cost("patch_embed", (B, c.in_chans, *img_size), dtype_bytes=dtype_bytes)
+        ops.append(
+            elementwise_op("pos_embed", "+pos", tokens, 1, numel(tokens) * dtype_bytes, dtype_bytes)
+        )  # + pos: BND
+        for i, block in enumerate(self.blocks):
+            ops += block.cost(f"blocks.{i}", tokens, dtype_bytes=dtype_bytes)
+        if isinstance(self.norm, nn.LayerNorm):
+            ops.append(layer_norm_op("norm", tokens, 0, dtype_bytes))  # 8BND
+        pooled = (B, c.embed_dim)
+        if c.global_pool == "avg":
+            patches = (B, Hp * Wp, c.embed_dim)
+            ops.append(elementwise_op("pool", "mean", patches, 1, numel(tokens) * dtype_bytes, dtype_bytes, False))
+            ops.append(layer_norm_op("fc_norm", pooled, 0, dtype_bytes))  # 8BD
+        heads = [("head", self.head)] + ([("head_dist", self.head_dist)] if c.distilled else [])
+        for name, head in heads:
+            if isinstance(head, nn.Linear):
+                ops.append(linear_op(name, "head", pooled, c.num_classes, True, 0, dtype_bytes))  # B*D*classes
+        if c.distilled and c.num_classes > 0:
+            ops.append(elementwise_op("head", "mean_heads", (B, c.num_classes), 2, 0, dtype_bytes))  # (cls + dist) / 2
+        return ops
+
     def forward_intermediates(
         self,
         x: torch.Tensor,
@@ -206,7 +235,7 @@ class VisionTransformer(nn.Module):
         """
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-        take = _block_indices(len(self.blocks), indices)
+        take = take_indices(len(self.blocks), indices)
         x, (Hp, Wp) = self._embed(x)
         outputs = []
         for i, block in enumerate(self.blocks[: max(take) + 1]):
@@ -217,23 +246,6 @@ class VisionTransformer(nn.Module):
                     y = y.reshape(y.shape[0], Hp, Wp, -1).permute(0, 3, 1, 2).contiguous()  # (B, D, Hp, Wp)
                 outputs.append(y)
         return outputs
-
-
-def _block_indices(depth: int, indices: int | list[int] | tuple[int, ...] | None) -> list[int]:
-    if indices is None:
-        return list(range(depth))
-    if isinstance(indices, int):
-        if not 0 < indices <= depth:
-            raise ValueError(f"indices={indices} asks for the last {indices} blocks of a {depth}-block model")
-        return list(range(depth - indices, depth))
-    take = []
-    for i in indices:
-        if not -depth <= i < depth:
-            raise ValueError(f"block index {i} is out of range for a {depth}-block model")
-        take.append(i % depth)
-    if not take:
-        raise ValueError("indices is empty; pass None for every block")
-    return take
 
 
 register_family("vit", ViTConfig, VisionTransformer)

@@ -1,0 +1,113 @@
+"""Analytic costs against torch's FlopCounterMode, the notes' closed forms, and the measured CPU attention kernel."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import vitkit
+from vitkit.analysis import measure_matmul_flops, profile
+from vitkit.layers import Attention
+from vitkit.models.registry import model_entry
+
+
+def counted_matmul_flops(model: torch.nn.Module, size: tuple[int, int], batch: int = 1) -> int:
+    """FlopCounterMode's total for a forward pass with explicit (math) attention, which it counts fully."""
+    x = torch.randn(batch, model.config.in_chans, *size, device=next(model.parameters()).device)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(x)
+    return counter.get_total_flops()
+
+
+def other_sizes(name: str) -> list[tuple[int, int]]:
+    """The default size and a larger, non-square one the family accepts."""
+    config = model_entry(name).config
+    size = config.img_size if isinstance(config.img_size, tuple) else (config.img_size, config.img_size)
+    step = 64 if name.startswith("swin") else 32
+    return [size, (size[0] + step, size[1] + 2 * step)]
+
+
+@pytest.mark.parametrize("name", vitkit.list_models())
+def test_analytic_matmul_flops_equal_flop_counter_for_every_model(name):
+    for size in other_sizes(name):
+        if "dynamic_img_size" not in {f.name for f in dataclasses.fields(model_entry(name).config)}:
+            if size != other_sizes(name)[0]:
+                continue
+        with torch.device("meta"):  # shapes only: FlopCounterMode counts from shapes
+            model = vitkit.create_model(name, attn_backend="math", dynamic_img_size=size != other_sizes(name)[0])
+        report = profile(model, size, batch=2)
+        assert report.matmul_flops == counted_matmul_flops(model, size, batch=2), size
+        assert report.params == sum(p.numel() for p in model.parameters())
+        assert report.flops == report.matmul_flops + report.other_flops
+        assert report.train_flops == 3 * report.matmul_flops + 2 * report.other_flops
+
+
+def test_stock_counter_misses_the_cpu_attention_kernel_and_vitkit_does_not():
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_small_patch16_224", depth=2, img_size=64).eval()  # sdpa backend, real CPU run
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad(), FlopCounterMode(display=False) as stock:
+        model(x)
+    report = profile(model, measure=True)
+    attention = sum(op.matmul_flops for op in report.ops if op.op in ("q@k^T", "attn@v"))
+    assert attention > 0
+    assert stock.get_total_flops() == report.matmul_flops - attention  # the stock counter sees no attention
+    assert report.measured_matmul_flops == report.matmul_flops == measure_matmul_flops(model, (64, 64))
+
+
+def test_attention_rows_follow_the_closed_forms():
+    B, N, C, h = 2, 50, 96, 4
+    ops = {op.op: op for op in Attention(C, h).cost("attn", (B, N, C))}
+    assert ops["qkv"].macs == 3 * B * N * C**2  # the notes wrote 3BC^2: the projection runs for all N tokens
+    assert ops["q@k^T"].macs == B * N**2 * C
+    assert ops["attn@v"].macs == B * N**2 * C  # the notes wrote BN^2: every weight multiplies a d-vector per head
+    assert ops["proj"].macs == B * N * C**2
+    assert ops["softmax"].flops == 5 * B * h * N**2
+    assert ops["qkv"].flops == 2 * 3 * B * N * C**2 + B * N * 3 * C  # + one add per output for the bias
+    assert list(ops) == ["qkv", "q*scale", "q@k^T", "softmax", "attn@v", "merge_heads", "proj"]
+
+
+def test_explicit_attention_costs_n_squared_memory_and_fused_does_not():
+    B, N, C, h = 2, 400, 64, 4
+    fused = Attention(C, h, backend="sdpa").cost("a", (B, N, C))
+    explicit = Attention(C, h, backend="math").cost("a", (B, N, C))
+    nn_bytes = B * h * N * N * 4
+    assert max(op.live_bytes for op in explicit) - max(op.live_bytes for op in fused) >= nn_bytes
+    assert all(op.out_bytes < nn_bytes for op in fused)
+    assert sum(op.macs for op in fused) == sum(op.macs for op in explicit)
+    with vitkit.capture_attention(layer := Attention(C, h)):  # capturing materialises the weights too
+        captured = layer.cost("a", (B, N, C))
+    assert max(op.live_bytes for op in captured) == max(op.live_bytes for op in explicit)
+
+
+def test_notes_example_vit_small():
+    report = profile("vit_small_patch16_224")
+    assert report.params == 22_050_664
+    assert report.matmul_flops == 9_197_764_608  # torch's FlopCounterMode with explicit attention
+    assert round(report.matmul_flops / 1e9, 2) == 9.20
+
+
+def test_other_sizes_and_errors():
+    report = profile("vit_small_patch16_224", img_size=(256, 320), batch=3)
+    assert report.img_size == (256, 320) and report.batch == 3
+    assert report.params == 22_050_664  # the same variant, its table resampled
+    with pytest.raises(ValueError, match="image width 300 is not a positive multiple of patch size 16"):
+        profile("vit_small_patch16_224", img_size=(256, 300))
+    with pytest.raises(ValueError, match="expected images of size 224x224, got 256x256"):
+        profile(vitkit.create_model("vit_tiny_patch16_224", depth=1), img_size=256)
+    with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
+        profile("vit_tiny_patch16_224", batch=0)
+    with pytest.raises(ValueError, match="Linear is not a vitkit model with an analytic cost"):
+        profile(torch.nn.Linear(2, 2))
+
+
+def test_json_fields_are_the_stable_interface():
+    data = profile("deit_tiny_distilled_patch16_224").to_dict()
+    assert set(data) == {
+        "model", "img_size", "batch", "backend", "params", "macs", "matmul_flops", "other_flops", "flops",
+        "activation_bytes", "train_flops", "train_activation_bytes", "ops", "measured_matmul_flops",
+    }  # fmt: skip
+    assert set(data["ops"][0]) == {"module", "op", "in_shape", "out_shape", "macs", "flops", "bytes"}
+    json.dumps(data)

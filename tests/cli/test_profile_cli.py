@@ -1,0 +1,50 @@
+"""`vitkit profile`: tables, JSON, plot, errors."""
+
+import json
+
+import pytest
+
+from vitkit.analysis import profile
+from vitkit.cli import main
+
+
+def test_table_by_block_with_totals_and_shape_flow(capsys):
+    assert main(["profile", "vit_tiny_patch16_224", "--train"]) == 0
+    out = capsys.readouterr().out
+    report = profile("vit_tiny_patch16_224")
+    lines = out.splitlines()
+    total = next(line for line in lines if line.startswith("total"))
+    assert total.split()[1:4] == [f"{report.macs / 1e9:.3f}", f"{report.flops / 1e9:.3f}", "100.0%"]
+    assert sum(line.startswith("blocks.") for line in lines) == 12
+    assert "split: attention" in out and "activations kept for backward" in out
+    assert "(B, h, N, d) @ (B, h, d, N) -> (B, h, N, N)" in out  # the shape flow of one block
+
+
+def test_json_is_the_report(capsys):
+    assert main(["profile", "deit_tiny_patch16_224", "--img-size", "160x224", "--batch", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data == json.loads(json.dumps(profile("deit_tiny_patch16_224", (160, 224), batch=2).to_dict()))
+
+
+def test_by_op_and_math_backend(capsys):
+    assert main(["profile", "vit_tiny_patch16_224", "--by", "op", "--backend", "math"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0] for line in out.splitlines()[3:20] if line.strip()}
+    assert {"qkv", "q@k^T", "softmax", "attn@v", "proj", "fc1", "gelu", "fc2"} <= rows
+    assert "attention backend math" in out
+
+
+def test_plot_writes_a_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "scaling.png"
+    assert main(["profile", "vit_small_patch16_224", "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "attention's N^2 terms dominate from" in capsys.readouterr().out
+
+
+def test_bad_arguments(capsys):
+    with pytest.raises(SystemExit):
+        main(["profile", "vit_tiny_patch16_224", "--img-size", "22ax3"])
+    assert "expected a size like 224 or 256x320, got '22ax3'" in capsys.readouterr().err
+    assert main(["profile", "vit_tiny_patch16_224", "--img-size", "100"]) == 2
+    assert "not a positive multiple of patch size 16" in capsys.readouterr().err

@@ -1,0 +1,169 @@
+"""Cost reports: add up the analytic per-operator costs that each layer states next to its forward.
+
+`profile(model_or_name, img_size, batch)` needs no forward pass. With `measure=True` it also runs the model once
+under torch's FlopCounterMode, taught the CPU attention kernel that the stock counter misses
+(`aten._scaled_dot_product_flash_attention_for_cpu`), and reports the measured matmul FLOPs beside the analytic ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from vitkit.layers import attention_layers
+from vitkit.layers.cost import OpCost
+from vitkit.layers.helpers import to_2tuple
+from vitkit.models.registry import create_model, model_entry
+
+aten = torch.ops.aten
+
+
+@dataclass
+class Report:
+    """The cost of one forward pass of a model at one input size. `to_dict()` is the stable JSON form."""
+
+    model: str  # registry name or class name
+    img_size: tuple[int, int]  # (H, W)
+    batch: int  # B
+    backend: str  # attention backend the costs assume ("sdpa" or "math")
+    params: int  # parameter count
+    macs: int  # multiply-adds of every conv / linear / matmul, attention included
+    matmul_flops: int  # 2 * macs
+    other_flops: int  # softmax, norms, activations, bias and residual adds (constants in vitkit.layers.cost)
+    flops: int  # matmul_flops + other_flops
+    activation_bytes: int  # peak live activations of an inference forward pass (estimate from the op rows)
+    train_flops: int  # forward + backward: 3x forward for matmuls, 2x for the other operators
+    train_activation_bytes: int  # activations kept for backward: every materialised operator output
+    ops: list[OpCost] = field(repr=False)  # one row per operator in forward order
+    measured_matmul_flops: int | None = None  # FlopCounterMode total of a real forward pass, when measured
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["img_size"] = list(self.img_size)
+        out["ops"] = [
+            {
+                "module": op.module,
+                "op": op.op,
+                "in_shape": list(op.in_shape),
+                "out_shape": list(op.out_shape),
+                "macs": op.macs,
+                "flops": op.flops,
+                "bytes": op.out_bytes,
+            }
+            for op in self.ops
+        ]
+        return out
+
+
+def _resolve(
+    model_or_name: nn.Module | str, img_size: int | tuple[int, int] | None, real: bool, overrides: dict[str, Any]
+) -> nn.Module:
+    """A model instance; a registry name is built (on the meta device unless weights are needed), accepting other
+    image sizes through its dynamic-size option so the parameters stay those of the variant."""
+    if isinstance(model_or_name, nn.Module):
+        if overrides:
+            raise ValueError("config overrides apply to a model name, not to a built model")
+        return model_or_name
+    config = model_entry(model_or_name).config
+    overrides = dict(overrides)
+    if img_size is not None and to_2tuple(img_size) != to_2tuple(config.img_size):
+        if not any(f.name == "dynamic_img_size" for f in dataclasses.fields(config)):
+            raise ValueError(f"{model_or_name} takes only {config.img_size}x{config.img_size} images")
+        overrides["dynamic_img_size"] = True
+    if real:
+        return create_model(model_or_name, **overrides).eval()
+    with torch.device("meta"):
+        return create_model(model_or_name, **overrides).eval()
+
+
+def profile(
+    model_or_name: nn.Module | str,
+    img_size: int | tuple[int, int] | None = None,
+    batch: int = 1,
+    measure: bool = False,
+    dtype_bytes: int = 4,
+    overrides: dict[str, Any] | None = None,
+) -> Report:
+    """The analytic cost report of one forward pass.
+
+    Args:
+        model_or_name: a vitkit model or a registry name.
+        img_size: input size, an int or (H, W); default the model's training size.
+        batch: batch size B.
+        measure: also run one forward pass under a FLOP counter that knows the attention kernels, and fill
+            `measured_matmul_flops`.
+        dtype_bytes: bytes per activation element (4 for fp32, 2 for bf16).
+        overrides: config fields for a model given by name, e.g. ``{"attn_backend": "math"}``.
+    """
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    model = _resolve(model_or_name, img_size, measure, overrides or {})
+    if not hasattr(model, "cost") or not hasattr(model, "config"):
+        raise ValueError(f"{type(model).__name__} is not a vitkit model with an analytic cost()")
+    size = to_2tuple(img_size if img_size is not None else model.config.img_size)
+    ops = model.cost(size, batch, dtype_bytes=dtype_bytes)
+    layers = attention_layers(model)
+    macs = sum(op.macs for op in ops)
+    matmul = sum(op.matmul_flops for op in ops)
+    other = sum(op.other_flops for op in ops)
+    report = Report(
+        model=model_or_name if isinstance(model_or_name, str) else type(model).__name__,
+        img_size=size,
+        batch=batch,
+        backend=layers[0][1].backend if layers else "none",
+        params=sum(p.numel() for p in model.parameters()),
+        macs=macs,
+        matmul_flops=matmul,
+        other_flops=other,
+        flops=matmul + other,
+        activation_bytes=max(op.live_bytes for op in ops),
+        train_flops=3 * matmul + 2 * other,
+        train_activation_bytes=sum(op.out_bytes for op in ops),
+        ops=ops,
+    )
+    if measure:
+        report.measured_matmul_flops = measure_matmul_flops(model, size, batch)
+    return report
+
+
+def _sdpa_cpu_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# Kernels FlopCounterMode does not know on its own, with the formula it uses for the other attention kernels.
+ATTENTION_KERNEL_FLOPS = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flop}
+
+
+def measure_matmul_flops(model: nn.Module, img_size: tuple[int, int], batch: int = 1) -> int:
+    """Matmul FLOPs of one real forward pass (no grad), counted at the dispatcher, attention kernels included."""
+    param = next(model.parameters())
+    x = torch.randn(batch, model.config.in_chans, *img_size, device=param.device, dtype=param.dtype)
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=ATTENTION_KERNEL_FLOPS) as counter:
+        model(x)
+    return counter.get_total_flops()
+
+
+def group_key(module: str, by: str) -> str:
+    """The row a module's operators are summed into: its block (`blocks.3`, `layers.1.blocks.0`), the operator, or
+    the full module name."""
+    if by == "layer":
+        return module
+    match = re.match(r"(.*?blocks\.\d+)", module)
+    return match.group(1) if match else module.split(".")[0]
+
+
+def category(module: str) -> str:
+    """attention, mlp, embedding or other: what the totals' percentages are split by."""
+    if re.search(r"(^|\.)(attn|self_attn)(\.|$)", module):
+        return "attention"
+    if re.search(r"(^|\.)mlp(\.|$)", module):
+        return "mlp"
+    if module.split(".")[0] in ("patch_embed", "pos_embed", "stem"):
+        return "embedding"
+    return "other"

@@ -1,0 +1,151 @@
+"""Readable views of a cost `Report`: grouped tables, the shape flow of one block, the scaling sweep."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from vitkit.analysis.profile import Report, category, group_key, profile
+from vitkit.layers.cost import OpCost
+from vitkit.models.registry import create_model
+
+# How the notes write each operator's shapes; letters: B batch, N tokens, C channels, h heads, d = C / h.
+SYMBOLIC = {
+    "qkv": "(B, N, C) -> Linear -> (B, N, 3C) -> reshape (B, N, 3, h, d) -> permute (3, B, h, N, d)",
+    "q*scale": "q (B, h, N, d) * d^-0.5",
+    "q@k^T": "(B, h, N, d) @ (B, h, d, N) -> (B, h, N, N)",
+    "+bias": "(B, h, N, N) + bias",
+    "softmax": "softmax over the last dim of (B, h, N, N)",
+    "attn@v": "(B, h, N, N) @ (B, h, N, d) -> (B, h, N, d)",
+    "merge_heads": "(B, h, N, d) -> transpose (B, N, h, d) -> reshape (B, N, C)",
+    "proj": "(B, N, C) -> Linear -> (B, N, C)",
+    "fc1": "(B, N, C) -> Linear -> (B, N, rC)",
+    "gelu": "GELU on (B, N, rC)",
+    "fc2": "(B, N, rC) -> Linear -> (B, N, C)",
+    "layer_norm": "LayerNorm over C",
+    "residual_add": "x + branch(x)",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str  # group name (block, operator or module)
+    macs: int
+    flops: int
+    train_flops: int
+    out_bytes: int
+
+
+def grouped(report: Report, by: str) -> list[Row]:
+    """Sum the report's operator rows by block, by operator or by layer (module), in first-seen order."""
+    if by not in ("block", "op", "layer"):
+        raise ValueError(f"--by must be 'block', 'op' or 'layer', got {by!r}")
+    groups: dict[str, list[OpCost]] = OrderedDict()
+    for op in report.ops:
+        groups.setdefault(op.op if by == "op" else group_key(op.module, by), []).append(op)
+    return [
+        Row(
+            name,
+            sum(o.macs for o in ops),
+            sum(o.flops for o in ops),
+            sum(3 * o.matmul_flops + 2 * o.other_flops for o in ops),
+            sum(o.out_bytes for o in ops),
+        )
+        for name, ops in groups.items()
+    ]
+
+
+def shares(report: Report) -> dict[str, float]:
+    """Fraction of all FLOPs spent in attention, MLP, embedding and everything else."""
+    totals = dict.fromkeys(("attention", "mlp", "embedding", "other"), 0)
+    for op in report.ops:
+        totals[category(op.module)] += op.flops
+    return {k: v / report.flops for k, v in totals.items()}
+
+
+def shape_flow(report: Report) -> list[str]:
+    """The first attention block's operators with their shapes, symbolic and numeric."""
+    first = next((op.module for op in report.ops if op.op == "qkv"), None)
+    if first is None:
+        return []
+    block = group_key(first, "block")
+    lines = []
+    for op in report.ops:
+        if group_key(op.module, "block") != block:
+            continue
+        numeric = f"{tuple(op.in_shape)} -> {tuple(op.out_shape)}"
+        lines.append(f"{op.module:<24} {op.op:<13} {numeric:<42} {SYMBOLIC.get(op.op, '')}".rstrip())
+    return lines
+
+
+def _quadratic(op: OpCost) -> bool:
+    return op.op in ("q@k^T", "attn@v", "softmax", "+bias")
+
+
+@dataclass(frozen=True)
+class ScalePoint:
+    side: int  # square image side
+    tokens: int  # tokens attended per attention call at the first block
+    quadratic_flops: int  # attention's N^2 terms: q@k^T, softmax, bias add, attn@v
+    linear_flops: int  # everything else
+    activation_bytes_sdpa: int
+    activation_bytes_math: int
+
+
+def scaling(model_name: str, sides: list[int], batch: int = 1) -> list[ScalePoint]:
+    """Cost and peak activation memory of `model_name` at square sizes `sides`, for both attention backends."""
+    models = {}
+    for backend in ("sdpa", "math"):
+        with torch.device("meta"):
+            models[backend] = create_model(model_name, dynamic_img_size=True, attn_backend=backend)
+    points = []
+    for side in sides:
+        fused, explicit = (profile(models[b], side, batch) for b in ("sdpa", "math"))
+        quadratic = sum(op.flops for op in fused.ops if _quadratic(op))
+        tokens = next((op.in_shape[1] for op in fused.ops if op.op == "qkv"), 0)
+        points.append(
+            ScalePoint(
+                side, tokens, quadratic, fused.flops - quadratic, fused.activation_bytes, explicit.activation_bytes
+            )
+        )
+    return points
+
+
+def crossover(points: list[ScalePoint]) -> ScalePoint | None:
+    """The first size at which attention's N^2 terms cost at least as much as all the linear terms."""
+    return next((p for p in points if p.quadratic_flops >= p.linear_flops), None)
+
+
+def plot_scaling(points: list[ScalePoint], path: str, title: str) -> None:
+    """Draw FLOPs (N^2 and linear terms) and peak activation memory against image side to a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise OSError("plotting needs matplotlib: pip install 'vitkit[plot]'") from err
+    sides = [p.side for p in points]
+    fig, (ax_flops, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax_flops.plot(sides, [p.quadratic_flops / 1e9 for p in points], "o-", label="attention N^2 terms")
+    ax_flops.plot(sides, [p.linear_flops / 1e9 for p in points], "s-", label="linear terms (qkv, proj, MLP, ...)")
+    cross = crossover(points)
+    if cross is not None:
+        ax_flops.axvline(cross.side, color="grey", linestyle="--")
+        ax_flops.annotate(
+            f"N^2 terms dominate from {cross.side}px\n({cross.tokens} tokens)",
+            (cross.side, cross.linear_flops / 1e9),
+            xytext=(12, -90),
+            textcoords="offset points",
+        )
+    ax_flops.set(xlabel="image side (px)", ylabel="GFLOPs per forward", yscale="log", title=title)
+    ax_flops.legend()
+    ax_mem.plot(sides, [p.activation_bytes_sdpa / 2**20 for p in points], "o-", label="sdpa (fused)")
+    ax_mem.plot(sides, [p.activation_bytes_math / 2**20 for p in points], "s-", label="math (explicit N x N)")
+    ax_mem.set(xlabel="image side (px)", ylabel="peak activations (MiB)", yscale="log", title="activation memory")
+    ax_mem.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

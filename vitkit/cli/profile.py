@@ -1,0 +1,80 @@
+"""`vitkit profile MODEL`: analytic FLOPs, parameters, activation memory and shape flow of a registered model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from vitkit.analysis.profile import profile
+from vitkit.analysis.report import crossover, grouped, plot_scaling, scaling, shape_flow, shares
+
+HELP = "cost of a model: FLOPs per operator (attention included), parameters, activation memory, shape flow"
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'224' -> (224, 224); '256x320' -> (256, 320)."""
+    parts = text.lower().split("x")
+    if len(parts) not in (1, 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected a size like 224 or 256x320, got {text!r}")
+    return (int(parts[0]), int(parts[-1]))
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="registered model name (see `vitkit models`)")
+    parser.add_argument("--img-size", type=parse_size, default=None, help="224 or HxW (default: the model's size)")
+    parser.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    parser.add_argument("--backend", choices=("sdpa", "math"), default="sdpa", help="attention backend to assume")
+    parser.add_argument("--by", choices=("block", "op", "layer"), default="block", help="group rows (default block)")
+    parser.add_argument("--train", action="store_true", help="also show forward+backward FLOPs and saved activations")
+    parser.add_argument("--measure", action="store_true", help="run one forward pass and report the measured FLOPs")
+    parser.add_argument("--json", action="store_true", help="print the full report as JSON")
+    parser.add_argument("--plot", metavar="PNG", help="draw cost and activation memory against image size")
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {"attn_backend": args.backend}
+    report = profile(args.model, args.img_size, args.batch, measure=args.measure, overrides=overrides)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_report(report, args.by, args.train)
+    if args.plot:
+        sides = list(range(64, 2048 + 1, 64))
+        points = scaling(args.model, sides, args.batch)
+        plot_scaling(points, args.plot, args.model)
+        cross = crossover(points)
+        where = f"from {cross.side}px ({cross.tokens} tokens)" if cross else f"not below {sides[-1]}px"
+        if not args.json:
+            print(f"\nscaling plot written to {args.plot}; attention's N^2 terms dominate {where}")
+    return 0
+
+
+def print_report(report, by: str, train: bool) -> None:
+    H, W = report.img_size
+    print(f"{report.model}  input {report.batch}x{H}x{W}  attention backend {report.backend}  params {report.params:,}")
+    rows = grouped(report, by)
+    width = max(12, *(len(r.name) for r in rows))
+    extra = f"  {'train GFLOPs':>12}" if train else ""
+    print(f"\n{by:<{width}}  {'GMACs':>9}  {'GFLOPs':>9}  {'% FLOPs':>7}{extra}  {'out MiB':>8}")
+    for r in rows:
+        extra = f"  {r.train_flops / 1e9:>12.3f}" if train else ""
+        print(
+            f"{r.name:<{width}}  {r.macs / 1e9:>9.3f}  {r.flops / 1e9:>9.3f}  {100 * r.flops / report.flops:>6.1f}%"
+            f"{extra}  {r.out_bytes / 2**20:>8.2f}"
+        )
+    extra = f"  {report.train_flops / 1e9:>12.3f}" if train else ""
+    print(f"{'total':<{width}}  {report.macs / 1e9:>9.3f}  {report.flops / 1e9:>9.3f}  {100.0:>6.1f}%{extra}")
+    print(
+        f"\nmatmul GFLOPs {report.matmul_flops / 1e9:.3f} (= 2 x GMACs) + other GFLOPs {report.other_flops / 1e9:.3f}"
+    )
+    print("split: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in shares(report).items()))
+    print(f"peak activation memory (inference): {report.activation_bytes / 2**20:.2f} MiB")
+    if train:
+        print(f"activations kept for backward (training): {report.train_activation_bytes / 2**20:.2f} MiB")
+    if report.measured_matmul_flops is not None:
+        diff = report.measured_matmul_flops - report.matmul_flops
+        print(f"measured matmul GFLOPs {report.measured_matmul_flops / 1e9:.3f} (analytic - measured: {-diff:,} FLOPs)")
+    flow = shape_flow(report)
+    if flow:
+        print("\nshape flow of one block (B batch, N tokens, C channels, h heads, d = C/h):")
+        print("\n".join(f"  {line}" for line in flow))
