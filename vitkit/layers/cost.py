@@ -63,6 +63,20 @@ def matmul_op(
     return OpCost(module, op, in_shape, out_shape, macs, flops, out_bytes, held + out_bytes)
 
 
+def copy_op(
+    module: str,
+    op: str,
+    in_shape: tuple[int, ...],
+    out_shape: tuple[int, ...],
+    held: int,
+    dtype_bytes: int,
+    materialised: bool = True,
+) -> OpCost:
+    """A data-movement operator (roll, pad, permute copy): no FLOPs, its output materialised unless it is a view."""
+    out_bytes = numel(out_shape) * dtype_bytes if materialised else 0
+    return OpCost(module, op, in_shape, out_shape, 0, 0, out_bytes, held + out_bytes)
+
+
 def elementwise_op(
     module: str,
     op: str,

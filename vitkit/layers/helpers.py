@@ -13,20 +13,20 @@ def to_2tuple(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return pair  # type: ignore[return-value]
 
 
-def take_indices(depth: int, indices: int | list[int] | tuple[int, ...] | None) -> list[int]:
-    """Which of `depth` blocks (or stages) `forward_intermediates` returns: None for all, an int n for the last n,
-    or a list of indices (negative ones count from the end)."""
+def take_indices(depth: int, indices: int | list[int] | tuple[int, ...] | None, unit: str = "block") -> list[int]:
+    """Which of `depth` blocks (or stages: `unit`) `forward_intermediates` returns: None for all, an int n for the
+    last n, or a list of indices (negative ones count from the end)."""
     if indices is None:
         return list(range(depth))
     if isinstance(indices, int):
         if not 0 < indices <= depth:
-            raise ValueError(f"indices={indices} asks for the last {indices} blocks of a {depth}-block model")
+            raise ValueError(f"indices={indices} asks for the last {indices} {unit}s of a {depth}-{unit} model")
         return list(range(depth - indices, depth))
     take = []
     for i in indices:
         if not -depth <= i < depth:
-            raise ValueError(f"block index {i} is out of range for a {depth}-block model")
+            raise ValueError(f"{unit} index {i} is out of range for a {depth}-{unit} model")
         take.append(i % depth)
     if not take:
-        raise ValueError("indices is empty; pass None for every block")
+        raise ValueError(f"indices is empty; pass None for every {unit}")
     return take

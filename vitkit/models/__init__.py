@@ -1,7 +1,18 @@
 """vitkit models: the registry and one module per family (importing a family registers its variants)."""
 
-from vitkit.models import vit
+from vitkit.models import swin, vit
 from vitkit.models.registry import create_model, list_models, model_entry
+from vitkit.models.swin import SwinConfig, SwinTransformer
 from vitkit.models.vit import VisionTransformer, ViTConfig
 
-__all__ = ["VisionTransformer", "ViTConfig", "create_model", "list_models", "model_entry", "vit"]
+__all__ = [
+    "SwinConfig",
+    "SwinTransformer",
+    "VisionTransformer",
+    "ViTConfig",
+    "create_model",
+    "list_models",
+    "model_entry",
+    "swin",
+    "vit",
+]
