@@ -6,8 +6,10 @@ with timm-compatible parameter names, and model directories saved without pickle
 
 from importlib.metadata import PackageNotFoundError, version
 
+from vitkit.analysis.profile import profile
 from vitkit.layers.attention import capture_attention
 from vitkit.models.registry import create_model, list_models
+from vitkit.weights.convert import export_weights, load_weights
 from vitkit.weights.io import from_pretrained, save_pretrained
 
 try:
@@ -15,4 +17,14 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0"
 
-__all__ = ["__version__", "capture_attention", "create_model", "from_pretrained", "list_models", "save_pretrained"]
+__all__ = [
+    "__version__",
+    "capture_attention",
+    "create_model",
+    "export_weights",
+    "from_pretrained",
+    "list_models",
+    "load_weights",
+    "profile",
+    "save_pretrained",
+]

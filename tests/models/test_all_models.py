@@ -15,7 +15,7 @@ from vitkit.models.registry import model_entry
 SMALL = {
     "vit": lambda c: dict(img_size=2 * c.patch_size, depth=1),
     "swin": lambda c: dict(img_size=c.patch_size * 8 * 2, depths=(1,) * len(c.depths)),
-    "botnet": lambda c: dict(),
+    "botnet": lambda c: dict(img_size=64),
 }
 
 ALL = vitkit.list_models()

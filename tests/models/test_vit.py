@@ -17,7 +17,8 @@ def paired(name: str, **overrides):
 
 
 @pytest.mark.parametrize(
-    "name", ["vit_small_patch16_224", "vit_base_patch32_384", "deit_tiny_distilled_patch16_224", "deit_tiny_patch16_224"]
+    "name",
+    ["vit_small_patch16_224", "vit_base_patch32_384", "deit_tiny_distilled_patch16_224", "deit_tiny_patch16_224"],
 )
 def test_logits_equal_timm(name):
     theirs, ours = paired(name)

@@ -8,23 +8,27 @@ from vitkit.layers.attention import (
     check_backend,
     set_attention_backend,
 )
-from vitkit.layers.attention2d import Attention2d
+from vitkit.layers.attention2d import POS_KINDS, Attention2d
 from vitkit.layers.block import Block, LayerScale
 from vitkit.layers.drop import DropPath, drop_path
 from vitkit.layers.helpers import to_2tuple
 from vitkit.layers.mlp import Mlp
 from vitkit.layers.patch_embed import PatchEmbed
 from vitkit.layers.pos_embed import resample_abs_pos_embed, sincos_2d_pos_embed
+from vitkit.layers.rel_pos import FactorizedPosEmbed2d, RelPosEmbed2d
 
 __all__ = [
     "BACKENDS",
+    "POS_KINDS",
     "Attention",
     "Attention2d",
     "Block",
     "DropPath",
+    "FactorizedPosEmbed2d",
     "LayerScale",
     "Mlp",
     "PatchEmbed",
+    "RelPosEmbed2d",
     "attention_layers",
     "capture_attention",
     "check_backend",

@@ -1,11 +1,14 @@
 """vitkit models: the registry and one module per family (importing a family registers its variants)."""
 
-from vitkit.models import swin, vit
+from vitkit.models import botnet, swin, vit
+from vitkit.models.botnet import BotNet, BotNetConfig
 from vitkit.models.registry import create_model, list_models, model_entry
 from vitkit.models.swin import SwinConfig, SwinTransformer
 from vitkit.models.vit import VisionTransformer, ViTConfig
 
 __all__ = [
+    "BotNet",
+    "BotNetConfig",
     "SwinConfig",
     "SwinTransformer",
     "VisionTransformer",
@@ -13,6 +16,7 @@ __all__ = [
     "create_model",
     "list_models",
     "model_entry",
+    "botnet",
     "swin",
     "vit",
 ]

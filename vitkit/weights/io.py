@@ -1,10 +1,15 @@
-"""Saving and loading vitkit model directories: `config.json` + `model.safetensors`. No pickle anywhere."""
+"""Weight files: vitkit model directories (`config.json` + `model.safetensors`, no pickle anywhere) and safe
+reading of other libraries' checkpoints (safetensors, or `torch.load(weights_only=True)`, which never runs code).
+"""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
+import pickle
+import re
 import tempfile
 import typing
 from pathlib import Path
@@ -19,9 +24,12 @@ from vitkit.models.registry import build_model, family, family_of
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 1
+PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # files written by torch.save
+# Weight files looked for, in this order, when a checkpoint path is a directory (vitkit's and Hugging Face's names).
+DIRECTORY_WEIGHTS = (WEIGHTS_NAME, "pytorch_model.bin")
 
 
-def _atomic_write(path: Path, write: typing.Callable[[str], None]) -> None:
+def atomic_write(path: Path, write: typing.Callable[[str], None]) -> None:
     """Write through a temporary file in the same folder, then rename, so a crash never leaves half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -47,17 +55,22 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
         "config": dataclasses.asdict(model.config),
     }
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    _atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     text = json.dumps(config, indent=2) + "\n"
-    _atomic_write(directory / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text))
+    atomic_write(directory / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text))
     return directory
 
 
-def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """Raise ValueError listing missing, unexpected and shape-mismatched keys (a few of each, with counts)."""
+def check_state_dict(
+    model: nn.Module, state: dict[str, torch.Tensor], source: str, unmatched: typing.Sequence[str] = ()
+) -> None:
+    """Raise ValueError listing missing, unexpected and shape-mismatched keys (a few of each, with counts).
+
+    `unmatched`: checkpoint keys that a converter could not rename, reported as unexpected under their own names.
+    """
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
+    unexpected = [*unmatched, *(k for k in state if k not in expected)]
     mismatched = [
         f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
         for k, v in expected.items()
@@ -83,34 +96,117 @@ def _config_from_dict(config_cls: type, fields: dict[str, Any]) -> Any:
     return config_cls(**values)
 
 
-def from_pretrained(directory: str | os.PathLike, **overrides: Any) -> nn.Module:
-    """Rebuild a model written by `save_pretrained`.
-
-    Args:
-        directory: folder holding `config.json` and `model.safetensors`.
-        overrides: config fields to replace, e.g. ``attn_backend="math"`` or ``dynamic_img_size=True``.
-    """
-    directory = Path(directory)
-    config_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
-    for path in (config_path, weights_path):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: expected a directory written by vitkit.save_pretrained")
+def read_json(path: Path) -> Any:
+    """Parse a JSON file; ValueError naming the file if it is not valid JSON."""
     try:
-        saved = json.loads(config_path.read_text())
+        return json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{config_path} is not valid JSON: {err}") from err
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+
+
+def build_from_config(directory: str | os.PathLike, **overrides: Any) -> nn.Module:
+    """The model described by a vitkit directory's `config.json` (freshly initialised; weights not loaded)."""
+    config_path = Path(directory) / CONFIG_NAME
+    saved = read_json(config_path)
     if not isinstance(saved, dict) or "family" not in saved or "config" not in saved:
         raise ValueError(f"{config_path} has no 'family' and 'config' entries: not a vitkit model directory")
     fam = family(saved["family"])
     config = _config_from_dict(fam.config_cls, {**saved["config"], **overrides})
-    model = build_model(fam.name, config)
-    try:
-        state = load_file(weights_path)
-    except Exception as err:  # safetensors raises its own error types for damaged files
-        raise ValueError(f"{weights_path} is not a readable safetensors file: {err}") from err
+    return build_model(fam.name, config)
+
+
+def is_hf_config(config: Any) -> bool:
+    """Whether a parsed `config.json` was written by Hugging Face transformers (it names a `model_type`)."""
+    return isinstance(config, dict) and "model_type" in config and "family" not in config
+
+
+def from_pretrained(directory: str | os.PathLike, **overrides: Any) -> nn.Module:
+    """Rebuild a model from a directory written by `save_pretrained`, or by Hugging Face transformers'
+    `save_pretrained` (ViT, DeiT, Swin: the vitkit model equal to the transformers one, weights converted).
+
+    Args:
+        directory: folder holding `config.json` and `model.safetensors` (Hugging Face: or `pytorch_model.bin`).
+        overrides: config fields to replace, e.g. ``attn_backend="math"`` or ``dynamic_img_size=True``.
+    """
+    directory = Path(directory)
+    config_path = directory / CONFIG_NAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: expected a directory written by vitkit.save_pretrained")
+    if is_hf_config(read_json(config_path)):
+        # Imported here, not at the top: the converters import this module.
+        from vitkit.weights.convert import load_pretrained
+
+        return load_pretrained(directory, **overrides)[0]
+    weights_path = directory / WEIGHTS_NAME
+    if not weights_path.is_file():
+        raise FileNotFoundError(f"{weights_path} not found: expected a directory written by vitkit.save_pretrained")
+    model = build_from_config(directory, **overrides)
+    state = read_checkpoint(weights_path)
     check_state_dict(model, state, source=str(weights_path))
     model.load_state_dict(state)
     return model.eval()
 
 
-__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "check_state_dict", "from_pretrained", "save_pretrained"]
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a checkpoint file without running any code from it.
+
+    `.safetensors` files are read with safetensors; `.pth`, `.pt`, `.bin` and `.ckpt` with
+    `torch.load(weights_only=True)`, which unpickles only tensors and plain containers (and
+    `argparse.Namespace`, which training scripts store beside the weights). A directory stands for the
+    weight file inside it (`model.safetensors`, else `pytorch_model.bin`). Returns the top-level mapping,
+    which may wrap the state dict (e.g. ``{"model": ..., "epoch": ...}``).
+    """
+    path = Path(path)
+    if path.is_dir():
+        found = [path / name for name in DIRECTORY_WEIGHTS if (path / name).is_file()]
+        if not found:
+            raise FileNotFoundError(f"{path} holds no weight file: expected one of {list(DIRECTORY_WEIGHTS)}")
+        path = found[0]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        try:
+            return load_file(path)
+        except Exception as err:  # safetensors raises its own error types for damaged files
+            raise ValueError(f"{path} is not a readable safetensors file: {err}") from err
+    if suffix not in PICKLE_SUFFIXES:
+        raise ValueError(f"{path}: unknown checkpoint type {suffix!r}; expected .safetensors or {PICKLE_SUFFIXES}")
+    with open(path, "rb"):  # OSErrors of the file itself (permissions) surface as they are
+        pass
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if refused:
+            raise ValueError(
+                f"{path} refused: its pickle would call {refused.group(1)}, which is not a tensor or plain "
+                "container; vitkit never runs code from a checkpoint (re-save the weights with "
+                "torch.save(model.state_dict()) or as .safetensors)"
+            ) from err
+        detail = re.search(r"WeightsUnpickler error:\s*(.+?)\n\n", str(err), re.S)
+        raise ValueError(
+            f"{path} is not a readable PyTorch checkpoint (damaged, or not written by torch.save)"
+            + (f": {detail.group(1).strip()}" if detail else "")
+        ) from err
+    except (RuntimeError, EOFError, OSError, ValueError) as err:  # torch's reader on a damaged archive
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{path} is not a readable PyTorch checkpoint (truncated or damaged): {first_line}") from err
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} holds a {type(obj).__name__}, expected a state dict (a mapping of names to tensors)")
+    return obj
+
+
+__all__ = [
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+    "atomic_write",
+    "build_from_config",
+    "check_state_dict",
+    "from_pretrained",
+    "is_hf_config",
+    "read_checkpoint",
+    "read_json",
+    "save_pretrained",
+]

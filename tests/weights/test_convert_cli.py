@@ -1,0 +1,67 @@
+"""`vitkit convert`: a Hugging Face directory and a torchvision file through vitkit and back, equal logits."""
+
+import torch
+import transformers
+from torchvision.models.vision_transformer import VisionTransformer
+
+import vitkit
+from vitkit.cli import main
+
+TV_TINY = dict(image_size=32, patch_size=4, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=5)
+SETS = ["--set", "img_size=32", "--set", "patch_size=4", "--set", "embed_dim=32", "--set", "depth=2"]
+SETS += ["--set", "num_heads=4", "--set", "mlp_ratio=2.0", "--set", "num_classes=5"]
+
+
+def test_convert_torchvision_file_round_trip(tmp_path, capsys):
+    torch.manual_seed(0)
+    theirs = VisionTransformer(**TV_TINY).eval()
+    torch.save(theirs.state_dict(), tmp_path / "tv.pth")
+    assert (
+        main(["convert", str(tmp_path / "tv.pth"), str(tmp_path / "vk"), "--model", "vit_base_patch16_224", *SETS]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "torchvision layout, 32 tensors loaded" in out and f"wrote vitkit weights to {tmp_path / 'vk'}" in out
+
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = theirs(x)
+        torch.testing.assert_close(vitkit.from_pretrained(tmp_path / "vk")(x), expected, atol=1e-5, rtol=1e-5)
+
+    assert main(["convert", str(tmp_path / "vk"), str(tmp_path / "back.pth"), "--to", "torchvision"]) == 0
+    back = VisionTransformer(**TV_TINY).eval()
+    back.load_state_dict(torch.load(tmp_path / "back.pth"))
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_convert_hf_directory_round_trip(tmp_path, capsys):
+    torch.manual_seed(0)
+    config = transformers.DeiTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=4
+    )
+    theirs = transformers.DeiTForImageClassificationWithTeacher(config).eval()
+    theirs.save_pretrained(tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "vk")]) == 0
+    assert main(["convert", str(tmp_path / "vk"), str(tmp_path / "hf2"), "--from", "vitkit", "--to", "hf"]) == 0
+    assert "hf layout" in capsys.readouterr().out
+    back = transformers.DeiTForImageClassificationWithTeacher.from_pretrained(tmp_path / "hf2").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(back(pixel_values=x).logits, theirs(pixel_values=x).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_convert_errors(tmp_path, capsys):
+    torch.save(VisionTransformer(**TV_TINY).state_dict(), tmp_path / "tv.pth")
+    assert main(["convert", str(tmp_path / "tv.pth"), str(tmp_path / "out")]) == 2
+    assert "checkpoint file without a config: name the model with --model" in capsys.readouterr().err
+
+    args = ["convert", str(tmp_path / "tv.pth"), str(tmp_path / "out"), "--model", "vit_base_patch16_224", *SETS]
+    assert main([*args, "--set", "num_classes=7"]) == 2
+    assert "classifier for 5 classes, the model 7" in capsys.readouterr().err
+    assert main([*args, "--set", "num_classes=7", "--reset-head"]) == 0
+    assert vitkit.from_pretrained(tmp_path / "out").config.num_classes == 7
+
+    assert main(["convert", str(tmp_path / "out"), str(tmp_path / "x"), "--from", "hf"]) == 2
+    assert "is a vitkit directory, not hf" in capsys.readouterr().err
+    assert main([*args, "--set", "depth"]) == 2
+    assert "--set expects FIELD=VALUE, got 'depth'" in capsys.readouterr().err

@@ -1,0 +1,78 @@
+"""`vitkit convert SRC DST`: read weights in one library's layout and write them in another's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from vitkit.models.registry import create_model
+from vitkit.weights.convert import FORMATS, export_weights, load_pretrained, load_weights
+from vitkit.weights.io import CONFIG_NAME
+
+HELP = "convert weights between vitkit, timm, torchvision and Hugging Face layouts"
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "src", help="a model directory (vitkit or Hugging Face) or a checkpoint file (.safetensors, .pth, .pt, .bin)"
+    )
+    parser.add_argument("dst", help="where to write: a directory for vitkit / hf, a file for timm / torchvision")
+    parser.add_argument(
+        "--from", dest="src_format", default="auto", choices=("auto", *FORMATS), help="layout of SRC (default: auto)"
+    )
+    parser.add_argument(
+        "--to", dest="dst_format", default="vitkit", choices=FORMATS, help="layout to write (default: vitkit)"
+    )
+    parser.add_argument(
+        "--model", help="registered model to load a checkpoint file into (see `vitkit models`); not for directories"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="replace a config field, e.g. --set num_classes=10 --set img_size=384 (values parsed as JSON)",
+    )
+    parser.add_argument(
+        "--reset-head", action="store_true", help="skip the checkpoint's classifier; keep a freshly initialised one"
+    )
+
+
+def _parse_overrides(items: list[str]) -> dict[str, Any]:
+    overrides = {}
+    for item in items:
+        field, sep, text = item.partition("=")
+        if not sep or not field:
+            raise ValueError(f"--set expects FIELD=VALUE, got {item!r}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text  # a bare string such as attn_backend=math
+        overrides[field] = tuple(value) if isinstance(value, list) else value
+    return overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = _parse_overrides(args.overrides)
+    src = Path(args.src)
+    if (src / CONFIG_NAME).is_file():
+        if args.model:
+            raise ValueError(f"{src} is a model directory with its own {CONFIG_NAME}; --model is for checkpoint files")
+        model, report = load_pretrained(src, reset_head=args.reset_head, **overrides)
+        if args.src_format not in ("auto", report.format) and {args.src_format, report.format} != {"timm", "vitkit"}:
+            raise ValueError(f"{src} is a {report.format} directory, not {args.src_format}")
+    else:
+        if not args.model:
+            raise ValueError(
+                f"{src} is a checkpoint file without a config: name the model with --model "
+                "(e.g. --model vit_base_patch16_224; see `vitkit models`)"
+            )
+        model = create_model(args.model, **overrides)
+        report = load_weights(model, src, format=args.src_format, reset_head=args.reset_head)
+    print(report.summary())
+    written = export_weights(model.eval(), args.dst, format=args.dst_format)
+    print(f"wrote {args.dst_format} weights to {written}")
+    return 0

@@ -1,0 +1,432 @@
+"""Bottleneck Transformers (BoTNet).
+
+"Bottleneck Transformers for Visual Recognition", Srinivas et al., arXiv:2101.11605.
+
+A BoT block is a ResNet bottleneck whose 3x3 convolution is replaced by multi-head self-attention over the
+feature map with 2-D relative position logits; BatchNorm + ReLU follow the attention, and a block that strides
+average-pools 2x2 after it. BoTNet is a ResNet whose last blocks are BoT blocks:
+
+- ``botnet50``: ResNet-50 with its three c5 blocks replaced (4 heads, 224 input), as in the paper (20.8M parameters).
+- ``botnet26t_256``: timm's BoTNet on a ResNet-26-T backbone (tiered 3-conv stem; the last block of c4 and both c5
+  blocks are BoT blocks; 256 input).
+
+Data path: image (B, C, H, W) -> stem (/4) -> stages of bottleneck / BoT blocks (/32) -> global average pool
+-> fc (B, num_classes). Parameter names and shapes follow timm's `ByobNet` (blocks ``bottle`` and ``self_attn``,
+attention ``BottleneckAttn``), so timm state dicts load unchanged.
+
+The relative position tables are sized for one feature map, so a model takes images of its `img_size` only.
+
+Letters: B batch, C channels, H, W feature-map height and width, N = H * W positions, h heads, d head dim.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitkit.layers import Attention2d, check_backend, to_2tuple
+from vitkit.layers.cost import BATCH_NORM_FLOPS, RELU_FLOPS, OpCost, elementwise_op, linear_op, matmul_op, numel
+from vitkit.models.registry import register_family, register_model
+
+BOTNET_PAPER = "Bottleneck Transformers for Visual Recognition (Srinivas et al., arXiv:2101.11605)"
+STEM_TYPES = ("7x7", "tiered")
+NET_STRIDE = 32  # stem /4, then three stride-2 stages
+
+
+@dataclass(frozen=True)
+class BotNetConfig:
+    img_size: int | tuple[int, int] = 224  # the one input size (H, W), an int for square; a multiple of 32
+    in_chans: int = 3  # image channels
+    num_classes: int = 1000  # classifier outputs; 0 removes the fc (forward returns pooled features)
+    stem_type: str = "7x7"  # "7x7": ResNet's 7x7 conv; "tiered": 3x3 convs to 3/8, 1/2, 1 x stem_chs; both + max pool
+    stem_chs: int = 64  # stem output channels
+    depths: tuple[int, ...] = (3, 4, 6, 3)  # blocks per stage (c2, c3, c4, c5); stage i > 0 strides 2
+    bot_depths: tuple[int, ...] = (0, 0, 0, 3)  # BoT blocks at the end of each stage, the others are bottlenecks
+    widths: tuple[int, ...] = (256, 512, 1024, 2048)  # output channels per stage
+    bottle_ratio: float = 0.25  # inner (bottleneck) width as a fraction of the block's output channels
+    num_heads: int = 4  # attention heads of the BoT blocks; must divide their inner width
+    attn_backend: str = "sdpa"  # "sdpa" (fused kernel) or "math" (explicit reference)
+    zero_init_last: bool = False  # init: zero the last BatchNorm scale of each residual branch (timm's default)
+
+    def __post_init__(self) -> None:
+        H, W = to_2tuple(self.img_size)
+        if H % NET_STRIDE or W % NET_STRIDE:
+            raise ValueError(f"img_size {H}x{W} is not a multiple of the network stride {NET_STRIDE}")
+        if self.stem_type not in STEM_TYPES:
+            raise ValueError(f"stem_type must be one of {STEM_TYPES}, got {self.stem_type!r}")
+        if not len(self.depths) == len(self.bot_depths) == len(self.widths) == 4:
+            raise ValueError(
+                f"depths, bot_depths and widths need one entry per stage (4), got {len(self.depths)}, "
+                f"{len(self.bot_depths)} and {len(self.widths)}"
+            )
+        if sum(self.bot_depths) == 0:
+            raise ValueError(f"bot_depths {self.bot_depths} has no BoT block; a BoTNet needs at least one")
+        for stage, (depth, bot) in enumerate(zip(self.depths, self.bot_depths, strict=True)):
+            if not 0 <= bot <= depth:
+                raise ValueError(
+                    f"stage {stage} has {depth} blocks, so bot_depths[{stage}]={bot} must be in [0, {depth}]"
+                )
+        for width, bot in zip(self.widths, self.bot_depths, strict=True):
+            mid = inner_width(width, self.bottle_ratio)
+            if bot and mid % self.num_heads:
+                raise ValueError(
+                    f"num_heads {self.num_heads} does not divide the BoT inner width {mid} "
+                    f"(= {width} x {self.bottle_ratio})"
+                )
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
+        check_backend(self.attn_backend)
+
+
+def inner_width(width: int, ratio: float, divisor: int = 8) -> int:
+    """Bottleneck width: width * ratio rounded to a multiple of `divisor`, never below 90% of it (timm's rule)."""
+    value = width * ratio
+    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * value else rounded
+
+
+class ConvNormAct(nn.Sequential):
+    """Conv (no bias) -> BatchNorm -> ReLU (or no activation); "same" padding for odd kernels."""
+
+    def __init__(self, in_chs: int, out_chs: int, kernel_size: int, stride: int = 1, act: bool = True) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_chs, out_chs, kernel_size, stride, padding=kernel_size // 2, bias=False)
+        self.bn = nn.BatchNorm2d(out_chs)
+        self.act = nn.ReLU(inplace=True) if act else nn.Identity()
+
+    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
+        """Analytic cost of `forward` on a map of `shape` (B, C, H, W), one row per operator in forward order."""
+        B, C, H, W = shape
+        (k, _), (s, _), (p, _) = self.conv.kernel_size, self.conv.stride, self.conv.padding
+        out = (B, self.conv.out_channels, (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1)
+        in_bytes = numel(shape) * dtype_bytes
+        macs = numel(out) * C * k * k  # each output element takes C * k * k multiply-adds
+        ops = [
+            matmul_op(f"{name}.conv", "conv", shape, out, macs, held + in_bytes, dtype_bytes),
+            elementwise_op(f"{name}.bn", "batch_norm", out, BATCH_NORM_FLOPS, held, dtype_bytes),
+        ]
+        if isinstance(self.act, nn.ReLU):  # in place: nothing new stored
+            ops.append(elementwise_op(f"{name}.act", "relu", out, RELU_FLOPS, held, dtype_bytes, materialised=False))
+        return ops
+
+
+class BatchNormReLU(nn.BatchNorm2d):
+    """BatchNorm followed by ReLU in one module (parameter names of the BatchNorm alone, as in timm)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(super().forward(x))
+
+    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
+        """Analytic cost of `forward` on a map of `shape` (B, C, H, W): the normalisation, then ReLU."""
+        return [
+            elementwise_op(name, "batch_norm", shape, BATCH_NORM_FLOPS, held, dtype_bytes),
+            elementwise_op(name, "relu", shape, RELU_FLOPS, held, dtype_bytes),
+        ]
+
+
+def make_shortcut(in_chs: int, out_chs: int, stride: int) -> nn.Module:
+    """1x1 conv + BatchNorm where the block changes width or strides, else the identity."""
+    if in_chs != out_chs or stride != 1:
+        return ConvNormAct(in_chs, out_chs, 1, stride, act=False)
+    return nn.Identity()
+
+
+def residual_cost(
+    name: str, block: Bottleneck | BotBlock, shape: tuple[int, int, int, int], held: int, dtype_bytes: int
+) -> list[OpCost]:
+    """Cost of a residual block whose branch modules are listed by `block.branch()`: branch, shortcut, add, ReLU."""
+    stream = held + numel(shape) * dtype_bytes  # the block input stays alive for the shortcut
+    ops: list[OpCost] = []
+    x = shape
+    for child, module in block.branch():
+        ops += module.cost(f"{name}.{child}", x, held=stream, dtype_bytes=dtype_bytes)
+        x = ops[-1].out_shape
+    branch = held + numel(x) * dtype_bytes  # the branch output waits for the shortcut
+    if isinstance(block.shortcut, ConvNormAct):
+        ops += block.shortcut.cost(f"{name}.shortcut", shape, held=branch, dtype_bytes=dtype_bytes)
+    ops.append(elementwise_op(name, "residual_add", x, 1, branch, dtype_bytes))  # one add per element
+    ops.append(elementwise_op(name, "relu", x, RELU_FLOPS, held, dtype_bytes, materialised=False))  # in place
+    return ops
+
+
+class Bottleneck(nn.Module):
+    """ResNet bottleneck (stride on the 3x3): 1x1 -> 3x3 -> 1x1, plus the shortcut, then ReLU."""
+
+    def __init__(self, in_chs: int, out_chs: int, stride: int, bottle_ratio: float) -> None:
+        super().__init__()
+        mid = inner_width(out_chs, bottle_ratio)
+        self.shortcut = make_shortcut(in_chs, out_chs, stride)
+        self.conv1_1x1 = ConvNormAct(in_chs, mid, 1)
+        self.conv2_kxk = ConvNormAct(mid, mid, 3, stride)
+        self.conv3_1x1 = ConvNormAct(mid, out_chs, 1, act=False)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv3_1x1(self.conv2_kxk(self.conv1_1x1(x)))
+        return self.act(out + self.shortcut(x))
+
+    def branch(self) -> list[tuple[str, nn.Module]]:
+        """The residual branch's modules in forward order, as (child name, module)."""
+        return [("conv1_1x1", self.conv1_1x1), ("conv2_kxk", self.conv2_kxk), ("conv3_1x1", self.conv3_1x1)]
+
+    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
+        """Analytic cost of `forward` on a map of `shape` (B, C, H, W), one row per operator in forward order."""
+        return residual_cost(name, self, shape, held, dtype_bytes)
+
+
+class BottleneckAttn(Attention2d):
+    """BoT multi-head self-attention: (B, C, H, W) -> (B, C, H / stride, W / stride).
+
+    `Attention2d` with 2-D relative position logits, in timm's `BottleneckAttn` layout: the fused q, k, v
+    projection is a 1x1 convolution without bias (``qkv.weight`` (3C, C, 1, 1), output channels ordered
+    (q|k|v, head, d)), there is no output projection, and a strided layer average-pools 2x2 after attending.
+
+    Args:
+        dim: channels C; must be divisible by `num_heads`.
+        num_heads: heads h; head dim d = C // h.
+        feat_size: (H, W) of the input map, which the relative tables are sized for.
+        stride: 1, or 2 to halve the map after attention.
+        backend: "sdpa" or "math".
+    """
+
+    def __init__(
+        self, dim: int, num_heads: int, feat_size: int | tuple[int, int], stride: int = 1, backend: str = "sdpa"
+    ) -> None:
+        super().__init__(dim, num_heads, qkv_bias=False, backend=backend, pos="relative", feat_size=feat_size)
+        if stride not in (1, 2):
+            raise ValueError(f"BottleneckAttn stride must be 1 or 2, got {stride}")
+        self.qkv = nn.Conv2d(dim, dim * 3, 1, bias=False)
+        self.proj = nn.Identity()
+        self.pool = nn.AvgPool2d(2, 2) if stride == 2 else nn.Identity()
+
+    def reset_parameters(self) -> None:
+        """timm's initialisation: qkv truncated normal with std fan_in^-0.5, tables with std d^-0.5."""
+        nn.init.trunc_normal_(self.qkv.weight, std=self.qkv.weight.shape[1] ** -0.5)
+        self.pos_embed.reset_parameters()
+
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, C, H, W = x.shape
+        qkv = self.qkv(x).reshape(B, 3, self.num_heads, self.head_dim, H * W)  # (B, 3C, H, W) -> (B, 3, h, d, N)
+        q, k, v = qkv.permute(1, 0, 2, 4, 3).unbind(0)  # (3, B, h, N, d) -> 3 x (B, h, N, d)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.pool(super().forward(x, bias))
+
+    def cost(
+        self, name: str, shape: tuple[int, int, int, int], bias: bool = False, held: int = 0, dtype_bytes: int = 4
+    ) -> list[OpCost]:
+        """Analytic cost of `forward` on a map of `shape` (B, C, H, W), one row per operator in forward order."""
+        ops = super().cost(name, shape, bias, held, dtype_bytes)
+        if isinstance(self.pool, nn.AvgPool2d):
+            B, C, H, W = shape
+            out = (B, C, H // 2, W // 2)
+            live = held + (numel(shape) + numel(out)) * dtype_bytes
+            ops.append(OpCost(name, "avg_pool", shape, out, 0, numel(shape), numel(out) * dtype_bytes, live))  # 1/input
+        return ops
+
+
+class BotBlock(nn.Module):
+    """Bottleneck transformer block: 1x1 -> BoT attention (then 2x2 avg pool if strided) -> BN + ReLU -> 1x1.
+
+    As in `Bottleneck`, the shortcut is added and ReLU applied; the attention replaces the 3x3 convolution.
+    """
+
+    def __init__(
+        self,
+        in_chs: int,
+        out_chs: int,
+        stride: int,
+        bottle_ratio: float,
+        num_heads: int,
+        feat_size: tuple[int, int],
+        backend: str,
+    ) -> None:
+        super().__init__()
+        mid = inner_width(out_chs, bottle_ratio)
+        self.shortcut = make_shortcut(in_chs, out_chs, stride)
+        self.conv1_1x1 = ConvNormAct(in_chs, mid, 1)
+        self.self_attn = BottleneckAttn(mid, num_heads, feat_size, stride, backend)
+        self.post_attn = BatchNormReLU(mid)
+        self.conv3_1x1 = ConvNormAct(mid, out_chs, 1, act=False)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv3_1x1(self.post_attn(self.self_attn(self.conv1_1x1(x))))
+        return self.act(out + self.shortcut(x))
+
+    def branch(self) -> list[tuple[str, nn.Module]]:
+        """The residual branch's modules in forward order, as (child name, module)."""
+        return [
+            ("conv1_1x1", self.conv1_1x1),
+            ("self_attn", self.self_attn),
+            ("post_attn", self.post_attn),
+            ("conv3_1x1", self.conv3_1x1),
+        ]
+
+    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
+        """Analytic cost of `forward` on a map of `shape` (B, C, H, W), one row per operator in forward order."""
+        return residual_cost(name, self, shape, held, dtype_bytes)
+
+
+def make_stem(stem_type: str, in_chans: int, out_chs: int) -> nn.Sequential:
+    """Stride-4 stem: convs with BN + ReLU (stride 2 on the first), then a 3x3 stride-2 max pool."""
+    if stem_type == "7x7":
+        convs = [ConvNormAct(in_chans, out_chs, 7, stride=2)]
+    else:
+        chs = (3 * out_chs // 8, out_chs // 2, out_chs)  # 24, 32, 64 for stem_chs 64
+        convs = [
+            ConvNormAct(in_chans, chs[0], 3, stride=2),
+            ConvNormAct(chs[0], chs[1], 3),
+            ConvNormAct(chs[1], chs[2], 3),
+        ]
+    layers = OrderedDict((f"conv{i + 1}", conv) for i, conv in enumerate(convs))
+    layers["pool"] = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+    return nn.Sequential(layers)
+
+
+def stem_cost(stem: nn.Sequential, shape: tuple[int, int, int, int], dtype_bytes: int) -> list[OpCost]:
+    """Analytic cost of the stem on images of `shape` (B, C, H, W): its convs, then the 3x3 stride-2 max pool."""
+    ops: list[OpCost] = []
+    x = shape
+    for child, module in stem.named_children():
+        if isinstance(module, ConvNormAct):
+            ops += module.cost(f"stem.{child}", x, dtype_bytes=dtype_bytes)
+            x = ops[-1].out_shape
+    B, C, H, W = x
+    out = (B, C, (H - 1) // 2 + 1, (W - 1) // 2 + 1)  # kernel 3, stride 2, padding 1
+    live = (numel(x) + numel(out)) * dtype_bytes
+    ops.append(OpCost("stem.pool", "max_pool", x, out, 0, 8 * numel(out), numel(out) * dtype_bytes, live))  # 8 compares
+    return ops
+
+
+class ClassifierHead(nn.Module):
+    """Global average pool -> fc; `pre_logits` returns the pooled features (B, C)."""
+
+    def __init__(self, in_features: int, num_classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = x.mean(dim=(2, 3))  # (B, C, H, W) -> (B, C)
+        return x if pre_logits else self.fc(x)
+
+    def cost(self, name: str, shape: tuple[int, int, int, int], dtype_bytes: int = 4) -> list[OpCost]:
+        """Analytic cost of `forward` on a map of `shape` (B, C, H, W): the mean (one add per element), the fc."""
+        pooled = shape[:2]
+        live = (numel(shape) + numel(pooled)) * dtype_bytes
+        ops = [OpCost(name, "mean", shape, pooled, 0, numel(shape), numel(pooled) * dtype_bytes, live)]
+        if isinstance(self.fc, nn.Linear):
+            ops.append(linear_op(f"{name}.fc", "fc", pooled, self.fc.out_features, True, 0, dtype_bytes))  # B*C*classes
+        return ops
+
+
+class BotNet(nn.Module):
+    """BoTNet built from a `BotNetConfig`: images (B, in_chans, H, W) of size `img_size` -> logits."""
+
+    def __init__(self, config: BotNetConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.stem = make_stem(c.stem_type, c.in_chans, c.stem_chs)
+        H, W = to_2tuple(c.img_size)
+        feat = (H // 4, W // 4)  # after the stem
+        self.attn_feat_size: tuple[int, int] | None = None  # feature map at the first BoT block, set below
+        in_chs = c.stem_chs
+        stages = []
+        for stage, (depth, bot, width) in enumerate(zip(c.depths, c.bot_depths, c.widths, strict=True)):
+            blocks = []
+            for i in range(depth):
+                stride = 2 if stage > 0 and i == 0 else 1
+                if i >= depth - bot:
+                    # The attention runs before the block's pooling, on the map as it enters the block.
+                    self.attn_feat_size = self.attn_feat_size or feat
+                    block = BotBlock(in_chs, width, stride, c.bottle_ratio, c.num_heads, feat, c.attn_backend)
+                else:
+                    block = Bottleneck(in_chs, width, stride, c.bottle_ratio)
+                blocks.append(block)
+                feat = (feat[0] // stride, feat[1] // stride)
+                in_chs = width
+            stages.append(nn.Sequential(*blocks))
+        self.stages = nn.Sequential(*stages)
+        self.head = ClassifierHead(in_chs, c.num_classes)
+        self.init_weights()
+
+    @property
+    def num_features(self) -> int:
+        return self.config.widths[-1]
+
+    def init_weights(self) -> None:
+        """timm's ByobNet initialisation: convs normal with std sqrt(2 / fan_out), BatchNorm 1 and 0, fc normal
+        with std 0.01, BoT attention as `BottleneckAttn`; with `zero_init_last` the last BatchNorm of each residual
+        branch starts at zero (every block starts as its shortcut, and the branch's other parameters get no
+        gradient until that scale moves)."""
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                fan_out = module.kernel_size[0] * module.kernel_size[1] * module.out_channels // module.groups
+                nn.init.normal_(module.weight, std=math.sqrt(2.0 / fan_out))
+            elif isinstance(module, nn.BatchNorm2d):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.01)
+                nn.init.zeros_(module.bias)
+        for module in self.modules():
+            if isinstance(module, (Bottleneck, BotBlock)) and self.config.zero_init_last:
+                nn.init.zeros_(module.conv3_1x1.bn.weight)
+            elif isinstance(module, BottleneckAttn):
+                module.reset_parameters()
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """ValueError unless x is a float image batch (B, in_chans, H, W) of the configured size."""
+        c = self.config
+        if x.ndim != 4:
+            raise ValueError(f"BotNet expects images (B, C, H, W), got shape {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(f"BotNet expects floating-point images, got dtype {x.dtype}")
+        if x.shape[1] != c.in_chans:
+            raise ValueError(f"BotNet was built for {c.in_chans} input channels, got {x.shape[1]}")
+        H, W = to_2tuple(c.img_size)
+        if tuple(x.shape[-2:]) != (H, W):
+            fh, fw = self.attn_feat_size
+            raise ValueError(
+                f"BotNet takes {H}x{W} images only: its relative position tables are sized for the "
+                f"{fh}x{fw} feature map those give at the first BoT block; got {x.shape[-2]}x{x.shape[-1]} images "
+                f"(build the model with img_size=({x.shape[-2]}, {x.shape[-1]}) to train at that size)"
+            )
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> feature map (B, num_features, H / 32, W / 32)."""
+        self.check_input(x)
+        return self.stages(self.stem(x))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Feature map (B, C, H', W') -> logits (B, num_classes), or pooled features (B, C) with `pre_logits`."""
+        return self.head(x, pre_logits=pre_logits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def cost(self, img_size: tuple[int, int], batch: int = 1, dtype_bytes: int = 4) -> list[OpCost]:
+        """Analytic cost of `forward` on a (batch, C, H, W) input, one row per operator in forward order."""
+        self.check_input(torch.empty(batch, self.config.in_chans, *img_size, device="meta"))
+        ops = stem_cost(self.stem, (batch, self.config.in_chans, *img_size), dtype_bytes)
+        for s, stage in enumerate(self.stages):
+            for i, block in enumerate(stage):
+                ops += block.cost(f"stages.{s}.{i}", ops[-1].out_shape, dtype_bytes=dtype_bytes)
+        return ops + self.head.cost("head", ops[-1].out_shape, dtype_bytes)
+
+
+register_family("botnet", BotNetConfig, BotNet)
+
+register_model("botnet50", "botnet", BotNetConfig(), BOTNET_PAPER)
+register_model(
+    "botnet26t_256",
+    "botnet",
+    BotNetConfig(img_size=256, stem_type="tiered", depths=(2, 2, 2, 2), bot_depths=(0, 0, 1, 2)),
+    BOTNET_PAPER,
+)

@@ -1,0 +1,377 @@
+"""Loading weights from other libraries' checkpoints into vitkit models, and writing them back.
+
+Formats: "vitkit" (= "timm": vitkit keeps timm's parameter names), "torchvision" and "hf" (Hugging Face
+transformers). A checkpoint is renamed by its format's table (`vitkit.weights.torchvision`,
+`vitkit.weights.hf`), fitted to the model (position table resampled, classifier kept on request), its
+keys and shapes checked, and only then loaded. Every library stores Linear weights as (out, in) and
+convolutions as (out, in, kh, kw), so no tensor is transposed: conversions rename, concatenate and split.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from vitkit.layers import resample_abs_pos_embed
+from vitkit.models.registry import build_model, family_of, replace_config
+from vitkit.weights import hf, torchvision
+from vitkit.weights.io import (
+    CONFIG_NAME,
+    PICKLE_SUFFIXES,
+    WEIGHTS_NAME,
+    atomic_write,
+    build_from_config,
+    check_state_dict,
+    is_hf_config,
+    read_checkpoint,
+    read_json,
+    save_pretrained,
+)
+from vitkit.weights.rename import Layout
+
+FORMATS = ("vitkit", "timm", "torchvision", "hf")
+# Entries that wrap the state dict in training checkpoints, tried in this order.
+WRAPPER_ENTRIES = ("state_dict", "model", "model_ema")
+# Key prefixes added by wrappers: DistributedDataParallel / DataParallel, Lightning-style modules, torch.compile.
+WRAPPER_PREFIXES = ("module.", "model.", "_orig_mod.")
+
+
+@dataclass
+class LoadReport:
+    """What `load_weights` did."""
+
+    source: str  # the file read, or "state dict"
+    format: str  # the layout the checkpoint was read as: "vitkit", "torchvision" or "hf"
+    loaded: int = 0  # tensors copied into the model
+    unwrapped: list[str] = field(default_factory=list)  # wrapper entries and key prefixes removed
+    resampled: list[str] = field(default_factory=list)  # tensors fitted to the model's size, with old -> new
+    head_reset: bool = False  # the checkpoint's classifier was skipped; the model kept its own
+    dropped: list[str] = field(default_factory=list)  # checkpoint keys with no vitkit counterpart, skipped
+    missing: list[str] = field(default_factory=list)  # model keys left as initialised (strict=False only)
+    unexpected: list[str] = field(default_factory=list)  # checkpoint keys not used (strict=False only)
+    mismatched: list[str] = field(default_factory=list)  # keys skipped for their shape (strict=False only)
+
+    def summary(self) -> str:
+        """A few lines for people: format, counts and everything that was adapted or skipped."""
+        lines = [f"{self.source}: {self.format} layout, {self.loaded} tensors loaded"]
+        for label, items in (
+            ("unwrapped", self.unwrapped),
+            ("resampled", self.resampled),
+            ("dropped (no vitkit counterpart)", self.dropped),
+            ("missing (left as initialised)", self.missing),
+            ("unexpected (ignored)", self.unexpected),
+            ("shape-mismatched (skipped)", self.mismatched),
+        ):
+            if items:
+                lines.append(f"  {label}: {', '.join(items[:5])}{' ...' if len(items) > 5 else ''}")
+        if self.head_reset:
+            lines.append("  classifier: the checkpoint's head was skipped; the model keeps its own")
+        return "\n".join(lines)
+
+
+def _resample_vit_pos_embed(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """Fit a ViT checkpoint's position table to the model's token grid (bicubic, as timm does)."""
+    old, new = state.get("pos_embed"), model.state_dict().get("pos_embed")
+    if old is None or new is None or old.shape == new.shape or old.ndim != 3 or old.shape[-1] != new.shape[-1]:
+        return []  # equal, or not a resampling case: the shape check reports the rest
+    prefix, grid = model.num_prefix_tokens, model.patch_embed.grid_size
+    side = round((old.shape[1] - prefix) ** 0.5)
+    if old.shape[1] <= prefix or side * side != old.shape[1] - prefix:
+        raise ValueError(
+            f"position table {tuple(old.shape)} is not {prefix} prefix rows plus a square grid, so it cannot be "
+            f"resampled to the model's {grid[0]}x{grid[1]} grid; build the model at the checkpoint's image size"
+        )
+    state["pos_embed"] = resample_abs_pos_embed(old, grid, (side, side), num_prefix_tokens=prefix)
+    return [f"pos_embed: {side}x{side} -> {grid[0]}x{grid[1]} grid"]
+
+
+@dataclass(frozen=True)
+class FamilyWeights:
+    head: tuple[str, ...]  # vitkit key prefixes of the classifier(s), skipped with reset_head=True
+    adapt: Callable[[nn.Module, dict[str, torch.Tensor]], list[str]]  # fits size-dependent tensors to the
+    # model, in place, before the shape check; returns a line per tensor changed
+
+
+def _unchanged(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """For families whose tensors do not depend on the image size (Swin's windows and bias tables are fixed)."""
+    return []
+
+
+# vitkit family -> how its checkpoints are fitted; the layouts per format live in the converter modules.
+FAMILIES: dict[str, FamilyWeights] = {
+    "vit": FamilyWeights(head=("head.", "head_dist."), adapt=_resample_vit_pos_embed),
+    "swin": FamilyWeights(head=("head.fc.",), adapt=_unchanged),
+}
+CONVERTERS: dict[str, dict[str, Layout]] = {"torchvision": torchvision.LAYOUTS, "hf": hf.LAYOUTS}
+# Keys whose presence (all of them) identifies vitkit's (timm's) own layout, per family.
+VITKIT_MARKERS: dict[str, tuple[str, ...]] = {
+    "vit": ("patch_embed.proj.weight", "pos_embed"),
+    "swin": ("patch_embed.proj.weight", "layers.0.blocks.0.attn.relative_position_bias_table"),
+}
+
+
+def _family_weights(name: str) -> FamilyWeights:
+    """A family without an entry keeps timm's convention: the classifier under `head.`, nothing to resample."""
+    return FAMILIES.get(name, FamilyWeights(head=("head.",), adapt=_unchanged))
+
+
+def unwrap_state_dict(obj: Mapping[str, Any], source: str) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The state dict inside a training checkpoint: wrapper entries (`state_dict`, `model`, `model_ema`) and
+    key prefixes (`module.`, `model.`, `_orig_mod.`) removed. Returns (state dict, what was removed)."""
+    notes: list[str] = []
+    while not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        entry = next((e for e in WRAPPER_ENTRIES if isinstance(obj.get(e), Mapping)), None)
+        if entry is None:
+            kinds = sorted({type(v).__name__ for v in obj.values() if not isinstance(v, torch.Tensor)})
+            raise ValueError(
+                f"{source} holds {kinds} values beside tensors and none of the entries {list(WRAPPER_ENTRIES)} "
+                f"that wrap a state dict; top-level keys: {list(obj)[:8]}"
+            )
+        notes.append(f"entry {entry!r}")
+        obj = obj[entry]
+    if not obj:
+        raise ValueError(f"{source} holds no tensors")
+    state = dict(obj)
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in WRAPPER_PREFIXES:
+            if all(k.startswith(prefix) for k in state):
+                state = {k[len(prefix) :]: v for k, v in state.items()}
+                notes.append(f"prefix {prefix!r}")
+                stripped = True
+    return state, notes
+
+
+def detect_format(state: Mapping[str, torch.Tensor], family: str, source: str) -> str:
+    """The format of a state dict, recognised from its keys; ValueError when it is no known layout of `family`."""
+    keys = set(state)
+    if family in VITKIT_MARKERS and keys.issuperset(VITKIT_MARKERS[family]):
+        return "vitkit"
+    for fmt, layouts in CONVERTERS.items():
+        if family in layouts and layouts[family].matches(keys):
+            return fmt
+    if family not in VITKIT_MARKERS:
+        return "vitkit"  # a family with no converters: its own (timm's) names, which the key check verifies
+    others = [f"{fmt} {fam}" for fmt, lays in CONVERTERS.items() for fam, lay in lays.items() if lay.matches(keys)]
+    others += [f"vitkit {fam}" for fam, markers in VITKIT_MARKERS.items() if keys.issuperset(markers)]
+    seen = f"it looks like a {' or '.join(others)} checkpoint" if others else "its keys match no known layout"
+    raise ValueError(
+        f"{source} is not a checkpoint of a {family} model in a known format ({', '.join(FORMATS)}): {seen}; "
+        f"first keys: {sorted(keys)[:5]}"
+    )
+
+
+def _layout(family: str, fmt: str) -> Layout:
+    if fmt not in CONVERTERS:
+        raise ValueError(f"format must be one of {('auto', *FORMATS)}, got {fmt!r}")
+    if family not in CONVERTERS[fmt]:
+        raise ValueError(f"there is no {fmt} layout for {family} models")
+    return CONVERTERS[fmt][family]
+
+
+def load_weights(
+    model: nn.Module,
+    source: str | os.PathLike | Mapping[str, Any],
+    format: str = "auto",
+    strict: bool = True,
+    reset_head: bool = False,
+) -> LoadReport:
+    """Load a checkpoint of another library (or vitkit's own) into `model`, converting names and layout.
+
+    Args:
+        model: a vitkit model of the checkpoint's architecture. A state dict carries no config, so build it
+            with the source's settings where they change outputs, e.g. LayerNorm eps (timm and torchvision ViT
+            1e-6, Hugging Face ViT 1e-12; `from_pretrained` reads them from a Hugging Face directory). A ViT's
+            position table is resampled to the model's grid when the image sizes differ.
+        source: a `.safetensors`, `.pth` / `.pt` / `.bin` / `.ckpt` file (read with `torch.load(weights_only=True)`),
+            a model directory, or a state dict. Training checkpoints are unwrapped (entries `state_dict`,
+            `model`, `model_ema`; key prefixes `module.`, `model.`, `_orig_mod.`).
+        format: "auto" (recognised from the keys), "vitkit" / "timm", "torchvision" or "hf".
+        strict: raise ValueError for missing, unexpected and shape-mismatched keys; when False, load what
+            fits and list the rest in the report.
+        reset_head: skip the checkpoint's classifier and keep the model's own (freshly initialised) one, to
+            fine-tune on another number of classes. Without it a classifier of another size is an error.
+
+    Returns:
+        a `LoadReport`.
+    """
+    if isinstance(source, Mapping):
+        return _load(model, source, "state dict", format, strict, reset_head)
+    return _load(model, read_checkpoint(source), str(source), format, strict, reset_head)
+
+
+def _load(
+    model: nn.Module, obj: Mapping[str, Any], name: str, format: str, strict: bool, reset_head: bool
+) -> LoadReport:
+    if format not in ("auto", *FORMATS):
+        raise ValueError(f"format must be one of {('auto', *FORMATS)}, got {format!r}")
+    fam = family_of(model).name
+    weights = _family_weights(fam)
+    state, unwrapped = unwrap_state_dict(obj, name)
+    fmt = detect_format(state, fam, name) if format == "auto" else "vitkit" if format == "timm" else format
+    report = LoadReport(source=name, format=fmt, unwrapped=unwrapped)
+    unmatched: list[str] = []
+    if fmt != "vitkit":
+        state, report.dropped, unmatched = _layout(fam, fmt).to_vitkit(state)
+
+    expected = model.state_dict()
+    own_head: dict[str, torch.Tensor] = {}
+    if reset_head:
+        state = {k: v for k, v in state.items() if not k.startswith(weights.head)}
+        # The model's own head stands in for the checkpoint's, so the key check and the load see a whole model.
+        own_head = {k: v for k, v in expected.items() if k.startswith(weights.head)}
+        report.head_reset = True
+    else:
+        body = {k for k in expected if not k.startswith(weights.head)}
+        body_fits = not unmatched and body == {k for k in state if not k.startswith(weights.head)}
+        _check_head(expected, state, weights.head, name, strict and body_fits)
+    try:
+        report.resampled = weights.adapt(model, state)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from err
+
+    if strict:
+        check_state_dict(model, {**state, **own_head}, source=name, unmatched=unmatched)
+    else:
+        report.missing = [k for k in expected if k not in state and k not in own_head]
+        report.unexpected = [*unmatched, *(k for k in state if k not in expected)]
+        report.mismatched = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+        state = {k: v for k, v in state.items() if k in expected and v.shape == expected[k].shape}
+    model.load_state_dict({**state, **own_head}, strict=strict)
+    report.loaded = len(state)
+    return report
+
+
+def _check_head(
+    expected: Mapping[str, torch.Tensor],
+    state: Mapping[str, torch.Tensor],
+    head: tuple[str, ...],
+    source: str,
+    check_presence: bool,
+) -> None:
+    """A classifier of another size, or (with `check_presence`) one present on one side only, is its own error:
+    the fix is a flag or `num_classes`, not another checkpoint."""
+    for key, tensor in expected.items():
+        if key.startswith(head) and key.endswith("weight") and key in state and state[key].shape != tensor.shape:
+            raise ValueError(
+                f"{source} has a classifier for {state[key].shape[0]} classes, the model {tensor.shape[0]}: "
+                f"build the model with num_classes={state[key].shape[0]}, or pass reset_head=True to keep the "
+                "model's freshly initialised head"
+            )
+    if not check_presence:
+        return
+    has_head = any(k.startswith(head) for k in state)
+    wants_head = any(k.startswith(head) for k in expected)
+    if has_head and not wants_head:
+        raise ValueError(
+            f"{source} has a classifier but the model has none (num_classes=0): build the model with its "
+            "num_classes, or pass reset_head=True to drop the checkpoint's head"
+        )
+    if wants_head and not has_head:
+        raise ValueError(
+            f"{source} has no classifier (a backbone checkpoint) but the model has one: build the model with "
+            "num_classes=0, or pass reset_head=True to keep the model's freshly initialised head"
+        )
+
+
+def load_pretrained(
+    directory: str | os.PathLike, reset_head: bool = False, **overrides: Any
+) -> tuple[nn.Module, LoadReport]:
+    """Build and load the model in a vitkit directory or a Hugging Face transformers directory.
+
+    A transformers ViT / DeiT / Swin `config.json` becomes the equal vitkit config (LayerNorm eps, qkv bias
+    and MLP width included); a base model (`ViTModel`, `DeiTModel`, `SwinModel`) becomes a model without
+    classifier, and a ViT / DeiT pooler is dropped (listed in the report). Returns (model in eval mode, report).
+
+    Args:
+        directory: the model directory.
+        reset_head: keep the built model's own classifier (e.g. with ``num_classes=10`` in `overrides`).
+        overrides: config fields to replace, e.g. ``attn_backend="math"``.
+    """
+    directory = Path(directory)
+    config_path = directory / CONFIG_NAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: expected a vitkit or Hugging Face model directory")
+    saved = read_json(config_path)
+    if not is_hf_config(saved):
+        model = build_from_config(directory, **overrides)
+        report = load_weights(model, directory / WEIGHTS_NAME, format="vitkit", reset_head=reset_head)
+        return model.eval(), report
+    model_type = saved["model_type"]
+    if model_type not in hf.CONFIG_READERS:
+        raise ValueError(
+            f"{config_path}: Hugging Face model_type {model_type!r} is not supported; "
+            f"supported: {sorted(hf.CONFIG_READERS)}"
+        )
+    obj = read_checkpoint(directory)
+    state, _ = unwrap_state_dict(obj, str(directory))
+    family_name, read_config = hf.CONFIG_READERS[model_type]
+    config = replace_config(read_config(saved, set(state), str(config_path)), **overrides)
+    model = build_model(family_name, config)
+    return model.eval(), _load(model, obj, str(directory), "hf", strict=True, reset_head=reset_head)
+
+
+def export_weights(model: nn.Module, path: str | os.PathLike, format: str) -> Path:
+    """Write `model`'s weights in another library's layout; returns the path written.
+
+    Args:
+        model: a vitkit model.
+        path: "vitkit" and "hf" write a directory (`config.json` + `model.safetensors`, loadable by
+            `vitkit.from_pretrained` or transformers' `from_pretrained`); "timm" and "torchvision" write
+            one state-dict file, `.safetensors` or `.pth` / `.pt` / `.bin` (`torch.save`, as their users
+            load with `model.load_state_dict(torch.load(path))`).
+        format: "vitkit", "timm", "torchvision" or "hf".
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    path = Path(path)
+    if format == "vitkit":
+        return save_pretrained(model, path)
+    fam = family_of(model).name
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if format == "hf":
+        return _write_hf_directory(model, state, path)
+    if format == "torchvision":
+        layout = _layout(fam, "torchvision")
+        if layout.check_export is not None:
+            layout.check_export(model.config)
+        state = layout.from_vitkit(state)
+        if layout.export_buffers is not None:
+            state.update(layout.export_buffers(model))
+    _write_state_dict(state, path)
+    return path
+
+
+def _write_state_dict(state: dict[str, torch.Tensor], path: Path) -> None:
+    suffix = path.suffix.lower()
+    if suffix not in (".safetensors", *PICKLE_SUFFIXES):
+        raise ValueError(f"{path}: expected a .safetensors or {'/'.join(PICKLE_SUFFIXES)} file name")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".safetensors":
+        atomic_write(path, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    else:
+        atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def _write_hf_directory(model: nn.Module, state: dict[str, torch.Tensor], directory: Path) -> Path:
+    exporter = hf.EXPORTERS.get(type(model.config))
+    if exporter is None:
+        raise ValueError(f"there is no Hugging Face layout for {family_of(model).name} models")
+    renamed, config = exporter(model.config, state)
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(renamed, tmp, metadata={"format": "pt"}))
+    text = json.dumps(config, indent=2) + "\n"
+    atomic_write(directory / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text))
+    return directory
+
+
+__all__ = ["FORMATS", "LoadReport", "detect_format", "export_weights", "load_pretrained", "load_weights"]
