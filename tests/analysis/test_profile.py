@@ -8,7 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from vitkit.analysis import measure_matmul_flops, profile
+from vitkit.analysis import PeakMemory, measure_matmul_flops, profile
 from vitkit.layers import Attention
 from vitkit.models.registry import model_entry
 
@@ -108,6 +108,41 @@ def test_json_fields_are_the_stable_interface():
     assert set(data) == {
         "model", "img_size", "batch", "backend", "params", "macs", "matmul_flops", "other_flops", "flops",
         "activation_bytes", "train_flops", "train_activation_bytes", "ops", "measured_matmul_flops",
+        "measured_activation_bytes",
     }  # fmt: skip
     assert set(data["ops"][0]) == {"module", "op", "in_shape", "out_shape", "macs", "flops", "bytes"}
     json.dumps(data)
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "tolerance"),
+    [
+        ("vit_small_patch16_224", 224, 0.05),
+        ("deit_tiny_distilled_patch16_224", 320, 0.05),
+        ("swin_tiny_patch4_window7_224", 224, 0.2),
+        ("botnet26t_256", 256, 0.35),
+    ],
+)
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+def test_activation_memory_estimate_against_measured_peak(name, size, tolerance, backend):
+    torch.manual_seed(0)
+    dynamic = {"dynamic_img_size": True} if size != model_entry(name).config.img_size else {}
+    model = vitkit.create_model(name, attn_backend=backend, **dynamic).eval()
+    report = profile(model, size, batch=4, measure=True)
+    assert report.measured_activation_bytes > 0
+    assert (
+        abs(report.activation_bytes - report.measured_activation_bytes) <= tolerance * report.measured_activation_bytes
+    )
+
+
+def test_peak_memory_counts_what_stays_alive():
+    with PeakMemory() as memory:
+        a = torch.ones(1000)  # 4,000 bytes
+        b = a + 1  # 8,000 bytes alive
+        view = b[:10]  # a view: no new storage
+        del a
+        c = b * 2  # 8,000 bytes alive again (b and c)
+    assert memory.peak == 8000
+    assert memory.current == 8000
+    del b, c, view
+    assert memory.current == 0

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from vitkit.analysis.memory import PeakMemory
 from vitkit.layers import attention_layers
 from vitkit.layers.cost import OpCost
 from vitkit.layers.helpers import to_2tuple
@@ -42,6 +43,7 @@ class Report:
     train_activation_bytes: int  # activations kept for backward: every materialised operator output
     ops: list[OpCost] = field(repr=False)  # one row per operator in forward order
     measured_matmul_flops: int | None = None  # FlopCounterMode total of a real forward pass, when measured
+    measured_activation_bytes: int | None = None  # peak extra memory of that pass, counted at the dispatcher
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -96,8 +98,8 @@ def profile(
         model_or_name: a vitkit model or a registry name.
         img_size: input size, an int or (H, W); default the model's training size.
         batch: batch size B.
-        measure: also run one forward pass under a FLOP counter that knows the attention kernels, and fill
-            `measured_matmul_flops`.
+        measure: also run one forward pass under a FLOP counter that knows the attention kernels and a
+            memory counter, and fill `measured_matmul_flops` and `measured_activation_bytes`.
         dtype_bytes: bytes per activation element (4 for fp32, 2 for bf16).
         overrides: config fields for a model given by name, e.g. ``{"attn_backend": "math"}``.
     """
@@ -128,7 +130,7 @@ def profile(
         ops=ops,
     )
     if measure:
-        report.measured_matmul_flops = measure_matmul_flops(model, size, batch)
+        report.measured_matmul_flops, report.measured_activation_bytes = measure_forward(model, size, batch)
     return report
 
 
@@ -140,13 +142,20 @@ def _sdpa_cpu_flop(query_shape, key_shape, value_shape, *args, out_shape=None, *
 ATTENTION_KERNEL_FLOPS = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flop}
 
 
-def measure_matmul_flops(model: nn.Module, img_size: tuple[int, int], batch: int = 1) -> int:
-    """Matmul FLOPs of one real forward pass (no grad), counted at the dispatcher, attention kernels included."""
+def measure_forward(model: nn.Module, img_size: tuple[int, int], batch: int = 1) -> tuple[int, int]:
+    """(matmul FLOPs, peak activation bytes) of one real forward pass without grad, both counted at the
+    dispatcher: FLOPs by FlopCounterMode taught the attention kernels, memory by `PeakMemory`."""
     param = next(model.parameters())
     x = torch.randn(batch, model.config.in_chans, *img_size, device=param.device, dtype=param.dtype)
     with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=ATTENTION_KERNEL_FLOPS) as counter:
-        model(x)
-    return counter.get_total_flops()
+        with PeakMemory() as memory:
+            model(x)
+    return counter.get_total_flops(), memory.peak
+
+
+def measure_matmul_flops(model: nn.Module, img_size: tuple[int, int], batch: int = 1) -> int:
+    """Matmul FLOPs of one real forward pass (no grad), counted at the dispatcher, attention kernels included."""
+    return measure_forward(model, img_size, batch)[0]
 
 
 def group_key(module: str, by: str) -> str:

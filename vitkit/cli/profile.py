@@ -72,8 +72,9 @@ def print_report(report, by: str, train: bool) -> None:
     if train:
         print(f"activations kept for backward (training): {report.train_activation_bytes / 2**20:.2f} MiB")
     if report.measured_matmul_flops is not None:
-        diff = report.measured_matmul_flops - report.matmul_flops
-        print(f"measured matmul GFLOPs {report.measured_matmul_flops / 1e9:.3f} (analytic - measured: {-diff:,} FLOPs)")
+        diff = report.matmul_flops - report.measured_matmul_flops
+        print(f"measured matmul GFLOPs {report.measured_matmul_flops / 1e9:.3f} (analytic - measured: {diff:,} FLOPs)")
+        print(f"measured peak activation memory: {report.measured_activation_bytes / 2**20:.2f} MiB")
     flow = shape_flow(report)
     if flow:
         print("\nshape flow of one block (B batch, N tokens, C channels, h heads, d = C/h):")

@@ -117,8 +117,8 @@ class Attention(nn.Module):
         explicit = self.backend == "math" or self.capture_hook is not None
         nn_bytes = numel(logits) * dtype_bytes if explicit else 0
         head_bytes = numel(heads) * dtype_bytes
-        qkv = 3 * head_bytes  # the (B, N, 3C) projection, alive while q, k, v are in use
-        live = held + qkv
+        held_in = held + numel(shape) * dtype_bytes  # the input stays referenced until forward returns
+        live = held_in + 3 * head_bytes  # + the (B, N, 3C) projection, alive while q, k, v are in use
         ops = [linear_op(name, "qkv", shape, 3 * C, self.qkv.bias is not None, held, dtype_bytes)]  # 3BNC^2 MACs
         ops.append(elementwise_op(name, "q*scale", heads, 1, live, dtype_bytes))  # BNC
         ops.append(matmul_op(name, "q@k^T", heads, logits, B * h * N * N * d, live, dtype_bytes, False, explicit))
@@ -126,9 +126,10 @@ class Attention(nn.Module):
             ops.append(elementwise_op(name, "+bias", logits, 1, live + nn_bytes, dtype_bytes, explicit))  # BhN^2
         ops.append(elementwise_op(name, "softmax", logits, SOFTMAX_FLOPS, live + nn_bytes, dtype_bytes, explicit))
         ops.append(matmul_op(name, "attn@v", logits, heads, B * h * N * N * d, live + nn_bytes, dtype_bytes))
-        ops.append(matmul_op(name, "merge_heads", heads, (B, N, C), 0, held + head_bytes, dtype_bytes))  # a copy
+        ops.append(matmul_op(name, "merge_heads", heads, (B, N, C), 0, held_in + head_bytes, dtype_bytes))  # a copy
         if isinstance(self.proj, nn.Linear):
-            ops.append(linear_op(name, "proj", (B, N, C), C, self.proj.bias is not None, held, dtype_bytes))  # BNC^2
+            bias_on = self.proj.bias is not None
+            ops.append(linear_op(name, "proj", (B, N, C), C, bias_on, held_in, dtype_bytes))  # BNC^2 MACs
         return ops
 
 

@@ -71,13 +71,15 @@ class Block(nn.Module):
 
     def cost(self, name: str, shape: tuple[int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
         """Analytic cost of `forward` on tokens of `shape` (B, N, C), one row per operator in forward order."""
-        stream = held + numel(shape) * dtype_bytes  # the residual stream x stays alive across each branch
+        x_bytes = numel(shape) * dtype_bytes
+        stream = held + x_bytes  # the block input x, referenced until forward returns
         ops = [layer_norm_op(f"{name}.norm1", shape, held, dtype_bytes)]  # 8BNC
         ops += self.attn.cost(f"{name}.attn", shape, held=stream, dtype_bytes=dtype_bytes)
         if isinstance(self.ls1, LayerScale):
             ops.append(elementwise_op(f"{name}.ls1", "layer_scale", shape, 1, stream, dtype_bytes))  # BNC
         ops.append(elementwise_op(name, "residual_add", shape, 1, stream, dtype_bytes))  # residual add: BNC
-        ops.append(layer_norm_op(f"{name}.norm2", shape, held, dtype_bytes))  # 8BNC
+        stream += x_bytes  # the new x beside the input the caller still references
+        ops.append(layer_norm_op(f"{name}.norm2", shape, stream - x_bytes, dtype_bytes))  # 8BNC
         ops += self.mlp.cost(f"{name}.mlp", shape, held=stream, dtype_bytes=dtype_bytes)
         if isinstance(self.ls2, LayerScale):
             ops.append(elementwise_op(f"{name}.ls2", "layer_scale", shape, 1, stream, dtype_bytes))  # BNC

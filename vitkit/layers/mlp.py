@@ -40,8 +40,11 @@ class Mlp(nn.Module):
     def cost(self, name: str, shape: tuple[int, ...], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
         """Analytic cost of `forward` on input `shape` (..., in), one row per operator (see `Attention.cost`)."""
         hidden = (*shape[:-1], self.fc1.out_features)
+        held_in = held + numel(shape) * dtype_bytes  # the input stays referenced until forward returns
+        hidden_bytes = numel(hidden) * dtype_bytes
+        fc1_bias, fc2_bias = self.fc1.bias is not None, self.fc2.bias is not None
         return [
-            linear_op(name, "fc1", shape, self.fc1.out_features, self.fc1.bias is not None, held, dtype_bytes),  # TCH
-            elementwise_op(name, "gelu", hidden, GELU_FLOPS, held + numel(hidden) * dtype_bytes, dtype_bytes),  # 8TH
-            linear_op(name, "fc2", hidden, self.fc2.out_features, self.fc2.bias is not None, held, dtype_bytes),  # THC
+            linear_op(name, "fc1", shape, self.fc1.out_features, fc1_bias, held, dtype_bytes),  # TCH MACs
+            elementwise_op(name, "gelu", hidden, GELU_FLOPS, held_in + hidden_bytes, dtype_bytes),  # 8TH
+            linear_op(name, "fc2", hidden, self.fc2.out_features, fc2_bias, held_in, dtype_bytes),  # THC MACs
         ]

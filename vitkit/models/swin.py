@@ -335,7 +335,8 @@ class SwinBlock(nn.Module):
             # the crop to (H, W) is a view; rolling back copies it: BHWC moved
             ops.append(copy_op(name, "roll", shape, shape, stream + padded_bytes, dtype_bytes))
         ops.append(elementwise_op(name, "residual_add", shape, 1, stream, dtype_bytes))  # BHWC
-        ops.append(layer_norm_op(f"{name}.norm2", shape, held, dtype_bytes))  # 8BHWC
+        ops.append(layer_norm_op(f"{name}.norm2", shape, stream, dtype_bytes))  # 8BHWC
+        stream += map_bytes  # the new x beside the input the caller still references
         ops += self.mlp.cost(f"{name}.mlp", shape, held=stream, dtype_bytes=dtype_bytes)
         ops.append(elementwise_op(name, "residual_add", shape, 1, stream, dtype_bytes))  # BHWC
         return ops

@@ -201,7 +201,8 @@ class VisionTransformer(nn.Module):
             elementwise_op("pos_embed", "+pos", tokens, 1, numel(tokens) * dtype_bytes, dtype_bytes)
         )  # + pos: BND
         for i, block in enumerate(self.blocks):
-            ops += block.cost(f"blocks.{i}", tokens, dtype_bytes=dtype_bytes)
+            # forward_features keeps the embedded tokens referenced while the blocks run
+            ops += block.cost(f"blocks.{i}", tokens, held=numel(tokens) * dtype_bytes, dtype_bytes=dtype_bytes)
         if isinstance(self.norm, nn.LayerNorm):
             ops.append(layer_norm_op("norm", tokens, 0, dtype_bytes))  # 8BND
         pooled = (B, c.embed_dim)
