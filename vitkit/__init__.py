@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from vitkit.analysis.profile import profile
 from vitkit.layers.attention import capture_attention
 from vitkit.models.registry import create_model, list_models
+from vitkit.perf.optimize import optimize
 from vitkit.weights.convert import export_weights, load_weights
 from vitkit.weights.io import from_pretrained, save_pretrained
 
@@ -25,6 +26,7 @@ __all__ = [
     "from_pretrained",
     "list_models",
     "load_weights",
+    "optimize",
     "profile",
     "save_pretrained",
 ]

@@ -13,6 +13,7 @@ import sys
 COMMANDS = (
     "models",
     "profile",
+    "bench",
     "convert",
 )
 

@@ -109,12 +109,14 @@ def _unchanged(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
 FAMILIES: dict[str, FamilyWeights] = {
     "vit": FamilyWeights(head=("head.", "head_dist."), adapt=_resample_vit_pos_embed),
     "swin": FamilyWeights(head=("head.fc.",), adapt=_unchanged),
+    "botnet": FamilyWeights(head=("head.fc.",), adapt=_unchanged),  # relative tables fix the size: nothing to fit
 }
 CONVERTERS: dict[str, dict[str, Layout]] = {"torchvision": torchvision.LAYOUTS, "hf": hf.LAYOUTS}
 # Keys whose presence (all of them) identifies vitkit's (timm's) own layout, per family.
 VITKIT_MARKERS: dict[str, tuple[str, ...]] = {
     "vit": ("patch_embed.proj.weight", "pos_embed"),
     "swin": ("patch_embed.proj.weight", "layers.0.blocks.0.attn.relative_position_bias_table"),
+    "botnet": ("stem.conv1.conv.weight", "stages.0.0.conv1_1x1.conv.weight"),
 }
 
 

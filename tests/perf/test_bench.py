@@ -1,0 +1,50 @@
+"""bench(): the candidates, their fields and the CLI; no timing is asserted (timings are benchmarks)."""
+
+import json
+
+import pytest
+import torch
+
+from vitkit.cli import main
+from vitkit.perf.bench import bench, gemm_rate
+
+
+def test_inference_against_timm_reports_every_candidate():
+    report = bench("vit_tiny_patch16_224", batch=2, img_size=64, precision="bf16", compare="timm", rounds=2, warmup=1)
+    assert [r.name for r in report.results] == ["vitkit bf16", "timm fp32", "timm autocast-bf16"]
+    assert report.img_size == (64, 64) and report.mode == "inference"
+    assert set(report.gemm_flops_per_second) == {"bf16", "fp32"}
+    for r in report.results:
+        assert len(r.times_ms) == 2 and r.latency_ms == pytest.approx(
+            sorted(r.times_ms)[0] / 2 + sorted(r.times_ms)[1] / 2
+        )
+        assert r.images_per_second == pytest.approx(2 / (r.latency_ms / 1000))
+        assert r.peak_memory_bytes > 0 and 0 < r.mfu
+
+
+def test_training_steps_update_the_weights(capsys):
+    assert main(["bench", "vit_tiny_patch16_224", "--batch", "2", "--img-size", "32", "--train", "--rounds", "1",
+                 "--warmup", "0", "--json"]) == 0  # fmt: skip
+    data = json.loads(capsys.readouterr().out)
+    assert data["mode"] == "train" and [r["name"] for r in data["results"]] == ["vitkit fp32 train"]
+    assert data["flops_per_step"] % 3 == 0
+
+
+def test_table_output(capsys):
+    assert main(["bench", "deit_tiny_patch16_224", "--batch", "1", "--img-size", "32", "--rounds", "1",
+                 "--compare", "timm"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "vitkit fp32" in out and "timm fp32" in out and "vs timm fp32" in out and "1.00x" in out
+
+
+def test_gemm_rate_is_positive():
+    assert gemm_rate("fp32", torch.device("cpu"), n=128, repeats=2) > 0
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        bench("vit_tiny_patch16_224", precision="int8")
+    with pytest.raises(ValueError, match="compare must be 'timm' or None"):
+        bench("vit_tiny_patch16_224", compare="hf")
+    with pytest.raises(ValueError, match="unknown model"):
+        bench("vit_tiny")

@@ -1,0 +1,67 @@
+"""`vitkit bench MODEL`: throughput, latency, peak memory and model-FLOP utilisation, optionally beside timm."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from vitkit.cli.profile import parse_size
+from vitkit.perf.bench import Report, bench
+
+HELP = "benchmark a model (img/s, latency, peak memory, MFU), interleaved with timm's with --compare timm"
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="registered model name (see `vitkit models`)")
+    parser.add_argument("--batch", type=int, default=16, help="images per step (default 16)")
+    parser.add_argument("--img-size", type=parse_size, default=None, help="224 or HxW (default: the model's size)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="GEMM precision")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the vitkit model")
+    parser.add_argument("--train", action="store_true", help="time training steps (forward + backward + AdamW)")
+    parser.add_argument("--compare", choices=("timm",), default=None, help="run timm's model of the same name too")
+    parser.add_argument("--rounds", type=int, default=10, help="timed steps per candidate (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per candidate first (default 2)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    report = bench(
+        args.model,
+        batch=args.batch,
+        img_size=args.img_size,
+        precision=args.precision,
+        compile=args.compile,
+        train=args.train,
+        compare=args.compare,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        device=args.device,
+    )
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_report(report)
+    return 0
+
+
+def print_report(report: Report) -> None:
+    H, W = report.img_size
+    rates = ", ".join(f"{p} {r / 1e12:.2f} TFLOP/s" for p, r in report.gemm_flops_per_second.items())
+    print(
+        f"{report.model}  {report.mode}  batch {report.batch}  {H}x{W}  {report.device} ({report.threads} threads)"
+        f"  {report.flops_per_step / report.batch / 1e9:.2f} matmul GFLOPs per image"
+    )
+    print(f"measured GEMM rate: {rates}")
+    baseline = next((r for r in report.results if r.name.startswith("timm fp32")), None)
+    width = max(len(r.name) for r in report.results)
+    header = f"{'candidate':<{width}}  {'img/s':>8}  {'ms/step':>9}  {'peak MiB':>9}  {'MFU':>6}"
+    print("\n" + header + ("  vs timm fp32" if baseline else ""))
+    for r in report.results:
+        line = (
+            f"{r.name:<{width}}  {r.images_per_second:>8.2f}  {r.latency_ms:>9.1f}  "
+            f"{r.peak_memory_bytes / 2**20:>9.1f}  {100 * r.mfu:>5.1f}%"
+        )
+        if baseline:
+            line += f"  {r.images_per_second / baseline.images_per_second:>11.2f}x"
+        print(line)

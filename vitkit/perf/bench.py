@@ -1,0 +1,230 @@
+"""Throughput benchmarks: vitkit side by side with timm, interleaved in one process, medians.
+
+Every candidate runs the same batch; rounds alternate between candidates so that frequency changes and other load
+on the machine hit all of them alike. Model-FLOP utilisation (MFU) divides the model's analytic matmul FLOPs per
+second by the dense GEMM rate measured on the spot for the candidate's precision.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from vitkit.analysis.memory import PeakMemory
+from vitkit.analysis.profile import profile
+from vitkit.layers.helpers import to_2tuple
+from vitkit.models.registry import create_model, model_entry
+from vitkit.perf.optimize import PRECISIONS, optimize
+
+
+@dataclass
+class Result:
+    name: str  # e.g. "vitkit bf16", "timm fp32", "timm autocast-bf16"
+    precision: str  # "fp32" or "bf16": what the GEMMs run in
+    images_per_second: float  # batch / median step time
+    latency_ms: float  # median time of one step (a forward, or forward + backward + AdamW)
+    peak_memory_bytes: int  # extra memory of one step beyond weights and input
+    mfu: float  # analytic matmul FLOP/s over the GEMM rate measured for `precision`
+    times_ms: list[float] = field(repr=False)  # every timed step
+
+
+@dataclass
+class Report:
+    model: str
+    batch: int
+    img_size: tuple[int, int]
+    mode: str  # "inference" or "train"
+    device: str
+    threads: int  # torch intra-op threads
+    flops_per_step: int  # analytic matmul FLOPs of one step (3x forward for training)
+    gemm_flops_per_second: dict[str, float]  # precision -> measured dense GEMM rate
+    results: list[Result]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def gemm_rate(precision: str, device: torch.device, n: int = 2048, repeats: int = 10) -> float:
+    """Dense matmul FLOP/s at `precision` on `device` (median of `repeats` n x n x n products)."""
+    dtype = PRECISIONS[precision]
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    times = []
+    for i in range(repeats + 2):
+        _sync(device)
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        if i >= 2:  # the first products warm up
+            times.append(time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(times)
+
+
+def _peak_memory(step: Callable[[], object], device: torch.device) -> int:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    with PeakMemory() as memory:
+        step()
+    return memory.peak
+
+
+def _inference_step(model: nn.Module, x: torch.Tensor, autocast: bool = False) -> Callable[[], object]:
+    def step() -> object:
+        with torch.inference_mode(), torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
+            return model(x)
+
+    return step
+
+
+def _train_step(model: nn.Module, x: torch.Tensor, num_classes: int, autocast: bool) -> Callable[[], object]:
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    target = torch.randint(0, num_classes, (x.shape[0],), device=x.device)
+
+    def step() -> object:
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
+            loss = nn.functional.cross_entropy(model(x), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def _timm_model(name: str, img_size: tuple[int, int], dynamic: bool, device: torch.device) -> nn.Module:
+    # timm is an optional comparison, imported only when asked for; vitkit never needs it otherwise.
+    try:
+        import timm
+    except ImportError as err:
+        raise OSError("--compare timm needs timm installed: pip install timm") from err
+    if name not in timm.list_models():
+        raise ValueError(f"timm has no model named {name!r} to compare with")
+    kwargs = {"dynamic_img_size": True} if dynamic else {}
+    return timm.create_model(name, pretrained=False, **kwargs).to(device).eval()
+
+
+def bench(
+    model_name: str,
+    batch: int = 16,
+    img_size: int | tuple[int, int] | None = None,
+    precision: str = "fp32",
+    compile: bool = False,
+    train: bool = False,
+    compare: str | None = None,
+    rounds: int = 10,
+    warmup: int = 2,
+    device: str = "cpu",
+) -> Report:
+    """Benchmark a registered model, optionally against timm's model of the same name.
+
+    Inference candidates: vitkit `optimize(model, precision, compile)`; with `compare="timm"`: timm fp32 eager,
+    and for bf16 also timm under `torch.autocast` (how timm users get bf16). Training candidates (one step is
+    forward + backward + AdamW): vitkit in `precision` (bf16 = autocast), timm fp32 (and timm autocast for bf16).
+
+    Args:
+        model_name: registry name.
+        batch: images per step.
+        img_size: input size (default: the model's); other sizes use the model's dynamic-size option.
+        precision: "fp32" or "bf16".
+        compile: `torch.compile` the vitkit candidate.
+        train: benchmark training steps instead of inference.
+        compare: None or "timm".
+        rounds: timed steps per candidate (interleaved).
+        warmup: untimed steps per candidate first.
+        device: "cpu" or "cuda".
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    if compare not in (None, "timm"):
+        raise ValueError(f"compare must be 'timm' or None, got {compare!r}")
+    if batch < 1 or rounds < 1 or warmup < 0:
+        raise ValueError(f"need batch >= 1, rounds >= 1, warmup >= 0; got {batch}, {rounds}, {warmup}")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' asked for, but torch sees no CUDA device")
+    config = model_entry(model_name).config
+    size = to_2tuple(img_size if img_size is not None else config.img_size)
+    dynamic = size != to_2tuple(config.img_size)
+    overrides = {"dynamic_img_size": True} if dynamic else {}
+    torch.manual_seed(0)
+    model = create_model(model_name, **overrides).to(dev).eval()
+    x = torch.randn(batch, config.in_chans, *size, device=dev)
+
+    candidates: dict[str, tuple[str, Callable[[], object]]] = {}
+    reference = _timm_model(model_name, size, dynamic, dev) if compare == "timm" else None
+    if reference is not None:
+        model.load_state_dict(reference.state_dict())  # the same weights: the same work
+    bf16 = precision == "bf16"
+    if train:
+        candidates[f"vitkit {'autocast-bf16' if bf16 else 'fp32'} train"] = (
+            precision,
+            _train_step(model, x, config.num_classes, bf16),
+        )
+        if reference is not None:
+            candidates["timm fp32 train"] = ("fp32", _train_step(reference, x, config.num_classes, False))
+            if bf16:
+                timm_bf16 = _timm_model(model_name, size, dynamic, dev)
+                candidates["timm autocast-bf16 train"] = ("bf16", _train_step(timm_bf16, x, config.num_classes, True))
+    else:
+        fast = optimize(model, precision, compile=compile)
+        label = f"vitkit {precision}{' compiled' if compile else ''}"
+        candidates[label] = (precision, _inference_step(fast, x))
+        if reference is not None:
+            candidates["timm fp32"] = ("fp32", _inference_step(reference, x))
+            if bf16:
+                candidates["timm autocast-bf16"] = ("bf16", _inference_step(reference, x, autocast=True))
+
+    flops = profile(model_name, size, batch).matmul_flops * (3 if train else 1)
+    rates = {p: gemm_rate(p, dev) for p in sorted({p for p, _ in candidates.values()})}
+    for _, step in candidates.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(rounds):
+        for name, (_, step) in candidates.items():
+            _sync(dev)
+            start = time.perf_counter()
+            step()
+            _sync(dev)
+            times[name].append(time.perf_counter() - start)
+    results = []
+    for name, (prec, step) in candidates.items():
+        median = statistics.median(times[name])
+        results.append(
+            Result(
+                name=name,
+                precision=prec,
+                images_per_second=batch / median,
+                latency_ms=1000 * median,
+                peak_memory_bytes=_peak_memory(step, dev),
+                mfu=flops / median / rates[prec],
+                times_ms=[1000 * t for t in times[name]],
+            )
+        )
+    return Report(
+        model_name,
+        batch,
+        size,
+        "train" if train else "inference",
+        str(dev),
+        torch.get_num_threads(),
+        flops,
+        rates,
+        results,
+    )
