@@ -15,6 +15,7 @@ COMMANDS = (
     "profile",
     "bench",
     "convert",
+    "export",
 )
 
 

@@ -30,12 +30,25 @@ DIRECTORY_WEIGHTS = (WEIGHTS_NAME, "pytorch_model.bin")
 
 
 def atomic_write(path: Path, write: typing.Callable[[str], None]) -> None:
-    """Write through a temporary file in the same folder, then rename, so a crash never leaves half a file."""
+    """Write through a temporary file in the same folder, fsync it, then rename, so that a crash at any moment
+    leaves either the old file or the complete new one, never half a file. The file gets the usual permissions
+    (0666 less the umask), not mkstemp's owner-only ones."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself reaches the disk
+        finally:
+            os.close(directory)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

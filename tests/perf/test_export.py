@@ -1,0 +1,195 @@
+"""`vitkit export` / `export_model`: ONNX and TorchScript files with a dynamic batch axis, checked here against
+PyTorch independently of the export's own check (the ONNX file is run with ONNX Runtime in the test itself)."""
+
+import re
+import sys
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import vitkit
+from vitkit.cli import main
+from vitkit.layers import attention_layers
+from vitkit.perf.export import CHECK_BATCHES, EXPORT_BATCH, export_model
+
+TEST_BATCHES = (1, 4)  # batch sizes this file runs the exported models at
+
+
+def tiny_vit(**overrides) -> nn.Module:
+    torch.manual_seed(0)
+    return vitkit.create_model("vit_tiny_patch16_224", depth=2, img_size=32, num_classes=10, **overrides).eval()
+
+
+def tiny_deit() -> nn.Module:
+    torch.manual_seed(0)
+    return vitkit.create_model("deit_tiny_distilled_patch16_224", depth=1, img_size=32, num_classes=10).eval()
+
+
+def tiny_swin() -> nn.Module:
+    # 8x8 patch map, windows of 4: stage 0 has a shifted block (with its mask), stage 1 starts with a patch merging.
+    torch.manual_seed(0)
+    return vitkit.create_model(
+        "swin_tiny_patch4_window7_224",
+        img_size=32,
+        embed_dim=16,
+        depths=(2, 1),
+        num_heads=(2, 4),
+        window_size=4,
+        num_classes=10,
+    ).eval()
+
+
+def tiny_botnet() -> nn.Module:
+    torch.manual_seed(0)
+    model = vitkit.create_model(
+        "botnet26t_256",
+        img_size=64,
+        stem_chs=16,
+        widths=(16, 32, 64, 64),
+        depths=(1, 1, 1, 2),
+        bot_depths=(0, 0, 1, 2),
+        num_heads=2,
+        num_classes=10,
+    )
+    with torch.no_grad():  # BatchNorm statistics away from the identity, so the export has to carry them
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def run_onnx(path, x: torch.Tensor) -> torch.Tensor:
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (inp,) = session.get_inputs()
+    assert inp.shape[0] == "batch" and inp.shape[1:] == list(x.shape[1:])  # only the batch axis is symbolic
+    return torch.from_numpy(session.run(None, {inp.name: x.numpy()})[0])
+
+
+def run_torchscript(path, x: torch.Tensor) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notice
+        module = torch.jit.load(str(path))
+    with torch.no_grad():
+        return module(x)
+
+
+RUNNERS = {"onnx": run_onnx, "torchscript": run_torchscript}
+
+
+def assert_matches_pytorch(model: nn.Module, path, format: str, img_size: tuple[int, int]) -> None:
+    """The exported file gives the PyTorch model's outputs at batch sizes other than the exported one."""
+    assert EXPORT_BATCH not in TEST_BATCHES
+    for batch in TEST_BATCHES:
+        x = torch.randn(batch, 3, *img_size)
+        with torch.no_grad():
+            expected = model(x)
+        torch.testing.assert_close(RUNNERS[format](path, x), expected, atol=1e-4, rtol=0)
+
+
+def only_file(folder):
+    """The one file in `folder` (no temporary or side files left beside the export)."""
+    (path,) = folder.iterdir()
+    return path
+
+
+@pytest.mark.parametrize("format", ["onnx", "torchscript"])
+def test_cli_exports_a_saved_model(tmp_path, capsys, format):
+    model = tiny_vit()
+    vitkit.save_pretrained(model, tmp_path / "model")
+    out = tmp_path / "export" / f"vit.{format}"
+    assert main(["export", "--model-dir", str(tmp_path / "model"), "--format", format, str(out)]) == 0
+    assert only_file(out.parent) == out
+    printed = capsys.readouterr().out
+    assert f"wrote {format} model to {out}" in printed
+    assert "batch sizes 1, 3: max abs diff" in printed
+    assert_matches_pytorch(model, out, format, (32, 32))
+
+
+@pytest.mark.parametrize("format", ["onnx", "torchscript"])
+@pytest.mark.parametrize("build", [tiny_deit, tiny_swin, tiny_botnet], ids=["deit", "swin", "botnet"])
+def test_library_exports_every_family(tmp_path, build, format):
+    model = build()
+    size = model.config.img_size
+    report = export_model(model, tmp_path / "model.bin", format)
+    assert only_file(tmp_path) == report.path == tmp_path / "model.bin"
+    assert report.format == format and report.img_size == (size, size) and report.atol == 1e-4
+    assert report.batch_sizes == CHECK_BATCHES and EXPORT_BATCH not in report.batch_sizes
+    assert 0 <= report.max_abs_diff <= 1e-4
+    assert report.attn_backend == {"onnx": "math", "torchscript": "sdpa"}[format]
+    assert all(layer.backend == "sdpa" for _, layer in attention_layers(model))  # original untouched
+    assert_matches_pytorch(model, report.path, format, (size, size))
+
+
+def test_img_size_of_a_dynamic_size_model(tmp_path):
+    model = tiny_vit(dynamic_img_size=True)
+    report = export_model(model, tmp_path / "vit.pt", "torchscript", img_size=(32, 48))
+    assert report.img_size == (32, 48)
+    assert_matches_pytorch(model, report.path, "torchscript", (32, 48))
+
+
+class BatchBaked(nn.Module):
+    """Reads the batch size as a Python number, which tracing freezes: other batch sizes give other outputs."""
+
+    def __init__(self, shape: bool) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(img_size=8, in_chans=3)
+        self.shape = shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.shape:
+            return x.mean() + torch.zeros(int(x.shape[0]), 3)  # (B, 3), traced as (2, 3)
+        return x.mean(dim=(2, 3)) * float(x.shape[0])  # (B, C), traced as scaled by 2
+
+
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        (False, r"outputs differ from PyTorch's by up to .* at batch size 1, more than atol 0.0001"),
+        (True, r"returned shape \(2, 3\) at batch size 1, PyTorch \(1, 3\): its batch axis is not dynamic"),
+    ],
+)
+def test_mismatch_writes_nothing(tmp_path, shape, message):
+    out = tmp_path / "model.pt"
+    with pytest.raises(ValueError, match=message):
+        export_model(BatchBaked(shape), out, "torchscript")
+    assert list(tmp_path.iterdir()) == []
+    out.write_bytes(b"earlier export")
+    with pytest.raises(ValueError, match=f"nothing written to {re.escape(str(out))}"):
+        export_model(BatchBaked(shape), out, "torchscript")
+    assert only_file(tmp_path).read_bytes() == b"earlier export"
+
+
+def test_library_errors(tmp_path, monkeypatch):
+    model = tiny_vit()
+    with pytest.raises(ValueError, match=r"format must be one of \('onnx', 'torchscript'\), got 'tflite'"):
+        export_model(model, tmp_path / "m.tflite", "tflite")
+    with pytest.raises(ValueError, match="expected images of size 32x32, got 48x48"):
+        export_model(model, tmp_path / "m.pt", "torchscript", img_size=48)
+    with pytest.raises(ValueError, match="atol must be >= 0, got -1"):
+        export_model(model, tmp_path / "m.pt", "torchscript", atol=-1)
+    with pytest.raises(IsADirectoryError, match="is a directory; expected a file name"):
+        export_model(model, tmp_path, "torchscript")
+    with pytest.raises(ValueError, match=r"has no config.img_size: pass img_size=\(H, W\)"):
+        export_model(nn.Conv2d(3, 4, 1), tmp_path / "m.pt", "torchscript")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed
+    with pytest.raises(OSError, match=r"onnx export needs the onnxruntime package: pip install 'vitkit\[export\]'"):
+        export_model(model, tmp_path / "m.onnx", "onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_errors(tmp_path, capsys):
+    out = str(tmp_path / "m.onnx")
+    assert main(["export", "--model-dir", str(tmp_path / "missing"), "--format", "onnx", out]) == 2
+    assert "config.json not found: expected a directory written by vitkit.save_pretrained" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["export", "--model-dir", str(tmp_path), "--format", "tflite", out])
+    assert "invalid choice: 'tflite'" in capsys.readouterr().err
+    vitkit.save_pretrained(tiny_vit(), tmp_path / "model")
+    assert main(["export", "--model-dir", str(tmp_path / "model"), "--format", "onnx", "--atol", "-1", out]) == 2
+    assert "vitkit export: error: atol must be >= 0, got -1.0" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]

@@ -1,0 +1,28 @@
+"""`vitkit export --model-dir DIR --format onnx|torchscript OUT`: a saved model as one file for inference."""
+
+from __future__ import annotations
+
+import argparse
+
+from vitkit.cli.profile import parse_size
+from vitkit.perf.export import FORMATS, export_model
+from vitkit.weights.io import from_pretrained
+
+HELP = "export a saved model to ONNX or TorchScript (dynamic batch), checked against PyTorch before it is written"
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out", metavar="OUT", help="the file to write, e.g. model.onnx or model.pt")
+    parser.add_argument("--model-dir", required=True, help="a model directory written by vitkit.save_pretrained")
+    parser.add_argument("--format", required=True, choices=FORMATS, help="onnx (ONNX Runtime) or torchscript")
+    parser.add_argument("--img-size", type=parse_size, default=None, help="224 or HxW (default: the model's size)")
+    parser.add_argument(
+        "--atol", type=float, default=1e-4, help="largest output difference from PyTorch allowed (default 1e-4)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    model = from_pretrained(args.model_dir)
+    report = export_model(model, args.out, args.format, img_size=args.img_size, atol=args.atol)
+    print(report.summary())
+    return 0
