@@ -50,3 +50,12 @@ def test_errors():
         optimize(model, "fp16")
     with pytest.raises(ValueError, match="floating-point image tensor, got torch.uint8"):
         optimize(model, "bf16")(torch.zeros(1, 3, 224, 224, dtype=torch.uint8))
+
+
+def test_compiled_matches_eager():
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=32).eval()
+    x = torch.randn(2, 3, 32, 32)
+    compiled = optimize(model, "fp32", compile=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
