@@ -17,8 +17,13 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@ $(VENV)/.installed
 
+# The main job: train the default small ViT on the bundled digits, then classify a held-out digit and draw
+# what the class token attends to.
 demo: $(VENV)/.installed
-	$(BIN)/python examples/quickstart.py
+	$(BIN)/vitkit train --out runs/demo --force
+	$(BIN)/python -c "from vitkit.data import load_builtin; load_builtin('mnist5k')[1].load(0).save('runs/demo/digit.png')"
+	$(BIN)/vitkit predict --model-dir runs/demo/final runs/demo/digit.png
+	$(BIN)/vitkit attention --model-dir runs/demo/final runs/demo/digit.png --rollout --out runs/demo/attention.png
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -16,6 +16,10 @@ COMMANDS = (
     "bench",
     "convert",
     "export",
+    "train",
+    "eval",
+    "predict",
+    "attention",
 )
 
 

@@ -1,0 +1,151 @@
+"""Sample order, sharding, seeded augmentation, channel conversion, normalisation and unreadable files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DistributedSampler
+from torchvision.transforms import v2
+
+from vitkit.data import (
+    ArrayImages,
+    EpochSampler,
+    ImageFiles,
+    TransformedImages,
+    Unreadable,
+    collate,
+    eval_transform,
+    make_loader,
+    normalize,
+    preprocess,
+    train_transform,
+)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("size,replicas", [(10, 1), (10, 3), (7, 2), (2, 5)])
+def test_epoch_sampler_order_is_distributed_samplers(size, replicas, shuffle):
+    for rank in range(replicas):
+        for epoch in (0, 3):
+            ours = EpochSampler(size, replicas, rank, shuffle=shuffle, seed=5)
+            ours.set_epoch(epoch)
+            reference = DistributedSampler(range(size), replicas, rank, shuffle=shuffle, seed=5)
+            reference.set_epoch(epoch)
+            assert [i for i, _ in ours] == list(reference)
+            assert len(ours) == len(reference)
+
+
+def test_epoch_sampler_resumes_inside_an_epoch_and_seeds_follow_samples():
+    sampler = EpochSampler(20, 2, 1, seed=1)
+    sampler.set_epoch(4)
+    full = list(sampler)
+    sampler.set_epoch(4, start=3)
+    assert list(sampler) == full[3:] and len(sampler) == len(full) - 3
+    # An image's augmentation seed depends on the epoch and the image, not on the process that draws it.
+    other = EpochSampler(20, 2, 0, seed=1)
+    other.set_epoch(4)
+    seeds = dict(full) | dict(other)
+    single = EpochSampler(20, 1, 0, seed=1)
+    single.set_epoch(4)
+    assert dict(single) == seeds
+    single.set_epoch(5)
+    assert dict(single) != seeds
+
+
+def test_eval_sharding_without_padding_covers_each_sample_once():
+    shards = [EpochSampler(7, 3, rank, shuffle=False, pad=False) for rank in range(3)]
+    assert sorted(i for shard in shards for i, _ in shard) == list(range(7))
+    assert [len(shard) for shard in shards] == [3, 2, 2]
+
+
+def _digits(n: int = 12) -> ArrayImages:
+    rng = np.random.default_rng(0)
+    return ArrayImages(rng.integers(0, 256, (n, 20, 20), dtype=np.uint8), np.arange(n) % 3, "random")
+
+
+def test_augmentation_is_seeded_per_sample_and_leaves_the_global_rng_alone():
+    images = TransformedImages(_digits(), train_transform((16, 16), 1, min_scale=0.3, hflip=0.5, randaugment=9))
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    first, label = images[(2, 123)]
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(images[(2, 123)][0], first) and label == 2
+    assert not torch.equal(images[(2, 124)][0], first)
+    assert first.shape == (1, 16, 16) and first.dtype == torch.uint8
+
+
+def test_batches_do_not_depend_on_the_number_of_workers():
+    images = TransformedImages(_digits(), train_transform((16, 16), 3, min_scale=0.3))
+    batches = {}
+    for workers in (0, 2):
+        sampler = EpochSampler(len(images), seed=2)
+        sampler.set_epoch(1)
+        batches[workers] = [b.images for b in make_loader(images, sampler, 5, workers)]
+    assert all(torch.equal(a, b) for a, b in zip(batches[0], batches[2], strict=True))
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA", "P", "LA", "I;16"])
+def test_any_image_mode_becomes_the_models_channels(mode):
+    rng = np.random.default_rng(1)
+    rgba = Image.fromarray(rng.integers(0, 256, (6, 6, 4), dtype=np.uint8))
+    image = rgba.convert(mode) if mode != "I;16" else rgba.convert("L").convert("I;16")
+    for channels, target in ((1, "L"), (3, "RGB")):
+        out = eval_transform((6, 6), channels)(image)
+        expected = torch.from_numpy(np.array(image.convert(target))).reshape(6, 6, channels).permute(2, 0, 1)
+        assert torch.equal(out, expected)
+
+
+def test_grayscale_to_rgb_repeats_the_channel_and_statistics():
+    gray = Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8))
+    x = preprocess(gray, (8, 8), 3, mean=(0.2,), std=(0.4,))
+    expected = (torch.arange(64, dtype=torch.float32).reshape(8, 8) / 255 - 0.2) / 0.4
+    for c in range(3):
+        torch.testing.assert_close(x[c], expected)
+
+
+def test_normalize_matches_torchvision():
+    images = torch.randint(0, 256, (4, 3, 5, 5), dtype=torch.uint8)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    reference = v2.Normalize(mean, std)(v2.ToDtype(torch.float32, scale=True)(images))
+    torch.testing.assert_close(normalize(images, mean, std), reference)
+    gray = images[:, :1]
+    reference_gray = v2.Normalize([sum(mean) / 3], [sum(std) / 3])(gray.float() / 255)
+    torch.testing.assert_close(normalize(gray, mean, std), reference_gray)
+
+
+def test_eval_transform_resizes_the_shorter_side_and_crops_the_centre():
+    wide = Image.fromarray(np.random.default_rng(2).integers(0, 256, (20, 40, 3), dtype=np.uint8))
+    out = eval_transform((10, 10), 3)(wide)
+    reference = v2.PILToTensor()(wide.resize((20, 10), Image.Resampling.BILINEAR).crop((5, 0, 15, 10)))
+    assert torch.equal(out, reference)
+
+
+def test_transform_arguments_are_checked():
+    with pytest.raises(ValueError, match="1 or 3 channels"):
+        eval_transform((8, 8), 2)
+    with pytest.raises(ValueError, match="min_scale"):
+        train_transform((8, 8), 3, min_scale=0.0)
+    with pytest.raises(ValueError, match="hflip"):
+        train_transform((8, 8), 3, hflip=2.0)
+    with pytest.raises(ValueError, match="RandAugment|randaugment"):
+        train_transform((8, 8), 3, randaugment=31)
+
+
+def test_unreadable_files_are_reported_not_raised(tmp_path):
+    good = tmp_path / "good.png"
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(good)
+    truncated = tmp_path / "truncated.png"
+    truncated.write_bytes(good.read_bytes()[:40])
+    text = tmp_path / "text.jpg"
+    text.write_text("not an image")
+    images = TransformedImages(ImageFiles([good, truncated, text], [0, 1, 1]), eval_transform((8, 8), 3))
+    samples = [images[(i, 0)] for i in range(3)]
+    assert isinstance(samples[1], Unreadable) and samples[1].name == str(truncated)
+    assert isinstance(samples[2], Unreadable) and samples[2].name == str(text)
+    batch = collate(samples)
+    assert batch.images.shape == (1, 3, 8, 8) and batch.labels.tolist() == [0]
+    assert [s.name for s in batch.skipped] == [str(truncated), str(text)]
+    empty = collate(samples[1:])
+    assert empty.images.shape[0] == 0 and empty.labels.shape == (0,)

@@ -1,0 +1,68 @@
+"""Fine-tuning initialisation and gradient checkpointing."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from timm.layers import resample_abs_pos_embed as timm_resample
+
+from vitkit import create_model, save_pretrained
+from vitkit.train import enable_grad_checkpointing, load_for_finetune
+
+TINY = dict(img_size=28, patch_size=7, embed_dim=16, depth=2, num_heads=2, num_classes=10)
+
+
+def test_finetune_resamples_positions_and_replaces_a_head_of_another_size(tmp_path):
+    torch.manual_seed(0)
+    source = create_model("vit_tiny_patch16_224", **TINY)
+    save_pretrained(source, tmp_path)
+    model = load_for_finetune(str(tmp_path), num_classes=3, img_size=56)
+    assert model.config.num_classes == 3 and model.config.img_size == 56
+    reference_pos = timm_resample(source.pos_embed.detach(), (8, 8), (4, 4), num_prefix_tokens=1)
+    torch.testing.assert_close(model.pos_embed.detach(), reference_pos)
+    state, source_state = model.state_dict(), source.state_dict()
+    for name, value in state.items():
+        if name.startswith("head."):
+            assert value.shape[0] == 3
+        elif name != "pos_embed":
+            assert torch.equal(value, source_state[name]), name
+    same = load_for_finetune(str(tmp_path), num_classes=10)
+    assert all(torch.equal(v, source_state[k]) for k, v in same.state_dict().items())
+
+
+def test_finetune_refuses_shapes_it_cannot_adapt(tmp_path):
+    save_pretrained(create_model("vit_tiny_patch16_224", **TINY), tmp_path)
+    with pytest.raises(ValueError):
+        load_for_finetune(str(tmp_path), num_classes=10, embed_dim=32)
+
+
+def test_grad_checkpointing_recomputes_blocks_and_keeps_gradients():
+    torch.manual_seed(0)
+    plain = create_model("vit_tiny_patch16_224", **TINY).train()
+    wrapped = copy.deepcopy(plain)
+    assert enable_grad_checkpointing(wrapped) == 2
+    assert list(wrapped.state_dict()) == list(plain.state_dict())
+    calls = []
+    for block in wrapped.blocks:
+        block.norm1.register_forward_pre_hook(lambda *_: calls.append(1))  # the first thing a block computes
+    x = torch.randn(3, 3, 28, 28)
+    plain(x).square().sum().backward()
+    wrapped(x).square().sum().backward()
+    assert len(calls) == 4  # each block's forward ran twice: once forward, once recomputed in backward
+    for (name, p), q in zip(plain.named_parameters(), wrapped.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+    calls.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped.eval()(x), plain.eval()(x))
+    assert len(calls) == 2
+    copied = copy.deepcopy(wrapped)  # the EMA copy: its blocks must run its own weights
+    with torch.no_grad():
+        copied.blocks[0].attn.proj.weight.zero_()
+        assert not torch.allclose(copied(x), wrapped(x))
+
+
+def test_grad_checkpointing_needs_blocks():
+    with pytest.raises(ValueError, match="no 'blocks'"):
+        enable_grad_checkpointing(torch.nn.Linear(2, 2))

@@ -1,0 +1,66 @@
+"""Weight-decay groups and the warmup + cosine schedule, against explicit rules written here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vitkit import create_model
+from vitkit.train import create_optimizer, param_groups, warmup_cosine
+
+
+def test_no_decay_on_norms_biases_tokens_and_position_tables():
+    model = create_model("deit_tiny_distilled_patch16_224", img_size=32, patch_size=8, depth=2, init_values=1e-5)
+    decayed, plain = param_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    expected_plain = {
+        n
+        for n, p in model.named_parameters()
+        if n.endswith(".bias") or "norm" in n or n.endswith(".gamma") or n in ("cls_token", "dist_token", "pos_embed")
+    }
+    assert {names[id(p)] for p in plain["params"]} == expected_plain
+    assert {names[id(p)] for p in decayed["params"]} == {n for n, _ in model.named_parameters()} - expected_plain
+    assert "blocks.0.attn.qkv.weight" not in expected_plain and "patch_embed.proj.weight" not in expected_plain
+    assert (decayed["weight_decay"], plain["weight_decay"]) == (0.05, 0.0)
+
+
+def test_swin_relative_position_tables_are_not_decayed():
+    model = create_model("swin_tiny_patch4_window7_224", img_size=56, depths=(1, 1), num_heads=(1, 2), embed_dim=16)
+    _, plain = param_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    tables = {n for n, _ in model.named_parameters() if n.endswith("relative_position_bias_table")}
+    assert tables and tables <= {names[id(p)] for p in plain["params"]}
+
+
+def test_optimizer_is_adamw_with_decoupled_decay():
+    model = torch.nn.Linear(3, 2)
+    optimizer = create_optimizer(model, lr=0.1, weight_decay=0.5)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    before = model.weight.detach().clone()
+    model.weight.grad = torch.zeros_like(model.weight)
+    model.bias.grad = torch.zeros_like(model.bias)
+    optimizer.step()
+    # With zero gradients only the decoupled decay moves the weights: w <- w * (1 - lr * wd); biases stay.
+    torch.testing.assert_close(model.weight.detach(), before * (1 - 0.1 * 0.5))
+    with pytest.raises(ValueError, match="learning rate"):
+        create_optimizer(model, lr=0.0, weight_decay=0.0)
+
+
+def test_warmup_then_cosine_schedule():
+    total, warmup, lr, min_lr = 20, 5, 1.0, 0.1
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    scheduler = warmup_cosine(optimizer, total, warmup, min_lr / lr)
+    seen = []
+    for _ in range(total):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    expected = [lr * (s + 1) / warmup for s in range(warmup)]
+    expected += [
+        min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * (s - warmup) / (total - warmup - 1)))
+        for s in range(warmup, total)
+    ]
+    assert seen == pytest.approx(expected)
+    assert seen[warmup] == pytest.approx(lr) and seen[-1] == pytest.approx(min_lr)

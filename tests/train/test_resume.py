@@ -1,0 +1,92 @@
+"""Never losing work: a run killed with SIGKILL, or stopped with Ctrl-C in the middle of an epoch, and resumed
+ends with the same weights, bit for bit, as the run that was never interrupted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vitkit.train import TrainConfig, fit
+
+
+def _start(command: list[str]) -> subprocess.Popen:
+    # The same number of threads as this process, so that the float arithmetic is the same.
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "CI": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _wait_for(condition, process: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"the run ended before it could be interrupted: {process.communicate()}"
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.005)
+
+
+def _epochs_logged(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def _final_weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(out / "final" / "model.safetensors")
+
+
+def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_config):
+    """The uninterrupted run, and its configuration for a folder of the test's choosing."""
+
+    def config_for(out: Path) -> TrainConfig:
+        return tiny_config(out, epochs=10, workers=0)
+
+    out = tmp_path_factory.mktemp("reference")
+    fit(config_for(out))
+    return config_for, _final_weights(out)
+
+
+def test_sigkill_at_any_moment_then_resume_is_bit_identical(tmp_path, reference, train_command):
+    config_for, expected = reference
+    config = config_for(tmp_path / "killed")
+    process = _start(train_command(config))
+    out = Path(config.out)
+    _wait_for(lambda: _epochs_logged(out) >= 2, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (out / "final").exists()
+    result = fit(config, resume=True)
+    assert result.epochs_done == 10
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 10
+    _assert_identical(_final_weights(out), expected)
+
+
+def test_ctrl_c_saves_mid_epoch_and_resume_is_bit_identical(tmp_path, reference, train_command):
+    config_for, expected = reference
+    config = config_for(tmp_path / "stopped")
+    process = _start(train_command(config))
+    out = Path(config.out)
+    _wait_for(lambda: _epochs_logged(out) >= 1, process)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "continue with resume" in stdout
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert state["step"] > 0  # stopped after a step of an unfinished epoch
+    fit(config, resume=True)
+    _assert_identical(_final_weights(out), expected)

@@ -1,0 +1,56 @@
+"""`vitkit eval`: accuracy and loss of a trained model on held-out data, per class, with a confusion matrix."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from vitkit.train import evaluate_model_dir
+from vitkit.viz import confusion_image
+
+HELP = "evaluate a model written by 'vitkit train': loss, top-1 / top-5 and per-class accuracy"
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-dir", required=True, metavar="DIR", help="a model directory (e.g. runs/train/final)")
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="builtin:NAME, a train/val folder (val/ is used) or a folder of class folders (all of it); "
+        "default: the held-out part of the training data",
+    )
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
+    parser.add_argument("--plot", metavar="PNG", default=None, help="write the confusion matrix to this PNG file")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    result, info = evaluate_model_dir(args.model_dir, args.data, args.batch_size, args.device, args.workers)
+    accuracies = result.per_class.tolist()
+    per_class = {name: None if math.isnan(acc) else acc for name, acc in zip(info.classes, accuracies, strict=True)}
+    if args.plot:
+        confusion_image(result.confusion, info.classes).save(args.plot)
+    if args.json:
+        summary = {
+            "images": result.count,
+            "loss": result.loss,
+            "top1": result.top1,
+            "top5": result.top5,
+            "per_class": per_class,
+            "confusion": result.confusion.tolist(),
+            "skipped": list(result.skipped),
+        }
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"images {result.count}  loss {result.loss:.4f}  top-1 {result.top1:.4f}  top-5 {result.top5:.4f}")
+    width = max(len(name) for name in info.classes)
+    for name, acc in per_class.items():
+        print(f"  {name:<{width}}  {'-' if acc is None else f'{acc:.4f}'}")
+    for name in result.skipped:
+        print(f"skipped unreadable image {name}")
+    if args.plot:
+        print(f"confusion matrix written to {args.plot}")
+    return 0

@@ -1,0 +1,141 @@
+"""Batches for training and evaluation: a seeded, shardable sample order and a DataLoader that skips bad files.
+
+All randomness of the data lives in `EpochSampler`: for epoch e it draws a permutation and one augmentation seed
+per sample from a generator seeded with (seed + e), so an epoch's batches are the same whatever the number of
+loader workers, and a run resumed at any batch sees the data the uninterrupted run saw.
+
+Letters: B batch, C channels, H, W image size.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from vitkit.data.sources import ImageSource
+
+
+class EpochSampler(Sampler[tuple[int, int]]):
+    """This process's share of an epoch's samples, as (index, augmentation seed) pairs.
+
+    As `torch.utils.data.DistributedSampler`: with `shuffle` the order is a permutation seeded by seed + epoch,
+    padded by repeating its start to a multiple of `num_replicas` (only with `pad`), and process `rank` takes
+    every `num_replicas`-th sample from position `rank`. `set_epoch(epoch, start)` selects the epoch and skips
+    the first `start` samples of this process's share.
+    """
+
+    def __init__(
+        self, size: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = True, seed: int = 0, pad: bool = True
+    ) -> None:
+        if size <= 0:
+            raise ValueError(f"cannot sample from an empty dataset (size {size})")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
+        self.size, self.num_replicas, self.rank = size, num_replicas, rank
+        self.shuffle, self.seed, self.pad = shuffle, seed, pad
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def _share(self) -> tuple[list[int], list[int]]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.size, generator=generator) if self.shuffle else torch.arange(self.size)
+        seeds = torch.randint(0, 2**62, (self.size,), generator=generator)
+        if self.pad:
+            total = -(-self.size // self.num_replicas) * self.num_replicas
+            order = order.repeat(-(-total // self.size))[:total]  # repeats the start, as often as needed
+        mine = order[self.rank :: self.num_replicas]
+        return mine.tolist(), seeds[mine].tolist()
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        indices, seeds = self._share()
+        return iter(list(zip(indices, seeds, strict=True))[self.start :])
+
+    def __len__(self) -> int:
+        share = -(-self.size // self.num_replicas) if self.pad else len(range(self.rank, self.size, self.num_replicas))
+        return max(share - self.start, 0)
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """Stands in for a sample whose image could not be decoded."""
+
+    name: str  # the file (or array entry) that failed
+    error: str  # why
+
+
+class TransformedImages(Dataset):
+    """A source's samples as (uint8 image (C, H, W), label), transformed with a per-sample seed.
+
+    Indexed by the (index, seed) pairs of `EpochSampler`; the transform runs under `torch.manual_seed(seed)` in a
+    forked RNG, so augmentation does not depend on which worker runs it and leaves the global RNG untouched.
+    An image that cannot be decoded gives an `Unreadable` instead of raising.
+    """
+
+    def __init__(self, source: ImageSource, transform: Callable[[Image.Image], torch.Tensor]) -> None:
+        self.source = source
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int] | Unreadable:
+        index, seed = key
+        try:
+            image = self.source.load(index)
+        except OSError as err:
+            return Unreadable(self.source.describe(index), str(err))
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)  # the CPU generator only: torch.manual_seed costs far more
+            return self.transform(image), self.source.labels[index]
+
+
+@dataclass
+class Batch:
+    images: torch.Tensor  # (B, C, H, W) uint8; B may be 0 when every image failed
+    labels: torch.Tensor  # (B,) int64
+    skipped: list[Unreadable]  # samples of this batch that could not be read
+
+    def pin_memory(self) -> Batch:
+        """Called by DataLoader(pin_memory=True): page-locked tensors copy to the GPU asynchronously."""
+        return Batch(self.images.pin_memory(), self.labels.pin_memory(), self.skipped)
+
+
+def collate(samples: list[tuple[torch.Tensor, int] | Unreadable]) -> Batch:
+    """Stack the readable samples; report the unreadable ones in `Batch.skipped`."""
+    good = [s for s in samples if not isinstance(s, Unreadable)]
+    skipped = [s for s in samples if isinstance(s, Unreadable)]
+    if not good:
+        return Batch(torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.long), skipped)
+    images = torch.stack([image for image, _ in good])  # (B, C, H, W)
+    return Batch(images, torch.tensor([label for _, label in good]), skipped)
+
+
+def _ignore_interrupt(worker_id: int) -> None:
+    """Loader workers leave Ctrl-C to the main process, which stops at the end of a step and saves."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def make_loader(
+    images: TransformedImages, sampler: EpochSampler, batch_size: int, workers: int = 0, pin_memory: bool = False
+) -> DataLoader:
+    """A DataLoader of `Batch`es over `images` in `sampler`'s order (call `sampler.set_epoch` before iterating)."""
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
+    return DataLoader(
+        images,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+        pin_memory=pin_memory,
+        worker_init_fn=_ignore_interrupt if workers > 0 else None,
+    )

@@ -1,0 +1,279 @@
+"""Where images come from: the datasets bundled with vitkit, and folders of image files (ImageFolder layout).
+
+A source is a list of (image, label) samples whose images open as PIL images; transforms and batching live in
+`vitkit.data.transforms` and `vitkit.data.loader`. Nothing is downloaded: bundled data ships inside the package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+BUILTIN_PREFIX = "builtin:"
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp")
+INFO_NAME = "dataset.json"
+
+# Errors PIL raises for files it cannot decode (truncated, not an image, corrupt headers, too large).
+UNREADABLE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a model needs to know about the data it was trained on; saved next to the model as `dataset.json`."""
+
+    source: str  # "builtin:NAME" or the folder path given for training
+    classes: tuple[str, ...]  # class names, in label order
+    mean: tuple[float, ...]  # per-channel normalisation mean of images scaled to [0, 1] (the data's own channels)
+    std: tuple[float, ...]  # per-channel normalisation std, same channels as `mean`
+    val_fraction: float  # fraction held out per class when the source has no fixed split (0 when it has one)
+    split_seed: int  # seed of that held-out split
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write `dataset.json` into `directory` (created if missing); returns its path."""
+        path = Path(directory) / INFO_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> DataInfo:
+        """Read the `dataset.json` written by `save` (vitkit train writes one into each model directory)."""
+        path = Path(directory) / INFO_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: expected a model directory written by vitkit train")
+        try:
+            fields = json.loads(path.read_text())
+            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        except (json.JSONDecodeError, TypeError) as err:
+            raise ValueError(f"{path} is not a vitkit dataset description: {err}") from err
+
+
+def open_image(path: str | os.PathLike) -> Image.Image:
+    """Open and decode an image file now, so a damaged file fails here; OSError naming the file if it cannot."""
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image
+    except UNREADABLE_ERRORS as err:
+        raise OSError(f"cannot read image {path}: {err}") from err
+
+
+class ArrayImages:
+    """Images held in memory: uint8 (N, H, W) grayscale or (N, H, W, 3) colour, with integer labels."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, name: str) -> None:
+        if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) != len(labels):
+            raise ValueError(
+                f"expected uint8 images (N, H, W[, 3]) and N labels, got {images.dtype} {images.shape} "
+                f"and {len(labels)} labels"
+            )
+        self.images = images
+        self.labels = [int(y) for y in labels]
+        self.name = name
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def load(self, index: int) -> Image.Image:
+        return Image.fromarray(self.images[index])
+
+    def describe(self, index: int) -> str:
+        return f"{self.name}[{index}]"
+
+
+class ImageFiles:
+    """Image files with labels; `load` decodes one fully (`open_image`), an OSError if it cannot."""
+
+    def __init__(self, paths: list[Path], labels: list[int]) -> None:
+        self.paths = paths
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def load(self, index: int) -> Image.Image:
+        return open_image(self.paths[index])
+
+    def describe(self, index: int) -> str:
+        return str(self.paths[index])
+
+
+ImageSource = ArrayImages | ImageFiles
+
+
+@dataclass(frozen=True)
+class Builtin:
+    file: str  # the .npz inside vitkit/data/builtin with train_/test_ images and labels
+    classes: tuple[str, ...]  # class names in label order
+    mean: tuple[float, ...]  # per-channel mean of the training images scaled to [0, 1]
+    std: tuple[float, ...]  # per-channel std of the training images scaled to [0, 1]
+    min_scale: float  # default smallest area fraction kept by the random resized crop
+    hflip: float  # default horizontal flip probability (0 where flipping changes the meaning)
+    description: str  # one line for listings
+
+
+BUILTIN = {
+    "mnist5k": Builtin(
+        file="mnist5k.npz",
+        classes=tuple(str(d) for d in range(10)),
+        mean=(0.1307,),  # the usual MNIST statistics
+        std=(0.3081,),
+        min_scale=0.85,  # a digit must stay whole
+        hflip=0.0,  # a mirrored digit is not the same digit
+        description="5,000 MNIST digits, 28x28 grayscale: 4,000 train / 1,000 test, stratified (LeCun & Cortes)",
+    ),
+}
+DEFAULT_DATA = BUILTIN_PREFIX + "mnist5k"
+FOLDER_AUGMENT = {"min_scale": 0.25, "hflip": 0.5}  # augmentation defaults for ImageFolder data
+
+
+def augment_defaults(source: str) -> dict[str, float]:
+    """Default `min_scale` and `hflip` of the training augmentation for a data source (see `load_data`)."""
+    if source.startswith(BUILTIN_PREFIX) and source[len(BUILTIN_PREFIX) :] in BUILTIN:
+        entry = BUILTIN[source[len(BUILTIN_PREFIX) :]]
+        return {"min_scale": entry.min_scale, "hflip": entry.hflip}
+    return dict(FOLDER_AUGMENT)
+
+
+def write_image_folder(
+    source: ArrayImages, classes: tuple[str, ...], root: str | os.PathLike, per_class: int | None = None
+) -> Path:
+    """Write in-memory images as PNG files root/<class>/<index>.png, the layout `load_folder` reads.
+
+    At most `per_class` images of each class (all by default), in their stored order. Handy to see what a
+    folder of your own data should look like: ``write_image_folder(load_builtin("mnist5k")[1], classes, "digits")``.
+    """
+    root = Path(root)
+    written = dict.fromkeys(range(len(classes)), 0)
+    for index, label in enumerate(source.labels):
+        if per_class is not None and written[label] >= per_class:
+            continue
+        folder = root / classes[label]
+        folder.mkdir(parents=True, exist_ok=True)
+        source.load(index).save(folder / f"{index:05d}.png")
+        written[label] += 1
+    return root
+
+
+def list_builtin() -> dict[str, str]:
+    """The bundled datasets: name -> one-line description. Use them as ``"builtin:NAME"``."""
+    return {name: entry.description for name, entry in BUILTIN.items()}
+
+
+def load_builtin(name: str) -> tuple[ArrayImages, ArrayImages, DataInfo]:
+    """The bundled dataset `name` as (train, test, info); read from the installed package, never downloaded."""
+    if name not in BUILTIN:
+        raise ValueError(f"unknown builtin dataset {name!r}; bundled datasets are {sorted(BUILTIN)}")
+    entry = BUILTIN[name]
+    with (files("vitkit.data") / "builtin" / entry.file).open("rb") as handle:
+        arrays = dict(np.load(handle))
+    train = ArrayImages(arrays["train_images"], arrays["train_labels"], f"{name}/train")
+    test = ArrayImages(arrays["test_images"], arrays["test_labels"], f"{name}/test")
+    info = DataInfo(BUILTIN_PREFIX + name, entry.classes, entry.mean, entry.std, val_fraction=0.0, split_seed=0)
+    return train, test, info
+
+
+def _class_folders(root: Path) -> list[str]:
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a directory: expected a folder of class folders")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise ValueError(f"{root} has no class folders: expected {root}/<class>/<image files>")
+    return classes
+
+
+def _scan(root: Path, classes: list[str]) -> tuple[list[Path], list[int]]:
+    """Image files under root/<class>/ (any depth), sorted, with the class index as label."""
+    paths, labels, empty = [], [], []
+    for label, name in enumerate(classes):
+        found = sorted(p for p in (root / name).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        if not found:
+            empty.append(name)
+        paths += found
+        labels += [label] * len(found)
+    if empty:
+        raise ValueError(
+            f"{root}: class folder(s) {empty} hold no images (expected files ending in {', '.join(IMAGE_EXTENSIONS)})"
+        )
+    return paths, labels
+
+
+def stratified_split(labels: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(kept, held-out) sample indices: `fraction` of every class held out, chosen by a seeded shuffle."""
+    rng = np.random.default_rng(seed)
+    labels_array = np.asarray(labels)
+    kept, held = [], []
+    for label in np.unique(labels_array):
+        members = rng.permutation(np.flatnonzero(labels_array == label))
+        n_held = int(round(len(members) * fraction))
+        held += members[:n_held].tolist()
+        kept += members[n_held:].tolist()
+    return sorted(kept), sorted(held)
+
+
+def load_folder(
+    path: str | os.PathLike, val_fraction: float = 0.1, seed: int = 0
+) -> tuple[ImageFiles, ImageFiles, DataInfo]:
+    """An ImageFolder tree as (train, val, info).
+
+    `path` holds either `train/` and `val/` folders of class folders, or class folders directly, in which case
+    `val_fraction` of every class is held out by a shuffle seeded with `seed`. Class names are the sorted
+    folder names; images are files with a known image extension at any depth below their class folder.
+    """
+    root = Path(path)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet statistics, as for most RGB data
+    if (root / "train").is_dir() and (root / "val").is_dir():
+        classes = _class_folders(root / "train")
+        val_classes = _class_folders(root / "val")
+        if val_classes != classes:
+            raise ValueError(f"{root}: train/ has classes {classes} but val/ has {val_classes}")
+        train = ImageFiles(*_scan(root / "train", classes))
+        val = ImageFiles(*_scan(root / "val", classes))
+        return train, val, DataInfo(str(path), tuple(classes), mean, std, val_fraction=0.0, split_seed=0)
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1) to split {root} without a val/ folder, got {val_fraction}")
+    classes = _class_folders(root)
+    paths, labels = _scan(root, classes)
+    kept, held = stratified_split(labels, val_fraction, seed)
+    if not kept or not held:
+        raise ValueError(
+            f"val_fraction {val_fraction} of {len(labels)} images leaves {len(kept)} to train and {len(held)} to "
+            "validate; both need at least one"
+        )
+    train = ImageFiles([paths[i] for i in kept], [labels[i] for i in kept])
+    val = ImageFiles([paths[i] for i in held], [labels[i] for i in held])
+    return train, val, DataInfo(str(path), tuple(classes), mean, std, val_fraction, split_seed=seed)
+
+
+def load_data(source: str, val_fraction: float = 0.1, seed: int = 0) -> tuple[ImageSource, ImageSource, DataInfo]:
+    """(train, held-out, info) for ``"builtin:NAME"`` or the path of an ImageFolder tree (see `load_folder`)."""
+    if source.startswith(BUILTIN_PREFIX):
+        return load_builtin(source[len(BUILTIN_PREFIX) :])
+    return load_folder(source, val_fraction, seed)
+
+
+def load_eval_split(source: str | None, info: DataInfo) -> ImageSource:
+    """The images to evaluate a model trained on the data `info` describes.
+
+    With `source` None: the held-out part of the training data, split as in training. Otherwise the test split
+    of a bundled dataset, the val/ folder of a train/val tree, or every image of a folder of class folders. The
+    class names must be the model's.
+    """
+    if source is None:
+        _, held, found = load_data(info.source, info.val_fraction, info.split_seed)
+        classes = found.classes
+    elif source.startswith(BUILTIN_PREFIX) or (Path(source) / "val").is_dir():
+        _, held, found = load_data(source)
+        classes = found.classes
+    else:
+        classes = tuple(_class_folders(Path(source)))
+        held = ImageFiles(*_scan(Path(source), list(classes)))
+    if classes != info.classes:
+        raise ValueError(f"{source or info.source} has classes {list(classes)}, the model knows {list(info.classes)}")
+    return held

@@ -1,0 +1,62 @@
+"""AdamW with decoupled weight decay on weight matrices only, and a per-step linear-warmup + cosine schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+# Parameters never decayed besides every parameter with ndim <= 1 (biases, norm scales, LayerScale gammas):
+# learned tokens (names ending in "token"), absolute position tables and Swin's relative position bias tables.
+NO_DECAY_NAMES = ("pos_embed", "relative_position_bias_table")
+
+
+def decays(name: str, param: torch.Tensor) -> bool:
+    """Whether weight decay applies to the parameter `name` (a qualified name such as ``blocks.0.mlp.fc1.weight``)."""
+    leaf = name.rsplit(".", 1)[-1]
+    return param.ndim > 1 and not leaf.endswith("token") and leaf not in NO_DECAY_NAMES
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two optimizer groups of the trainable parameters: decayed (see `decays`) and not decayed."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [
+        {"params": [p for n, p in named if decays(n, p)], "weight_decay": weight_decay},
+        {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0},
+    ]
+
+
+def create_optimizer(
+    model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999)
+) -> torch.optim.AdamW:
+    """AdamW (decoupled weight decay, Loshchilov & Hutter arXiv:1711.05101) over `param_groups(model)`."""
+    if lr <= 0:
+        raise ValueError(f"learning rate must be positive, got {lr}")
+    if weight_decay < 0:
+        raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas)
+
+
+def warmup_cosine_factor(step: int, total_steps: int, warmup_steps: int, min_factor: float) -> float:
+    """Learning-rate multiplier at optimizer step `step` (0-based).
+
+    Linear warmup (step + 1) / warmup_steps over the first `warmup_steps` steps, then a half cosine from 1 down to
+    `min_factor` at the last step.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    decay_steps = max(total_steps - warmup_steps - 1, 1)
+    progress = min((step - warmup_steps) / decay_steps, 1.0)
+    return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, min_factor: float = 0.0
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A scheduler stepped once per optimizer step following `warmup_cosine_factor`."""
+    if total_steps <= 0 or not 0 <= warmup_steps <= total_steps:
+        raise ValueError(f"need 0 <= warmup_steps <= total_steps, 0 < total_steps; got {warmup_steps}, {total_steps}")
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine_factor(step, total_steps, warmup_steps, min_factor)
+    )

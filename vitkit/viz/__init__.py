@@ -1,0 +1,23 @@
+"""Looking at models: attention maps and rollout, overlays on images, evaluation plots."""
+
+from vitkit.viz.attention import (
+    attention_map,
+    attention_overlay,
+    attention_rollout,
+    cls_attention,
+    colorize,
+    model_view,
+    overlay,
+)
+from vitkit.viz.plots import confusion_image
+
+__all__ = [
+    "attention_map",
+    "attention_overlay",
+    "attention_rollout",
+    "cls_attention",
+    "colorize",
+    "confusion_image",
+    "model_view",
+    "overlay",
+]
