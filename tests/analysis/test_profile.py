@@ -146,3 +146,12 @@ def test_peak_memory_counts_what_stays_alive():
     assert memory.current == 8000
     del b, c, view
     assert memory.current == 0
+
+
+def test_peak_memory_ignores_tensors_that_existed_before():
+    x = torch.ones(1000)
+    with PeakMemory() as memory:
+        x.view(10, 100)
+        x.add_(1)
+        x.to(torch.float32)
+    assert memory.peak == 0

@@ -151,3 +151,17 @@ def test_capture_attention_on_vit():
     for attn in maps.values():
         assert attn.shape == (2, 3, 2 + 16, 2 + 16)
         torch.testing.assert_close(attn.sum(-1), torch.ones(2, 3, 18))
+
+
+def test_capturing_one_layer_costs_its_map_only():
+    from vitkit.analysis import PeakMemory
+
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=3, dynamic_img_size=True).eval()
+    x = torch.randn(2, 3, 320, 320)
+    with torch.inference_mode(), PeakMemory() as plain:
+        model(x)
+    with torch.inference_mode(), vitkit.capture_attention(model, layers=["blocks.1.attn"]), PeakMemory() as captured:
+        model(x)
+    N = 1 + 20 * 20
+    one_map = 2 * 3 * N * N * 4  # (B, h, N, N) float32
+    assert captured.peak - plain.peak == one_map

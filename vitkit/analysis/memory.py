@@ -33,13 +33,18 @@ class PeakMemory(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor) and t.device.type != "meta"
+        }
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor) or t.device.type == "meta":
                 continue
             storage = t.untyped_storage()
             key = storage.data_ptr()
-            if key == 0:
-                continue
+            if key == 0 or (key in inputs and key not in self._refs):
+                continue  # a view of, or an in-place result on, a tensor that existed before
             if key not in self._refs:
                 self._refs[key] = 0
                 self._sizes[key] = storage.nbytes()

@@ -89,9 +89,12 @@ class Attention(nn.Module):
         if self.backend == "sdpa" and self.capture_hook is None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=self.scale)
         attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, Nq, Nk)
-        if bias is not None:
-            attn = attn + bias
-        attn = attn.softmax(dim=-1)
+        if attn.requires_grad:
+            attn = attn.softmax(dim=-1) if bias is None else (attn + bias).softmax(dim=-1)
+        else:  # no autograd history to keep: one N x N buffer, updated in place, is all the memory it takes
+            if bias is not None:
+                attn.add_(bias)
+            torch.softmax(attn, dim=-1, out=attn)
         if self.capture_hook is not None:
             self.capture_hook(attn)
         attn = F.dropout(attn, dropout)
