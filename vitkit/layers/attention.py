@@ -124,11 +124,17 @@ class Attention(nn.Module):
         live = held_in + 3 * head_bytes  # + the (B, N, 3C) projection, alive while q, k, v are in use
         ops = [linear_op(name, "qkv", shape, 3 * C, self.qkv.bias is not None, held, dtype_bytes)]  # 3BNC^2 MACs
         ops.append(elementwise_op(name, "q*scale", heads, 1, live, dtype_bytes))  # BNC
-        ops.append(matmul_op(name, "q@k^T", heads, logits, B * h * N * N * d, live, dtype_bytes, False, explicit))
+        # The explicit path's batched matmuls copy their strided operands: the scaled q and its copy and k^T's
+        # copy sit beside q@k^T, v's copy beside attn@v (measured with vitkit.analysis.PeakMemory).
+        copies = (3 if explicit else 0) * head_bytes
+        qk_live = live + copies
+        ops.append(matmul_op(name, "q@k^T", heads, logits, B * h * N * N * d, qk_live, dtype_bytes, False, explicit))
+        # The explicit path adds the bias and takes the softmax in place in its one N x N buffer (see `attend`).
         if bias:
-            ops.append(elementwise_op(name, "+bias", logits, 1, live + nn_bytes, dtype_bytes, explicit))  # BhN^2
-        ops.append(elementwise_op(name, "softmax", logits, SOFTMAX_FLOPS, live + nn_bytes, dtype_bytes, explicit))
-        ops.append(matmul_op(name, "attn@v", logits, heads, B * h * N * N * d, live + nn_bytes, dtype_bytes))
+            ops.append(elementwise_op(name, "+bias", logits, 1, live + nn_bytes, dtype_bytes, False))  # BhN^2
+        ops.append(elementwise_op(name, "softmax", logits, SOFTMAX_FLOPS, live + nn_bytes, dtype_bytes, False))
+        v_copy = head_bytes if explicit else 0
+        ops.append(matmul_op(name, "attn@v", logits, heads, B * h * N * N * d, live + nn_bytes + v_copy, dtype_bytes))
         ops.append(matmul_op(name, "merge_heads", heads, (B, N, C), 0, held_in + head_bytes, dtype_bytes))  # a copy
         if isinstance(self.proj, nn.Linear):
             bias_on = self.proj.bias is not None
