@@ -1,6 +1,6 @@
 """Build a registered model, run one forward pass, read its attention, save and reload it.
 
-Run with `make demo` (sets up .venv first) or `python examples/quickstart.py`.
+Run with `python examples/quickstart.py` (after `make demo` or `pip install -e .`).
 """
 
 import tempfile

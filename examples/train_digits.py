@@ -31,8 +31,9 @@ def main() -> None:
         print(f"test digit 0 (a {info.classes[test.labels[0]]}): " + ", ".join(f"{c} {p:.2f}" for c, p in top))
 
         picture = attention_overlay(model, image, info.mean, info.std, rollout=True)
-        picture.save(Path(tmp) / "attention.png")
-        print(f"attention rollout drawn over the digit: {picture.size[0]}x{picture.size[1]} PNG")
+        Path("runs").mkdir(exist_ok=True)
+        picture.save("runs/digit_attention.png")
+        print(f"attention rollout drawn over the digit: runs/digit_attention.png ({picture.size[0]}x{picture.size[1]})")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ One fast attention whose weights can always be read out, ViT / DeiT (and more fa
 with timm-compatible parameter names, and model directories saved without pickle.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+import importlib.metadata as _metadata
 
 from vitkit.analysis.profile import profile
 from vitkit.layers.attention import capture_attention
@@ -14,8 +14,8 @@ from vitkit.weights.convert import export_weights, load_weights
 from vitkit.weights.io import from_pretrained, save_pretrained
 
 try:
-    __version__ = version("vitkit")
-except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = _metadata.version("vitkit")
+except _metadata.PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0"
 
 __all__ = [

@@ -27,6 +27,7 @@ def test_patch_embed_matches_timm():
         (torch.randn(1, 1, 32, 32), "expected 3 input channels, got 1"),
         (torch.randn(1, 3, 32, 48), "expected images of size 32x32, got 32x48"),
         ([[1.0]], "expected an image tensor"),
+        (torch.randn(1, 3, 32, 32, dtype=torch.float64), "expected images of dtype torch.float32 .the model's., got"),
     ],
 )
 def test_patch_embed_rejects_bad_input(x, message):

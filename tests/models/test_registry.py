@@ -56,3 +56,28 @@ def test_bad_overrides():
         vitkit.create_model("vit_tiny_patch16_224", img_size=100)
     with pytest.raises(ValueError, match="attention backend must be one of"):
         vitkit.create_model("vit_tiny_patch16_224", attn_backend="xformers")
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "message"),
+    [
+        ("vit_tiny_patch16_224", dict(qkv_bias="False"), "ViTConfig.qkv_bias takes bool, got 'False'"),
+        ("vit_tiny_patch16_224", dict(depth=2.5), "ViTConfig.depth takes int, got 2.5"),
+        ("vit_tiny_patch16_224", dict(depth=True), "ViTConfig.depth takes int, got True"),
+        ("vit_tiny_patch16_224", dict(img_size=28.0), r"img_size takes int \| tuple\[int, int\], got 28.0"),
+        ("vit_tiny_patch16_224", dict(patch_size=0), "ViTConfig.patch_size must be > 0, got 0"),
+        ("vit_tiny_patch16_224", dict(drop_path_rate=1.0), r"drop_path_rate must be in \[0, 1\), got 1.0"),
+        ("swin_tiny_patch4_window7_224", dict(depths=3), r"SwinConfig.depths takes tuple\[int, ...\], got 3"),
+        ("swin_tiny_patch4_window7_224", dict(window_size=7.0), "SwinConfig.window_size takes int, got 7.0"),
+        ("botnet26t_256", dict(num_heads="4"), "BotNetConfig.num_heads takes int, got '4'"),
+    ],
+)
+def test_config_values_of_the_wrong_type_or_range(name, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        vitkit.create_model(name, **overrides)
+
+
+def test_lists_are_taken_as_tuples():
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=[32, 48])
+    assert model.config.img_size == (32, 48)
+    assert vitkit.create_model("swin_tiny_patch4_window7_224", depths=[1, 1, 1, 1]).config.depths == (1, 1, 1, 1)

@@ -9,6 +9,7 @@ the input) are not counted, so the figure is the extra memory a forward (or trai
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -31,7 +32,9 @@ class PeakMemory(TorchDispatchMode):
             del self._refs[key]
             self.current -= self._sizes.pop(key)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         out = func(*args, **(kwargs or {}))
         inputs = {
             t.untyped_storage().data_ptr()

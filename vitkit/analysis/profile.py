@@ -134,7 +134,10 @@ def profile(
     return report
 
 
-def _sdpa_cpu_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+def _sdpa_cpu_flop(
+    query_shape: tuple[int, ...], key_shape: tuple[int, ...], value_shape: tuple[int, ...], *args: Any, **kwargs: Any
+) -> int:
+    """FLOPs of the CPU flash-attention kernel: q@k^T and attn@v, as FlopCounterMode counts the other kernels."""
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 

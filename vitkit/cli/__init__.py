@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.run(args) or 0
-    except (ValueError, OSError) as err:
+    except BrokenPipeError:  # the reader went away (`vitkit profile --json | head`): nothing left to say
+        sys.stderr.close()
+        return 0
+    except (ValueError, OSError, ImportError) as err:
         print(f"vitkit {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", choices=("timm",), default=None, help="run timm's model of the same name too")
     parser.add_argument("--rounds", type=int, default=10, help="timed steps per candidate (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per candidate first (default 2)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
+from vitkit.cli.options import parse_assignment
 from vitkit.models.registry import create_model
 from vitkit.weights.convert import FORMATS, export_weights, load_pretrained, load_weights
 from vitkit.weights.io import CONFIG_NAME
@@ -42,17 +42,10 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _parse_overrides(items: list[str]) -> dict[str, Any]:
-    overrides = {}
-    for item in items:
-        field, sep, text = item.partition("=")
-        if not sep or not field:
-            raise ValueError(f"--set expects FIELD=VALUE, got {item!r}")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            value = text  # a bare string such as attn_backend=math
-        overrides[field] = tuple(value) if isinstance(value, list) else value
-    return overrides
+    try:
+        return dict(parse_assignment(item) for item in items)
+    except ValueError as err:
+        raise ValueError(f"--set {err}") from err
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vitkit.analysis.profile import profile
+from vitkit.analysis.profile import Report, profile
 from vitkit.analysis.report import crossover, grouped, plot_scaling, scaling, shape_flow, shares
 
 HELP = "cost of a model: FLOPs per operator (attention included), parameters, activation memory, shape flow"
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_report(report, by: str, train: bool) -> None:
+def print_report(report: Report, by: str, train: bool) -> None:
     H, W = report.img_size
     print(f"{report.model}  input {report.batch}x{H}x{W}  attention backend {report.backend}  params {report.params:,}")
     rows = grouped(report, by)

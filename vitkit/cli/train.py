@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
+from vitkit.cli.options import parse_assignment
 from vitkit.train import TrainConfig, fit
 from vitkit.train.config import CONFIG_NAME
 
@@ -19,13 +19,10 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.def
 
 
 def _model_arg(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
+        return parse_assignment(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:

@@ -64,6 +64,13 @@ class PatchEmbed(nn.Module):
             raise ValueError(f"expected a 4-D image batch (B, C, H, W), got shape {tuple(x.shape)}")
         if not x.is_floating_point():
             raise ValueError(f"expected a floating-point image tensor, got dtype {x.dtype} (convert with x.float())")
+        weight = self.proj.weight
+        meta = "meta" in (x.device.type, weight.device.type)  # shape-only checks (cost) skip the dtype
+        if x.dtype != weight.dtype and not meta and not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(
+                f"expected images of dtype {weight.dtype} (the model's), got {x.dtype}; convert with "
+                f"x.to({weight.dtype}), or use vitkit.optimize for bf16 inference"
+            )
         _, C, H, W = x.shape
         if C != self.in_chans:
             raise ValueError(f"expected {self.in_chans} input channels, got {C} (input shape {tuple(x.shape)})")

@@ -31,7 +31,7 @@ from torch import nn
 
 from vitkit.layers import Attention2d, check_backend, to_2tuple
 from vitkit.layers.cost import BATCH_NORM_FLOPS, RELU_FLOPS, OpCost, elementwise_op, linear_op, matmul_op, numel
-from vitkit.models.registry import register_family, register_model
+from vitkit.models.registry import check_field_types, check_positive, register_family, register_model
 
 BOTNET_PAPER = "Bottleneck Transformers for Visual Recognition (Srinivas et al., arXiv:2101.11605)"
 STEM_TYPES = ("7x7", "tiered")
@@ -54,6 +54,8 @@ class BotNetConfig:
     zero_init_last: bool = False  # init: zero the last BatchNorm scale of each residual branch (timm's default)
 
     def __post_init__(self) -> None:
+        check_field_types(self)
+        check_positive(self, "in_chans", "stem_chs", "bottle_ratio", "num_heads")
         H, W = to_2tuple(self.img_size)
         if H % NET_STRIDE or W % NET_STRIDE:
             raise ValueError(f"img_size {H}x{W} is not a multiple of the network stride {NET_STRIDE}")

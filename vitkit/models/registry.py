@@ -81,12 +81,63 @@ def family_of(model: nn.Module) -> Family:
     raise ValueError(f"{type(model).__name__} is not a vitkit model (registered families: {sorted(_FAMILIES)})")
 
 
+_SCALARS = {"int": int, "float": (int, float), "bool": bool, "str": str}
+
+
+def _value_matches(value: Any, annotation: str) -> bool:
+    """Whether `value` fits a config annotation written as a string: int, float, bool, str, None, tuple[T, ...],
+    tuple[T, T] and unions of these with `|`."""
+    for option in (part.strip() for part in annotation.split("|")):
+        if option == "None":
+            if value is None:
+                return True
+        elif option.startswith("tuple[") and option.endswith("]"):
+            inner = [t.strip() for t in option[len("tuple[") : -1].split(",")]
+            if isinstance(value, tuple):
+                if inner[-1] == "...":
+                    if all(_value_matches(v, inner[0]) for v in value):
+                        return True
+                elif len(value) == len(inner) and all(_value_matches(v, t) for v, t in zip(value, inner, strict=True)):
+                    return True
+        elif option in _SCALARS:
+            # bool is an int in Python, but a config's True is never meant as a count
+            if isinstance(value, _SCALARS[option]) and (option == "bool" or not isinstance(value, bool)):
+                return True
+    return False
+
+
+def check_field_types(config: Any) -> None:
+    """ValueError naming the field, what it takes and what came, for each config value of the wrong type
+    (e.g. the string 'False' for a bool, 2.5 for a depth). Family configs call it first in `__post_init__`."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if not _value_matches(value, str(f.type)):
+            raise ValueError(f"{type(config).__name__}.{f.name} takes {f.type}, got {value!r}")
+
+
+def check_positive(config: Any, *names: str) -> None:
+    """ValueError for a config field among `names` that is not > 0 (a size, count or ratio)."""
+    for name in names:
+        value = getattr(config, name)
+        if value <= 0:
+            raise ValueError(f"{type(config).__name__}.{name} must be > 0, got {value!r}")
+
+
+def check_rates(config: Any, *names: str) -> None:
+    """ValueError for a config field among `names` that is not a probability in [0, 1) (dropout rates)."""
+    for name in names:
+        value = getattr(config, name)
+        if not 0 <= value < 1:
+            raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
+
+
 def replace_config(config: Any, **overrides: Any) -> Any:
     """`dataclasses.replace` with a clear error for field names the config does not have."""
     fields = {f.name for f in dataclasses.fields(config)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise ValueError(f"{type(config).__name__} has no field(s) {unknown}; its fields are {sorted(fields)}")
+    overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}  # (H, W) as a list too
     return dataclasses.replace(config, **overrides)
 
 

@@ -27,7 +27,13 @@ from torch import nn
 from vitkit.layers import Attention, DropPath, Mlp, PatchEmbed, check_backend, to_2tuple
 from vitkit.layers.cost import OpCost, copy_op, elementwise_op, layer_norm_op, linear_op, numel
 from vitkit.layers.helpers import take_indices
-from vitkit.models.registry import register_family, register_model
+from vitkit.models.registry import (
+    check_field_types,
+    check_positive,
+    check_rates,
+    register_family,
+    register_model,
+)
 
 SWIN_PAPER = "Swin Transformer: Hierarchical Vision Transformer using Shifted Windows (Liu et al., arXiv:2103.14030)"
 MASK_VALUE = -100.0  # added to the logits of token pairs from different regions of a shifted window (as the paper)
@@ -62,8 +68,12 @@ class SwinConfig:
 
     def __post_init__(self) -> None:
         # Lists (from JSON or users) become tuples so the frozen config stays hashable and comparable.
-        object.__setattr__(self, "depths", tuple(self.depths))
-        object.__setattr__(self, "num_heads", tuple(self.num_heads))
+        for name in ("depths", "num_heads"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_field_types(self)
+        check_positive(self, "patch_size", "in_chans", "embed_dim", "mlp_ratio", "layer_norm_eps")
+        check_rates(self, "drop_rate", "attn_drop_rate", "drop_path_rate")
         img_size = to_2tuple(self.img_size)
         if len(self.depths) == 0 or any(d < 1 for d in self.depths):
             raise ValueError(f"depths must be one or more positive block counts, got {self.depths}")

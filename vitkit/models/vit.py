@@ -22,7 +22,13 @@ from torch import nn
 from vitkit.layers import Block, PatchEmbed, check_backend, resample_abs_pos_embed, sincos_2d_pos_embed, to_2tuple
 from vitkit.layers.cost import OpCost, elementwise_op, layer_norm_op, linear_op, numel
 from vitkit.layers.helpers import take_indices
-from vitkit.models.registry import register_family, register_model
+from vitkit.models.registry import (
+    check_field_types,
+    check_positive,
+    check_rates,
+    register_family,
+    register_model,
+)
 
 VIT_PAPER = "An Image is Worth 16x16 Words (Dosovitskiy et al., arXiv:2010.11929)"
 DEIT_PAPER = "Training data-efficient image transformers & distillation through attention (arXiv:2012.12877)"
@@ -52,6 +58,9 @@ class ViTConfig:
     attn_backend: str = "sdpa"  # "sdpa" (fused kernel) or "math" (explicit reference)
 
     def __post_init__(self) -> None:
+        check_field_types(self)
+        check_positive(self, "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "layer_norm_eps")
+        check_rates(self, "drop_rate", "attn_drop_rate", "drop_path_rate")
         to_2tuple(self.img_size)
         if self.embed_dim % self.num_heads != 0:
             raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")

@@ -112,7 +112,7 @@ def _timm_model(name: str, img_size: tuple[int, int], dynamic: bool, device: tor
     try:
         import timm
     except ImportError as err:
-        raise OSError("--compare timm needs timm installed: pip install timm") from err
+        raise ImportError("comparing with timm needs timm installed: pip install timm") from err
     if name not in timm.list_models():
         raise ValueError(f"timm has no model named {name!r} to compare with")
     kwargs = {"dynamic_img_size": True} if dynamic else {}

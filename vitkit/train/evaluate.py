@@ -81,9 +81,8 @@ def evaluate(
             ],
             dtype=torch.float64,
         )
-        confusion += torch.bincount(labels.cpu() * num_classes + ranked[:, 0].cpu(), minlength=num_classes**2).view(
-            num_classes, num_classes
-        )
+        pairs = labels.cpu() * num_classes + ranked[:, 0].cpu()  # (true, predicted) -> one index in [0, K*K)
+        confusion += torch.bincount(pairs, minlength=num_classes**2).view(num_classes, num_classes)  # (K*K,) -> (K, K)
     if env is not None:
         totals = all_reduce_sum(totals.to(device), env).cpu()
         confusion = all_reduce_sum(confusion.to(device), env).cpu()

@@ -191,7 +191,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         with torch.serialization.safe_globals([argparse.Namespace]):
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        refused = re.search(r"[Uu]nsupported (?:global: )?GLOBAL (\S+)", str(err))
         if refused:
             raise ValueError(
                 f"{path} refused: its pickle would call {refused.group(1)}, which is not a tensor or plain "

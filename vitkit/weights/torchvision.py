@@ -113,6 +113,7 @@ def _swin_block(ours: str, theirs: str) -> Rename:
 def _swin_index_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     """torchvision stores each block's relative position index, flattened (N*N,); vitkit computes it (N, N)."""
     return {
+        # (N, N) -> (N*N,)
         f"features.{2 * s + 1}.{b}.attn.relative_position_index": block.attn.relative_position_index.flatten()
         for s, stage in enumerate(model.layers)
         for b, block in enumerate(stage.blocks)
