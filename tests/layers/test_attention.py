@@ -126,3 +126,47 @@ def test_sdpa_does_not_form_weights_outside_capture(monkeypatch):
     with capture_attention(layer):
         layer(torch.randn(1, 4, 16))
     assert calls == [1]
+
+
+def count_fused_calls(monkeypatch) -> list[int]:
+    import vitkit.layers.attention as attention
+
+    calls = []
+    fused = attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    return calls
+
+
+def test_auto_forms_weights_only_for_small_bf16_calls_on_cpu(monkeypatch):
+    import vitkit.layers.attention as attention
+
+    calls = count_fused_calls(monkeypatch)
+    layer = Attention(32, num_heads=4)  # "auto" is the default
+    assert layer.backend == "auto"
+    with torch.no_grad():
+        layer(torch.randn(2, 10, 32))
+        assert len(calls) == 1  # fp32: the fused kernel
+        layer.bfloat16()(torch.randn(2, 10, 32, dtype=torch.bfloat16))
+        assert len(calls) == 1  # bf16, 2 x 4 x 10 x 10 weights: explicit
+        monkeypatch.setattr(attention, "EXPLICIT_MAX_BYTES", 2 * 4 * 10 * 10 * 2 - 1)
+        layer(torch.randn(2, 10, 32, dtype=torch.bfloat16))
+        assert len(calls) == 2  # one byte over the budget: fused again
+
+
+def test_auto_in_bf16_matches_the_fused_kernel_forward_and_backward():
+    torch.manual_seed(0)
+    reference = Attention(64, num_heads=4)
+    x = torch.randn(3, 50, 64)
+    bias = torch.randn(1, 4, 50, 50)
+    expected = explicit_attention(reference, x, bias)  # fp32
+    errors = {}
+    for backend in ("sdpa", "auto"):
+        layer = set_attention_backend(Attention(64, num_heads=4), backend)
+        layer.load_state_dict(reference.state_dict())
+        layer.bfloat16()
+        xb = x.bfloat16().requires_grad_(True)
+        out = layer(xb, bias.bfloat16())
+        out.float().square().sum().backward()
+        errors[backend] = ((out.float() - expected).abs().max().item(), xb.grad.float())
+    assert errors["auto"][0] < 2e-2 and errors["auto"][0] <= 2 * errors["sdpa"][0]
+    torch.testing.assert_close(errors["auto"][1], errors["sdpa"][1], atol=5e-2, rtol=5e-2)

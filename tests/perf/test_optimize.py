@@ -1,10 +1,17 @@
 """optimize(): fp32 in, fp32 out, bf16 logits close to fp32, the original model untouched."""
 
+import copy
+import sys
+
 import pytest
 import torch
 
 import vitkit
+from vitkit.layers import Mlp
 from vitkit.perf import optimize
+from vitkit.perf.optimize import PackedLinear, packed_linear_supported
+
+needs_packing = pytest.mark.skipif(not packed_linear_supported(), reason="no oneDNN bf16 linear on this CPU")
 
 SMALL = {
     "vit_small_patch16_224": dict(depth=4),
@@ -28,17 +35,22 @@ def test_bf16_logits_within_two_percent_of_fp32(name):
     relative = (out - reference).norm() / reference.norm()
     assert relative < 2e-2
     assert next(model.parameters()).dtype == torch.float32  # the original is left as it was
-    linear = next(m for m in fast.modules() if isinstance(m, torch.nn.Linear))
-    assert linear.weight.dtype == torch.bfloat16  # cast once, at optimize time
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    if packed_linear_supported():  # every linear reordered once, every Mlp's GELU fused into its fc1
+        assert sum(isinstance(m, PackedLinear) for m in fast.modules()) == linears
+        assert all(m.fc1.activation == "gelu" for m in fast.modules() if isinstance(m, Mlp))
+    else:  # cast once, at optimize time
+        assert all(m.weight.dtype == torch.bfloat16 for m in fast.modules() if isinstance(m, torch.nn.Linear))
     norms = [m for m in fast.modules() if isinstance(m, (torch.nn.LayerNorm, torch.nn.BatchNorm2d))]
     assert norms and all(p.dtype == torch.float32 for m in norms for p in m.parameters())
 
 
-def test_fp32_is_exact_and_uses_the_fused_attention():
+def test_fp32_is_exact_and_uses_the_auto_attention():
     model = vitkit.create_model("vit_tiny_patch16_224", depth=2, attn_backend="math").eval()
     x = torch.randn(2, 3, 224, 224)
     fast = optimize(model, "fp32")
-    assert {layer.backend for _, layer in vitkit.layers.attention_layers(fast)} == {"sdpa"}
+    assert {layer.backend for _, layer in vitkit.layers.attention_layers(fast)} == {"auto"}
+    assert not any(isinstance(m, PackedLinear) for m in fast.modules())
     assert model.blocks[0].attn.backend == "math"
     with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x), atol=1e-5, rtol=1e-5)
@@ -59,3 +71,57 @@ def test_compiled_matches_eager():
     compiled = optimize(model, "fp32", compile=True)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_without_packed_linears_falls_back_to_plain_ones(monkeypatch):
+    module = sys.modules["vitkit.perf.optimize"]  # the package attribute of that name is the function
+    monkeypatch.setattr(module, "packed_linear_supported", lambda: False)
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=2, img_size=32).eval()
+    x = torch.randn(2, 3, 32, 32)
+    fast = optimize(model, "bf16")
+    assert not any(isinstance(m, PackedLinear) for m in fast.modules())
+    with torch.no_grad():
+        assert (fast(x) - model(x)).norm() / model(x).norm() < 2e-2
+
+
+def test_probe_reports_missing_operators(monkeypatch):
+    def missing(*args, **kwargs):
+        raise RuntimeError("no such operator")
+
+    monkeypatch.setattr(PackedLinear, "_pack", staticmethod(missing))
+    assert packed_linear_supported.__wrapped__() is False
+
+
+@needs_packing
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+def test_packed_linear_matches_linear_and_saves_like_one(activation):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(40, 24).bfloat16()
+    packed = PackedLinear.from_linear(linear, activation)
+    x = torch.randn(3, 5, 40, dtype=torch.bfloat16)
+    expected = torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
+    if activation == "gelu":
+        expected = torch.nn.functional.gelu(expected)
+    with torch.no_grad():
+        out = packed(x)
+        torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=1e-2)  # one bf16 rounding of the result
+        torch.testing.assert_close(packed.weight, linear.weight, atol=0, rtol=0)
+        assert list(packed.state_dict()) == ["weight", "bias"]
+        torch.testing.assert_close(packed.state_dict()["weight"], linear.weight.detach(), atol=0, rtol=0)
+        copied = copy.deepcopy(packed)
+        torch.testing.assert_close(copied(x), out, atol=0, rtol=0)
+        other = torch.nn.Linear(40, 24).bfloat16()
+        copied.load_state_dict(other.state_dict())  # reorders the new weight
+        torch.testing.assert_close(copied.weight, other.weight, atol=0, rtol=0)
+        with pytest.raises(RuntimeError, match="size mismatch for weight"):
+            copied.load_state_dict(torch.nn.Linear(41, 24).bfloat16().state_dict())
+
+
+@needs_packing
+def test_packed_linear_rejects_inputs_it_cannot_take():
+    packed = PackedLinear.from_linear(torch.nn.Linear(8, 4))
+    with pytest.raises(ValueError, match=r"bf16 CPU inputs \(\.\.\., 8\); got torch.float32 \(2, 8\)"):
+        packed(torch.randn(2, 8))
+    with pytest.raises(ValueError, match=r"got torch.bfloat16 \(2, 7\)"):
+        packed(torch.randn(2, 7, dtype=torch.bfloat16))

@@ -16,6 +16,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
+def _has_storage(t: Any) -> bool:
+    # meta tensors take no memory; opaque layouts (oneDNN's reordered weights, sparse) expose no storage
+    return isinstance(t, torch.Tensor) and t.device.type != "meta" and t.layout == torch.strided
+
+
 class PeakMemory(TorchDispatchMode):
     """Context manager: `with PeakMemory() as mem: fn()`, then `mem.peak` (bytes) and `mem.current`."""
 
@@ -36,13 +41,9 @@ class PeakMemory(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        inputs = {
-            t.untyped_storage().data_ptr()
-            for t in tree_flatten((args, kwargs))[0]
-            if isinstance(t, torch.Tensor) and t.device.type != "meta"
-        }
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if _has_storage(t)}
         for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            if not _has_storage(t):
                 continue
             storage = t.untyped_storage()
             key = storage.data_ptr()

@@ -32,7 +32,7 @@ class Report:
     model: str  # registry name or class name
     img_size: tuple[int, int]  # (H, W)
     batch: int  # B
-    backend: str  # attention backend the costs assume ("sdpa" or "math")
+    backend: str  # attention backend the costs assume ("auto", "sdpa" or "math")
     params: int  # parameter count
     macs: int  # multiply-adds of every conv / linear / matmul, attention included
     matmul_flops: int  # 2 * macs

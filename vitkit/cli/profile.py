@@ -23,7 +23,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="registered model name (see `vitkit models`)")
     parser.add_argument("--img-size", type=parse_size, default=None, help="224 or HxW (default: the model's size)")
     parser.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
-    parser.add_argument("--backend", choices=("sdpa", "math"), default="sdpa", help="attention backend to assume")
+    parser.add_argument(
+        "--backend", choices=("auto", "sdpa", "math"), default="auto", help="attention backend to assume (default auto)"
+    )
     parser.add_argument("--by", choices=("block", "op", "layer"), default="block", help="group rows (default block)")
     parser.add_argument("--train", action="store_true", help="also show forward+backward FLOPs and saved activations")
     parser.add_argument("--measure", action="store_true", help="run one forward pass and report the measured FLOPs")

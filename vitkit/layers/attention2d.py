@@ -51,7 +51,7 @@ class Attention2d(Attention):
         qkv_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        backend: str = "sdpa",
+        backend: str = "auto",
         pos: str = "none",
         feat_size: int | tuple[int, int] | None = None,
     ) -> None:

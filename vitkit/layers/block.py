@@ -38,7 +38,7 @@ class Block(nn.Module):
         drop_path: stochastic-depth rate of both residual branches.
         init_values: LayerScale initial value, or None for no LayerScale.
         norm_eps: LayerNorm epsilon.
-        attn_backend: "sdpa" or "math".
+        attn_backend: "auto", "sdpa" or "math".
     """
 
     def __init__(
@@ -52,7 +52,7 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         init_values: float | None = None,
         norm_eps: float = 1e-6,
-        attn_backend: str = "sdpa",
+        attn_backend: str = "auto",
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)

@@ -50,7 +50,7 @@ class BotNetConfig:
     widths: tuple[int, ...] = (256, 512, 1024, 2048)  # output channels per stage
     bottle_ratio: float = 0.25  # inner (bottleneck) width as a fraction of the block's output channels
     num_heads: int = 4  # attention heads of the BoT blocks; must divide their inner width
-    attn_backend: str = "sdpa"  # "sdpa" (fused kernel) or "math" (explicit reference)
+    attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (explicit reference); see layers.attention
     zero_init_last: bool = False  # init: zero the last BatchNorm scale of each residual branch (timm's default)
 
     def __post_init__(self) -> None:
@@ -193,11 +193,11 @@ class BottleneckAttn(Attention2d):
         num_heads: heads h; head dim d = C // h.
         feat_size: (H, W) of the input map, which the relative tables are sized for.
         stride: 1, or 2 to halve the map after attention.
-        backend: "sdpa" or "math".
+        backend: "auto", "sdpa" or "math".
     """
 
     def __init__(
-        self, dim: int, num_heads: int, feat_size: int | tuple[int, int], stride: int = 1, backend: str = "sdpa"
+        self, dim: int, num_heads: int, feat_size: int | tuple[int, int], stride: int = 1, backend: str = "auto"
     ) -> None:
         super().__init__(dim, num_heads, qkv_bias=False, backend=backend, pos="relative", feat_size=feat_size)
         if stride not in (1, 2):

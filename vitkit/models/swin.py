@@ -64,7 +64,7 @@ class SwinConfig:
     drop_path_rate: float = 0.1  # stochastic depth, rising linearly over all blocks to this rate (timm's default)
     layer_norm_eps: float = 1e-5  # LayerNorm epsilon (1e-5, PyTorch's default, as in the reference code and timm)
     dynamic_img_size: bool = False  # accept other image sizes (sides multiples of p * 2**(stages - 1)); see above
-    attn_backend: str = "sdpa"  # "sdpa" (fused kernel) or "math" (explicit reference)
+    attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (explicit reference); see layers.attention
 
     def __post_init__(self) -> None:
         # Lists (from JSON or users) become tuples so the frozen config stays hashable and comparable.
@@ -184,7 +184,7 @@ class WindowAttention(Attention):
         qkv_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        backend: str = "sdpa",
+        backend: str = "auto",
     ) -> None:
         super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, backend)
         self.window_size = window_size
@@ -261,7 +261,7 @@ class SwinBlock(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         norm_eps: float = 1e-5,
-        attn_backend: str = "sdpa",
+        attn_backend: str = "auto",
     ) -> None:
         super().__init__()
         self.resolution = resolution

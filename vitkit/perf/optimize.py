@@ -1,15 +1,132 @@
-"""Inference optimisation: weights cast to bf16 once, fp32 where precision needs it, the fused attention path."""
+"""Inference optimisation: weights cast to bf16 once, fp32 where precision needs it, the fastest attention path.
+
+On CPU in bf16 the linear layers also get their weights reordered once into oneDNN's blocked layout, with the bias
+(and the MLP's GELU) applied inside the GEMM: `PackedLinear`. That removes the bias copy torch's `addmm` makes and
+the separate pass over the (B, N, 4C) hidden activations that GELU takes (profiled on ViT-S/16, batch 16: 33% of
+the bf16 forward beyond the GEMMs themselves; BENCHMARKS.md).
+"""
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers import attention_layers
+from vitkit.layers import Mlp, attention_layers
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+ACTIVATIONS = ("none", "gelu")
+
+
+@functools.cache
+def packed_linear_supported() -> bool:
+    """Whether this torch build and CPU run oneDNN's bf16 linear with a reordered weight and a fused GELU.
+
+    The operators are the ones inductor uses for frozen CPU graphs (`torch.ops.mkldnn._linear_pointwise`); they
+    are not public API, so this probes them once on a small input against `F.linear` + `F.gelu` and reports False
+    (plain bf16 `nn.Linear` is used then) if they are missing, fail or disagree.
+    """
+    try:
+        if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            return False
+        generator = torch.Generator().manual_seed(0)
+        weight = torch.randn(24, 16, generator=generator).bfloat16()
+        bias = torch.randn(24, generator=generator).bfloat16()
+        x = torch.randn(2, 3, 16, generator=generator).bfloat16()
+        layer = PackedLinear(weight, bias, "gelu")
+        expected = F.gelu(F.linear(x.float(), weight.float(), bias.float()))
+        return bool(torch.allclose(layer(x).float(), expected, atol=5e-2, rtol=2e-2))
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+class PackedLinear(nn.Module):
+    """A bf16 CPU inference linear layer: y = act(x W^T + b) in one oneDNN call on a weight reordered once.
+
+    The reordered weight is opaque to torch; `state_dict()` gives it back dense (`weight`), and loading a state
+    dict reorders again, so the layer saves and loads like the `nn.Linear` it replaces.
+
+    Args:
+        weight: (out_features, in_features), cast to bf16.
+        bias: (out_features,) or None, cast to bf16.
+        activation: "none" or "gelu" (exact, erf), applied to the fp32 accumulators before rounding to bf16.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str = "none") -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        if weight.ndim != 2 or weight.device.type != "cpu":
+            raise ValueError(f"expected a 2-D CPU weight, got shape {tuple(weight.shape)} on {weight.device}")
+        self.out_features, self.in_features = weight.shape
+        self.activation = activation
+        self.packed = self._pack(weight)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().bfloat16(), requires_grad=False)
+
+    @staticmethod
+    def _pack(weight: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().bfloat16().contiguous(), None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, activation: str = "none") -> PackedLinear:
+        return cls(linear.weight, linear.bias, activation)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight as a dense bf16 (out_features, in_features) tensor (a copy)."""
+        return self.packed.to_dense()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"PackedLinear takes bf16 CPU inputs (..., {self.in_features}); got {x.dtype} {tuple(x.shape)} on "
+                f"{x.device} (optimize a model after moving it to its device)"
+            )
+        # algorithm "none" selects the exact erf GELU ("tanh" would be the approximation); unused for "none"
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.activation, [], "none")
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        destination[prefix + "weight"] = self.weight
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors) -> None:
+        key = prefix + "weight"
+        if key in state_dict:
+            weight = state_dict[key]
+            if tuple(weight.shape) != (self.out_features, self.in_features):
+                errors.append(
+                    f"size mismatch for {key}: {tuple(weight.shape)} in the state dict, "
+                    f"{(self.out_features, self.in_features)} in the model"
+                )
+            else:
+                self.packed = self._pack(weight)
+        elif strict:
+            missing.append(key)
+        rest = {k: v for k, v in state_dict.items() if k != key}
+        super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing, unexpected, errors)
+
+    def __deepcopy__(self, memo: dict) -> PackedLinear:
+        return PackedLinear(self.weight, None if self.bias is None else self.bias.detach(), self.activation)
+
+    def extra_repr(self) -> str:
+        bias = self.bias is not None
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}, act={self.activation}"
+
+
+def pack_linears(model: nn.Module) -> nn.Module:
+    """Replace every `nn.Linear` of a bf16 CPU `model` by a `PackedLinear`, fusing each vitkit `Mlp`'s GELU."""
+    for module in list(model.modules()):
+        if isinstance(module, Mlp) and type(module.act) is nn.GELU and module.act.approximate == "none":
+            if isinstance(module.fc1, nn.Linear):
+                module.fc1 = PackedLinear.from_linear(module.fc1, "gelu")
+                module.act = nn.Identity()  # Mlp computes act(fc1(x)): the GELU now runs inside fc1
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, name, PackedLinear.from_linear(child))
+    return model
 
 
 class OptimizedModel(nn.Module):
@@ -17,8 +134,8 @@ class OptimizedModel(nn.Module):
 
     With bf16, linear and convolution weights (and the activations between them) are bf16, cast once when the
     model is built rather than on every call as `torch.autocast` does; LayerNorm keeps fp32 weights and normalises
-    in fp32 (torch's CPU and CUDA kernels accept bf16 inputs with fp32 parameters); attention runs the fused kernel,
-    whose softmax accumulates in fp32.
+    in fp32 (torch's CPU and CUDA kernels accept bf16 inputs with fp32 parameters); attention runs the "auto"
+    backend, whose softmax computes in fp32 in both of its paths.
     """
 
     def __init__(self, model: nn.Module, precision: str) -> None:
@@ -38,16 +155,17 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False) -
     """An inference copy of `model` (the original is left as it is).
 
     Args:
-        model: a vitkit model (any module whose attention is vitkit's `Attention`).
-        precision: "bf16" (weights cast once; norms in fp32) or "fp32".
+        model: a vitkit model (any module whose attention is vitkit's `Attention`), on the device it will run on.
+        precision: "bf16" (weights cast once; norms in fp32; on CPU, reordered weights with fused bias and GELU
+            where `packed_linear_supported()`) or "fp32".
         compile: wrap the forward in `torch.compile` with weight freezing (the first call compiles, about half a
-            minute for ViT-S on 2 cores; needs a C++ compiler on CPU).
+            minute for ViT-S on 2 cores; needs a C++ compiler on CPU). Inductor then does its own weight packing.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     model = copy.deepcopy(model).eval()
     for _, layer in attention_layers(model):
-        layer.backend = "sdpa"
+        layer.backend = "auto"
     if precision != "fp32":
         dtype = PRECISIONS[precision]
         for module in model.modules():
@@ -60,6 +178,9 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False) -
                     setattr(module, name, buf.to(dtype))
     for param in model.parameters():
         param.requires_grad_(False)
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    if precision == "bf16" and on_cpu and not compile and packed_linear_supported():
+        pack_linears(model)
     optimized = OptimizedModel(model, precision)
     if compile:
         # Freezing lets inductor treat the weights as constants: prepacked oneDNN GEMMs with fused bias and
