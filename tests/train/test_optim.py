@@ -48,6 +48,25 @@ def test_optimizer_is_adamw_with_decoupled_decay():
         create_optimizer(model, lr=0.0, weight_decay=0.0)
 
 
+def test_fused_on_cpu_and_equal_to_the_reference_adamw():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.LayerNorm(4))
+    reference = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.LayerNorm(4))
+    reference.load_state_dict(model.state_dict())
+    optimizer = create_optimizer(model, lr=0.01, weight_decay=0.1)
+    assert optimizer.defaults["fused"] is True
+    # torch's single-tensor loop, the unfused reference, over the same decay groups
+    loop = torch.optim.AdamW(param_groups(reference, 0.1), lr=0.01, foreach=False)
+    for _ in range(3):
+        x = torch.randn(8, 5)
+        for net, opt in ((model, optimizer), (reference, loop)):
+            net(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6)
+
+
 def test_warmup_then_cosine_schedule():
     total, warmup, lr, min_lr = 20, 5, 1.0, 0.1
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)

@@ -20,6 +20,7 @@ from vitkit.analysis.profile import profile
 from vitkit.layers.helpers import to_2tuple
 from vitkit.models.registry import create_model, model_entry
 from vitkit.perf.optimize import PRECISIONS, optimize
+from vitkit.train.optim import create_optimizer
 
 
 @dataclass
@@ -91,9 +92,10 @@ def _inference_step(model: nn.Module, x: torch.Tensor, autocast: bool = False) -
     return step
 
 
-def _train_step(model: nn.Module, x: torch.Tensor, num_classes: int, autocast: bool) -> Callable[[], object]:
+def _train_step(
+    model: nn.Module, x: torch.Tensor, num_classes: int, autocast: bool, optimizer: torch.optim.Optimizer
+) -> Callable[[], object]:
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     target = torch.randint(0, num_classes, (x.shape[0],), device=x.device)
 
     def step() -> object:
@@ -135,7 +137,8 @@ def bench(
 
     Inference candidates: vitkit `optimize(model, precision, compile)`; with `compare="timm"`: timm fp32 eager,
     and for bf16 also timm under `torch.autocast` (how timm users get bf16). Training candidates (one step is
-    forward + backward + AdamW): vitkit in `precision` (bf16 = autocast), timm fp32 (and timm autocast for bf16).
+    forward + backward + AdamW): vitkit in `precision` (bf16 = autocast) with vitkit's AdamW, timm fp32 (and timm
+    autocast for bf16) with torch's AdamW at its defaults.
 
     Args:
         model_name: registry name.
@@ -172,15 +175,21 @@ def bench(
         model.load_state_dict(reference.state_dict())  # the same weights: the same work
     bf16 = precision == "bf16"
     if train:
+        # vitkit's step is the one `vitkit train` runs (its AdamW: fused where torch has the kernel); timm's
+        # candidates use torch's AdamW with its defaults, as a timm training script does.
+        optimizer = create_optimizer(model, lr=1e-4, weight_decay=0.05)
         candidates[f"vitkit {'autocast-bf16' if bf16 else 'fp32'} train"] = (
             precision,
-            _train_step(model, x, config.num_classes, bf16),
+            _train_step(model, x, config.num_classes, bf16, optimizer),
         )
         if reference is not None:
-            candidates["timm fp32 train"] = ("fp32", _train_step(reference, x, config.num_classes, False))
+            adamw = torch.optim.AdamW(reference.parameters(), lr=1e-4)
+            candidates["timm fp32 train"] = ("fp32", _train_step(reference, x, config.num_classes, False, adamw))
             if bf16:
                 timm_bf16 = _timm_model(model_name, size, dynamic, dev)
-                candidates["timm autocast-bf16 train"] = ("bf16", _train_step(timm_bf16, x, config.num_classes, True))
+                adamw = torch.optim.AdamW(timm_bf16.parameters(), lr=1e-4)
+                step = _train_step(timm_bf16, x, config.num_classes, True, adamw)
+                candidates["timm autocast-bf16 train"] = ("bf16", step)
     else:
         fast = optimize(model, precision, compile=compile)
         label = f"vitkit {precision}{' compiled' if compile else ''}"
