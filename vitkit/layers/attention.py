@@ -127,7 +127,8 @@ class Attention(nn.Module):
             self.capture_hook(attn)
         attn = F.dropout(attn, dropout)
         v3 = v.reshape(B * h, Nk, v.shape[-1])
-        return torch.bmm(attn.reshape(B * h, Nq, Nk), v3).view(B, h, Nq, -1)  # (B, h, Nq, d)
+        # an fp32 bias on bf16 logits promotes the weights to fp32; the product is taken in v's dtype
+        return torch.bmm(attn.reshape(B * h, Nq, Nk).to(v3.dtype), v3).view(B, h, Nq, -1)  # (B, h, Nq, d)
 
     def _explicit(self, q: torch.Tensor, k: torch.Tensor) -> bool:
         if self.backend != "auto":
