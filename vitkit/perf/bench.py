@@ -145,7 +145,7 @@ def bench(
         batch: images per step.
         img_size: input size (default: the model's); other sizes use the model's dynamic-size option.
         precision: "fp32" or "bf16".
-        compile: `torch.compile` the vitkit candidate.
+        compile: `torch.compile` the vitkit candidate (for inference through `optimize`, with frozen weights).
         train: benchmark training steps instead of inference.
         compare: None or "timm".
         rounds: timed steps per candidate (interleaved).
@@ -178,10 +178,9 @@ def bench(
         # vitkit's step is the one `vitkit train` runs (its AdamW: fused where torch has the kernel); timm's
         # candidates use torch's AdamW with its defaults, as a timm training script does.
         optimizer = create_optimizer(model, lr=1e-4, weight_decay=0.05)
-        candidates[f"vitkit {'autocast-bf16' if bf16 else 'fp32'} train"] = (
-            precision,
-            _train_step(model, x, config.num_classes, bf16, optimizer),
-        )
+        net = torch.compile(model) if compile else model
+        label = f"vitkit {'autocast-bf16' if bf16 else 'fp32'} train{' compiled' if compile else ''}"
+        candidates[label] = (precision, _train_step(net, x, config.num_classes, bf16, optimizer))
         if reference is not None:
             adamw = torch.optim.AdamW(reference.parameters(), lr=1e-4)
             candidates["timm fp32 train"] = ("fp32", _train_step(reference, x, config.num_classes, False, adamw))
