@@ -170,3 +170,54 @@ def test_auto_in_bf16_matches_the_fused_kernel_forward_and_backward():
         errors[backend] = ((out.float() - expected).abs().max().item(), xb.grad.float())
     assert errors["auto"][0] < 2e-2 and errors["auto"][0] <= 2 * errors["sdpa"][0]
     torch.testing.assert_close(errors["auto"][1], errors["sdpa"][1], atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math", "auto"])
+def test_frozen_projections_with_a_trainable_bias(backend):
+    # Fine-tuning only a position table: q and k carry no grad, the bias does (bf16 under autocast on CPU).
+    torch.manual_seed(0)
+    layer = set_attention_backend(Attention(32, num_heads=4), backend).requires_grad_(False)
+    bias = torch.zeros(1, 4, 10, 10, requires_grad=True)
+    x = torch.randn(2, 10, 32)
+    with torch.autocast("cpu", torch.bfloat16):
+        out = layer(x, bias)
+    out.float().square().sum().backward()
+    reference = torch.zeros(1, 4, 10, 10, requires_grad=True)
+    explicit_attention(layer, x, reference).square().sum().backward()
+    torch.testing.assert_close(bias.grad, reference.grad, atol=0.1, rtol=0.1)  # bf16 against fp32
+
+
+def test_fp32_bias_on_bf16_logits_forward_and_backward():
+    # Swin under autocast: bf16 q, k, v from the linear layers, an fp32 relative-position table as the bias.
+    torch.manual_seed(0)
+    layer = Attention(32, num_heads=4)
+    x = torch.randn(2, 10, 32)
+    bias = torch.randn(1, 4, 10, 10, requires_grad=True)
+    expected = explicit_attention(layer, x, bias)
+    expected.square().sum().backward()
+    expected_grad, bias.grad = bias.grad, None
+    with torch.autocast("cpu", torch.bfloat16):
+        out = layer(x, bias)  # "auto": explicit for these bf16 logits
+    out.float().square().sum().backward()
+    torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(bias.grad, expected_grad, atol=0.1, rtol=0.1)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math"])
+def test_attend_broadcasts_and_takes_boolean_masks_like_the_fused_kernel(backend):
+    torch.manual_seed(0)
+    layer = Attention(32, num_heads=4, backend=backend)
+    q = torch.randn(2, 4, 5, 8)
+    k, v = torch.randn(1, 4, 7, 8), torch.randn(2, 1, 7, 6)  # broadcast over batch, over heads; dv != d
+    mask = torch.rand(2, 1, 5, 7) > 0.3
+    mask[..., 0] = True  # every query may attend somewhere
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k.expand(2, 4, 7, 8), v.expand(2, 4, 7, 6), attn_mask=mask, scale=8**-0.5
+    )
+    torch.testing.assert_close(layer.attend(q, k, v, mask), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math", "auto"])
+def test_empty_batch(backend):
+    layer = Attention(16, num_heads=2, backend=backend).bfloat16()
+    assert layer(torch.zeros(0, 4, 16, dtype=torch.bfloat16)).shape == (0, 4, 16)

@@ -34,10 +34,12 @@ def explicit_is_faster(device: torch.device, dtype: torch.dtype, weights_bytes: 
     On CPU in bfloat16, torch's fused kernel runs its q k^T and attn v blocks far below the bf16 GEMM rate: for
     ViT-S/16 at 224 (batch 16, 197 tokens, 6 heads) the explicit path's two batched bf16 matmuls and softmax take
     5.7 ms a layer against the fused kernel's 11.3 ms, forward and backward 18 ms against 43 ms. It was faster
-    at every size measured (up to 4,097 tokens), but it keeps the N x N weights, so it is taken only while they
-    fit in `EXPLICIT_MAX_BYTES`: a memory budget, not a speed limit. In fp32 on CPU the two are within a few
-    percent and the fused kernel, which needs no N x N memory, is used; on GPUs the fused kernels are the fast
-    path and always used.
+    at every size measured (up to 4,097 tokens), but it keeps the N x N weights, so it is taken only while one
+    call's weights, counted in q's dtype, fit in `EXPLICIT_MAX_BYTES`: a memory budget, not a speed limit. In
+    training each layer's weights are kept for the backward (a fp32 bias, such as Swin's table under autocast,
+    keeps them in fp32), so a model holds up to depth x that budget more than with the fused kernel. In fp32 on CPU
+    the two paths are within a few percent and the fused kernel, which needs no N x N memory, is used; on GPUs the
+    fused kernels are the fast path and always used.
     """
     return device.type == "cpu" and dtype == torch.bfloat16 and weights_bytes <= EXPLICIT_MAX_BYTES
 
@@ -99,25 +101,30 @@ class Attention(nn.Module):
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """softmax(q k^T * scale + bias) v for q (B, h, Nq, d), k and v (B, h, Nk, d) -> (B, h, Nq, d).
+        """softmax(q k^T * scale + bias) v for q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv) -> (..., Nq, dv).
 
-        The fused kernel runs unless the backend is "math", the weights are being captured, or the backend is
-        "auto" and the explicit path is faster for this call; then the weights (B, h, Nq, Nk) are formed
-        explicitly.
+        The leading dims (B, h) of q, k, v and `bias` broadcast, as in torch's scaled_dot_product_attention; a
+        boolean `bias` is a mask (True: may attend). The fused kernel runs unless the backend is "math", the
+        weights are being captured, or the backend is "auto" and the explicit path is faster for this call; then
+        the weights (..., Nq, Nk) are formed explicitly.
         """
         dropout = self.attn_drop if self.training else 0.0
         if self.capture_hook is None and not self._explicit(q, k):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=self.scale)
-        B, h, Nq, d = q.shape
-        Nk = k.shape[-2]
+        if bias is not None and bias.dtype == torch.bool:
+            bias = torch.zeros(bias.shape, dtype=q.dtype, device=q.device).masked_fill_(~bias, float("-inf"))
+        shapes = [t.shape[:-2] for t in (q, k, v, bias) if t is not None]
+        lead = torch.broadcast_shapes(*shapes)  # (B, h)
+        (Nq, d), Nk, dv, n = q.shape[-2:], k.shape[-2], v.shape[-1], lead.numel()
         # One batch dim of B*h: the reshapes copy the strided heads once, and baddbmm folds the scale into the
         # product (q*scale and a 4-D matmul would copy them again; measured 15% slower on CPU in bf16).
-        q3, k3 = q.reshape(B * h, Nq, d), k.reshape(B * h, Nk, d)
+        q3 = q.expand(*lead, Nq, d).reshape(n, Nq, d)
+        k3 = k.expand(*lead, Nk, d).reshape(n, Nk, d)
         # beta=0: the (broadcast) zero input is ignored and no second N x N buffer is made
         attn = torch.baddbmm(q3.new_zeros(()), q3, k3.transpose(1, 2), beta=0, alpha=self.scale)
-        attn = attn.view(B, h, Nq, Nk)
+        attn = attn.view(*lead, Nq, Nk)
         del q3, k3  # their copies, if any, are freed before v's is made
-        if attn.requires_grad:
+        if attn.requires_grad or (bias is not None and bias.requires_grad and torch.is_grad_enabled()):
             attn = attn.softmax(dim=-1) if bias is None else (attn + bias).softmax(dim=-1)
         else:  # no autograd history to keep: one N x N buffer, updated in place, is all the memory it takes
             if bias is not None:
@@ -126,14 +133,15 @@ class Attention(nn.Module):
         if self.capture_hook is not None:
             self.capture_hook(attn)
         attn = F.dropout(attn, dropout)
-        v3 = v.reshape(B * h, Nk, v.shape[-1])
+        v3 = v.expand(*lead, Nk, dv).reshape(n, Nk, dv)
         # an fp32 bias on bf16 logits promotes the weights to fp32; the product is taken in v's dtype
-        return torch.bmm(attn.reshape(B * h, Nq, Nk).to(v3.dtype), v3).view(B, h, Nq, -1)  # (B, h, Nq, d)
+        return torch.bmm(attn.reshape(n, Nq, Nk).to(v3.dtype), v3).view(*lead, Nq, dv)
 
     def _explicit(self, q: torch.Tensor, k: torch.Tensor) -> bool:
         if self.backend != "auto":
             return self.backend == "math"
-        weights_bytes = q.shape[:-1].numel() * k.shape[-2] * q.element_size()
+        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        weights_bytes = lead.numel() * q.shape[-2] * k.shape[-2] * q.element_size()
         return explicit_is_faster(q.device, q.dtype, weights_bytes)
 
     def cost(

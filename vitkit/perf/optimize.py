@@ -46,8 +46,10 @@ def packed_linear_supported() -> bool:
 class PackedLinear(nn.Module):
     """A bf16 CPU inference linear layer: y = act(x W^T + b) in one oneDNN call on a weight reordered once.
 
-    The reordered weight is opaque to torch; `state_dict()` gives it back dense (`weight`), and loading a state
-    dict reorders again, so the layer saves and loads like the `nn.Linear` it replaces.
+    The reordered weight is opaque to torch (and not among `parameters()`); `state_dict()`, pickling and
+    `copy.deepcopy` see it dense (`weight`), and loading reorders again, so the layer saves and loads like the
+    `nn.Linear` it replaces. It stays on the CPU: optimize a model after moving it to its device. The oneDNN
+    operator has no backward, so an input that requires grad takes `F.linear` (and GELU) instead.
 
     Args:
         weight: (out_features, in_features), cast to bf16.
@@ -85,6 +87,9 @@ class PackedLinear(nn.Module):
                 f"PackedLinear takes bf16 CPU inputs (..., {self.in_features}); got {x.dtype} {tuple(x.shape)} on "
                 f"{x.device} (optimize a model after moving it to its device)"
             )
+        if x.requires_grad and torch.is_grad_enabled():  # e.g. input gradients for a saliency map
+            y = F.linear(x, self.weight, self.bias)
+            return F.gelu(y) if self.activation == "gelu" else y
         # algorithm "none" selects the exact erf GELU ("tanh" would be the approximation); unused for "none"
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.activation, [], "none")
 
@@ -108,8 +113,14 @@ class PackedLinear(nn.Module):
         rest = {k: v for k, v in state_dict.items() if k != key}
         super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing, unexpected, errors)
 
-    def __deepcopy__(self, memo: dict) -> PackedLinear:
-        return PackedLinear(self.weight, None if self.bias is None else self.bias.detach(), self.activation)
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["packed"] = self.weight  # an opaque oneDNN tensor can be neither pickled nor copied
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.packed = self._pack(self.packed)
 
     def extra_repr(self) -> str:
         bias = self.bias is not None
@@ -121,11 +132,11 @@ def pack_linears(model: nn.Module) -> nn.Module:
     for module in list(model.modules()):
         if isinstance(module, Mlp) and type(module.act) is nn.GELU and module.act.approximate == "none":
             if isinstance(module.fc1, nn.Linear):
-                module.fc1 = PackedLinear.from_linear(module.fc1, "gelu")
-                module.act = nn.Identity()  # Mlp computes act(fc1(x)): the GELU now runs inside fc1
+                module.fc1 = PackedLinear.from_linear(module.fc1, "gelu").train(module.training)
+                module.act = nn.Identity().train(module.training)  # Mlp computes act(fc1(x)): GELU runs in fc1
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                setattr(module, name, PackedLinear.from_linear(child))
+                setattr(module, name, PackedLinear.from_linear(child).train(child.training))
     return model
 
 
@@ -181,7 +192,7 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False) -
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
     if precision == "bf16" and on_cpu and not compile and packed_linear_supported():
         pack_linears(model)
-    optimized = OptimizedModel(model, precision)
+    optimized = OptimizedModel(model, precision).eval()
     if compile:
         # Freezing lets inductor treat the weights as constants: prepacked oneDNN GEMMs with fused bias and
         # activation on CPU. Safe here since the weights of an inference copy never change.
