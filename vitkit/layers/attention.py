@@ -9,6 +9,7 @@ Letters used in shape comments: B batch, N tokens, C channels (= h * d), h heads
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -103,23 +104,24 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """softmax(q k^T * scale + bias) v for q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv) -> (..., Nq, dv).
 
-        The leading dims (B, h) of q, k, v and `bias` broadcast, as in torch's scaled_dot_product_attention; a
-        boolean `bias` is a mask (True: may attend). The fused kernel runs unless the backend is "math", the
-        weights are being captured, or the backend is "auto" and the explicit path is faster for this call; then
-        the weights (..., Nq, Nk) are formed explicitly.
+        The leading dims (B, h) of q, k and v broadcast, as in torch's scaled_dot_product_attention, and `bias`
+        broadcasts to (..., Nq, Nk); a boolean `bias` is a mask (True: may attend). The fused kernel runs unless
+        the backend is "math", the weights are being captured, or the backend is "auto" and the explicit path is
+        faster for this call; then the weights (..., Nq, Nk) are formed explicitly.
         """
         dropout = self.attn_drop if self.training else 0.0
         if self.capture_hook is None and not self._explicit(q, k):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=self.scale)
         if bias is not None and bias.dtype == torch.bool:
             bias = torch.zeros(bias.shape, dtype=q.dtype, device=q.device).masked_fill_(~bias, float("-inf"))
-        shapes = [t.shape[:-2] for t in (q, k, v, bias) if t is not None]
-        lead = torch.broadcast_shapes(*shapes)  # (B, h)
-        (Nq, d), Nk, dv, n = q.shape[-2:], k.shape[-2], v.shape[-1], lead.numel()
+        lead = q.shape[:-2]  # (B, h)
+        if not k.shape[:-2] == v.shape[:-2] == lead:  # broadcast k and v against q (no-op for vitkit's layers)
+            lead = torch.broadcast_shapes(lead, k.shape[:-2], v.shape[:-2])
+            q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))
+        (Nq, d), Nk, dv, n = q.shape[-2:], k.shape[-2], v.shape[-1], math.prod(lead)
         # One batch dim of B*h: the reshapes copy the strided heads once, and baddbmm folds the scale into the
         # product (q*scale and a 4-D matmul would copy them again; measured 15% slower on CPU in bf16).
-        q3 = q.expand(*lead, Nq, d).reshape(n, Nq, d)
-        k3 = k.expand(*lead, Nk, d).reshape(n, Nk, d)
+        q3, k3 = q.reshape(n, Nq, d), k.reshape(n, Nk, d)
         # beta=0: the (broadcast) zero input is ignored and no second N x N buffer is made
         attn = torch.baddbmm(q3.new_zeros(()), q3, k3.transpose(1, 2), beta=0, alpha=self.scale)
         attn = attn.view(*lead, Nq, Nk)
@@ -133,7 +135,7 @@ class Attention(nn.Module):
         if self.capture_hook is not None:
             self.capture_hook(attn)
         attn = F.dropout(attn, dropout)
-        v3 = v.expand(*lead, Nk, dv).reshape(n, Nk, dv)
+        v3 = v.reshape(n, Nk, dv)
         # an fp32 bias on bf16 logits promotes the weights to fp32; the product is taken in v's dtype
         return torch.bmm(attn.reshape(n, Nq, Nk).to(v3.dtype), v3).view(*lead, Nq, dv)
 
