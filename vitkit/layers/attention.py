@@ -142,8 +142,7 @@ class Attention(nn.Module):
     def _explicit(self, q: torch.Tensor, k: torch.Tensor) -> bool:
         if self.backend != "auto":
             return self.backend == "math"
-        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-        weights_bytes = lead.numel() * q.shape[-2] * k.shape[-2] * q.element_size()
+        weights_bytes = math.prod(q.shape[:-1]) * k.shape[-2] * q.element_size()  # (B, h, Nq) x Nk
         return explicit_is_faster(q.device, q.dtype, weights_bytes)
 
     def cost(
