@@ -48,3 +48,13 @@ def test_errors():
         bench("vit_tiny_patch16_224", compare="hf")
     with pytest.raises(ValueError, match="unknown model"):
         bench("vit_tiny")
+
+
+def test_compile_applies_to_training_steps():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    report = bench("vit_tiny_patch16_224", batch=2, img_size=32, train=True, compile=True, rounds=1, warmup=1)
+    assert [r.name for r in report.results] == ["vitkit fp32 train compiled"]
+    assert counters["stats"]["unique_graphs"] >= 1  # the model was compiled, not run eagerly
