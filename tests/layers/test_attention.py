@@ -138,8 +138,6 @@ def count_fused_calls(monkeypatch) -> list[int]:
 
 
 def test_auto_forms_weights_only_for_small_bf16_calls_on_cpu(monkeypatch):
-    import vitkit.layers.attention as attention
-
     calls = count_fused_calls(monkeypatch)
     layer = Attention(32, num_heads=4)  # "auto" is the default
     assert layer.backend == "auto"
@@ -148,9 +146,12 @@ def test_auto_forms_weights_only_for_small_bf16_calls_on_cpu(monkeypatch):
         assert len(calls) == 1  # fp32: the fused kernel
         layer.bfloat16()(torch.randn(2, 10, 32, dtype=torch.bfloat16))
         assert len(calls) == 1  # bf16, 2 x 4 x 10 x 10 weights: explicit
-        monkeypatch.setattr(attention, "EXPLICIT_MAX_BYTES", 2 * 4 * 10 * 10 * 2 - 1)
+        layer.explicit_max_bytes = 2 * 4 * 10 * 10 * 2 - 1
         layer(torch.randn(2, 10, 32, dtype=torch.bfloat16))
         assert len(calls) == 2  # one byte over the budget: fused again
+    set_attention_backend(layer, "auto", explicit_max_bytes=2 * 4 * 10 * 10 * 2)
+    assert layer.path(torch.device("cpu"), torch.bfloat16, 2 * 4 * 10 * 10 * 2) == "explicit"
+    assert layer.path(torch.device("cuda"), torch.bfloat16, 2 * 4 * 10 * 10 * 2) == "fused"  # no device needed
 
 
 def test_auto_in_bf16_matches_the_fused_kernel_forward_and_backward():

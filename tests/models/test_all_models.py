@@ -1,15 +1,23 @@
-"""Every registered model: timm's parameter layout, forward shape, gradients to every parameter, backends agree.
+"""Every registered model: timm's parameter layout, forward shape, gradients to every parameter, backends agree,
+the model interface (`vitkit.models.interface.VitkitModel`), gradient checkpointing.
 
 A family added to the registry is covered here automatically; it only needs an entry in SMALL saying how to shrink
-it for a quick forward/backward while keeping the variant's width, heads and patch.
+it for a quick forward/backward while keeping the variant's width, heads and patch, and one in BLOCKS saying how
+many blocks `set_grad_checkpointing` wraps.
 """
+
+import copy
+import dataclasses
+import inspect
 
 import pytest
 import timm
 import torch
+from torch import nn
 
 import vitkit
-from vitkit.layers import set_attention_backend
+from vitkit.layers import capture_attention, set_attention_backend
+from vitkit.models.interface import VitkitModel
 from vitkit.models.registry import model_entry
 
 SMALL = {
@@ -17,8 +25,27 @@ SMALL = {
     "swin": lambda c: dict(img_size=c.patch_size * 8 * 2, depths=(1,) * len(c.depths)),
     "botnet": lambda c: dict(img_size=64),
 }
+BLOCKS = {
+    "vit": lambda c: c.depth,  # the encoder blocks
+    "swin": lambda c: sum(c.depths),  # the blocks of every stage
+    "botnet": lambda c: sum(c.depths),  # the bottleneck and BoT blocks of every stage
+}
+DROP_RATES = ("drop_rate", "attn_drop_rate", "drop_path_rate")
 
 ALL = vitkit.list_models()
+
+
+def small_model(name: str, **overrides) -> nn.Module:
+    """`name` shrunk by SMALL for 5 classes, built with seed 0."""
+    entry = model_entry(name)
+    assert entry.family in SMALL, f"add shrink overrides for family {entry.family!r} to SMALL"
+    torch.manual_seed(0)
+    return vitkit.create_model(name, num_classes=5, **{**SMALL[entry.family](entry.config), **overrides})
+
+
+def images(model: nn.Module, batch: int = 2) -> torch.Tensor:
+    size = model.config.img_size
+    return torch.randn(batch, model.config.in_chans, *((size, size) if isinstance(size, int) else size))
 
 
 def test_registry_is_not_empty():
@@ -37,12 +64,8 @@ def test_parameter_layout_equals_timm(name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_small_forward_backward_reaches_every_parameter(name):
-    entry = model_entry(name)
-    assert entry.family in SMALL, f"add shrink overrides for family {entry.family!r} to SMALL"
-    torch.manual_seed(0)
-    model = vitkit.create_model(name, num_classes=5, **SMALL[entry.family](entry.config))
-    size = model.config.img_size
-    x = torch.randn(2, model.config.in_chans, *((size, size) if isinstance(size, int) else size))
+    model = small_model(name)
+    x = images(model)
     model.train()
     out = model(x)
     assert out.shape == (2, 5)
@@ -55,3 +78,81 @@ def test_small_forward_backward_reaches_every_parameter(name):
         fast = model(x)
         slow = set_attention_backend(model, "math")(x)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_model_provides_the_interface(name):
+    model = small_model(name).eval()
+    assert isinstance(model, VitkitModel)
+    config = model.config
+    assert dataclasses.is_dataclass(config) and type(config).__dataclass_params__.frozen
+    assert {"img_size", "in_chans", "num_classes"} <= {f.name for f in dataclasses.fields(config)}
+    x = images(model)
+    with torch.no_grad(), capture_attention(model) as maps:
+        logits = model(x)
+        features = model.forward_features(x)
+    torch.testing.assert_close(model.forward_head(features), logits)
+    assert logits.shape == (2, 5) and model.forward_head(features, pre_logits=True).shape[0] == 2
+
+    # token_grid: (P, (Hp, Wp)) exactly when every attention layer attends over the same P + Hp * Wp tokens of
+    # each image; None when the captured maps are windows (batch B * nW) or differ in size between layers.
+    shapes = {tuple(attn.shape[i] for i in (0, 2, 3)) for attn in maps.values()}
+    grid = model.token_grid(tuple(x.shape[-2:]))
+    if grid is None:
+        assert len(shapes) > 1 or next(iter(shapes))[0] != 2
+    else:
+        prefix, (Hp, Wp) = grid
+        assert shapes == {(2, prefix + Hp * Wp, prefix + Hp * Wp)}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_cost_takes_the_declared_arguments(name):
+    with torch.device("meta"):
+        model = vitkit.create_model(name)
+    declared = list(inspect.signature(VitkitModel.cost).parameters.values())[1:]  # without self
+    ours = list(inspect.signature(model.cost).parameters.values())
+    assert [(p.name, p.default) for p in ours] == [(p.name, p.default) for p in declared]
+
+
+def _forward_saving(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """model(x) and the number of tensors autograd saved for backward outside checkpointed regions."""
+    saved = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += 1
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        return model(x), saved
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_grad_checkpointing_keeps_gradients_and_state(name):
+    entry = model_entry(name)
+    fields = {f.name for f in dataclasses.fields(entry.config)}
+    plain = small_model(name, **{rate: 0.0 for rate in DROP_RATES if rate in fields}).train()
+    wrapped = copy.deepcopy(plain)
+    assert wrapped.set_grad_checkpointing() == BLOCKS[entry.family](plain.config)
+    assert list(wrapped.state_dict()) == list(plain.state_dict())
+    x = images(plain)
+    out, saved = _forward_saving(plain, x)
+    out.square().mean().backward()
+    out_wrapped, saved_wrapped = _forward_saving(wrapped, x)
+    out_wrapped.square().mean().backward()
+    assert saved_wrapped < saved  # the blocks' activations were not kept
+    torch.testing.assert_close(out_wrapped, out)
+    for (param_name, p), q in zip(plain.named_parameters(), wrapped.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), param_name
+        assert p.grad is None or torch.allclose(q.grad, p.grad), param_name
+    for (key, a), b in zip(plain.state_dict().items(), wrapped.state_dict().values(), strict=True):
+        assert torch.equal(a, b), key  # BatchNorm statistics moved once, as without checkpointing
+
+    # Off in eval (and under no_grad), and after disabling.
+    plain.eval()
+    wrapped.eval()
+    assert _forward_saving(wrapped, x)[1] == _forward_saving(plain, x)[1]
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped(x), plain(x))
+    assert wrapped.train().set_grad_checkpointing(False) == 0
+    assert _forward_saving(wrapped, x)[1] == saved

@@ -17,7 +17,7 @@ from vitkit.layers.attention import capture_attention
 from vitkit.models import botnet
 from vitkit.models.botnet import BotNetConfig, BottleneckAttn
 from vitkit.models.registry import create_model, list_models, model_entry
-from vitkit.weights.io import from_pretrained, save_pretrained
+from vitkit.weights import from_pretrained, save_pretrained
 
 
 def randomize_batchnorm(model: nn.Module) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.models.registry import model_entry
+from vitkit.models.registry import family, model_entry, register_family
 
 
 def test_required_variants_are_registered():
@@ -81,3 +81,14 @@ def test_lists_are_taken_as_tuples():
     model = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=[32, 48])
     assert model.config.img_size == (32, 48)
     assert vitkit.create_model("swin_tiny_patch4_window7_224", depths=[1, 1, 1, 1]).config.depths == (1, 1, 1, 1)
+
+
+def test_a_family_must_provide_the_model_interface():
+    class Partial(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    with pytest.raises(TypeError, match=r"Partial lacks \['forward_features', 'forward_head', 'cost', "):
+        register_family("partial", dict, Partial)
+    with pytest.raises(ValueError, match="unknown model family 'partial'"):
+        family("partial")

@@ -390,7 +390,8 @@ def test_cost_rows_follow_forward_with_padded_windows():
         before = [(name, "roll")] if shifted else []
         before += [(name, "pad")] if padded else []
         after = [(name, "roll")] if shifted else []
-        mask = [(f"{name}.attn", "+mask"), (f"{name}.attn", "expand_mask")] if shifted else []
+        mask = [(f"{name}.attn", "gather_bias")]
+        mask += [(f"{name}.attn", "+mask"), (f"{name}.attn", "expand_mask")] if shifted else []
         return expected[:1] + before + expected[1:2] + mask + expected[2:11] + after + expected[11:]
 
     stage0 = block_rows("layers.0.blocks.0", False, True) + block_rows("layers.0.blocks.1", True, True)

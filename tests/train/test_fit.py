@@ -14,7 +14,7 @@ from PIL import Image
 
 from vitkit import from_pretrained
 from vitkit.data import DataInfo, load_folder
-from vitkit.train import fit, load_checkpoint
+from vitkit.train import enable_grad_checkpointing, fit, load_checkpoint
 
 
 def _explicit_accuracy(model_dir: Path, folder: Path, val_fraction: float) -> float:
@@ -101,6 +101,26 @@ def test_grad_checkpointing_does_not_change_training(tmp_path, tiny_config):
     fit(tiny_config(tmp_path / "plain", epochs=1))
     fit(tiny_config(tmp_path / "ckpt", epochs=1, grad_checkpointing=True))
     plain, ckpt = from_pretrained(tmp_path / "plain" / "final"), from_pretrained(tmp_path / "ckpt" / "final")
+    for (name, a), b in zip(plain.state_dict().items(), ckpt.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, msg=name)
+
+
+def test_botnet_trains_with_grad_checkpointing_as_without(tmp_path, tiny_config, monkeypatch):
+    """`vitkit train --model botnet26t_256 --grad-checkpointing`, narrowed: its 8 bottleneck and BoT blocks are
+    recomputed, and the weights and BatchNorm statistics come out as without checkpointing."""
+    wrapped = []
+
+    def spy(model: torch.nn.Module) -> int:
+        wrapped.append(enable_grad_checkpointing(model))
+        return wrapped[-1]
+
+    monkeypatch.setattr("vitkit.train.loop.enable_grad_checkpointing", spy)
+    botnet = dict(model="botnet26t_256", model_args=dict(img_size=32, stem_chs=16, widths=(32, 64, 128, 256)))
+    fit(tiny_config(tmp_path / "plain", epochs=1, **botnet))
+    fit(tiny_config(tmp_path / "ckpt", epochs=1, grad_checkpointing=True, **botnet))
+    assert wrapped == [8]
+    plain, ckpt = from_pretrained(tmp_path / "plain" / "final"), from_pretrained(tmp_path / "ckpt" / "final")
+    assert any("running_mean" in name for name in plain.state_dict())
     for (name, a), b in zip(plain.state_dict().items(), ckpt.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, msg=name)
 

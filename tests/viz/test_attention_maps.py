@@ -100,6 +100,14 @@ def test_windowed_attention_is_refused_with_a_reason():
         attention_map(model, torch.randn(1, 3, 56, 56))
 
 
+def test_models_without_one_token_grid_are_refused():
+    botnet = create_model("botnet26t_256", img_size=64, stem_chs=16, widths=(32, 64, 128, 256))
+    with pytest.raises(ValueError, match="BotNet has no token grid for attention maps"):
+        attention_map(botnet, torch.randn(1, 3, 64, 64))
+    with pytest.raises(ValueError, match="attention maps needs a vitkit model .* Conv2d lacks config"):
+        attention_map(torch.nn.Conv2d(3, 4, 2), torch.randn(1, 3, 4, 4))
+
+
 def test_colour_map_ends_and_middle():
     colours = colorize(torch.tensor([0.0, 0.5, 1.0]) * 7 + 3)
     assert colours.tolist() == [list(COLORMAP[0]), list(COLORMAP[2]), list(COLORMAP[-1])]

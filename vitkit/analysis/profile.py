@@ -16,10 +16,11 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from vitkit.analysis.memory import PeakMemory
+from vitkit.analysis.memory import PeakMemory, inference_peak_bytes, saved_for_backward_bytes
 from vitkit.layers import attention_layers
 from vitkit.layers.cost import OpCost
 from vitkit.layers.helpers import to_2tuple
+from vitkit.models.interface import require_model
 from vitkit.models.registry import create_model, model_entry
 
 aten = torch.ops.aten
@@ -33,6 +34,8 @@ class Report:
     img_size: tuple[int, int]  # (H, W)
     batch: int  # B
     backend: str  # attention backend the costs assume ("auto", "sdpa" or "math")
+    dtype: str  # activation dtype they assume, e.g. "float32" or "bfloat16"
+    device: str  # device type they assume ("cpu", "cuda"): with dtype, it picks each attention call's path
     params: int  # parameter count
     macs: int  # multiply-adds of every conv / linear / matmul, attention included
     matmul_flops: int  # 2 * macs
@@ -40,7 +43,7 @@ class Report:
     flops: int  # matmul_flops + other_flops
     activation_bytes: int  # peak live activations of an inference forward pass (estimate from the op rows)
     train_flops: int  # forward + backward: 3x forward for matmuls, 2x for the other operators
-    train_activation_bytes: int  # activations kept for backward: every materialised operator output
+    train_activation_bytes: int  # activations autograd keeps for backward (what each operator saves, once)
     ops: list[OpCost] = field(repr=False)  # one row per operator in forward order
     measured_matmul_flops: int | None = None  # FlopCounterMode total of a real forward pass, when measured
     measured_activation_bytes: int | None = None  # peak extra memory of that pass, counted at the dispatcher
@@ -89,7 +92,8 @@ def profile(
     img_size: int | tuple[int, int] | None = None,
     batch: int = 1,
     measure: bool = False,
-    dtype_bytes: int = 4,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
     overrides: dict[str, Any] | None = None,
 ) -> Report:
     """The analytic cost report of one forward pass.
@@ -100,16 +104,16 @@ def profile(
         batch: batch size B.
         measure: also run one forward pass under a FLOP counter that knows the attention kernels and a
             memory counter, and fill `measured_matmul_flops` and `measured_activation_bytes`.
-        dtype_bytes: bytes per activation element (4 for fp32, 2 for bf16).
+        dtype: the activation dtype the costs assume (torch.bfloat16 for bf16 autocast or `optimize("bf16")`).
+        device: the device they assume: with the "auto" attention backend, bf16 on CPU counts the explicit path
+            and bf16 on a GPU the fused kernel (see `vitkit.layers.Attention.path`).
         overrides: config fields for a model given by name, e.g. ``{"attn_backend": "math"}``.
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    model = _resolve(model_or_name, img_size, measure, overrides or {})
-    if not hasattr(model, "cost") or not hasattr(model, "config"):
-        raise ValueError(f"{type(model).__name__} is not a vitkit model with an analytic cost()")
+    model = require_model(_resolve(model_or_name, img_size, measure, overrides or {}), "profile")
     size = to_2tuple(img_size if img_size is not None else model.config.img_size)
-    ops = model.cost(size, batch, dtype_bytes=dtype_bytes)
+    ops = model.cost(size, batch, dtype=dtype, device=device)
     layers = attention_layers(model)
     macs = sum(op.macs for op in ops)
     matmul = sum(op.matmul_flops for op in ops)
@@ -119,14 +123,16 @@ def profile(
         img_size=size,
         batch=batch,
         backend=layers[0][1].backend if layers else "none",
+        dtype=str(dtype).removeprefix("torch."),
+        device=torch.device(device).type,
         params=sum(p.numel() for p in model.parameters()),
         macs=macs,
         matmul_flops=matmul,
         other_flops=other,
         flops=matmul + other,
-        activation_bytes=max(op.live_bytes for op in ops),
+        activation_bytes=inference_peak_bytes(ops),
         train_flops=3 * matmul + 2 * other,
-        train_activation_bytes=sum(op.out_bytes for op in ops),
+        train_activation_bytes=saved_for_backward_bytes(ops),
         ops=ops,
     )
     if measure:

@@ -10,6 +10,7 @@ from vitkit.layers.attention import (
 )
 from vitkit.layers.attention2d import POS_KINDS, Attention2d
 from vitkit.layers.block import Block, LayerScale
+from vitkit.layers.cost import CostContext, Device, OpCost, Value
 from vitkit.layers.drop import DropPath, drop_path
 from vitkit.layers.helpers import to_2tuple
 from vitkit.layers.mlp import Mlp
@@ -23,12 +24,16 @@ __all__ = [
     "Attention",
     "Attention2d",
     "Block",
+    "CostContext",
+    "Device",
     "DropPath",
     "FactorizedPosEmbed2d",
     "LayerScale",
     "Mlp",
+    "OpCost",
     "PatchEmbed",
     "RelPosEmbed2d",
+    "Value",
     "attention_layers",
     "capture_attention",
     "check_backend",

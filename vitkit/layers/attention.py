@@ -2,13 +2,21 @@
 
 Every model (ViT, DeiT, Swin's window attention, BoTNet's relative-position attention) computes
 softmax(q k^T * scale + bias) v through `Attention.attend`, so every backend, the attention capture
-and the cost accounting live here once.
+and the cost accounting live here once. Three paths compute it, chosen per call by `Attention.path`, which
+`cost()` calls too, so a profile always counts the path that runs:
 
-Letters used in shape comments: B batch, N tokens, C channels (= h * d), h heads, d head dim.
+- `reference_attention`: the formula as written, the `math` backend; the other paths are tested against it.
+- `explicit_attention`: the same values with one N x N buffer and no extra operand copies: `auto` takes it for
+  bf16 on CPU, and capturing layers take it (unless the backend is `math`).
+- torch's fused `scaled_dot_product_attention` everywhere else; it never keeps the N x N weights.
+
+Letters used in shape comments: B batch, N tokens (Nq queries, Nk keys), C channels (= h * d), h heads,
+d head dim (dv of the values), n = B * h (the batch of the explicit path's batched matmuls).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -16,39 +24,106 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
-from vitkit.layers.cost import SOFTMAX_FLOPS, OpCost, elementwise_op, linear_op, matmul_op, numel
+from vitkit.layers.cost import (
+    SOFTMAX_FLOPS,
+    CostContext,
+    OpCost,
+    Value,
+    copy_op,
+    elementwise_op,
+    linear_op,
+    matmul_op,
+    new_value,
+    numel,
+    view,
+)
+
+Hook = Callable[[Tensor], None]  # what `capture_attention` installs: called with the weights (B, h, Nq, Nk)
 
 BACKENDS = ("auto", "sdpa", "math")
 """`sdpa`: torch's fused scaled_dot_product_attention (flash / memory-efficient kernels, never keeps the
 N x N weights); `math`: the explicit softmax(q k^T * scale + bias) v, the reference; `auto` (the default): the
-fused kernel, except where the explicit path is measured faster (see `explicit_is_faster`)."""
+fused kernel, except where the explicit path is measured faster (see `Attention.path`)."""
+
+PATHS = ("fused", "explicit", "reference")
+"""What `Attention.path` picks for a call: torch's fused kernel, `explicit_attention`, `reference_attention`."""
 
 EXPLICIT_MAX_BYTES = 32 * 2**20
-"""Largest N x N weight tensor (bytes, all batch elements and heads of one call) that `auto` forms explicitly."""
-
-
-def explicit_is_faster(device: torch.device, dtype: torch.dtype, weights_bytes: int) -> bool:
-    """Whether `auto` takes the explicit path for a call on `device` in `dtype` whose weights take `weights_bytes`.
-
-    On CPU in bfloat16, torch's fused kernel runs its q k^T and attn v blocks far below the bf16 GEMM rate: for
-    ViT-S/16 at 224 (batch 16, 197 tokens, 6 heads) the explicit path's two batched bf16 matmuls and softmax take
-    5.7 ms a layer against the fused kernel's 11.3 ms, forward and backward 18 ms against 43 ms. It was faster
-    at every size measured (up to 4,097 tokens), but it keeps the N x N weights, so it is taken only while one
-    call's weights, counted in q's dtype, fit in `EXPLICIT_MAX_BYTES`: a memory budget, not a speed limit. In
-    training each layer's weights are kept for the backward (a fp32 bias, such as Swin's table under autocast,
-    keeps them in fp32), so a model holds up to depth x that budget more than with the fused kernel. In fp32 on CPU
-    the two paths are within a few percent and the fused kernel, which needs no N x N memory, is used; on GPUs the
-    fused kernels are the fast path and always used.
-    """
-    return device.type == "cpu" and dtype == torch.bfloat16 and weights_bytes <= EXPLICIT_MAX_BYTES
+"""Default of `Attention(explicit_max_bytes=...)`: the largest N x N weight tensor (bytes, all batch elements and
+heads of one call) that the `auto` backend forms explicitly."""
 
 
 def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
     return backend
+
+
+def _as_bias(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean mask (True: may attend) as the additive bias 0 / -inf; an additive bias unchanged."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+def reference_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, dropout: float = 0.0, hook: Hook | None = None
+) -> Tensor:
+    """softmax(q k^T * scale + bias) v, written as the formula: the `math` backend and the reference.
+
+    q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv); the leading dims (B, h) broadcast, and `bias` broadcasts to
+    (..., Nq, Nk) (a boolean one is a mask, True: may attend). `hook` is called with the weights.
+    """
+    attn = (q * scale) @ k.transpose(-2, -1)  # (B, h, Nq, d) @ (B, h, d, Nk) -> (B, h, Nq, Nk)
+    if bias is not None:
+        attn = attn + _as_bias(bias, q.dtype)  # (B, h, Nq, Nk)
+    attn = attn.softmax(dim=-1)  # (B, h, Nq, Nk), each row sums to one
+    if hook is not None:
+        hook(attn)
+    attn = F.dropout(attn, dropout)
+    # an fp32 bias on bf16 logits promotes the weights to fp32; the product is taken in v's dtype
+    return attn.to(v.dtype) @ v  # (B, h, Nq, Nk) @ (B, h, Nk, dv) -> (B, h, Nq, dv)
+
+
+def explicit_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, dropout: float = 0.0, hook: Hook | None = None
+) -> Tensor:
+    """`reference_attention`'s values in less time and memory: the fast path for bf16 on CPU and for capture.
+
+    Measured on CPU in bf16 for ViT-S/16 at 224 (batch 16, 197 tokens, 6 heads): 5.7 ms a layer against the
+    fused kernel's 11.3 ms, forward and backward 18 ms against 43 ms. What it does differently:
+    - one batch dim n = B * h: the reshapes copy the strided heads of q and k once, and baddbmm folds the scale
+      into the product (q * scale and a 4-D matmul would copy them again; 15% slower on CPU in bf16);
+    - baddbmm with beta=0 ignores its (broadcast) zero input, so no second N x N buffer is made;
+    - q's and k's copies are freed before v's is made;
+    - without autograd history to keep, the bias is added and the softmax taken in place: one N x N buffer is
+      all the memory it takes.
+    """
+    lead = q.shape[:-2]  # (B, h)
+    if not k.shape[:-2] == v.shape[:-2] == lead:  # broadcast k and v against q (no-op for vitkit's layers)
+        lead = torch.broadcast_shapes(lead, k.shape[:-2], v.shape[:-2])
+        q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))  # each (B, h, N, d)
+    (Nq, d), Nk, dv, n = q.shape[-2:], k.shape[-2], v.shape[-1], math.prod(lead)
+    bias = _as_bias(bias, q.dtype)
+    q3, k3 = q.reshape(n, Nq, d), k.reshape(n, Nk, d)  # (n, Nq, d), (n, Nk, d): copies of the strided heads
+    attn = torch.baddbmm(q3.new_zeros(()), q3, k3.transpose(1, 2), beta=0, alpha=scale)  # (n, Nq, Nk)
+    attn = attn.view(*lead, Nq, Nk)  # (B, h, Nq, Nk)
+    del q3, k3
+    if attn.requires_grad or (bias is not None and bias.requires_grad and torch.is_grad_enabled()):
+        attn = attn.softmax(dim=-1) if bias is None else (attn + bias).softmax(dim=-1)  # (B, h, Nq, Nk)
+    else:
+        if bias is not None:
+            attn.add_(bias)  # in place: (B, h, Nq, Nk)
+        torch.softmax(attn, dim=-1, out=attn)  # in place: (B, h, Nq, Nk)
+    if hook is not None:
+        hook(attn)
+    attn = F.dropout(attn, dropout)
+    v3 = v.reshape(n, Nk, dv)  # (n, Nk, dv): a copy of the strided heads
+    # an fp32 bias on bf16 logits promotes the weights to fp32; the product is taken in v's dtype
+    out = torch.bmm(attn.reshape(n, Nq, Nk).to(v3.dtype), v3)  # (n, Nq, Nk) @ (n, Nk, dv) -> (n, Nq, dv)
+    return out.view(*lead, Nq, dv)  # (B, h, Nq, dv)
 
 
 class Attention(nn.Module):
@@ -64,6 +139,8 @@ class Attention(nn.Module):
         proj_drop: dropout after the output projection.
         backend: "auto" (the fused kernel unless the explicit path is faster for the call), "sdpa" (fused
             kernel) or "math" (explicit reference); all give the same values.
+        explicit_max_bytes: with "auto", the largest N x N weights (bytes, one call) formed explicitly: a memory
+            budget, since in training each layer keeps its weights for the backward pass.
     """
 
     def __init__(
@@ -74,6 +151,7 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         backend: str = "auto",
+        explicit_max_bytes: int = EXPLICIT_MAX_BYTES,
     ) -> None:
         super().__init__()
         if dim % num_heads != 0:
@@ -82,9 +160,10 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.backend = check_backend(backend)
+        self.explicit_max_bytes = explicit_max_bytes
         self.attn_drop = attn_drop
         # Set by `capture_attention` while it is active; called with the (B, h, Nq, Nk) weights.
-        self.capture_hook: Callable[[torch.Tensor], None] | None = None
+        self.capture_hook: Hook | None = None
 
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
@@ -93,11 +172,27 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """Attend over tokens x (B, N, C); `bias` is added to the logits, broadcastable to (B, h, N, N)."""
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, h, N, d)
-        q, k, v = qkv.unbind(0)  # each (B, h, N, d)
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3C) -> (B, N, 3, h, d)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (3, B, h, N, d) -> 3 x (B, h, N, d)
         x = self.attend(q, k, v, bias)  # (B, h, N, d)
         x = x.transpose(1, 2).reshape(B, N, C)  # (B, N, h, d) -> (B, N, C)
         return self.proj_drop(self.proj(x))
+
+    def path(self, device: torch.device, dtype: torch.dtype, weights_bytes: int) -> str:
+        """Which of `PATHS` computes a call on `device` in `dtype` whose N x N weights take `weights_bytes`.
+
+        "math" always runs the reference. Capturing needs the weights, so it takes the explicit path, which forms
+        them with the least memory. "auto" takes the explicit path on CPU in bf16 while the weights fit in
+        `explicit_max_bytes`: there torch's fused kernel runs its blocks far below the bf16 GEMM rate (it was
+        slower at every size measured, up to 4,097 tokens). In fp32 on CPU the two are within a few percent and
+        the fused kernel, which needs no N x N memory, is used; on GPUs the fused kernels are the fast path.
+        """
+        if self.backend == "math":
+            return "reference"
+        if self.capture_hook is not None:
+            return "explicit"
+        small_cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and weights_bytes <= self.explicit_max_bytes
+        return "explicit" if self.backend == "auto" and small_cpu_bf16 else "fused"
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None
@@ -105,87 +200,82 @@ class Attention(nn.Module):
         """softmax(q k^T * scale + bias) v for q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv) -> (..., Nq, dv).
 
         The leading dims (B, h) of q, k and v broadcast, as in torch's scaled_dot_product_attention, and `bias`
-        broadcasts to (..., Nq, Nk); a boolean `bias` is a mask (True: may attend). The fused kernel runs unless
-        the backend is "math", the weights are being captured, or the backend is "auto" and the explicit path is
-        faster for this call; then the weights (..., Nq, Nk) are formed explicitly.
+        broadcasts to (..., Nq, Nk); a boolean `bias` is a mask (True: may attend). `path` picks the computation.
         """
         dropout = self.attn_drop if self.training else 0.0
-        if self.capture_hook is None and not self._explicit(q, k):
+        weights_bytes = math.prod(q.shape[:-1]) * k.shape[-2] * q.element_size()  # (B, h, Nq) x Nk in q's dtype
+        path = self.path(q.device, q.dtype, weights_bytes)
+        if path == "fused":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=self.scale)
-        if bias is not None and bias.dtype == torch.bool:
-            bias = torch.zeros(bias.shape, dtype=q.dtype, device=q.device).masked_fill_(~bias, float("-inf"))
-        lead = q.shape[:-2]  # (B, h)
-        if not k.shape[:-2] == v.shape[:-2] == lead:  # broadcast k and v against q (no-op for vitkit's layers)
-            lead = torch.broadcast_shapes(lead, k.shape[:-2], v.shape[:-2])
-            q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))
-        (Nq, d), Nk, dv, n = q.shape[-2:], k.shape[-2], v.shape[-1], math.prod(lead)
-        # One batch dim of B*h: the reshapes copy the strided heads once, and baddbmm folds the scale into the
-        # product (q*scale and a 4-D matmul would copy them again; measured 15% slower on CPU in bf16).
-        q3, k3 = q.reshape(n, Nq, d), k.reshape(n, Nk, d)
-        # beta=0: the (broadcast) zero input is ignored and no second N x N buffer is made
-        attn = torch.baddbmm(q3.new_zeros(()), q3, k3.transpose(1, 2), beta=0, alpha=self.scale)
-        attn = attn.view(*lead, Nq, Nk)
-        del q3, k3  # their copies, if any, are freed before v's is made
-        if attn.requires_grad or (bias is not None and bias.requires_grad and torch.is_grad_enabled()):
-            attn = attn.softmax(dim=-1) if bias is None else (attn + bias).softmax(dim=-1)
-        else:  # no autograd history to keep: one N x N buffer, updated in place, is all the memory it takes
-            if bias is not None:
-                attn.add_(bias)
-            torch.softmax(attn, dim=-1, out=attn)
-        if self.capture_hook is not None:
-            self.capture_hook(attn)
-        attn = F.dropout(attn, dropout)
-        v3 = v.reshape(n, Nk, dv)
-        # an fp32 bias on bf16 logits promotes the weights to fp32; the product is taken in v's dtype
-        return torch.bmm(attn.reshape(n, Nq, Nk).to(v3.dtype), v3).view(*lead, Nq, dv)
+        attention = reference_attention if path == "reference" else explicit_attention
+        return attention(q, k, v, bias, self.scale, dropout, self.capture_hook)
 
-    def _explicit(self, q: torch.Tensor, k: torch.Tensor) -> bool:
-        if self.backend != "auto":
-            return self.backend == "math"
-        weights_bytes = math.prod(q.shape[:-1]) * k.shape[-2] * q.element_size()  # (B, h, Nq) x Nk
-        return explicit_is_faster(q.device, q.dtype, weights_bytes)
-
-    def cost(
-        self, name: str, shape: tuple[int, int, int], bias: bool = False, held: int = 0, dtype_bytes: int = 4
-    ) -> list[OpCost]:
-        """Analytic cost of `forward` on tokens of `shape` (B, N, C), one row per operator in forward order.
+    def cost(self, name: str, x: Value, ctx: CostContext, bias: Value | None = None) -> list[OpCost]:
+        """The operators of `forward` on tokens x (B, N, C), in forward order, for the path `ctx` selects.
 
         Args:
             name: this layer's qualified module name, used in the rows.
-            shape: input shape (B, N, C).
-            bias: whether an additive bias is passed to the logits.
-            held: activation bytes the caller keeps alive meanwhile (e.g. the residual stream).
-            dtype_bytes: bytes per activation element; with the "auto" backend, 2 stands for bf16 on CPU.
+            x: the input tokens (B, N, C).
+            ctx: the device and dtype the forward runs in.
+            bias: the additive bias passed to the logits, if any.
         """
-        # q@k^T and attn@v: B*h*N*N*d = BN^2C MACs each; softmax: 5 FLOPs per weight (BhN^2 weights).
-        B, N, C = shape
-        h, d = self.num_heads, self.head_dim
-        heads, logits = (B, h, N, d), (B, h, N, N)
-        # The fused kernel never stores the N x N logits or weights; the explicit path (math or capturing) does.
-        explicit = self.backend == "math" or self.capture_hook is not None
-        if self.backend == "auto" and dtype_bytes == 2:
-            explicit = explicit or explicit_is_faster(torch.device("cpu"), torch.bfloat16, numel(logits) * 2)
-        nn_bytes = numel(logits) * dtype_bytes if explicit else 0
-        head_bytes = numel(heads) * dtype_bytes
-        held_in = held + numel(shape) * dtype_bytes  # the input stays referenced until forward returns
-        live = held_in + 3 * head_bytes  # + the (B, N, 3C) projection, alive while q, k, v are in use
-        ops = [linear_op(name, "qkv", shape, 3 * C, self.qkv.bias is not None, held, dtype_bytes)]  # 3BNC^2 MACs
-        ops.append(elementwise_op(name, "q*scale", heads, 1, live, dtype_bytes))  # BNC (in the fused kernel or q@k^T)
-        # The explicit path's batched matmuls copy their strided operands: q's and k's copies sit beside q@k^T,
-        # v's copy beside attn@v (measured with vitkit.analysis.PeakMemory).
-        copies = (2 if explicit else 0) * head_bytes
-        qk_live = live + copies
-        ops.append(matmul_op(name, "q@k^T", heads, logits, B * h * N * N * d, qk_live, dtype_bytes, False, explicit))
-        # The explicit path adds the bias and takes the softmax in place in its one N x N buffer (see `attend`).
-        if bias:
-            ops.append(elementwise_op(name, "+bias", logits, 1, live + nn_bytes, dtype_bytes, False))  # BhN^2
-        ops.append(elementwise_op(name, "softmax", logits, SOFTMAX_FLOPS, live + nn_bytes, dtype_bytes, False))
-        v_copy = head_bytes if explicit else 0
-        ops.append(matmul_op(name, "attn@v", logits, heads, B * h * N * N * d, live + nn_bytes + v_copy, dtype_bytes))
-        ops.append(matmul_op(name, "merge_heads", heads, (B, N, C), 0, held_in + head_bytes, dtype_bytes))  # a copy
-        if isinstance(self.proj, nn.Linear):
-            bias_on = self.proj.bias is not None
-            ops.append(linear_op(name, "proj", (B, N, C), C, bias_on, held_in, dtype_bytes))  # BNC^2 MACs
+        B, N, C = x.shape
+        qkv = linear_op(name, "qkv", x, 3 * C, self.qkv.bias is not None, ctx)  # 3BNC^2 MACs
+        qkv = dataclasses.replace(qkv, named=True)  # q, k, v: views kept until forward returns
+        q = k = v = view(qkv.output, (B, self.num_heads, N, self.head_dim))  # (B, h, N, d) views of (B, N, 3C)
+        ops = [qkv, *self.cost_attend(name, q, k, v, ctx, bias)]
+        merged = self.cost_merge_heads(name, q, k, ops[-1].output, ctx)  # (B, h, N, d) -> (B, N, C)
+        proj = linear_op(name, "proj", merged.output, C, self.proj.bias is not None, ctx)  # BNC^2 MACs
+        return [*ops, merged, proj]
+
+    def cost_path(self, q: Value, k: Value, ctx: CostContext) -> str:
+        """`path` for queries q (B, h, Nq, d) and keys k (B, h, Nk, d) in `ctx`."""
+        return self.path(ctx.device, ctx.dtype, numel(q.shape[:-1]) * k.shape[-2] * ctx.itemsize)
+
+    def cost_merge_heads(self, name: str, q: Value, k: Value, out: Value, ctx: CostContext) -> OpCost:
+        """(B, h, N, d) -> transpose (B, N, h, d) -> reshape (B, N, C): a copy, except after the fused kernel,
+        which writes its output in (B, N, h, d) order so that the reshape is a view."""
+        B, h, N, d = out.shape
+        return copy_op(name, "merge_heads", out, (B, N, h * d), ctx, self.cost_path(q, k, ctx) != "fused")
+
+    def cost_attend(
+        self, name: str, q: Value, k: Value, v: Value, ctx: CostContext, bias: Value | None = None
+    ) -> list[OpCost]:
+        """The operators of `attend` for q (B, h, Nq, d), k (B, h, Nk, d), v (B, h, Nk, dv) and an optional bias."""
+        *lead, Nq, d = q.shape
+        Nk, dv = k.shape[-2], v.shape[-1]
+        logits = (*lead, Nq, Nk)
+        path = self.cost_path(q, k, ctx)
+        heads_qk = numel(logits) * d  # B*h*Nq*Nk*d multiply-adds, = BN^2C for self-attention
+        heads_v = numel(logits) * dv
+        ops: list[OpCost] = []
+        if path == "fused":  # one kernel: nothing N x N is written; autograd keeps q, k, v (and the output)
+            scaled = elementwise_op(name, "q*scale", q, 1, ctx, stored=False)  # BNC (inside the kernel)
+            ops.append(scaled)
+            ops.append(matmul_op(name, "q@k^T", (scaled.output, k), logits, heads_qk, ctx, stored=False))
+            if bias is not None:
+                ops.append(elementwise_op(name, "+bias", (ops[-1].output, bias), 1, ctx, stored=False))  # BhN^2
+            ops.append(elementwise_op(name, "softmax", ops[-1].output, SOFTMAX_FLOPS, ctx, stored=False))  # 5BhN^2
+            out = matmul_op(name, "attn@v", (ops[-1].output, v), (*lead, Nq, dv), heads_v, ctx)
+            # torch's fused kernels take no gradient for a bias: with one (a trained table) it runs its math path,
+            # which keeps the N x N weights for backward
+            weights = (new_value(logits, ctx),) if bias is not None else ()
+            return [*ops, dataclasses.replace(out, saved=(q, k, v, out.output, *weights))]
+        if path == "reference":  # q * scale and the 4-D matmuls' copies of k and v are written out
+            ops.append(elementwise_op(name, "q*scale", q, 1, ctx))  # BNC
+            ops.append(copy_op(name, "k_copy", k, k.shape, ctx))  # k^T reshaped to (n, d, Nk) copies the heads
+            ops.append(matmul_op(name, "q@k^T", (ops[-2].output, ops[-1].output), logits, heads_qk, ctx))
+        else:  # explicit: q's and k's copies, the scale folded into baddbmm, freed after it
+            ops.append(copy_op(name, "q_copy", q, q.shape, ctx))  # q reshaped to (n, Nq, d) copies the heads
+            ops.append(copy_op(name, "k_copy", k, k.shape, ctx))  # k reshaped to (n, Nk, d) copies the heads
+            ops.append(elementwise_op(name, "q*scale", q, 1, ctx, stored=False))  # BNC, in baddbmm's alpha
+            ops.append(matmul_op(name, "q@k^T", (ops[-3].output, ops[-2].output), logits, heads_qk, ctx))
+        in_place = path == "explicit"  # without grad the explicit path adds and normalises in its one buffer
+        if bias is not None:
+            ops.append(elementwise_op(name, "+bias", (ops[-1].output, bias), 1, ctx, in_place))  # BhN^2
+        ops.append(elementwise_op(name, "softmax", ops[-1].output, SOFTMAX_FLOPS, ctx, in_place, saves_output=True))
+        ops.append(copy_op(name, "v_copy", v, v.shape, ctx))  # (n, Nk, dv) copy of the strided heads
+        ops.append(matmul_op(name, "attn@v", (ops[-2].output, ops[-1].output), (*lead, Nq, dv), heads_v, ctx))
         return ops
 
 
@@ -194,11 +284,18 @@ def attention_layers(model: nn.Module) -> list[tuple[str, Attention]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, Attention)]
 
 
-def set_attention_backend(model: nn.Module, backend: str) -> nn.Module:
-    """Switch every attention layer of `model` to `backend` ("auto", "sdpa" or "math"); returns the model."""
+def set_attention_backend(model: nn.Module, backend: str, explicit_max_bytes: int | None = None) -> nn.Module:
+    """Switch every attention layer of `model` to `backend` ("auto", "sdpa" or "math"); returns the model.
+
+    `explicit_max_bytes`, when given, replaces each layer's budget for the explicit path under "auto".
+    """
     check_backend(backend)
+    if explicit_max_bytes is not None and explicit_max_bytes < 0:
+        raise ValueError(f"explicit_max_bytes must be >= 0, got {explicit_max_bytes}")
     for _, layer in attention_layers(model):
         layer.backend = backend
+        if explicit_max_bytes is not None:
+            layer.explicit_max_bytes = explicit_max_bytes
     return model
 
 
@@ -232,7 +329,7 @@ def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> 
     maps: dict[str, torch.Tensor] = OrderedDict()
     previous = [layer.capture_hook for _, layer in found]
 
-    def hook_for(name: str) -> Callable[[torch.Tensor], None]:
+    def hook_for(name: str) -> Hook:
         def store(attn: torch.Tensor) -> None:
             maps[name] = attn.detach()
 

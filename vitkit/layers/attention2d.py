@@ -9,11 +9,13 @@ Letters: B batch, C channels, H, W feature-map height and width, N = H * W token
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
 from vitkit.layers.attention import Attention
-from vitkit.layers.cost import OpCost, elementwise_op, matmul_op, numel
+from vitkit.layers.cost import CostContext, OpCost, Value, copy_op, elementwise_op, linear_op, view
 from vitkit.layers.helpers import to_2tuple
 from vitkit.layers.rel_pos import FactorizedPosEmbed2d, RelPosEmbed2d
 
@@ -108,39 +110,36 @@ class Attention2d(Attention):
         out = self.proj_drop(self.proj(out))  # (B, N, C)
         return out.transpose(1, 2).reshape(B, C, H, W)  # (B, C, N) -> (B, C, H, W)
 
-    def cost(
-        self, name: str, shape: tuple[int, int, int, int], bias: bool = False, held: int = 0, dtype_bytes: int = 4
-    ) -> list[OpCost]:
-        """Analytic cost of `forward` on a map of `shape` (B, C, H, W), one row per operator in forward order.
+    def cost(self, name: str, x: Value, ctx: CostContext, bias: Value | None = None) -> list[OpCost]:
+        """The operators of `forward` on a map x (B, C, H, W), in forward order.
 
         Args:
             name: this layer's qualified module name, used in the rows.
-            shape: input shape (B, C, H, W).
-            bias: whether an additive bias is passed besides the position logits.
-            held: activation bytes the caller keeps alive meanwhile (e.g. the residual stream).
-            dtype_bytes: bytes per activation element.
+            x: the input map (B, C, H, W).
+            ctx: the device and dtype the forward runs in.
+            bias: an additive bias passed besides the position logits, if any.
         """
-        B, C, H, W = shape
-        N, h, d = H * W, self.num_heads, self.head_dim
-        heads, logits = (B, h, N, d), (B, h, N, N)
-        ops = super().cost(name, (B, N, C), bias=bias or self.pos_embed is not None, held=held, dtype_bytes=dtype_bytes)
+        B, C, H, W = x.shape
+        h, d = self.num_heads, self.head_dim
+        ops = self.cost_qkv(name, x, ctx)
+        ops[-1] = dataclasses.replace(ops[-1], named=True)  # q, k, v: views kept until forward returns
+        q = k = v = view(ops[-1].output, (B, h, H * W, d))  # (B, h, N, d) views of the projection
         if self.pos_embed is not None:
-            live = held + 3 * numel(heads) * dtype_bytes  # q, k, v
-            pos = f"{name}.pos_embed"
-            if self.pos == "relative":
-                pos_ops = [
-                    matmul_op(pos, "q@height_rel", heads, (B, h, H, W, H), B * h * N * H * d, live, dtype_bytes),
-                    matmul_op(pos, "q@width_rel", heads, (B, h, H, W, W), B * h * N * W * d, live, dtype_bytes),
-                    elementwise_op(pos, "rel_h+rel_w", logits, 1, live, dtype_bytes),  # broadcast sum: BhN^2
-                ]
-            else:
-                table = (h, d, H, W)
-                pos_ops = [
-                    elementwise_op(pos, "rel_h+rel_w", table, 1, live, dtype_bytes),  # hdN
-                    matmul_op(pos, "q@r^T", heads, logits, B * h * N * N * d, live, dtype_bytes),  # BhN^2d
-                ]
-            if bias:
-                pos_ops.append(elementwise_op(name, "bias+pos", logits, 1, live, dtype_bytes))  # BhN^2
-            ops[1:1] = pos_ops  # formed from q, right after the qkv projection
-        ops.append(matmul_op(name, "to_map", (B, N, C), shape, 0, held, dtype_bytes))  # (B, N, C) -> (B, C, H, W) copy
-        return ops
+            ops += self.pos_embed.cost(f"{name}.pos_embed", q, ctx)  # formed from q, before the attention
+            if bias is not None:
+                ops.append(elementwise_op(name, "bias+pos", (ops[-1].output, bias), 1, ctx))  # BhN^2
+            bias = ops[-1].output
+        ops += self.cost_attend(name, q, k, v, ctx, bias)
+        ops.append(self.cost_merge_heads(name, q, k, ops[-1].output, ctx))  # (B, h, N, d) -> (B, N, C)
+        return ops + self.cost_output(name, ops[-1].output, x.shape, ctx)
+
+    def cost_qkv(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The projection of `qkv_heads`: the map seen as tokens (B, N, C), one linear layer to (B, N, 3C)."""
+        B, C, H, W = x.shape
+        tokens = view(x, (B, H * W, C))  # (B, C, H, W) -> (B, C, N) -> (B, N, C)
+        return [linear_op(name, "qkv", tokens, 3 * C, self.qkv.bias is not None, ctx)]  # 3BNC^2 MACs
+
+    def cost_output(self, name: str, merged: Value, shape: tuple[int, ...], ctx: CostContext) -> list[OpCost]:
+        """After the heads are merged (B, N, C): the output projection, folded back to the map `shape`."""
+        proj = linear_op(name, "proj", merged, shape[1], self.proj.bias is not None, ctx)  # BNC^2 MACs
+        return [proj, copy_op(name, "to_map", proj.output, shape, ctx, copies=False)]  # (B, C, H, W): a view

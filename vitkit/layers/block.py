@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from vitkit.layers.attention import Attention
-from vitkit.layers.cost import OpCost, elementwise_op, layer_norm_op, numel
+from vitkit.layers.cost import CostContext, OpCost, Value, elementwise_op, layer_norm_op
 from vitkit.layers.drop import DropPath
 from vitkit.layers.mlp import Mlp
 
@@ -69,19 +69,17 @@ class Block(nn.Module):
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
 
-    def cost(self, name: str, shape: tuple[int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on tokens of `shape` (B, N, C), one row per operator in forward order."""
-        x_bytes = numel(shape) * dtype_bytes
-        stream = held + x_bytes  # the block input x, referenced until forward returns
-        ops = [layer_norm_op(f"{name}.norm1", shape, held, dtype_bytes)]  # 8BNC
-        ops += self.attn.cost(f"{name}.attn", shape, held=stream, dtype_bytes=dtype_bytes)
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on tokens x (B, N, C), in forward order."""
+        ops = [layer_norm_op(f"{name}.norm1", x, ctx)]  # 8BNC
+        ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx)
         if isinstance(self.ls1, LayerScale):
-            ops.append(elementwise_op(f"{name}.ls1", "layer_scale", shape, 1, stream, dtype_bytes))  # BNC
-        ops.append(elementwise_op(name, "residual_add", shape, 1, stream, dtype_bytes))  # residual add: BNC
-        stream += x_bytes  # the new x beside the input the caller still references
-        ops.append(layer_norm_op(f"{name}.norm2", shape, stream - x_bytes, dtype_bytes))  # 8BNC
-        ops += self.mlp.cost(f"{name}.mlp", shape, held=stream, dtype_bytes=dtype_bytes)
+            ops.append(elementwise_op(f"{name}.ls1", "layer_scale", ops[-1].output, 1, ctx, saves=(ops[-1].output,)))
+        ops.append(elementwise_op(name, "residual_add", (x, ops[-1].output), 1, ctx))  # BNC
+        x = ops[-1].output
+        ops.append(layer_norm_op(f"{name}.norm2", x, ctx))  # 8BNC
+        ops += self.mlp.cost(f"{name}.mlp", ops[-1].output, ctx)
         if isinstance(self.ls2, LayerScale):
-            ops.append(elementwise_op(f"{name}.ls2", "layer_scale", shape, 1, stream, dtype_bytes))  # BNC
-        ops.append(elementwise_op(name, "residual_add", shape, 1, stream, dtype_bytes))  # residual add: BNC
+            ops.append(elementwise_op(f"{name}.ls2", "layer_scale", ops[-1].output, 1, ctx, saves=(ops[-1].output,)))
+        ops.append(elementwise_op(name, "residual_add", (x, ops[-1].output), 1, ctx))  # BNC
         return ops

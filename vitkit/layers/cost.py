@@ -1,16 +1,24 @@
-"""The analytic cost of one operator: what each layer's `cost()` returns, next to its `forward`.
+"""The operators a layer states next to its `forward`: what each `cost()` returns.
+
+A layer's `cost(name, x, ctx)` takes the symbolic input `x` (a `Value`: shape and storage) and lists its operators
+in forward order, each with its input and output values, its MACs and FLOPs (the formula in a one-line comment
+beside it) and the values it keeps for backward. That is all a layer says (besides marking an output its forward
+keeps in a variable to the end): how long tensors stay alive, and so the activation memory of inference and
+training, is worked out from these lists in one place, `vitkit.analysis.memory`.
 
 Conventions (the same as torch's FlopCounterMode for matrix work, so the two can be compared exactly):
 - A matmul-type operator (linear, conv, batched matmul) costs `macs` multiply-adds, that is 2 * macs matmul FLOPs;
   its bias add is one more FLOP per output element, counted as "other" FLOPs since FlopCounterMode leaves it out.
 - Element-wise and reduction operators cost a fixed number of FLOPs per element, the constants below.
-- Bytes are activation bytes (weights excluded) at `dtype_bytes` per element.
+- Bytes are activation bytes (weights excluded) at the element size of `CostContext.dtype`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 SOFTMAX_FLOPS = 5  # per element: subtract the row max, exp, sum, divide (+ the max itself)
 LAYER_NORM_FLOPS = 8  # per element: mean, subtract, square, variance sum, normalise (x2), scale, shift
@@ -19,16 +27,91 @@ RELU_FLOPS = 1  # per element: one comparison
 BATCH_NORM_FLOPS = 2  # per element in eval: folded scale and shift
 
 
+Device = torch.device | str  # where the costed forward runs: torch.device("cuda") or "cpu"
+
+
+@dataclass(frozen=True)
+class CostContext:
+    """Where and in what precision the costed forward runs: the element size of activations, and what the
+    attention dispatch (`Attention.path`) picks for each call."""
+
+    dtype: torch.dtype = torch.float32  # activation dtype (bfloat16 under autocast or after optimize("bf16"))
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device", torch.device(self.device))
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+
+class Storage:
+    """One activation buffer; views and in-place results share their input's `Storage`."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+@dataclass(frozen=True, eq=False)
+class Value:
+    """A tensor in a cost list: its shape and the storage it lives in (compared by identity)."""
+
+    shape: tuple[int, ...]
+    storage: Storage
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage.nbytes
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def new_value(shape: tuple[int, ...], ctx: CostContext, stored: bool = True) -> Value:
+    """A freshly allocated tensor of `shape`; `stored=False` for one a fused kernel never writes out."""
+    return Value(tuple(shape), Storage(numel(shape) * ctx.itemsize if stored else 0))
+
+
+def given(shape: tuple[int, ...]) -> Value:
+    """A tensor that exists before the costed code runs (the input image, a weight, a table): counted in no
+    memory figure."""
+    return Value(tuple(shape), Storage(0))
+
+
+def view(x: Value, shape: tuple[int, ...]) -> Value:
+    """`x` seen with another shape (a view, or an in-place result): no new storage."""
+    return Value(tuple(shape), x.storage)
+
+
 @dataclass(frozen=True)
 class OpCost:
     module: str  # qualified module name, e.g. "blocks.0.attn"
     op: str  # operator, e.g. "qkv", "q@k^T", "softmax", "attn@v", "proj", "fc1", "gelu", "fc2"
-    in_shape: tuple[int, ...]  # shape of the main input
-    out_shape: tuple[int, ...]  # shape of the output
+    inputs: tuple[Value, ...]  # what it reads, main input first
+    output: Value  # what it returns (an input's storage again for a view or an in-place update)
     macs: int  # multiply-adds of matrix work (0 for element-wise operators)
     flops: int  # all FLOPs: 2 * macs, plus bias adds or the per-element constant x elements
-    out_bytes: int  # bytes this operator materialises (0 when fused into a kernel that never stores it)
-    live_bytes: int  # activation bytes alive while it runs: its output plus `held` (inputs, tensors kept by callers)
+    saved: tuple[Value, ...] = ()  # what autograd keeps from this operator for the backward pass
+    named: bool = False  # forward binds the output to a name it keeps until it returns (q, k, v in attention)
+
+    @property
+    def in_shape(self) -> tuple[int, ...]:
+        return self.inputs[0].shape
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return self.output.shape
+
+    @property
+    def out_bytes(self) -> int:
+        """Bytes this operator writes to new storage (0 for a view, an in-place update, or a fused intermediate)."""
+        if any(self.output.storage is x.storage for x in self.inputs):
+            return 0
+        return self.output.nbytes
 
     @property
     def matmul_flops(self) -> int:
@@ -39,70 +122,75 @@ class OpCost:
         return self.flops - 2 * self.macs
 
 
-def numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
-
-
 def matmul_op(
     module: str,
     op: str,
-    in_shape: tuple[int, ...],
+    inputs: tuple[Value, ...],
     out_shape: tuple[int, ...],
     macs: int,
-    held: int,
-    dtype_bytes: int,
+    ctx: CostContext,
     bias: bool = False,
-    materialised: bool = True,
+    stored: bool = True,
+    saves: tuple[Value, ...] | None = None,
 ) -> OpCost:
     """A matrix operator: 2 FLOPs per multiply-add (+1 per output element with a bias).
 
-    `held` is the activation bytes alive besides the output (its inputs and whatever the callers keep).
+    `stored=False` for an intermediate a fused kernel never writes out; `saves`: what autograd keeps (default:
+    the operands, or nothing for an intermediate of a fused kernel).
     """
-    out_bytes = numel(out_shape) * dtype_bytes if materialised else 0
     flops = 2 * macs + (numel(out_shape) if bias else 0)
-    return OpCost(module, op, in_shape, out_shape, macs, flops, out_bytes, held + out_bytes)
+    if saves is None:
+        saves = inputs if stored else ()
+    return OpCost(module, op, inputs, new_value(out_shape, ctx, stored), macs, flops, saves)
+
+
+def linear_op(module: str, op: str, x: Value, out_features: int, bias: bool, ctx: CostContext) -> OpCost:
+    """nn.Linear (..., in) -> (..., out): rows * in * out multiply-adds, + one add per output for the bias."""
+    out_shape = (*x.shape[:-1], out_features)
+    return matmul_op(module, op, (x,), out_shape, numel(x.shape) * out_features, ctx, bias)
 
 
 def copy_op(
-    module: str,
-    op: str,
-    in_shape: tuple[int, ...],
-    out_shape: tuple[int, ...],
-    held: int,
-    dtype_bytes: int,
-    materialised: bool = True,
+    module: str, op: str, x: Value, out_shape: tuple[int, ...], ctx: CostContext, copies: bool = True
 ) -> OpCost:
-    """A data-movement operator (roll, pad, permute copy): no FLOPs, its output materialised unless it is a view."""
-    out_bytes = numel(out_shape) * dtype_bytes if materialised else 0
-    return OpCost(module, op, in_shape, out_shape, 0, 0, out_bytes, held + out_bytes)
+    """A data-movement operator (roll, pad, permute then reshape): no FLOPs; a view when `copies` is False."""
+    out = new_value(out_shape, ctx) if copies else view(x, out_shape)
+    return OpCost(module, op, (x,), out, 0, 0)
 
 
 def elementwise_op(
     module: str,
     op: str,
-    shape: tuple[int, ...],
+    inputs: Value | tuple[Value, ...],
     flops_per_element: int,
-    held: int,
-    dtype_bytes: int,
-    materialised: bool = True,
+    ctx: CostContext,
+    in_place: bool = False,
+    saves: tuple[Value, ...] = (),
+    stored: bool = True,
+    saves_output: bool = False,
 ) -> OpCost:
-    """An element-wise or row-wise operator on `shape` producing the same shape; `held` as for `matmul_op`."""
-    out_bytes = numel(shape) * dtype_bytes if materialised else 0
-    return OpCost(module, op, shape, shape, 0, flops_per_element * numel(shape), out_bytes, held + out_bytes)
+    """An element-wise or row-wise operator producing the main input's shape.
 
-
-def linear_op(
-    module: str, op: str, in_shape: tuple[int, ...], out_features: int, bias: bool, held: int, dtype_bytes: int
-) -> OpCost:
-    """nn.Linear (..., in) -> (..., out): rows * in * out multiply-adds, + one add per output for the bias.
-
-    The input is counted as alive on top of `held`.
+    Args:
+        inputs: the main input, or a tuple of it and the other operands (a residual, a bias).
+        in_place: updates the main input's storage instead of writing a new tensor.
+        saves: the values autograd keeps for backward (an add keeps none, GELU its input).
+        stored: False for an intermediate a fused kernel never writes out.
+        saves_output: autograd keeps the output too (softmax's backward needs it).
     """
-    out_shape = (*in_shape[:-1], out_features)
-    held += numel(in_shape) * dtype_bytes
-    return matmul_op(module, op, in_shape, out_shape, numel(in_shape) * out_features, held, dtype_bytes, bias)
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    x = inputs[0]
+    out = view(x, x.shape) if in_place else new_value(x.shape, ctx, stored)
+    return OpCost(
+        module, op, inputs, out, 0, flops_per_element * numel(x.shape), (*saves, out) if saves_output else saves
+    )
 
 
-def layer_norm_op(module: str, shape: tuple[int, ...], held: int, dtype_bytes: int) -> OpCost:
-    """LayerNorm over the last dim: LAYER_NORM_FLOPS per element; the input is alive on top of `held`."""
-    return elementwise_op(module, "layer_norm", shape, LAYER_NORM_FLOPS, held + numel(shape) * dtype_bytes, dtype_bytes)
+def layer_norm_op(module: str, x: Value, ctx: CostContext) -> OpCost:
+    """LayerNorm over the last dim: LAYER_NORM_FLOPS per element; keeps its input (and per-row statistics)."""
+    return elementwise_op(module, "layer_norm", x, LAYER_NORM_FLOPS, ctx, saves=(x,))
+
+
+def reduce_op(module: str, op: str, x: Value, out_shape: tuple[int, ...], flops: int, ctx: CostContext) -> OpCost:
+    """A reduction or pooling (mean, average or max pool) to `out_shape`, `flops` as counted beside the call."""
+    return OpCost(module, op, (x,), new_value(out_shape, ctx), 0, flops)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitkit.layers.cost import GELU_FLOPS, OpCost, elementwise_op, linear_op, numel
+from vitkit.layers.cost import GELU_FLOPS, CostContext, OpCost, Value, elementwise_op, linear_op
 
 
 class Mlp(nn.Module):
@@ -37,14 +37,9 @@ class Mlp(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
-    def cost(self, name: str, shape: tuple[int, ...], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on input `shape` (..., in), one row per operator (see `Attention.cost`)."""
-        hidden = (*shape[:-1], self.fc1.out_features)
-        held_in = held + numel(shape) * dtype_bytes  # the input stays referenced until forward returns
-        hidden_bytes = numel(hidden) * dtype_bytes
-        fc1_bias, fc2_bias = self.fc1.bias is not None, self.fc2.bias is not None
-        return [
-            linear_op(name, "fc1", shape, self.fc1.out_features, fc1_bias, held, dtype_bytes),  # TCH MACs
-            elementwise_op(name, "gelu", hidden, GELU_FLOPS, held_in + hidden_bytes, dtype_bytes),  # 8TH
-            linear_op(name, "fc2", hidden, self.fc2.out_features, fc2_bias, held_in, dtype_bytes),  # THC MACs
-        ]
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on x (..., in) in forward order; T tokens, H hidden, C channels."""
+        fc1 = linear_op(name, "fc1", x, self.fc1.out_features, self.fc1.bias is not None, ctx)  # TCH MACs
+        gelu = elementwise_op(name, "gelu", fc1.output, GELU_FLOPS, ctx, saves=(fc1.output,))  # 8TH
+        fc2 = linear_op(name, "fc2", gelu.output, self.fc2.out_features, self.fc2.bias is not None, ctx)  # THC MACs
+        return [fc1, gelu, fc2]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitkit.layers.cost import OpCost, layer_norm_op, matmul_op
+from vitkit.layers.cost import CostContext, OpCost, Value, layer_norm_op, matmul_op
 from vitkit.layers.helpers import to_2tuple
 
 
@@ -93,16 +93,14 @@ class PatchEmbed(nn.Module):
             x = x.flatten(1, 2)  # (B, Hp*Wp, D)
         return self.norm(x)
 
-    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on images of `shape` (B, C, H, W), one row per operator."""
-        B, C, H, W = shape
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on images x (B, C, H, W): the strided conv, then the optional norm."""
+        B, C, H, W = x.shape
         Hp, Wp = self.feat_size((H, W))
         D, (ph, pw) = self.proj.out_channels, self.patch_size
-        out = (B, Hp * Wp, D) if self.flatten else (B, Hp, Wp, D)
-        in_bytes = B * C * H * W * dtype_bytes
         # conv with kernel = stride = p: every output element takes C * ph * pw multiply-adds: B*Hp*Wp*D*C*ph*pw MACs
-        macs = B * Hp * Wp * D * C * ph * pw
-        ops = [matmul_op(name, "patch_embed", shape, out, macs, held + in_bytes, dtype_bytes, bias=True)]
+        tokens = (B, Hp * Wp, D) if self.flatten else (B, Hp, Wp, D)  # a channels-last view of (B, D, Hp, Wp)
+        ops = [matmul_op(name, "patch_embed", (x,), tokens, B * Hp * Wp * D * C * ph * pw, ctx, bias=True)]
         if isinstance(self.norm, nn.LayerNorm):
-            ops.append(layer_norm_op(f"{name}.norm", out, held, dtype_bytes))
+            ops.append(layer_norm_op(f"{name}.norm", ops[-1].output, ctx))
         return ops

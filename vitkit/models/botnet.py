@@ -29,8 +29,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers import Attention2d, check_backend, to_2tuple
-from vitkit.layers.cost import BATCH_NORM_FLOPS, RELU_FLOPS, OpCost, elementwise_op, linear_op, matmul_op, numel
+from vitkit.layers import Attention2d, CostContext, Device, OpCost, Value, check_backend, to_2tuple
+from vitkit.layers.cost import (
+    BATCH_NORM_FLOPS,
+    RELU_FLOPS,
+    copy_op,
+    elementwise_op,
+    given,
+    linear_op,
+    matmul_op,
+    numel,
+    reduce_op,
+    view,
+)
+from vitkit.models.interface import checkpoint_blocks
 from vitkit.models.registry import check_field_types, check_positive, register_family, register_model
 
 BOTNET_PAPER = "Bottleneck Transformers for Visual Recognition (Srinivas et al., arXiv:2101.11605)"
@@ -101,19 +113,16 @@ class ConvNormAct(nn.Sequential):
         self.bn = nn.BatchNorm2d(out_chs)
         self.act = nn.ReLU(inplace=True) if act else nn.Identity()
 
-    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on a map of `shape` (B, C, H, W), one row per operator in forward order."""
-        B, C, H, W = shape
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on a map x (B, C, H, W), in forward order."""
+        B, C, H, W = x.shape
         (k, _), (s, _), (p, _) = self.conv.kernel_size, self.conv.stride, self.conv.padding
         out = (B, self.conv.out_channels, (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1)
-        in_bytes = numel(shape) * dtype_bytes
-        macs = numel(out) * C * k * k  # each output element takes C * k * k multiply-adds
-        ops = [
-            matmul_op(f"{name}.conv", "conv", shape, out, macs, held + in_bytes, dtype_bytes),
-            elementwise_op(f"{name}.bn", "batch_norm", out, BATCH_NORM_FLOPS, held, dtype_bytes),
-        ]
+        conv = matmul_op(f"{name}.conv", "conv", (x,), out, numel(out) * C * k * k, ctx)  # out elements x C k k MACs
+        norm = elementwise_op(f"{name}.bn", "batch_norm", conv.output, BATCH_NORM_FLOPS, ctx, saves=(conv.output,))
+        ops = [conv, norm]
         if isinstance(self.act, nn.ReLU):  # in place: nothing new stored
-            ops.append(elementwise_op(f"{name}.act", "relu", out, RELU_FLOPS, held, dtype_bytes, materialised=False))
+            ops.append(elementwise_op(f"{name}.act", "relu", ops[-1].output, RELU_FLOPS, ctx, True, saves_output=True))
         return ops
 
 
@@ -123,12 +132,10 @@ class BatchNormReLU(nn.BatchNorm2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(super().forward(x))
 
-    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on a map of `shape` (B, C, H, W): the normalisation, then ReLU."""
-        return [
-            elementwise_op(name, "batch_norm", shape, BATCH_NORM_FLOPS, held, dtype_bytes),
-            elementwise_op(name, "relu", shape, RELU_FLOPS, held, dtype_bytes),
-        ]
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on a map x (B, C, H, W): the normalisation, then ReLU (a new tensor)."""
+        norm = elementwise_op(name, "batch_norm", x, BATCH_NORM_FLOPS, ctx, saves=(x,))
+        return [norm, elementwise_op(name, "relu", norm.output, RELU_FLOPS, ctx, saves_output=True)]
 
 
 def make_shortcut(in_chs: int, out_chs: int, stride: int) -> nn.Module:
@@ -138,21 +145,17 @@ def make_shortcut(in_chs: int, out_chs: int, stride: int) -> nn.Module:
     return nn.Identity()
 
 
-def residual_cost(
-    name: str, block: Bottleneck | BotBlock, shape: tuple[int, int, int, int], held: int, dtype_bytes: int
-) -> list[OpCost]:
-    """Cost of a residual block whose branch modules are listed by `block.branch()`: branch, shortcut, add, ReLU."""
-    stream = held + numel(shape) * dtype_bytes  # the block input stays alive for the shortcut
+def residual_cost(name: str, block: Bottleneck | BotBlock, x: Value, ctx: CostContext) -> list[OpCost]:
+    """The operators of a residual block whose branch modules `block.branch()` lists: branch, shortcut, add, ReLU."""
     ops: list[OpCost] = []
-    x = shape
     for child, module in block.branch():
-        ops += module.cost(f"{name}.{child}", x, held=stream, dtype_bytes=dtype_bytes)
-        x = ops[-1].out_shape
-    branch = held + numel(x) * dtype_bytes  # the branch output waits for the shortcut
+        ops += module.cost(f"{name}.{child}", ops[-1].output if ops else x, ctx)
+    branch = ops[-1].output
     if isinstance(block.shortcut, ConvNormAct):
-        ops += block.shortcut.cost(f"{name}.shortcut", shape, held=branch, dtype_bytes=dtype_bytes)
-    ops.append(elementwise_op(name, "residual_add", x, 1, branch, dtype_bytes))  # one add per element
-    ops.append(elementwise_op(name, "relu", x, RELU_FLOPS, held, dtype_bytes, materialised=False))  # in place
+        ops += block.shortcut.cost(f"{name}.shortcut", x, ctx)
+    shortcut = ops[-1].output if isinstance(block.shortcut, ConvNormAct) else x
+    ops.append(elementwise_op(name, "residual_add", (branch, shortcut), 1, ctx))  # one add per element
+    ops.append(elementwise_op(name, "relu", ops[-1].output, RELU_FLOPS, ctx, True, saves_output=True))  # in place
     return ops
 
 
@@ -176,9 +179,9 @@ class Bottleneck(nn.Module):
         """The residual branch's modules in forward order, as (child name, module)."""
         return [("conv1_1x1", self.conv1_1x1), ("conv2_kxk", self.conv2_kxk), ("conv3_1x1", self.conv3_1x1)]
 
-    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on a map of `shape` (B, C, H, W), one row per operator in forward order."""
-        return residual_cost(name, self, shape, held, dtype_bytes)
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on a map x (B, C, H, W), in forward order."""
+        return residual_cost(name, self, x, ctx)
 
 
 class BottleneckAttn(Attention2d):
@@ -220,16 +223,19 @@ class BottleneckAttn(Attention2d):
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self.pool(super().forward(x, bias))
 
-    def cost(
-        self, name: str, shape: tuple[int, int, int, int], bias: bool = False, held: int = 0, dtype_bytes: int = 4
-    ) -> list[OpCost]:
-        """Analytic cost of `forward` on a map of `shape` (B, C, H, W), one row per operator in forward order."""
-        ops = super().cost(name, shape, bias, held, dtype_bytes)
+    def cost_qkv(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The 1x1 qkv convolution: the same multiply-adds as a linear layer on the N tokens, (B, C, H, W) ->
+        (B, 3C, H, W)."""
+        B, C, H, W = x.shape
+        return [linear_op(name, "qkv", view(x, (B, H * W, C)), 3 * C, False, ctx)]  # 3BNC^2 MACs
+
+    def cost_output(self, name: str, merged: Value, shape: tuple[int, ...], ctx: CostContext) -> list[OpCost]:
+        """After the heads are merged (B, N, C): seen as the map (no output projection), then the 2x2 pool."""
+        B, C, H, W = shape
+        ops = [copy_op(name, "to_map", merged, shape, ctx, copies=False)]  # (B, C, H, W): a view
         if isinstance(self.pool, nn.AvgPool2d):
-            B, C, H, W = shape
-            out = (B, C, H // 2, W // 2)
-            live = held + (numel(shape) + numel(out)) * dtype_bytes
-            ops.append(OpCost(name, "avg_pool", shape, out, 0, numel(shape), numel(out) * dtype_bytes, live))  # 1/input
+            pooled = (B, C, H // 2, W // 2)
+            ops.append(reduce_op(name, "avg_pool", ops[-1].output, pooled, numel(shape), ctx))  # one add per input
         return ops
 
 
@@ -271,9 +277,9 @@ class BotBlock(nn.Module):
             ("conv3_1x1", self.conv3_1x1),
         ]
 
-    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on a map of `shape` (B, C, H, W), one row per operator in forward order."""
-        return residual_cost(name, self, shape, held, dtype_bytes)
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on a map x (B, C, H, W), in forward order."""
+        return residual_cost(name, self, x, ctx)
 
 
 def make_stem(stem_type: str, in_chans: int, out_chs: int) -> nn.Sequential:
@@ -292,18 +298,15 @@ def make_stem(stem_type: str, in_chans: int, out_chs: int) -> nn.Sequential:
     return nn.Sequential(layers)
 
 
-def stem_cost(stem: nn.Sequential, shape: tuple[int, int, int, int], dtype_bytes: int) -> list[OpCost]:
-    """Analytic cost of the stem on images of `shape` (B, C, H, W): its convs, then the 3x3 stride-2 max pool."""
+def stem_cost(stem: nn.Sequential, x: Value, ctx: CostContext) -> list[OpCost]:
+    """The operators of the stem on images x (B, C, H, W): its convs, then the 3x3 stride-2 max pool."""
     ops: list[OpCost] = []
-    x = shape
     for child, module in stem.named_children():
         if isinstance(module, ConvNormAct):
-            ops += module.cost(f"stem.{child}", x, dtype_bytes=dtype_bytes)
-            x = ops[-1].out_shape
-    B, C, H, W = x
+            ops += module.cost(f"stem.{child}", ops[-1].output if ops else x, ctx)
+    B, C, H, W = ops[-1].out_shape
     out = (B, C, (H - 1) // 2 + 1, (W - 1) // 2 + 1)  # kernel 3, stride 2, padding 1
-    live = (numel(x) + numel(out)) * dtype_bytes
-    ops.append(OpCost("stem.pool", "max_pool", x, out, 0, 8 * numel(out), numel(out) * dtype_bytes, live))  # 8 compares
+    ops.append(reduce_op("stem.pool", "max_pool", ops[-1].output, out, 8 * numel(out), ctx))  # 8 compares per output
     return ops
 
 
@@ -318,13 +321,11 @@ class ClassifierHead(nn.Module):
         x = x.mean(dim=(2, 3))  # (B, C, H, W) -> (B, C)
         return x if pre_logits else self.fc(x)
 
-    def cost(self, name: str, shape: tuple[int, int, int, int], dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on a map of `shape` (B, C, H, W): the mean (one add per element), the fc."""
-        pooled = shape[:2]
-        live = (numel(shape) + numel(pooled)) * dtype_bytes
-        ops = [OpCost(name, "mean", shape, pooled, 0, numel(shape), numel(pooled) * dtype_bytes, live)]
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on a map x (B, C, H, W): the mean (one add per element), the fc."""
+        ops = [reduce_op(name, "mean", x, x.shape[:2], numel(x.shape), ctx)]
         if isinstance(self.fc, nn.Linear):
-            ops.append(linear_op(f"{name}.fc", "fc", pooled, self.fc.out_features, True, 0, dtype_bytes))  # B*C*classes
+            ops.append(linear_op(f"{name}.fc", "fc", ops[-1].output, self.fc.out_features, True, ctx))  # B*C*classes
         return ops
 
 
@@ -413,14 +414,27 @@ class BotNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def cost(self, img_size: tuple[int, int], batch: int = 1, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on a (batch, C, H, W) input, one row per operator in forward order."""
+    def set_grad_checkpointing(self, enable: bool = True) -> int:
+        """Recompute each bottleneck and BoT block of every stage in backward (`vitkit.models.interface.VitkitModel`;
+        the stem is not checkpointed; BatchNorm statistics move once per step); the blocks now checkpointed."""
+        return checkpoint_blocks((block for stage in self.stages for block in stage), enable)
+
+    def token_grid(self, img_size: tuple[int, int]) -> None:
+        """None: a BoT block attends over its whole feature map, but the map shrinks between BoT blocks (and the
+        convolutional blocks mix positions), so no one token grid serves every attention layer."""
+        return None
+
+    def cost(
+        self, img_size: tuple[int, int], batch: int = 1, dtype: torch.dtype = torch.float32, device: Device = "cpu"
+    ) -> list[OpCost]:
+        """The operators of `forward` on a (batch, C, H, W) input in `dtype` on `device`, in forward order."""
+        ctx = CostContext(dtype, device)
         self.check_input(torch.empty(batch, self.config.in_chans, *img_size, device="meta"))
-        ops = stem_cost(self.stem, (batch, self.config.in_chans, *img_size), dtype_bytes)
+        ops = stem_cost(self.stem, given((batch, self.config.in_chans, *img_size)), ctx)
         for s, stage in enumerate(self.stages):
             for i, block in enumerate(stage):
-                ops += block.cost(f"stages.{s}.{i}", ops[-1].out_shape, dtype_bytes=dtype_bytes)
-        return ops + self.head.cost("head", ops[-1].out_shape, dtype_bytes)
+                ops += block.cost(f"stages.{s}.{i}", ops[-1].output, ctx)
+        return ops + self.head.cost("head", ops[-1].output, ctx)
 
 
 register_family("botnet", BotNetConfig, BotNet)

@@ -15,6 +15,8 @@ from typing import Any
 
 from torch import nn
 
+from vitkit.models.interface import METHODS
+
 
 @dataclass(frozen=True)
 class Family:
@@ -36,9 +38,13 @@ _MODELS: dict[str, ModelEntry] = {}
 
 
 def register_family(name: str, config_cls: type, model_cls: type[nn.Module]) -> None:
-    """Declare a model family; `model_cls(config)` must build the model and keep it as `model.config`."""
+    """Declare a model family; `model_cls(config)` must build the model, keep it as `model.config` and provide
+    the methods of `vitkit.models.interface.VitkitModel`."""
     if name in _FAMILIES:
         raise ValueError(f"model family {name!r} is already registered")
+    missing = [method for method in METHODS if not callable(getattr(model_cls, method, None))]
+    if missing:
+        raise TypeError(f"{model_cls.__name__} lacks {missing} of the vitkit model interface (models/interface.py)")
     _FAMILIES[name] = Family(name, config_cls, model_cls)
 
 

@@ -24,9 +24,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers import Attention, DropPath, Mlp, PatchEmbed, check_backend, to_2tuple
-from vitkit.layers.cost import OpCost, copy_op, elementwise_op, layer_norm_op, linear_op, numel
+from vitkit.layers import (
+    Attention,
+    CostContext,
+    Device,
+    DropPath,
+    Mlp,
+    OpCost,
+    PatchEmbed,
+    Value,
+    check_backend,
+    to_2tuple,
+)
+from vitkit.layers.cost import (
+    copy_op,
+    elementwise_op,
+    given,
+    layer_norm_op,
+    linear_op,
+    new_value,
+    numel,
+    reduce_op,
+    view,
+)
 from vitkit.layers.helpers import take_indices
+from vitkit.models.interface import checkpoint_blocks
 from vitkit.models.registry import (
     check_field_types,
     check_positive,
@@ -211,28 +233,26 @@ class WindowAttention(Attention):
             bias = bias.reshape(x.shape[0], *bias.shape[2:])  # (B * nW, h, N, N)
         return super().forward(x, bias)
 
-    def cost(
-        self, name: str, shape: tuple[int, int, int], mask_windows: int = 0, held: int = 0, dtype_bytes: int = 4
-    ) -> list[OpCost]:
-        """Analytic cost of `forward` on windows of `shape` (B * nW, N, C), one row per operator in forward order.
+    def cost(self, name: str, x: Value, ctx: CostContext, mask_windows: int = 0) -> list[OpCost]:
+        """The operators of `forward` on windows x (B * nW, N, C), in forward order.
 
         Args:
             name: this layer's qualified module name.
-            shape: input shape (B * nW, N, C).
+            x: the windows (B * nW, N, C).
+            ctx: the device and dtype the forward runs in.
             mask_windows: nW when a shift mask (nW, N, N) is passed, 0 without a mask.
-            held: activation bytes the caller keeps alive meanwhile.
-            dtype_bytes: bytes per activation element.
         """
-        B_, N, C = shape
-        ops = []
+        B_, N, C = x.shape
+        h = self.num_heads
+        table = given(self.relative_position_bias_table.shape)
+        ops = [copy_op(name, "gather_bias", table, (1, h, N, N), ctx)]  # table rows by offset: h N^2 moved
         if mask_windows:
-            mask_bias, full = (mask_windows, self.num_heads, N, N), (B_, self.num_heads, N, N)
-            live = held + numel(shape) * dtype_bytes  # the windows wait for the attention
-            ops.append(elementwise_op(name, "+mask", mask_bias, 1, live, dtype_bytes))  # table bias + mask: nW h N^2
-            ops.append(copy_op(name, "expand_mask", mask_bias, full, live, dtype_bytes))  # B copies: B nW h N^2 moved
-            held += numel(full) * dtype_bytes  # the per-window bias stays alive through the attention
-        # "+bias": the table bias gathered (h N^2) and added to the logits (B nW h N^2), with the mask when shifted.
-        return ops + super().cost(name, shape, bias=True, held=held, dtype_bytes=dtype_bytes)
+            mask = given((mask_windows, 1, N, N))  # the block's buffer
+            per_window = (mask_windows, h, N, N)
+            ops.append(OpCost(name, "+mask", (ops[-1].output, mask), new_value(per_window, ctx), 0, numel(per_window)))
+            ops.append(copy_op(name, "expand_mask", ops[-1].output, (B_, h, N, N), ctx))  # B copies: B nW h N^2 moved
+        # "+bias": the table bias (with the mask when shifted) added to the logits (B nW h N^2)
+        return ops + super().cost(name, x, ctx, bias=ops[-1].output)
 
 
 class SwinBlock(nn.Module):
@@ -317,38 +337,36 @@ class SwinBlock(nn.Module):
         x = x + self.drop_path2(self.mlp(self.norm2(x)))
         return x
 
-    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on a map of `shape` (B, H, W, C), one row per operator in forward order.
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on a map x (B, H, W, C), in forward order.
 
         Attention is counted over the windows of the map padded to whole windows, as forward runs it.
         """
-        B, H, W, C = shape
+        B, H, W, C = x.shape
         Wh, Ww = self.window_size
         Hp, Wp = self._padded(H, W)
         nW = (Hp // Wh) * (Wp // Ww)
-        padded, windows = (B, Hp, Wp, C), (B * nW, Wh * Ww, C)
-        map_bytes, padded_bytes = numel(shape) * dtype_bytes, numel(padded) * dtype_bytes
-        stream = held + map_bytes  # the residual stream x stays alive across each branch
         shifted = any(self.shift_size)
         # The window permute keeps the memory order (a view) when one window spans the width or is one row tall.
         permuted = Wp // Ww > 1 and Wh > 1
-        ops = [layer_norm_op(f"{name}.norm1", shape, held, dtype_bytes)]  # 8BHWC
+        ops = [layer_norm_op(f"{name}.norm1", x, ctx)]  # 8BHWC
         if shifted:
-            ops.append(copy_op(name, "roll", shape, shape, stream + map_bytes, dtype_bytes))  # BHWC moved
+            ops.append(copy_op(name, "roll", ops[-1].output, x.shape, ctx))  # BHWC moved
         if (Hp, Wp) != (H, W):
-            ops.append(copy_op(name, "pad", shape, padded, stream + map_bytes, dtype_bytes))  # B Hp Wp C written
-        ops.append(copy_op(name, "window_partition", padded, windows, stream + padded_bytes, dtype_bytes, permuted))
-        ops += self.attn.cost(f"{name}.attn", windows, nW if shifted else 0, stream, dtype_bytes)
-        window_bytes = numel(windows) * dtype_bytes
-        ops.append(copy_op(name, "window_reverse", windows, padded, stream + window_bytes, dtype_bytes, permuted))
+            ops.append(copy_op(name, "pad", ops[-1].output, (B, Hp, Wp, C), ctx))  # B Hp Wp C written
+        windows = (B * nW, Wh * Ww, C)
+        ops.append(copy_op(name, "window_partition", ops[-1].output, windows, ctx, permuted))  # (B * nW, N, C)
+        ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx, nW if shifted else 0)
+        ops.append(copy_op(name, "window_reverse", ops[-1].output, (B, Hp, Wp, C), ctx, permuted))  # (B, Hp, Wp, C)
+        attended = view(ops[-1].output, x.shape)  # cropped to (B, H, W, C): a view
         if shifted:
-            # the crop to (H, W) is a view; rolling back copies it: BHWC moved
-            ops.append(copy_op(name, "roll", shape, shape, stream + padded_bytes, dtype_bytes))
-        ops.append(elementwise_op(name, "residual_add", shape, 1, stream, dtype_bytes))  # BHWC
-        ops.append(layer_norm_op(f"{name}.norm2", shape, stream, dtype_bytes))  # 8BHWC
-        stream += map_bytes  # the new x beside the input the caller still references
-        ops += self.mlp.cost(f"{name}.mlp", shape, held=stream, dtype_bytes=dtype_bytes)
-        ops.append(elementwise_op(name, "residual_add", shape, 1, stream, dtype_bytes))  # BHWC
+            ops.append(copy_op(name, "roll", attended, x.shape, ctx))  # rolling back copies: BHWC moved
+            attended = ops[-1].output
+        ops.append(elementwise_op(name, "residual_add", (x, attended), 1, ctx))  # BHWC
+        x = ops[-1].output
+        ops.append(layer_norm_op(f"{name}.norm2", x, ctx))  # 8BHWC
+        ops += self.mlp.cost(f"{name}.mlp", ops[-1].output, ctx)
+        ops.append(elementwise_op(name, "residual_add", (x, ops[-1].output), 1, ctx))  # BHWC
         return ops
 
 
@@ -373,16 +391,13 @@ class PatchMerging(nn.Module):
         x = x.permute(0, 1, 3, 4, 2, 5).flatten(3)  # (B, H/2, W/2, dx, dy, C) -> (B, H/2, W/2, 4C)
         return self.reduction(self.norm(x))
 
-    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on a map of `shape` (B, H, W, C), one row per operator in forward order."""
-        B, H, W, C = shape
-        merged = (B, H // 2, W // 2, 4 * C)
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on a map x (B, H, W, C), in forward order."""
+        B, H, W, C = x.shape
+        merge = copy_op(name, "patch_merging", x, (B, H // 2, W // 2, 4 * C), ctx)  # BHWC moved
+        norm = layer_norm_op(f"{name}.norm", merge.output, ctx)  # 8BHWC
         out_dim = self.reduction.out_features
-        return [
-            copy_op(name, "patch_merging", shape, merged, held + numel(shape) * dtype_bytes, dtype_bytes),  # BHWC moved
-            layer_norm_op(f"{name}.norm", merged, held, dtype_bytes),  # 8BHWC
-            linear_op(name, "reduction", merged, out_dim, False, held, dtype_bytes),  # (BHW/4) * 4C * out MACs
-        ]
+        return [merge, norm, linear_op(name, "reduction", norm.output, out_dim, False, ctx)]  # (BHW/4) * 4C * out MACs
 
 
 class SwinStage(nn.Module):
@@ -440,15 +455,11 @@ class SwinStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(self.downsample(x))
 
-    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on a map of `shape` (B, H, W, C), one row per operator in forward order."""
-        ops = []
-        if isinstance(self.downsample, PatchMerging):
-            ops += self.downsample.cost(f"{name}.downsample", shape, held, dtype_bytes)
-            B, H, W, _ = shape
-            shape = (B, H // 2, W // 2, self.downsample.reduction.out_features)
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on a map x (B, H, W, C), in forward order."""
+        ops = self.downsample.cost(f"{name}.downsample", x, ctx) if isinstance(self.downsample, PatchMerging) else []
         for i, block in enumerate(self.blocks):
-            ops += block.cost(f"{name}.blocks.{i}", shape, held, dtype_bytes)
+            ops += block.cost(f"{name}.blocks.{i}", ops[-1].output if ops else x, ctx)
         return ops
 
 
@@ -464,15 +475,12 @@ class ClassifierHead(nn.Module):
         x = self.drop(x.mean(dim=(1, 2)))  # (B, C)
         return x if pre_logits else self.fc(x)
 
-    def cost(self, name: str, shape: tuple[int, int, int, int], held: int = 0, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on a map of `shape` (B, H, W, C), one row per operator in forward order."""
-        B, _, _, C = shape
-        pooled = (B, C)
-        pooled_bytes = numel(pooled) * dtype_bytes
-        live = held + numel(shape) * dtype_bytes + pooled_bytes
-        ops = [OpCost(name, "mean", shape, pooled, 0, numel(shape), pooled_bytes, live)]  # BHWC: one add per element
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on a map x (B, H, W, C), in forward order."""
+        B, _, _, C = x.shape
+        ops = [reduce_op(name, "mean", x, (B, C), numel(x.shape), ctx)]  # BHWC: one add per element
         if isinstance(self.fc, nn.Linear):
-            ops.append(linear_op(name, "head", pooled, self.fc.out_features, True, held, dtype_bytes))  # B*C*classes
+            ops.append(linear_op(name, "head", ops[-1].output, self.fc.out_features, True, ctx))  # B*C*classes
         return ops
 
 
@@ -564,26 +572,31 @@ class SwinTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def cost(self, img_size: tuple[int, int], batch: int = 1, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on a (batch, C, H, W) input, one row per operator in forward order.
+    def set_grad_checkpointing(self, enable: bool = True) -> int:
+        """Recompute each Swin block of every stage in backward (`vitkit.models.interface.VitkitModel`; patch
+        merging is not checkpointed); the blocks now checkpointed."""
+        return checkpoint_blocks((block for stage in self.layers for block in stage.blocks), enable)
+
+    def token_grid(self, img_size: tuple[int, int]) -> None:
+        """None: each block attends within (shifted) windows of its stage's map, never over the whole image."""
+        return None
+
+    def cost(
+        self, img_size: tuple[int, int], batch: int = 1, dtype: torch.dtype = torch.float32, device: Device = "cpu"
+    ) -> list[OpCost]:
+        """The operators of `forward` on a (batch, C, H, W) input in `dtype` on `device`, in forward order.
 
         Accepts the sizes forward accepts (and raises its ValueError for others); attention is counted over the
         windows of each map padded to whole windows.
         """
-        c = self.config
+        c, ctx = self.config, CostContext(dtype, device)
         images = (batch, c.in_chans, *img_size)
         self.check_input(torch.empty(images, device="meta"))
-        ops = self.patch_embed.cost("patch_embed", images, dtype_bytes=dtype_bytes)  # conv + LayerNorm
-        Hs, Ws = self.patch_embed.feat_size(img_size)
-        shape = (batch, Hs, Ws, c.embed_dim)
+        ops = self.patch_embed.cost("patch_embed", given(images), ctx)  # conv + LayerNorm
         for s, stage in enumerate(self.layers):
-            ops += stage.cost(f"layers.{s}", shape, dtype_bytes=dtype_bytes)
-            if s > 0:
-                Hs, Ws = Hs // 2, Ws // 2
-            shape = (batch, Hs, Ws, c.embed_dim * 2**s)
-        ops.append(layer_norm_op("norm", shape, 0, dtype_bytes))  # 8BHWC
-        ops += self.head.cost("head", shape, dtype_bytes=dtype_bytes)
-        return ops
+            ops += stage.cost(f"layers.{s}", ops[-1].output, ctx)
+        ops.append(layer_norm_op("norm", ops[-1].output, ctx))  # 8BHWC
+        return ops + self.head.cost("head", ops[-1].output, ctx)
 
     def forward_intermediates(
         self,

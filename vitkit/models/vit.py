@@ -19,9 +19,20 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vitkit.layers import Block, PatchEmbed, check_backend, resample_abs_pos_embed, sincos_2d_pos_embed, to_2tuple
-from vitkit.layers.cost import OpCost, elementwise_op, layer_norm_op, linear_op, numel
+from vitkit.layers import (
+    Block,
+    CostContext,
+    Device,
+    OpCost,
+    PatchEmbed,
+    check_backend,
+    resample_abs_pos_embed,
+    sincos_2d_pos_embed,
+    to_2tuple,
+)
+from vitkit.layers.cost import copy_op, elementwise_op, given, layer_norm_op, linear_op, numel, reduce_op, view
 from vitkit.layers.helpers import take_indices
+from vitkit.models.interface import checkpoint_blocks
 from vitkit.models.registry import (
     check_field_types,
     check_positive,
@@ -192,6 +203,15 @@ class VisionTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
+    def set_grad_checkpointing(self, enable: bool = True) -> int:
+        """Recompute each encoder block in backward (`vitkit.models.interface.VitkitModel`); the blocks now
+        checkpointed."""
+        return checkpoint_blocks(self.blocks, enable)
+
+    def token_grid(self, img_size: tuple[int, int]) -> tuple[int, tuple[int, int]]:
+        """Every block attends over all tokens: the P prefix tokens, then the (H / p, W / p) patch grid."""
+        return self.num_prefix_tokens, self.patch_embed.feat_size(img_size)
+
     def forward_distill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """DeiT training: (class-head logits, distillation-head logits), each (B, num_classes)."""
         if not self.config.distilled:
@@ -199,32 +219,34 @@ class VisionTransformer(nn.Module):
         x = self.forward_features(x)
         return self.head(self.head_drop(x[:, 0])), self.head_dist(self.head_drop(x[:, 1]))
 
-    def cost(self, img_size: tuple[int, int], batch: int = 1, dtype_bytes: int = 4) -> list[OpCost]:
-        """Analytic cost of `forward` on a (batch, C, H, W) input, one row per operator in forward order."""
-        B, c = batch, self.config
+    def cost(
+        self, img_size: tuple[int, int], batch: int = 1, dtype: torch.dtype = torch.float32, device: Device = "cpu"
+    ) -> list[OpCost]:
+        """The operators of `forward` on a (batch, C, H, W) input in `dtype` on `device`, in forward order."""
+        B, c, ctx = batch, self.config, CostContext(dtype, device)
         self.patch_embed.check_input(torch.empty(B, c.in_chans, *img_size, device="meta"))
         Hp, Wp = self.patch_embed.feat_size(img_size)
         tokens = (B, self.num_prefix_tokens + Hp * Wp, c.embed_dim)
-        ops = self.patch_embed.cost("patch_embed", (B, c.in_chans, *img_size), dtype_bytes=dtype_bytes)
-        ops.append(
-            elementwise_op("pos_embed", "+pos", tokens, 1, numel(tokens) * dtype_bytes, dtype_bytes)
-        )  # + pos: BND
+        ops = self.patch_embed.cost("patch_embed", given((B, c.in_chans, *img_size)), ctx)  # the input image
+        if self.num_prefix_tokens:
+            ops.append(copy_op("pos_embed", "cat_prefix", ops[-1].output, tokens, ctx))  # (B, P + N, D) written
+        ops.append(elementwise_op("pos_embed", "+pos", ops[-1].output, 1, ctx))  # + pos: BND
         for i, block in enumerate(self.blocks):
-            # forward_features keeps the embedded tokens referenced while the blocks run
-            ops += block.cost(f"blocks.{i}", tokens, held=numel(tokens) * dtype_bytes, dtype_bytes=dtype_bytes)
+            ops += block.cost(f"blocks.{i}", ops[-1].output, ctx)
         if isinstance(self.norm, nn.LayerNorm):
-            ops.append(layer_norm_op("norm", tokens, 0, dtype_bytes))  # 8BND
+            ops.append(layer_norm_op("norm", ops[-1].output, ctx))  # 8BND
         pooled = (B, c.embed_dim)
         if c.global_pool == "avg":
-            patches = (B, Hp * Wp, c.embed_dim)
-            ops.append(elementwise_op("pool", "mean", patches, 1, numel(tokens) * dtype_bytes, dtype_bytes, False))
-            ops.append(layer_norm_op("fc_norm", pooled, 0, dtype_bytes))  # 8BD
+            patches = view(ops[-1].output, (B, Hp * Wp, c.embed_dim))  # the prefix tokens dropped: a view
+            ops.append(reduce_op("pool", "mean", patches, pooled, numel(patches.shape), ctx))  # one add per element
+            ops.append(layer_norm_op("fc_norm", ops[-1].output, ctx))  # 8BD
+        features = ops[-1].output if c.global_pool == "avg" else view(ops[-1].output, pooled)  # x[:, i]: views
         heads = [("head", self.head)] + ([("head_dist", self.head_dist)] if c.distilled else [])
         for name, head in heads:
             if isinstance(head, nn.Linear):
-                ops.append(linear_op(name, "head", pooled, c.num_classes, True, 0, dtype_bytes))  # B*D*classes
+                ops.append(linear_op(name, "head", features, c.num_classes, True, ctx))  # B*D*classes
         if c.distilled and c.num_classes > 0:
-            ops.append(elementwise_op("head", "mean_heads", (B, c.num_classes), 2, 0, dtype_bytes))  # (cls + dist) / 2
+            ops.append(elementwise_op("head", "mean_heads", (ops[-2].output, ops[-1].output), 2, ctx))  # (cls+dist)/2
         return ops
 
     def forward_intermediates(
@@ -279,6 +301,9 @@ _vit("vit_base_patch16_384", img_size=384, **_BASE)
 _vit("vit_base_patch32_224", patch_size=32, **_BASE)
 _vit("vit_base_patch32_384", img_size=384, patch_size=32, **_BASE)
 _vit("vit_large_patch16_224", **_LARGE)
+# vitkit's small ViT for the bundled 28x28 digits (16 tokens of 7x7 patches): what `vitkit train` trains by default.
+_DIGITS = dict(embed_dim=128, depth=4, num_heads=4, mlp_ratio=2.0)
+_vit("vit_digits_patch7_28", img_size=28, patch_size=7, num_classes=10, **_DIGITS)
 
 _vit("deit_tiny_patch16_224", DEIT_PAPER, **_TINY)
 _vit("deit_small_patch16_224", DEIT_PAPER, **_SMALL)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
-import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
+from vitkit.models.interface import require_model
 from vitkit.models.registry import build_model, family_of, replace_config
 from vitkit.weights import load_pretrained, load_weights
 
@@ -30,26 +28,9 @@ def load_for_finetune(directory: str, num_classes: int, **overrides: Any) -> nn.
     return model
 
 
-def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """The module's own forward, recomputed during backward instead of keeping its activations."""
-    forward = type(self).forward
-    if self.training and torch.is_grad_enabled():
-        return checkpoint(forward, self, *args, use_reentrant=False, **kwargs)
-    return forward(self, *args, **kwargs)
-
-
 def enable_grad_checkpointing(model: nn.Module) -> int:
-    """Recompute every block in backward (torch.utils.checkpoint) instead of storing its activations.
-
-    Applies to the children of every module named ``blocks`` (ViT's encoder, each Swin stage, ...); parameter
-    names and the state dict are unchanged. Returns the number of blocks wrapped.
+    """Recompute every block of a vitkit model in backward (torch.utils.checkpoint) instead of storing its
+    activations: the model's `set_grad_checkpointing` (ViT's encoder blocks, each Swin block, BoTNet's bottleneck
+    and BoT blocks). Parameter names and the state dict are unchanged. Returns the number of blocks wrapped.
     """
-    wrapped = 0
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] == "blocks":
-            for block in module.children():
-                block.forward = types.MethodType(_checkpointed_forward, block)
-                wrapped += 1
-    if wrapped == 0:
-        raise ValueError(f"{type(model).__name__} has no 'blocks' container to checkpoint")
-    return wrapped
+    return require_model(model, "gradient checkpointing").set_grad_checkpointing(True)

@@ -20,6 +20,7 @@ from torch import nn
 
 from vitkit.data import preprocess
 from vitkit.layers import capture_attention, to_2tuple
+from vitkit.models.interface import require_model
 
 # A perceptually ordered dark-blue -> teal -> yellow colour map (viridis' end points and three inner stops).
 COLORMAP = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
@@ -87,16 +88,20 @@ def attention_map(
     """Run `model` on `images` (B, C, H, W) and return its attention over the patch grid (B, Hp, Wp).
 
     Args:
-        model: a ViT-like vitkit model (`patch_embed` and `num_prefix_tokens`) whose attention layers are global.
+        model: a vitkit model whose attention layers all attend over one token grid of the whole image
+            (`token_grid` is not None: ViT / DeiT; Swin's windows and BoTNet's shrinking maps are refused).
         layer: the attention layer (an index into the model's attention layers, negative from the end), ignored
             with `rollout`.
         head: one head, or None for the mean over heads.
         rollout: attention rollout across all layers instead of one layer's class-token attention.
     """
-    if not hasattr(model, "patch_embed"):
-        raise ValueError(f"{type(model).__name__} has no patch_embed: attention maps need a ViT-like model")
-    grid = model.patch_embed.feat_size(images.shape[-2:])
-    prefix = getattr(model, "num_prefix_tokens", 0)
+    tokens = require_model(model, "attention maps").token_grid(tuple(images.shape[-2:]))
+    if tokens is None:
+        raise ValueError(
+            f"{type(model).__name__} has no token grid for attention maps: its attention layers do not all attend "
+            "over the whole image on one grid (attention maps need a model such as ViT / DeiT)"
+        )
+    prefix, grid = tokens
     was_training = model.training
     model.eval()
     with torch.no_grad(), capture_attention(model) as maps:
@@ -160,7 +165,7 @@ def attention_overlay(
 
     `mean` and `std` are the normalisation statistics of the model's training data (`vitkit.data.DataInfo`).
     """
-    img_size = to_2tuple(model.config.img_size)
+    img_size = to_2tuple(require_model(model, "attention maps").config.img_size)
     device = next(model.parameters()).device
     pixels = preprocess(image, img_size, model.config.in_chans, mean, std)[None].to(device)  # (1, C, H, W)
     heat = attention_map(model, pixels, layer, head, rollout)[0].cpu()  # (Hp, Wp)

@@ -1,0 +1,134 @@
+"""The interface every vitkit model provides, declared once; the rest of the package uses it instead of attribute
+names (training checkpoints blocks through it, attention maps ask it for the token grid, analysis reads its costs).
+
+`tests/models/test_all_models.py` checks it for every registered model.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from vitkit.layers.cost import Device, OpCost
+
+
+@runtime_checkable
+class VitkitModel(Protocol):
+    """What a model built by `create_model` provides, whatever its family.
+
+    - ``config``: the frozen config dataclass it was built from (at least ``img_size``, ``in_chans``,
+      ``num_classes``).
+    - ``forward(x)``: images (B, C, H, W) -> logits (B, num_classes), always
+      ``forward_head(forward_features(x))``.
+    - ``cost(...)``: the analytic cost of `forward`, one row per operator in forward order.
+    - ``set_grad_checkpointing(enable)``: recompute the model's blocks in backward instead of storing their
+      activations.
+    - ``token_grid(img_size)``: how attention tokens map to the image, for attention maps.
+    """
+
+    config: Any
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> the final normalised features, in the family's layout (tokens or a map)."""
+        ...
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """`forward_features`' output -> logits (B, num_classes), or the pooled features (B, D) with `pre_logits`."""
+        ...
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> logits (B, num_classes)."""
+        ...
+
+    def cost(
+        self, img_size: tuple[int, int], batch: int = 1, dtype: torch.dtype = torch.float32, device: Device = "cpu"
+    ) -> list[OpCost]:
+        """Analytic cost of `forward` on a (batch, C, H, W) input of `dtype` on `device`, one row per operator."""
+        ...
+
+    def set_grad_checkpointing(self, enable: bool = True) -> int:
+        """Recompute each block in backward (`enable`) or store its activations again (not `enable`).
+
+        Only training forwards with autograd on are checkpointed; eval and no-grad forwards run the blocks as
+        they are. Parameter names and the state dict do not change. Returns the number of blocks now
+        checkpointed (0 after disabling).
+        """
+        ...
+
+    def token_grid(self, img_size: tuple[int, int]) -> tuple[int, tuple[int, int]] | None:
+        """For images of `img_size` (H, W): (P, (Hp, Wp)) when every attention layer attends over the same
+        tokens, P prefix tokens followed by an Hp x Wp grid over the whole image (row-major); None when the
+        attention layers do not (windows, or maps that change size between layers)."""
+        ...
+
+
+# The protocol's methods, which `register_family` checks a family's module class for.
+METHODS = ("forward_features", "forward_head", "forward", "cost", "set_grad_checkpointing", "token_grid")
+
+
+def require_model(model: object, purpose: str) -> VitkitModel:
+    """`model` itself, or ValueError naming what it lacks when it is not a vitkit model (`purpose` says what
+    needed one, e.g. "gradient checkpointing")."""
+    if isinstance(model, VitkitModel):
+        return model
+    missing = ", ".join(name for name in ("config", *METHODS) if not hasattr(model, name))
+    raise ValueError(f"{purpose} needs a vitkit model (vitkit.create_model); {type(model).__name__} lacks {missing}")
+
+
+def checkpoint_blocks(blocks: Iterable[nn.Module], enable: bool = True) -> int:
+    """Make each of `blocks` recompute its forward in backward (`enable`) or undo that; the number now checkpointed.
+
+    The families' `set_grad_checkpointing` call this with their blocks. The block's forward is rebound on the
+    instance, so parameter names and the state dict are unchanged, and a deep copy (EMA) runs its own weights.
+    """
+    count = 0
+    for block in blocks:
+        if enable:
+            block.forward = types.MethodType(_checkpointed_forward, block)
+            count += 1
+        else:
+            block.__dict__.pop("forward", None)
+    return count
+
+
+def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The block's own forward, under `torch.utils.checkpoint` while training with autograd on, plain otherwise.
+
+    The recomputation in backward runs the block a second time; BatchNorm running statistics are restored after
+    it, so they move once per step, as without checkpointing. `checkpoint` replays the random state (dropout,
+    drop path).
+    """
+    forward = type(self).forward
+    if not (self.training and torch.is_grad_enabled()):
+        return forward(self, *args, **kwargs)
+    calls = 0
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return forward(self, *args, **kwargs)
+        with _kept_norm_statistics(self):  # the recomputation in backward
+            return forward(self, *args, **kwargs)
+
+    return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+
+@contextmanager
+def _kept_norm_statistics(module: nn.Module) -> Iterator[None]:
+    """Restore the BatchNorm running statistics under `module` on leaving (also when recomputation stops early)."""
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    saved = [{name: buf.clone() for name, buf in m.named_buffers(recurse=False)} for m in norms]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, buffers in zip(norms, saved, strict=True):
+                for name, value in buffers.items():
+                    getattr(m, name).copy_(value)
