@@ -10,8 +10,8 @@ from vitkit.analysis.profile import profile
 from vitkit.layers.attention import capture_attention
 from vitkit.models.registry import create_model, list_models
 from vitkit.perf.optimize import optimize
-from vitkit.weights.convert import export_weights, load_weights
-from vitkit.weights.io import from_pretrained, save_pretrained
+from vitkit.weights.convert import export_weights, from_pretrained, load_weights
+from vitkit.weights.io import save_pretrained
 
 try:
     __version__ = _metadata.version("vitkit")

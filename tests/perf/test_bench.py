@@ -5,8 +5,10 @@ import json
 import pytest
 import torch
 
+from vitkit.analysis import profile
 from vitkit.cli import main
-from vitkit.perf.bench import bench, gemm_rate
+from vitkit.perf.bench import adamw, bench, build_candidates, gemm_rate, time_candidates
+from vitkit.train import create_optimizer
 
 
 def test_inference_against_timm_reports_every_candidate():
@@ -58,3 +60,42 @@ def test_compile_applies_to_training_steps():
     report = bench("vit_tiny_patch16_224", batch=2, img_size=32, train=True, compile=True, rounds=1, warmup=1)
     assert [r.name for r in report.results] == ["vitkit fp32 train compiled"]
     assert counters["stats"]["unique_graphs"] >= 1  # the model was compiled, not run eagerly
+
+
+def test_training_steps_use_the_optimizer_given():
+    built = []
+
+    def factory(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+        built.append((model, lr, weight_decay))
+        return torch.optim.SGD(model.parameters(), lr=lr)
+
+    report = bench("vit_tiny_patch16_224", batch=2, img_size=32, train=True, rounds=1, warmup=0, optimizer=factory)
+    assert [r.name for r in report.results] == ["vitkit fp32 train"]
+    ((model, lr, weight_decay),) = built
+    assert model.config.img_size == 224 and model.config.dynamic_img_size and (lr, weight_decay) == (1e-4, 0.05)
+    assert report.flops_per_step == 3 * profile("vit_tiny_patch16_224", 32, 2).matmul_flops
+
+
+def test_candidates_are_built_apart_from_timing():
+    candidates = build_candidates(
+        "vit_tiny_patch16_224", 2, (32, 32), "fp32", False, False, None, torch.device("cpu"), adamw
+    )
+    assert list(candidates) == ["vitkit fp32"]
+    precision, step = candidates["vitkit fp32"]
+    assert precision == "fp32" and step().shape == (2, 1000)
+    results, rates = time_candidates(candidates, batch=2, flops=10**9, rounds=3, warmup=1, device=torch.device("cpu"))
+    (result,) = results
+    assert len(result.times_ms) == 3 and result.latency_ms == pytest.approx(sorted(result.times_ms)[1])
+    assert result.mfu == pytest.approx(10**9 / (result.latency_ms / 1000) / rates["fp32"])
+
+
+def test_the_command_times_the_optimizer_vitkit_train_uses(monkeypatch):
+    seen = {}
+
+    def fake_bench(*args, **kwargs):
+        seen.update(kwargs)
+        raise ValueError("stop")
+
+    monkeypatch.setattr("vitkit.cli.bench.bench", fake_bench)
+    assert main(["bench", "vit_tiny_patch16_224", "--train"]) == 2
+    assert seen["optimizer"] is create_optimizer and seen["train"] is True

@@ -1,11 +1,15 @@
-"""`vitkit convert`: a Hugging Face directory and a torchvision file through vitkit and back, equal logits."""
+"""`vitkit convert` and `vitkit.weights.convert`: a Hugging Face directory and a torchvision file through vitkit and
+back, equal logits."""
 
+import pytest
 import torch
 import transformers
 from torchvision.models.vision_transformer import VisionTransformer
 
 import vitkit
+import vitkit.weights
 from vitkit.cli import main
+from vitkit.weights.convert import same_layout
 
 TV_TINY = dict(image_size=32, patch_size=4, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=5)
 SETS = ["--set", "img_size=32", "--set", "patch_size=4", "--set", "embed_dim=32", "--set", "depth=2"]
@@ -65,3 +69,31 @@ def test_convert_errors(tmp_path, capsys):
     assert "is a vitkit directory, not hf" in capsys.readouterr().err
     assert main([*args, "--set", "depth"]) == 2
     assert "--set expects FIELD=VALUE, got 'depth'" in capsys.readouterr().err
+
+
+def test_convert_from_python_is_what_the_command_does(tmp_path):
+    torch.manual_seed(0)
+    theirs = VisionTransformer(**TV_TINY).eval()
+    torch.save(theirs.state_dict(), tmp_path / "tv.pth")
+    fields = dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=5)
+    report, written = vitkit.weights.convert(
+        tmp_path / "tv.pth", tmp_path / "vk", model_name="vit_base_patch16_224", overrides=fields
+    )
+    assert (report.format, report.loaded, written) == ("torchvision", 32, tmp_path / "vk")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(vitkit.from_pretrained(written)(x), theirs(x), atol=1e-5, rtol=1e-5)
+
+    # A vitkit directory reads as "timm" too (the same layout), and not as another library's.
+    report, written = vitkit.weights.convert(written, tmp_path / "tv.safetensors", "timm", "torchvision")
+    assert report.format == "vitkit" and written == tmp_path / "tv.safetensors"
+    with pytest.raises(ValueError, match="is a vitkit directory, not torchvision"):
+        vitkit.weights.convert(tmp_path / "vk", tmp_path / "x", src_format="torchvision")
+    with pytest.raises(ValueError, match="--model is for checkpoint files"):
+        vitkit.weights.convert(tmp_path / "vk", tmp_path / "x", model_name="vit_base_patch16_224")
+    assert not (tmp_path / "x").exists()
+
+
+def test_same_layout():
+    assert same_layout("timm", "vitkit") and same_layout("vitkit", "timm") and same_layout("hf", "hf")
+    assert not same_layout("vitkit", "torchvision") and not same_layout("hf", "timm")

@@ -7,7 +7,7 @@ import argparse
 from vitkit.data import DataInfo, open_image
 from vitkit.train.distributed import resolve_device
 from vitkit.viz import attention_overlay
-from vitkit.weights.io import from_pretrained
+from vitkit.weights import from_pretrained
 
 HELP = "draw the class token's attention (or attention rollout) of a trained model over an image"
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from vitkit.cli.profile import parse_size
+from vitkit.cli.options import parse_size
 from vitkit.perf.bench import Report, bench
+from vitkit.train import create_optimizer
 
 HELP = "benchmark a model (img/s, latency, peak memory, MFU), interleaved with timm's with --compare timm"
 
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         warmup=args.warmup,
         device=args.device,
+        optimizer=create_optimizer,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from vitkit.cli.options import parse_assignment
-from vitkit.models.registry import create_model
-from vitkit.weights.convert import FORMATS, export_weights, load_pretrained, load_weights
-from vitkit.weights.io import CONFIG_NAME
+from vitkit.weights.convert import FORMATS, convert
 
 HELP = "convert weights between vitkit, timm, torchvision and Hugging Face layouts"
 
@@ -50,22 +47,15 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     overrides = _parse_overrides(args.overrides)
-    src = Path(args.src)
-    if (src / CONFIG_NAME).is_file():
-        if args.model:
-            raise ValueError(f"{src} is a model directory with its own {CONFIG_NAME}; --model is for checkpoint files")
-        model, report = load_pretrained(src, reset_head=args.reset_head, **overrides)
-        if args.src_format not in ("auto", report.format) and {args.src_format, report.format} != {"timm", "vitkit"}:
-            raise ValueError(f"{src} is a {report.format} directory, not {args.src_format}")
-    else:
-        if not args.model:
-            raise ValueError(
-                f"{src} is a checkpoint file without a config: name the model with --model "
-                "(e.g. --model vit_base_patch16_224; see `vitkit models`)"
-            )
-        model = create_model(args.model, **overrides)
-        report = load_weights(model, src, format=args.src_format, reset_head=args.reset_head)
+    report, written = convert(
+        args.src,
+        args.dst,
+        src_format=args.src_format,
+        dst_format=args.dst_format,
+        model_name=args.model,
+        reset_head=args.reset_head,
+        overrides=overrides,
+    )
     print(report.summary())
-    written = export_weights(model.eval(), args.dst, format=args.dst_format)
     print(f"wrote {args.dst_format} weights to {written}")
     return 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 from vitkit.train import evaluate_model_dir
 from vitkit.viz import confusion_image
@@ -29,24 +28,14 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     result, info = evaluate_model_dir(args.model_dir, args.data, args.batch_size, args.device, args.workers)
-    accuracies = result.per_class.tolist()
-    per_class = {name: None if math.isnan(acc) else acc for name, acc in zip(info.classes, accuracies, strict=True)}
     if args.plot:
         confusion_image(result.confusion, info.classes).save(args.plot)
     if args.json:
-        summary = {
-            "images": result.count,
-            "loss": result.loss,
-            "top1": result.top1,
-            "top5": result.top5,
-            "per_class": per_class,
-            "confusion": result.confusion.tolist(),
-            "skipped": list(result.skipped),
-        }
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(result.to_dict(), indent=2))
         return 0
     print(f"images {result.count}  loss {result.loss:.4f}  top-1 {result.top1:.4f}  top-5 {result.top5:.4f}")
-    width = max(len(name) for name in info.classes)
+    per_class = result.class_accuracies()
+    width = max(len(name) for name in per_class)
     for name, acc in per_class.items():
         print(f"  {name:<{width}}  {'-' if acc is None else f'{acc:.4f}'}")
     for name in result.skipped:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from vitkit.cli.profile import parse_size
+from vitkit.cli.options import parse_size
 from vitkit.perf.export import FORMATS, export_model
-from vitkit.weights.io import from_pretrained
+from vitkit.weights import from_pretrained
 
 HELP = "export a saved model to ONNX or TorchScript (dynamic batch), checked against PyTorch before it is written"
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
+import types
+import typing
 from typing import Any
 
 _PYTHON_WORDS = {"True": True, "False": False, "None": None}
@@ -21,3 +25,69 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     except json.JSONDecodeError:
         return key, raw
     return key, tuple(value) if isinstance(value, list) else value
+
+
+def assignment(text: str) -> tuple[str, Any]:
+    """`parse_assignment` as an argparse type: a malformed pair is a usage error naming the option."""
+    try:
+        return parse_assignment(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'224' -> (224, 224); '256x320' -> (256, 320)."""
+    parts = text.lower().split("x")
+    if len(parts) not in (1, 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected a size like 224 or 256x320, got {text!r}")
+    return (int(parts[0]), int(parts[-1]))
+
+
+class CollectAssignments(argparse.Action):
+    """A repeatable KEY=VALUE option gathered into one dict (a later KEY replaces an earlier one)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        key, value = values
+        setattr(namespace, self.dest, {**getattr(namespace, self.dest, {}), key: value})
+
+
+def _option_type(hint: Any) -> Any:
+    """The type an annotation asks for on the command line: `float | None` -> float, `dict[str, Any]` -> dict."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    return typing.get_origin(hint) or hint
+
+
+def add_config_options(parser: argparse.ArgumentParser, config_cls: type) -> None:
+    """One option per field of the dataclass `config_cls` that has a `help` in its metadata (declared with
+    `vitkit.train.config.option`): --field-name or the field's `flag`, its metavar and choices, the type of its
+    annotation (a bool is a switch that sets True; a dict takes repeatable KEY=VALUE pairs), and the help text with
+    " (default: X)" unless the default is None, a bool or a factory.
+
+    Options left out stay out of the namespace (default SUPPRESS), so that a caller can tell them from defaults.
+    """
+    hints = typing.get_type_hints(config_cls)
+    for f in dataclasses.fields(config_cls):
+        if "help" not in f.metadata:
+            continue
+        default = f.default  # MISSING for a factory
+        shown = default not in (None, dataclasses.MISSING) and not isinstance(default, bool)
+        text = f.metadata["help"] + (f" (default: {default})" if shown else "")
+        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": text}
+        kwargs.update({k: f.metadata[k] for k in ("metavar", "choices") if k in f.metadata})
+        kind = _option_type(hints[f.name])
+        if kind is bool:
+            kwargs.update(action="store_const", const=True)
+        elif kind is dict:
+            kwargs.update(action=CollectAssignments, type=assignment)
+        elif kind in (int, float):
+            kwargs["type"] = kind
+        elif kind is not str:
+            raise TypeError(f"{config_cls.__name__}.{f.name}: no command-line form for {hints[f.name]}")
+        parser.add_argument(f.metadata.get("flag", "--" + f.name.replace("_", "-")), **kwargs)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from vitkit.data import DataInfo, open_image
-from vitkit.train import predict
+from vitkit.data import DataInfo
+from vitkit.train import predict_files
 from vitkit.train.distributed import resolve_device
-from vitkit.weights.io import from_pretrained
+from vitkit.weights import from_pretrained
 
 HELP = "classify images with a model written by 'vitkit train' (top-k classes with probabilities)"
 
@@ -23,19 +23,13 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model = from_pretrained(args.model_dir).to(resolve_device(args.device))
-    info = DataInfo.load(args.model_dir)
-    images = [open_image(path) for path in args.images]
-    results = predict(model, info, images, args.top_k)
+    results = predict_files(model, DataInfo.load(args.model_dir), args.images, args.top_k)
     if args.json:
-        rows = [
-            {"image": path, "top": [{"class": name, "probability": p} for name, p in top]}
-            for path, top in zip(args.images, results, strict=True)
-        ]
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([result.to_dict() for result in results], indent=2))
         return 0
-    for path, top in zip(args.images, results, strict=True):
-        print(path)
-        width = max(len(name) for name, _ in top)
-        for name, p in top:
+    for result in results:
+        print(result.image)
+        width = max(len(name) for name, _ in result.top)
+        for name, p in result.top:
             print(f"  {name:<{width}}  {p:.4f}")
     return 0

@@ -6,17 +6,11 @@ import argparse
 import json
 
 from vitkit.analysis.profile import Report, profile
-from vitkit.analysis.report import crossover, grouped, plot_scaling, scaling, shape_flow, shares
+from vitkit.analysis.report import crossover, grouped, scaling, shape_flow, shares
+from vitkit.cli.options import parse_size
+from vitkit.viz import plot_scaling
 
 HELP = "cost of a model: FLOPs per operator (attention included), parameters, activation memory, shape flow"
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """'224' -> (224, 224); '256x320' -> (256, 320)."""
-    parts = text.lower().split("x")
-    if len(parts) not in (1, 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"expected a size like 224 or 256x320, got {text!r}")
-    return (int(parts[0]), int(parts[-1]))
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:

@@ -20,7 +20,6 @@ from vitkit.analysis.profile import profile
 from vitkit.layers.helpers import to_2tuple
 from vitkit.models.registry import create_model, model_entry
 from vitkit.perf.optimize import PRECISIONS, optimize
-from vitkit.train.optim import create_optimizer
 
 
 @dataclass
@@ -121,6 +120,98 @@ def _timm_model(name: str, img_size: tuple[int, int], dynamic: bool, device: tor
     return timm.create_model(name, pretrained=False, **kwargs).to(device).eval()
 
 
+OptimizerFactory = Callable[..., torch.optim.Optimizer]  # (model, lr=..., weight_decay=...) -> optimizer
+Candidate = tuple[str, Callable[[], object]]  # (precision the GEMMs run in, one step)
+
+
+def adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """torch's AdamW over all parameters, its fused kernel where torch has one (CPU, CUDA): the default
+    optimizer of timed training steps; `vitkit bench --train` passes `vitkit.train.create_optimizer`."""
+    device = next(model.parameters()).device.type
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=device in ("cpu", "cuda"))
+
+
+def build_candidates(
+    model_name: str,
+    batch: int,
+    size: tuple[int, int],
+    precision: str,
+    compile: bool,
+    train: bool,
+    compare: str | None,
+    dev: torch.device,
+    optimizer: OptimizerFactory,
+) -> dict[str, Candidate]:
+    """The steps to time, by candidate name, all on one random batch (see `bench` for the candidates)."""
+    config = model_entry(model_name).config
+    dynamic = size != to_2tuple(config.img_size)
+    torch.manual_seed(0)
+    model = create_model(model_name, **({"dynamic_img_size": True} if dynamic else {})).to(dev).eval()
+    x = torch.randn(batch, config.in_chans, *size, device=dev)
+    reference = _timm_model(model_name, size, dynamic, dev) if compare == "timm" else None
+    if reference is not None:
+        model.load_state_dict(reference.state_dict())  # the same weights: the same work
+    bf16 = precision == "bf16"
+    candidates: dict[str, Candidate] = {}
+    if not train:
+        fast = optimize(model, precision, compile=compile)
+        candidates[f"vitkit {precision}{' compiled' if compile else ''}"] = (precision, _inference_step(fast, x))
+        if reference is not None:
+            candidates["timm fp32"] = ("fp32", _inference_step(reference, x))
+            if bf16:
+                candidates["timm autocast-bf16"] = ("bf16", _inference_step(reference, x, autocast=True))
+        return candidates
+    # vitkit's step is the one `vitkit train` runs when given its optimizer; timm's candidates use torch's AdamW
+    # with its defaults, as a timm training script does.
+    vitkit_optimizer = optimizer(model, lr=1e-4, weight_decay=0.05)
+    net = torch.compile(model) if compile else model
+    label = f"vitkit {'autocast-bf16' if bf16 else 'fp32'} train{' compiled' if compile else ''}"
+    candidates[label] = (precision, _train_step(net, x, config.num_classes, bf16, vitkit_optimizer))
+    if reference is not None:
+        timm_adamw = torch.optim.AdamW(reference.parameters(), lr=1e-4)
+        candidates["timm fp32 train"] = ("fp32", _train_step(reference, x, config.num_classes, False, timm_adamw))
+        if bf16:
+            timm_bf16 = _timm_model(model_name, size, dynamic, dev)
+            timm_adamw = torch.optim.AdamW(timm_bf16.parameters(), lr=1e-4)
+            step = _train_step(timm_bf16, x, config.num_classes, True, timm_adamw)
+            candidates["timm autocast-bf16 train"] = ("bf16", step)
+    return candidates
+
+
+def time_candidates(
+    candidates: dict[str, Candidate], batch: int, flops: int, rounds: int, warmup: int, device: torch.device
+) -> tuple[list[Result], dict[str, float]]:
+    """Run each candidate's step `warmup` times, then `rounds` times interleaved with the others; returns their
+    results (medians; MFU from `flops` per step) and the GEMM rate measured for each precision."""
+    rates = {p: gemm_rate(p, device) for p in sorted({p for p, _ in candidates.values()})}
+    for _, step in candidates.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(rounds):
+        for name, (_, step) in candidates.items():
+            _sync(device)
+            start = time.perf_counter()
+            step()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    results = []
+    for name, (prec, step) in candidates.items():
+        median = statistics.median(times[name])
+        results.append(
+            Result(
+                name=name,
+                precision=prec,
+                images_per_second=batch / median,
+                latency_ms=1000 * median,
+                peak_memory_bytes=_peak_memory(step, device),
+                mfu=flops / median / rates[prec],
+                times_ms=[1000 * t for t in times[name]],
+            )
+        )
+    return results, rates
+
+
 def bench(
     model_name: str,
     batch: int = 16,
@@ -132,12 +223,13 @@ def bench(
     rounds: int = 10,
     warmup: int = 2,
     device: str = "cpu",
+    optimizer: OptimizerFactory = adamw,
 ) -> Report:
     """Benchmark a registered model, optionally against timm's model of the same name.
 
     Inference candidates: vitkit `optimize(model, precision, compile)`; with `compare="timm"`: timm fp32 eager,
     and for bf16 also timm under `torch.autocast` (how timm users get bf16). Training candidates (one step is
-    forward + backward + AdamW): vitkit in `precision` (bf16 = autocast) with vitkit's AdamW, timm fp32 (and timm
+    forward + backward + AdamW): vitkit in `precision` (bf16 = autocast) with `optimizer`, timm fp32 (and timm
     autocast for bf16) with torch's AdamW at its defaults.
 
     Args:
@@ -151,6 +243,8 @@ def bench(
         rounds: timed steps per candidate (interleaved).
         warmup: untimed steps per candidate first.
         device: "cpu" or "cuda".
+        optimizer: builds the vitkit training candidate's optimizer, called as
+            ``optimizer(model, lr=..., weight_decay=...)``; `vitkit bench` passes `vitkit.train.create_optimizer`.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
@@ -163,76 +257,8 @@ def bench(
         raise ValueError("device 'cuda' asked for, but torch sees no CUDA device")
     config = model_entry(model_name).config
     size = to_2tuple(img_size if img_size is not None else config.img_size)
-    dynamic = size != to_2tuple(config.img_size)
-    overrides = {"dynamic_img_size": True} if dynamic else {}
-    torch.manual_seed(0)
-    model = create_model(model_name, **overrides).to(dev).eval()
-    x = torch.randn(batch, config.in_chans, *size, device=dev)
-
-    candidates: dict[str, tuple[str, Callable[[], object]]] = {}
-    reference = _timm_model(model_name, size, dynamic, dev) if compare == "timm" else None
-    if reference is not None:
-        model.load_state_dict(reference.state_dict())  # the same weights: the same work
-    bf16 = precision == "bf16"
-    if train:
-        # vitkit's step is the one `vitkit train` runs (its AdamW: fused where torch has the kernel); timm's
-        # candidates use torch's AdamW with its defaults, as a timm training script does.
-        optimizer = create_optimizer(model, lr=1e-4, weight_decay=0.05)
-        net = torch.compile(model) if compile else model
-        label = f"vitkit {'autocast-bf16' if bf16 else 'fp32'} train{' compiled' if compile else ''}"
-        candidates[label] = (precision, _train_step(net, x, config.num_classes, bf16, optimizer))
-        if reference is not None:
-            adamw = torch.optim.AdamW(reference.parameters(), lr=1e-4)
-            candidates["timm fp32 train"] = ("fp32", _train_step(reference, x, config.num_classes, False, adamw))
-            if bf16:
-                timm_bf16 = _timm_model(model_name, size, dynamic, dev)
-                adamw = torch.optim.AdamW(timm_bf16.parameters(), lr=1e-4)
-                step = _train_step(timm_bf16, x, config.num_classes, True, adamw)
-                candidates["timm autocast-bf16 train"] = ("bf16", step)
-    else:
-        fast = optimize(model, precision, compile=compile)
-        label = f"vitkit {precision}{' compiled' if compile else ''}"
-        candidates[label] = (precision, _inference_step(fast, x))
-        if reference is not None:
-            candidates["timm fp32"] = ("fp32", _inference_step(reference, x))
-            if bf16:
-                candidates["timm autocast-bf16"] = ("bf16", _inference_step(reference, x, autocast=True))
-
+    candidates = build_candidates(model_name, batch, size, precision, compile, train, compare, dev, optimizer)
     flops = profile(model_name, size, batch).matmul_flops * (3 if train else 1)
-    rates = {p: gemm_rate(p, dev) for p in sorted({p for p, _ in candidates.values()})}
-    for _, step in candidates.values():
-        for _ in range(warmup):
-            step()
-    times: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(rounds):
-        for name, (_, step) in candidates.items():
-            _sync(dev)
-            start = time.perf_counter()
-            step()
-            _sync(dev)
-            times[name].append(time.perf_counter() - start)
-    results = []
-    for name, (prec, step) in candidates.items():
-        median = statistics.median(times[name])
-        results.append(
-            Result(
-                name=name,
-                precision=prec,
-                images_per_second=batch / median,
-                latency_ms=1000 * median,
-                peak_memory_bytes=_peak_memory(step, dev),
-                mfu=flops / median / rates[prec],
-                times_ms=[1000 * t for t in times[name]],
-            )
-        )
-    return Report(
-        model_name,
-        batch,
-        size,
-        "train" if train else "inference",
-        str(dev),
-        torch.get_num_threads(),
-        flops,
-        rates,
-        results,
-    )
+    results, rates = time_candidates(candidates, batch, flops, rounds, warmup, dev)
+    mode = "train" if train else "inference"
+    return Report(model_name, batch, size, mode, str(dev), torch.get_num_threads(), flops, rates, results)

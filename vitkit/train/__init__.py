@@ -1,9 +1,9 @@
 """Training, evaluation and prediction: `fit(TrainConfig(...))` is what `vitkit train` runs."""
 
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from vitkit.train.config import DEFAULT_MODEL, DEFAULT_MODEL_ARGS, TrainConfig
+from vitkit.train.config import DEFAULT_MODEL, TrainConfig
 from vitkit.train.ema import ModelEma
-from vitkit.train.evaluate import EvalResult, evaluate, evaluate_model_dir, predict
+from vitkit.train.evaluate import EvalResult, Prediction, evaluate, evaluate_model_dir, predict, predict_files
 from vitkit.train.loop import METRICS_NAME, FitResult, build_training_model, fit, forward_loss
 from vitkit.train.model import enable_grad_checkpointing, load_for_finetune
 from vitkit.train.optim import create_optimizer, param_groups, warmup_cosine
@@ -11,11 +11,11 @@ from vitkit.train.optim import create_optimizer, param_groups, warmup_cosine
 __all__ = [
     "CHECKPOINT_NAME",
     "DEFAULT_MODEL",
-    "DEFAULT_MODEL_ARGS",
     "METRICS_NAME",
     "EvalResult",
     "FitResult",
     "ModelEma",
+    "Prediction",
     "TrainConfig",
     "build_training_model",
     "create_optimizer",
@@ -28,6 +28,7 @@ __all__ = [
     "load_for_finetune",
     "param_groups",
     "predict",
+    "predict_files",
     "save_checkpoint",
     "warmup_cosine",
 ]

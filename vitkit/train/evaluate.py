@@ -6,7 +6,11 @@ Letters: B batch, K classes.
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,11 +26,12 @@ from vitkit.data import (
     load_eval_split,
     make_loader,
     normalize,
+    open_image,
     preprocess,
 )
 from vitkit.layers import to_2tuple
 from vitkit.train.distributed import DistEnv, all_reduce_sum, resolve_device
-from vitkit.weights.io import from_pretrained
+from vitkit.weights import from_pretrained
 
 
 @dataclass(frozen=True)
@@ -37,11 +42,40 @@ class EvalResult:
     count: int  # images evaluated
     confusion: torch.Tensor  # (K, K) int64 counts: row = true class, column = predicted class
     skipped: tuple[str, ...]  # images that could not be read
+    classes: tuple[str, ...] = ()  # the K class names, in label order (empty when not known)
 
     @property
     def per_class(self) -> torch.Tensor:
         """(K,) accuracy of each class (NaN for a class with no images)."""
         return self.confusion.diagonal().double() / self.confusion.sum(dim=1).double()
+
+    def class_accuracies(self) -> dict[str, float | None]:
+        """Accuracy by class name (None for a class with no images); classes named by their index when unnamed."""
+        names = self.classes or tuple(str(k) for k in range(len(self.confusion)))
+        accuracies = self.per_class.tolist()
+        return {name: None if math.isnan(acc) else acc for name, acc in zip(names, accuracies, strict=True)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values: images, loss, top1, top5, per_class (name -> accuracy or None), confusion, skipped."""
+        return {
+            "images": self.count,
+            "loss": self.loss,
+            "top1": self.top1,
+            "top5": self.top5,
+            "per_class": self.class_accuracies(),
+            "confusion": self.confusion.tolist(),
+            "skipped": list(self.skipped),
+        }
+
+
+@dataclass(frozen=True)
+class Prediction:
+    image: str  # the image file
+    top: list[tuple[str, float]]  # (class name, probability), most probable first
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values: image, top (a list of {class, probability})."""
+        return {"image": self.image, "top": [{"class": name, "probability": p} for name, p in self.top]}
 
 
 def autocast(device: torch.device, precision: str) -> torch.autocast:
@@ -90,7 +124,7 @@ def evaluate(
     if count == 0:
         raise ValueError("no readable images to evaluate")
     loss, top1, top5 = (totals[:3] / count).tolist()
-    return EvalResult(loss, top1, top5, count, confusion, tuple(skipped))
+    return EvalResult(loss, top1, top5, count, confusion, tuple(skipped), tuple(info.classes))
 
 
 def evaluate_model_dir(
@@ -130,3 +164,11 @@ def predict(
         [(info.classes[i], p) for i, p in zip(row_i.tolist(), row_p.tolist(), strict=True)]
         for row_i, row_p in zip(indices, values, strict=True)
     ]
+
+
+def predict_files(
+    model: nn.Module, info: DataInfo, paths: Sequence[str | os.PathLike], top_k: int = 5
+) -> list[Prediction]:
+    """`predict` for image files: each file's `top_k` classes with its name, in the order given."""
+    results = predict(model, info, [open_image(path) for path in paths], top_k)
+    return [Prediction(os.fspath(path), top) for path, top in zip(paths, results, strict=True)]

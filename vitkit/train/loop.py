@@ -49,7 +49,7 @@ from vitkit.data import (
 from vitkit.layers import to_2tuple
 from vitkit.models.registry import create_model
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from vitkit.train.config import CONFIG_NAME, TrainConfig
+from vitkit.train.config import CONFIG_NAME, TrainConfig, current_model_name
 from vitkit.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, gather_objects, setup
 from vitkit.train.ema import ModelEma
 from vitkit.train.evaluate import autocast, evaluate
@@ -129,7 +129,7 @@ def _batch_mixer(config: TrainConfig, num_classes: int) -> v2.Transform | None:
 
 
 def _check_resume(saved: dict[str, Any], config: TrainConfig) -> None:
-    current = config.to_dict()
+    saved, current = current_model_name(saved), current_model_name(config.to_dict())
     changed = sorted(k for k in current if k not in RESUME_MAY_CHANGE and saved.get(k) != current[k])
     if changed:
         details = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in changed)
@@ -382,7 +382,8 @@ def fit(config: TrainConfig, resume: bool = False, force: bool = False) -> FitRe
         config: the run; None defaults are resolved (`TrainConfig.resolved`) and written to config.json.
         resume: continue from OUT/checkpoint.pt when there is one (else start afresh); the options must match
             the checkpoint's except `RESUME_MAY_CHANGE`. A resumed run ends with the weights an uninterrupted
-            run would have had.
+            run would have had. `TrainConfig.for_resume(out, **changes)` gives the saved options with `changes`
+            applied, as `vitkit train --out OUT --resume` uses them.
         force: start afresh even when OUT already holds a run (its outputs are replaced).
     """
     env = setup(config.device)

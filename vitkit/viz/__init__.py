@@ -1,4 +1,4 @@
-"""Looking at models: attention maps and rollout, overlays on images, evaluation plots."""
+"""Looking at models: attention maps and rollout, overlays on images, evaluation and cost plots."""
 
 from vitkit.viz.attention import (
     attention_map,
@@ -9,7 +9,7 @@ from vitkit.viz.attention import (
     model_view,
     overlay,
 )
-from vitkit.viz.plots import confusion_image
+from vitkit.viz.plots import confusion_image, plot_scaling
 
 __all__ = [
     "attention_map",
@@ -20,4 +20,5 @@ __all__ = [
     "confusion_image",
     "model_view",
     "overlay",
+    "plot_scaling",
 ]

@@ -1,10 +1,12 @@
-"""Plots drawn with Pillow alone: the confusion matrix of an evaluation."""
+"""Plots: the confusion matrix of an evaluation (Pillow alone), and cost and activation memory against image size
+(matplotlib, installed with the `plot` extra)."""
 
 from __future__ import annotations
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
+from vitkit.analysis.report import ScalePoint, crossover
 from vitkit.viz.attention import colorize
 
 
@@ -36,3 +38,36 @@ def confusion_image(confusion: torch.Tensor, classes: list[str] | tuple[str, ...
     draw.text((margin + K * cell / 2, cell / 2), "predicted", fill="black", font=font, anchor="mm")
     draw.text((4, cell / 2), "true", fill="black", font=font, anchor="lm")
     return image
+
+
+def plot_scaling(points: list[ScalePoint], path: str, title: str) -> None:
+    """Draw FLOPs (N^2 and linear terms) and peak activation memory against image side to a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise OSError("plotting needs matplotlib: pip install 'vitkit[plot]'") from err
+    sides = [p.side for p in points]
+    fig, (ax_flops, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax_flops.plot(sides, [p.quadratic_flops / 1e9 for p in points], "o-", label="attention N^2 terms")
+    ax_flops.plot(sides, [p.linear_flops / 1e9 for p in points], "s-", label="linear terms (qkv, proj, MLP, ...)")
+    cross = crossover(points)
+    if cross is not None:
+        ax_flops.axvline(cross.side, color="grey", linestyle="--")
+        ax_flops.annotate(
+            f"N^2 terms dominate from {cross.side}px\n({cross.tokens} tokens)",
+            (cross.side, cross.linear_flops / 1e9),
+            xytext=(12, -90),
+            textcoords="offset points",
+        )
+    ax_flops.set(xlabel="image side (px)", ylabel="GFLOPs per forward", yscale="log", title=title)
+    ax_flops.legend()
+    ax_mem.plot(sides, [p.activation_bytes_sdpa / 2**20 for p in points], "o-", label="sdpa (fused)")
+    ax_mem.plot(sides, [p.activation_bytes_math / 2**20 for p in points], "s-", label="math (explicit N x N)")
+    ax_mem.set(xlabel="image side (px)", ylabel="peak activations (MiB)", yscale="log", title="activation memory")
+    ax_mem.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,7 +1,15 @@
 """Model weights: vitkit's own directories, and converters from and to other libraries' layouts
 (timm, torchvision, Hugging Face transformers)."""
 
-from vitkit.weights.convert import LoadReport, export_weights, load_pretrained, load_weights
-from vitkit.weights.io import from_pretrained, save_pretrained
+from vitkit.weights.convert import LoadReport, convert, export_weights, from_pretrained, load_pretrained, load_weights
+from vitkit.weights.io import save_pretrained
 
-__all__ = ["LoadReport", "export_weights", "from_pretrained", "load_pretrained", "load_weights", "save_pretrained"]
+__all__ = [
+    "LoadReport",
+    "convert",
+    "export_weights",
+    "from_pretrained",
+    "load_pretrained",
+    "load_weights",
+    "save_pretrained",
+]

@@ -5,6 +5,8 @@ transformers). A checkpoint is renamed by its format's table (`vitkit.weights.to
 `vitkit.weights.hf`), fitted to the model (position table resampled, classifier kept on request), its
 keys and shapes checked, and only then loaded. Every library stores Linear weights as (out, in) and
 convolutions as (out, in, kh, kw), so no tensor is transposed: conversions rename, concatenate and split.
+Whole model directories (vitkit's and Hugging Face's) are read by `from_pretrained` / `load_pretrained`;
+`convert` reads a directory or a checkpoint file in one layout and writes another.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vitkit.layers import resample_abs_pos_embed
-from vitkit.models.registry import build_model, family_of, replace_config
+from vitkit.models.registry import build_model, create_model, family_of, replace_config
 from vitkit.weights import hf, torchvision
 from vitkit.weights.io import (
     CONFIG_NAME,
@@ -322,6 +324,78 @@ def load_pretrained(
     return model.eval(), _load(model, obj, str(directory), "hf", strict=True, reset_head=reset_head)
 
 
+def from_pretrained(directory: str | os.PathLike, **overrides: Any) -> nn.Module:
+    """Rebuild a model from a directory written by `save_pretrained`, or by Hugging Face transformers'
+    `save_pretrained` (ViT, DeiT, Swin: the vitkit model equal to the transformers one, weights converted).
+
+    Args:
+        directory: folder holding `config.json` and `model.safetensors` (Hugging Face: or `pytorch_model.bin`).
+        overrides: config fields to replace, e.g. ``attn_backend="math"`` or ``dynamic_img_size=True``.
+    """
+    directory = Path(directory)
+    config_path = directory / CONFIG_NAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: expected a directory written by vitkit.save_pretrained")
+    if is_hf_config(read_json(config_path)):
+        return load_pretrained(directory, **overrides)[0]
+    weights_path = directory / WEIGHTS_NAME
+    if not weights_path.is_file():
+        raise FileNotFoundError(f"{weights_path} not found: expected a directory written by vitkit.save_pretrained")
+    model = build_from_config(directory, **overrides)
+    state = read_checkpoint(weights_path)
+    check_state_dict(model, state, source=str(weights_path))
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def same_layout(a: str, b: str) -> bool:
+    """Whether two format names mean the same parameter layout ("vitkit" keeps timm's names)."""
+    return a == b or {a, b} == {"timm", "vitkit"}
+
+
+def convert(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    src_format: str = "auto",
+    dst_format: str = "vitkit",
+    model_name: str | None = None,
+    reset_head: bool = False,
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[LoadReport, Path]:
+    """Read weights in one library's layout and write them in another's (what `vitkit convert` does).
+
+    Args:
+        src: a model directory with its own `config.json` (vitkit or Hugging Face; see `load_pretrained`), or a
+            checkpoint file (`.safetensors`, `.pth`, `.pt`, `.bin`), which carries no config: then `model_name`
+            names the registered model to load it into.
+        dst: where to write (see `export_weights`): a directory for "vitkit" / "hf", a file for "timm" / "torchvision".
+        src_format: "auto" or the layout of `src`; a model directory must be in it.
+        dst_format: the layout to write.
+        model_name: the registered model for a checkpoint file; not for a model directory.
+        reset_head: keep the built model's freshly initialised classifier, not the checkpoint's.
+        overrides: config fields to replace, e.g. ``{"num_classes": 10}``.
+
+    Returns:
+        (what loading `src` did, the path written).
+    """
+    src, overrides = Path(src), dict(overrides or {})
+    if (src / CONFIG_NAME).is_file():
+        if model_name:
+            raise ValueError(f"{src} is a model directory with its own {CONFIG_NAME}; --model is for checkpoint files")
+        model, report = load_pretrained(src, reset_head=reset_head, **overrides)
+        if src_format != "auto" and not same_layout(src_format, report.format):
+            raise ValueError(f"{src} is a {report.format} directory, not {src_format}")
+    else:
+        if not model_name:
+            raise ValueError(
+                f"{src} is a checkpoint file without a config: name the model with --model "
+                "(e.g. --model vit_base_patch16_224; see `vitkit models`)"
+            )
+        model = create_model(model_name, **overrides)
+        report = load_weights(model, src, format=src_format, reset_head=reset_head)
+    return report, export_weights(model.eval(), dst, format=dst_format)
+
+
 def export_weights(model: nn.Module, path: str | os.PathLike, format: str) -> Path:
     """Write `model`'s weights in another library's layout; returns the path written.
 
@@ -376,4 +450,14 @@ def _write_hf_directory(model: nn.Module, state: dict[str, torch.Tensor], direct
     return directory
 
 
-__all__ = ["FORMATS", "LoadReport", "detect_format", "export_weights", "load_pretrained", "load_weights"]
+__all__ = [
+    "FORMATS",
+    "LoadReport",
+    "convert",
+    "detect_format",
+    "export_weights",
+    "from_pretrained",
+    "load_pretrained",
+    "load_weights",
+    "same_layout",
+]

@@ -133,33 +133,6 @@ def is_hf_config(config: Any) -> bool:
     return isinstance(config, dict) and "model_type" in config and "family" not in config
 
 
-def from_pretrained(directory: str | os.PathLike, **overrides: Any) -> nn.Module:
-    """Rebuild a model from a directory written by `save_pretrained`, or by Hugging Face transformers'
-    `save_pretrained` (ViT, DeiT, Swin: the vitkit model equal to the transformers one, weights converted).
-
-    Args:
-        directory: folder holding `config.json` and `model.safetensors` (Hugging Face: or `pytorch_model.bin`).
-        overrides: config fields to replace, e.g. ``attn_backend="math"`` or ``dynamic_img_size=True``.
-    """
-    directory = Path(directory)
-    config_path = directory / CONFIG_NAME
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: expected a directory written by vitkit.save_pretrained")
-    if is_hf_config(read_json(config_path)):
-        # Imported here, not at the top: the converters import this module.
-        from vitkit.weights.convert import load_pretrained
-
-        return load_pretrained(directory, **overrides)[0]
-    weights_path = directory / WEIGHTS_NAME
-    if not weights_path.is_file():
-        raise FileNotFoundError(f"{weights_path} not found: expected a directory written by vitkit.save_pretrained")
-    model = build_from_config(directory, **overrides)
-    state = read_checkpoint(weights_path)
-    check_state_dict(model, state, source=str(weights_path))
-    model.load_state_dict(state)
-    return model.eval()
-
-
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Read a checkpoint file without running any code from it.
 
@@ -217,7 +190,6 @@ __all__ = [
     "atomic_write",
     "build_from_config",
     "check_state_dict",
-    "from_pretrained",
     "is_hf_config",
     "read_checkpoint",
     "read_json",

@@ -1,0 +1,68 @@
+"""`TrainConfig`: every field is a `vitkit train` option, resuming with the saved settings, the default model and
+how older runs spelled it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from vitkit.cli import build_parser
+from vitkit.models.registry import model_entry
+from vitkit.train import DEFAULT_MODEL, TrainConfig, fit
+from vitkit.train.config import LEGACY_DEFAULT_MODEL, LEGACY_DEFAULT_MODEL_ARGS, current_model_name
+
+
+def test_every_field_is_a_train_option():
+    train = next(a for a in build_parser()._actions if a.dest == "command").choices["train"]
+    options = {a.dest: a for a in train._actions}
+    assert {f.name for f in dataclasses.fields(TrainConfig)} <= set(options)
+    assert options["model_args"].option_strings == ["--model-arg"]
+    assert options["epochs"].help == "passes over the training data (default: 40)"
+    assert options["precision"].choices == ("fp32", "bf16")
+
+
+def test_for_resume_replaces_the_given_fields_of_the_saved_config(tmp_path):
+    assert TrainConfig.for_resume(tmp_path, epochs=3) == TrainConfig(out=str(tmp_path), epochs=3)
+    saved = TrainConfig(out="elsewhere", epochs=5, lr=0.01, model="vit_small_patch16_224", model_args={"depth": 2})
+    saved.save(tmp_path)
+    resumed = TrainConfig.for_resume(tmp_path, workers=2)
+    assert resumed == dataclasses.replace(saved, out=str(tmp_path), workers=2)
+    assert TrainConfig.for_resume(tmp_path, epochs=7).epochs == 7
+
+
+def test_default_model_is_the_digits_vit_with_no_replaced_fields():
+    resolved = TrainConfig().resolved()
+    assert resolved.model == DEFAULT_MODEL == "vit_digits_patch7_28" and resolved.model_args == {}
+    assert TrainConfig(model_args={"depth": 6}).resolved().model_args == {"depth": 6}
+    digits = model_entry(DEFAULT_MODEL).config
+    assert (digits.img_size, digits.patch_size, digits.embed_dim, digits.depth) == (28, 7, 128, 4)
+    assert (digits.num_heads, digits.mlp_ratio, digits.num_classes) == (4, 2.0, 10)
+    # Older runs spelled it as vit_tiny_patch16_224 with fields replaced: the same architecture.
+    legacy = dataclasses.replace(model_entry(LEGACY_DEFAULT_MODEL).config, **LEGACY_DEFAULT_MODEL_ARGS, num_classes=10)
+    assert legacy == digits
+
+
+def test_current_model_name_reads_the_older_spelling():
+    old = {"model": LEGACY_DEFAULT_MODEL, "model_args": {**LEGACY_DEFAULT_MODEL_ARGS, "depth": 6}, "epochs": 3}
+    assert current_model_name(old) == {"model": DEFAULT_MODEL, "model_args": {"depth": 6}, "epochs": 3}
+    partial = {"model": LEGACY_DEFAULT_MODEL, "model_args": {"img_size": 28}}
+    assert current_model_name(partial) == partial
+    other = {"model": "vit_small_patch16_224", "model_args": dict(LEGACY_DEFAULT_MODEL_ARGS)}
+    assert current_model_name(other) == other
+
+
+def test_a_run_of_the_older_spelling_resumes_under_the_digits_model(tmp_path, digit_folder):
+    """A run written with the default model's older spelling trains the weights of vit_digits_patch7_28, bit for
+    bit, and resumes both under the new default and from its own config.json."""
+    base = dict(data=str(digit_folder), val_fraction=0.25, batch_size=8, warmup_epochs=0.5, device="cpu", epochs=2)
+    fit(TrainConfig(out=str(tmp_path / "new"), **base))
+    old = tmp_path / "old"
+    fit(TrainConfig(out=str(old), model=LEGACY_DEFAULT_MODEL, model_args=LEGACY_DEFAULT_MODEL_ARGS, **base))
+    assert json.loads((old / "config.json").read_text())["model"] == LEGACY_DEFAULT_MODEL
+    new, legacy = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("new", "old"))
+    assert new.keys() == legacy.keys() and all(torch.equal(new[k], legacy[k]) for k in new)
+    assert fit(TrainConfig(out=str(old), **base), resume=True).epochs_done == 2
+    assert fit(TrainConfig.for_resume(old), resume=True).epochs_done == 2
