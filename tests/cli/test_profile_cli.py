@@ -48,3 +48,14 @@ def test_bad_arguments(capsys):
     assert "expected a size like 224 or 256x320, got '22ax3'" in capsys.readouterr().err
     assert main(["profile", "vit_tiny_patch16_224", "--img-size", "100"]) == 2
     assert "not a positive multiple of patch size 16" in capsys.readouterr().err
+
+
+def test_dtype_and_device_pick_the_attention_path_counted(capsys):
+    assert main(["profile", "vit_tiny_patch16_224", "--dtype", "bf16", "--by", "op", "--json"]) == 0
+    cpu = json.loads(capsys.readouterr().out)
+    assert main(["profile", "vit_tiny_patch16_224", "--dtype", "bf16", "--device", "cuda", "--json"]) == 0
+    gpu = json.loads(capsys.readouterr().out)
+    assert (cpu["dtype"], cpu["device"], gpu["device"]) == ("bfloat16", "cpu", "cuda")
+    assert {"q_copy", "k_copy", "v_copy"} <= {op["op"] for op in cpu["ops"]}  # the explicit path runs on CPU
+    assert not {"q_copy", "k_copy", "v_copy"} & {op["op"] for op in gpu["ops"]}  # the fused kernel on GPUs
+    assert cpu["matmul_flops"] == gpu["matmul_flops"]

@@ -112,6 +112,13 @@ def profile(
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     model = require_model(_resolve(model_or_name, img_size, measure, overrides or {}), "profile")
+    if measure and isinstance(model_or_name, str):
+        model = model.to(device, dtype)  # measured where and as the costs assume
+    elif measure and next(model.parameters()).dtype != dtype:
+        raise ValueError(
+            f"measure=True runs the model as it is: its weights are {next(model.parameters()).dtype}, the costs "
+            f"assume {dtype}; pass dtype={next(model.parameters()).dtype} or convert the model"
+        )
     size = to_2tuple(img_size if img_size is not None else model.config.img_size)
     ops = model.cost(size, batch, dtype=dtype, device=device)
     layers = attention_layers(model)

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+import torch
+
 from vitkit.analysis.profile import Report, profile
 from vitkit.analysis.report import crossover, grouped, scaling, shape_flow, shares
 from vitkit.cli.options import parse_size
 from vitkit.viz import plot_scaling
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 HELP = "cost of a model: FLOPs per operator (attention included), parameters, activation memory, shape flow"
 
@@ -20,6 +24,10 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", choices=("auto", "sdpa", "math"), default="auto", help="attention backend to assume (default auto)"
     )
+    parser.add_argument(
+        "--dtype", choices=tuple(DTYPES), default="fp32", help="activation dtype to assume (default fp32)"
+    )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to assume (default cpu)")
     parser.add_argument("--by", choices=("block", "op", "layer"), default="block", help="group rows (default block)")
     parser.add_argument("--train", action="store_true", help="also show forward+backward FLOPs and saved activations")
     parser.add_argument("--measure", action="store_true", help="run one forward pass and report the measured FLOPs")
@@ -29,7 +37,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     overrides = {"attn_backend": args.backend}
-    report = profile(args.model, args.img_size, args.batch, measure=args.measure, overrides=overrides)
+    dtype = DTYPES[args.dtype]
+    report = profile(args.model, args.img_size, args.batch, args.measure, dtype, args.device, overrides)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -47,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
 
 def print_report(report: Report, by: str, train: bool) -> None:
     H, W = report.img_size
-    print(f"{report.model}  input {report.batch}x{H}x{W}  attention backend {report.backend}  params {report.params:,}")
+    print(
+        f"{report.model}  input {report.batch}x{H}x{W}  {report.dtype} on {report.device}  "
+        f"attention backend {report.backend}  params {report.params:,}"
+    )
     rows = grouped(report, by)
     width = max(12, *(len(r.name) for r in rows))
     extra = f"  {'train GFLOPs':>12}" if train else ""

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from vitkit.layers import resample_abs_pos_embed
+from vitkit.layers import resample_abs_pos_embed, to_2tuple
 from vitkit.models.registry import build_model, create_model, family_of, replace_config
 from vitkit.weights import hf, torchvision
 from vitkit.weights.io import (
@@ -84,7 +84,10 @@ def _resample_vit_pos_embed(model: nn.Module, state: dict[str, torch.Tensor]) ->
     old, new = state.get("pos_embed"), model.state_dict().get("pos_embed")
     if old is None or new is None or old.shape == new.shape or old.ndim != 3 or old.shape[-1] != new.shape[-1]:
         return []  # equal, or not a resampling case: the shape check reports the rest
-    prefix, grid = model.num_prefix_tokens, model.patch_embed.grid_size
+    layout = model.token_grid(to_2tuple(model.config.img_size))  # the model interface: (prefix tokens, grid)
+    if layout is None:
+        return []
+    prefix, grid = layout
     side = round((old.shape[1] - prefix) ** 0.5)
     if old.shape[1] <= prefix or side * side != old.shape[1] - prefix:
         raise ValueError(
