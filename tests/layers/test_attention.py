@@ -222,3 +222,90 @@ def test_attend_broadcasts_and_takes_boolean_masks_like_the_fused_kernel(backend
 def test_empty_batch(backend):
     layer = Attention(16, num_heads=2, backend=backend).bfloat16()
     assert layer(torch.zeros(0, 4, 16, dtype=torch.bfloat16)).shape == (0, 4, 16)
+
+
+def multihead_reference(layer: Attention, query, key, value, mask):
+    """torch's nn.MultiheadAttention with the layer's weights: in_proj = qkv (rows q | k | v), out_proj = proj."""
+    C = query.shape[-1]
+    mha = torch.nn.MultiheadAttention(C, layer.num_heads, batch_first=True)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(layer.qkv.weight)
+        mha.in_proj_bias.copy_(layer.qkv.bias)
+        mha.out_proj.load_state_dict(layer.proj.state_dict())
+    padding = None if mask is None else ~mask[:, 0, 0]  # (B, Nk), True: ignore
+    return mha(query, key, value, key_padding_mask=padding, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "math", "auto"])
+@pytest.mark.parametrize("pattern", ["q=k", "k=v", "all differ"])
+def test_cross_attention_matches_multihead_attention(backend, pattern):
+    torch.manual_seed(0)
+    layer = Attention(32, num_heads=4, backend=backend)
+    x, memory, pos = torch.randn(2, 7, 32), torch.randn(2, 11, 32), torch.randn(2, 11, 32)
+    mask = torch.ones(2, 1, 1, 11, dtype=torch.bool)
+    mask[1, ..., 8:] = False  # the second image's last keys are padding
+    if pattern == "q=k":  # DETR's encoder: positions on queries and keys, not on values
+        query, key, value, mask = memory + pos, memory + pos, memory, mask
+        out = layer(query, mask, value=memory)
+    elif pattern == "k=v":  # one memory for keys and values
+        query, key, value = x, memory, memory
+        out = layer(x, mask, key=memory)
+    else:  # DETR's cross-attention
+        query, key, value = x, memory + pos, memory
+        out = layer(x, mask, key=key, value=memory)
+    expected = multihead_reference(layer, query, key, value, mask)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    for dtype in (torch.bfloat16,) if backend == "auto" else ():  # auto's explicit path in bf16 on CPU
+        bf16 = layer.to(dtype)(*(t.to(dtype) for t in (query,)), mask, key=key.to(dtype), value=value.to(dtype))
+        torch.testing.assert_close(bf16.float(), expected, atol=5e-2, rtol=5e-2)
+
+
+def test_cross_attention_gradients_and_capture():
+    torch.manual_seed(0)
+    layer = Attention(16, num_heads=2, backend="sdpa")
+    tgt, memory = torch.randn(2, 3, 16, requires_grad=True), torch.randn(2, 5, 16, requires_grad=True)
+    layer(tgt, key=memory).sum().backward()
+    grads = [tgt.grad.clone(), memory.grad.clone(), layer.qkv.weight.grad.clone()]
+    tgt.grad = memory.grad = layer.qkv.weight.grad = None
+    layer.backend = "math"
+    with capture_attention(layer) as maps:
+        layer(tgt, key=memory).sum().backward()
+    for expected, got in zip(grads, [tgt.grad, memory.grad, layer.qkv.weight.grad], strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert maps[""].shape == (2, 2, 3, 5)  # (B, heads, queries, keys): the per-object maps of DETR
+    torch.testing.assert_close(maps[""].sum(-1), torch.ones(2, 2, 3))
+
+
+def test_cross_attention_inputs_are_checked():
+    layer = Attention(16, num_heads=2)
+    with pytest.raises(ValueError, match=r"attention key must be \(B, N, 16\), got shape \(2, 5, 8\)"):
+        layer(torch.randn(2, 3, 16), key=torch.randn(2, 5, 8))
+    with pytest.raises(ValueError, match="must share the batch, and key and value the tokens"):
+        layer(torch.randn(2, 3, 16), key=torch.randn(2, 5, 16), value=torch.randn(2, 4, 16))
+
+
+@pytest.mark.parametrize("pattern", ["self", "q=k", "k=v", "all differ"])
+def test_cross_attention_cost_equals_flop_counter(pattern):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vitkit.analysis import inference_peak_bytes
+    from vitkit.analysis.memory import PeakMemory
+    from vitkit.layers.cost import CostContext, given
+
+    layer = Attention(32, num_heads=4, backend="math").eval()
+    x, memory, pos = torch.randn(2, 7, 32), torch.randn(2, 11, 32), torch.randn(2, 11, 32)
+    X, M, P = given(x.shape), given(memory.shape), given(pos.shape)
+    cases = {  # queries and forward keywords, then the same for cost
+        "self": ((x, {}), (X, {})),
+        "q=k": ((pos, {"value": memory}), (P, {"value": M})),
+        "k=v": ((x, {"key": memory}), (X, {"key": M})),
+        "all differ": ((x, {"key": pos, "value": memory}), (X, {"key": P, "value": M})),
+    }
+    (query, run), (Q, costed) = cases[pattern]
+    ops = layer.cost("attn", Q, CostContext(), **costed)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter, PeakMemory() as memory_peak:
+        layer(query, **run)
+    assert sum(op.matmul_flops for op in ops) == counter.get_total_flops()
+    assert inference_peak_bytes(ops) == memory_peak.peak
+    gemms = [op.op for op in ops if op.op in ("qkv", "qk", "q", "kv", "k", "v")]
+    assert gemms == {"self": ["qkv"], "q=k": ["qk", "v"], "k=v": ["q", "kv"], "all differ": ["q", "k", "v"]}[pattern]

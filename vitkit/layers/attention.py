@@ -169,14 +169,62 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """Attend over tokens x (B, N, C); `bias` is added to the logits, broadcastable to (B, h, N, N)."""
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3C) -> (B, N, 3, h, d)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (3, B, h, N, d) -> 3 x (B, h, N, d)
-        x = self.attend(q, k, v, bias)  # (B, h, N, d)
-        x = x.transpose(1, 2).reshape(B, N, C)  # (B, N, h, d) -> (B, N, C)
+    def forward(
+        self, x: Tensor, bias: Tensor | None = None, *, key: Tensor | None = None, value: Tensor | None = None
+    ) -> Tensor:
+        """Attend from the queries x (B, Nq, C) over `key` (B, Nk, C) and `value` (B, Nk, C) -> (B, Nq, C).
+
+        Without `key` and `value` this is self-attention over x. `key` defaults to x and `value` to `key`, so
+        DETR's encoder, whose queries and keys carry the positions and whose values do not, is
+        ``attn(x + pos, value=x)`` and its cross-attention ``attn(tgt + query_pos, mask, key=memory + pos,
+        value=memory)``. `bias` is added to the logits, broadcastable to (B, h, Nq, Nk); a boolean one is a mask
+        (True: may attend).
+        """
+        key = x if key is None else key
+        value = key if value is None else value
+        self.check_inputs(x, key, value)
+        B, Nq, C = x.shape
+        if key is x and value is x:  # self-attention: one GEMM
+            qkv = self.qkv(x).reshape(B, Nq, 3, self.num_heads, self.head_dim)  # (B, N, 3C) -> (B, N, 3, h, d)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (3, B, h, N, d) -> 3 x (B, h, N, d)
+        else:
+            q, k, v = self.project(x, key, value)  # (B, h, Nq, d), (B, h, Nk, d), (B, h, Nk, d)
+        x = self.attend(q, k, v, bias)  # (B, h, Nq, d)
+        x = x.transpose(1, 2).reshape(B, Nq, C)  # (B, Nq, h, d) -> (B, Nq, C)
         return self.proj_drop(self.proj(x))
+
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> list[Tensor]:
+        """q, k, v, each (B, h, N, d), through the rows q | k | v of the fused `qkv` weight (3C, C).
+
+        Neighbouring projections of one tensor share a GEMM: DETR's q = k from x + pos takes one (B, N, 2C)
+        product and v another; cross-attention's k and v from one memory share theirs.
+        """
+        weight, bias = self.qkv.weight, self.qkv.bias  # (3C, C), (3C,)
+        C = weight.shape[1]
+        inputs, heads, start = (query, key, value), [], 0
+        while start < 3:
+            stop = start + 1
+            while stop < 3 and inputs[stop] is inputs[start]:
+                stop += 1
+            rows = slice(start * C, stop * C)
+            x = inputs[start]
+            y = F.linear(x, weight[rows], None if bias is None else bias[rows])  # (B, N, nC), n = stop - start
+            y = y.reshape(*x.shape[:2], stop - start, self.num_heads, self.head_dim)  # (B, N, n, h, d)
+            heads += y.permute(2, 0, 3, 1, 4).unbind(0)  # (n, B, h, N, d) -> n x (B, h, N, d)
+            start = stop
+        return heads
+
+    def check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        """ValueError unless query (B, Nq, C), key and value (B, Nk, C) agree with each other and with the layer."""
+        C = self.num_heads * self.head_dim
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.ndim != 3 or t.shape[-1] != C:
+                raise ValueError(f"attention {name} must be (B, N, {C}), got shape {tuple(t.shape)}")
+        if key.shape[:2] != value.shape[:2] or query.shape[0] != key.shape[0]:
+            raise ValueError(
+                f"attention query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} "
+                "must share the batch, and key and value the tokens"
+            )
 
     def path(self, device: torch.device, dtype: torch.dtype, weights_bytes: int) -> str:
         """Which of `PATHS` computes a call on `device` in `dtype` whose N x N weights take `weights_bytes`.
@@ -210,23 +258,48 @@ class Attention(nn.Module):
         attention = reference_attention if path == "reference" else explicit_attention
         return attention(q, k, v, bias, self.scale, dropout, self.capture_hook)
 
-    def cost(self, name: str, x: Value, ctx: CostContext, bias: Value | None = None) -> list[OpCost]:
-        """The operators of `forward` on tokens x (B, N, C), in forward order, for the path `ctx` selects.
+    def cost(
+        self,
+        name: str,
+        x: Value,
+        ctx: CostContext,
+        bias: Value | None = None,
+        key: Value | None = None,
+        value: Value | None = None,
+    ) -> list[OpCost]:
+        """The operators of `forward` on queries x (B, Nq, C), in forward order, for the path `ctx` selects.
 
         Args:
             name: this layer's qualified module name, used in the rows.
-            x: the input tokens (B, N, C).
+            x: the queries (B, Nq, C); `key` and `value` (B, Nk, C) default as in `forward`.
             ctx: the device and dtype the forward runs in.
             bias: the additive bias passed to the logits, if any.
         """
-        B, N, C = x.shape
-        qkv = linear_op(name, "qkv", x, 3 * C, self.qkv.bias is not None, ctx)  # 3BNC^2 MACs
-        qkv = dataclasses.replace(qkv, named=True)  # q, k, v: views kept until forward returns
-        q = k = v = view(qkv.output, (B, self.num_heads, N, self.head_dim))  # (B, h, N, d) views of (B, N, 3C)
-        ops = [qkv, *self.cost_attend(name, q, k, v, ctx, bias)]
-        merged = self.cost_merge_heads(name, q, k, ops[-1].output, ctx)  # (B, h, N, d) -> (B, N, C)
-        proj = linear_op(name, "proj", merged.output, C, self.proj.bias is not None, ctx)  # BNC^2 MACs
+        key = x if key is None else key
+        value = key if value is None else value
+        ops, (q, k, v) = self.cost_project(name, x, key, value, ctx)
+        ops += self.cost_attend(name, q, k, v, ctx, bias)
+        merged = self.cost_merge_heads(name, q, k, ops[-1].output, ctx)  # (B, h, Nq, d) -> (B, Nq, C)
+        proj = linear_op(name, "proj", merged.output, x.shape[-1], self.proj.bias is not None, ctx)  # BNqC^2 MACs
         return [*ops, merged, proj]
+
+    def cost_project(
+        self, name: str, query: Value, key: Value, value: Value, ctx: CostContext
+    ) -> tuple[list[OpCost], list[Value]]:
+        """The projection GEMMs of `forward` (one per run of neighbouring q, k, v made from one input, as in
+        `project`) and q (B, h, Nq, d), k, v (B, h, Nk, d): views of them, kept until forward returns."""
+        inputs, ops, heads, start = (query, key, value), [], [], 0
+        while start < 3:
+            stop = start + 1
+            while stop < 3 and inputs[stop] is inputs[start]:
+                stop += 1
+            x, n = inputs[start], stop - start
+            gemm = linear_op(name, "qkv"[start:stop], x, n * x.shape[-1], self.qkv.bias is not None, ctx)  # nBNC^2
+            ops.append(dataclasses.replace(gemm, named=True))
+            B, N, _ = x.shape
+            heads += [view(gemm.output, (B, self.num_heads, N, self.head_dim))] * n  # (B, h, N, d) of (B, N, nC)
+            start = stop
+        return ops, heads
 
     def cost_path(self, q: Value, k: Value, ctx: CostContext) -> str:
         """`path` for queries q (B, h, Nq, d) and keys k (B, h, Nk, d) in `ctx`."""
@@ -261,10 +334,12 @@ class Attention(nn.Module):
             # which keeps the N x N weights for backward
             weights = (new_value(logits, ctx),) if bias is not None else ()
             return [*ops, dataclasses.replace(out, saved=(q, k, v, out.output, *weights))]
-        if path == "reference":  # q * scale and the 4-D matmuls' copies of k and v are written out
-            ops.append(elementwise_op(name, "q*scale", q, 1, ctx))  # BNC
+        if path == "reference":  # q * scale and the 4-D matmuls' copies of q, k and v are written out
+            ops.append(elementwise_op(name, "q*scale", q, 1, ctx))  # BNC, laid out as q: (B, N, h, d)
+            ops.append(copy_op(name, "q_copy", ops[-1].output, q.shape, ctx))  # reshaped to (n, Nq, d): a copy
             ops.append(copy_op(name, "k_copy", k, k.shape, ctx))  # k^T reshaped to (n, d, Nk) copies the heads
-            ops.append(matmul_op(name, "q@k^T", (ops[-2].output, ops[-1].output), logits, heads_qk, ctx))
+            copies = (ops[-2].output, ops[-1].output)  # made inside the matmul, which still holds q * scale
+            ops.append(matmul_op(name, "q@k^T", (ops[-3].output, *copies), logits, heads_qk, ctx, saves=copies))
         else:  # explicit: q's and k's copies, the scale folded into baddbmm, freed after it
             ops.append(copy_op(name, "q_copy", q, q.shape, ctx))  # q reshaped to (n, Nq, d) copies the heads
             ops.append(copy_op(name, "k_copy", k, k.shape, ctx))  # k reshaped to (n, Nk, d) copies the heads
