@@ -3,7 +3,8 @@ the model interface (`vitkit.models.interface.VitkitModel`), gradient checkpoint
 
 A family added to the registry is covered here automatically; it only needs an entry in SMALL saying how to shrink
 it for a quick forward/backward while keeping the variant's width, heads and patch, and one in BLOCKS saying how
-many blocks `set_grad_checkpointing` wraps.
+many blocks `set_grad_checkpointing` wraps. A family whose forward returns more than logits (a detector's dict)
+says what in OUTPUTS.
 """
 
 import copy
@@ -24,11 +25,29 @@ SMALL = {
     "vit": lambda c: dict(img_size=2 * c.patch_size, depth=1),
     "swin": lambda c: dict(img_size=c.patch_size * 8 * 2, depths=(1,) * len(c.depths)),
     "botnet": lambda c: dict(img_size=64),
+    "detr": lambda c: dict(img_size=64, backbone_depths=(1, 1, 1, 1), enc_layers=1, dec_layers=2),
 }
 BLOCKS = {
     "vit": lambda c: c.depth,  # the encoder blocks
     "swin": lambda c: sum(c.depths),  # the blocks of every stage
     "botnet": lambda c: sum(c.depths),  # the bottleneck and BoT blocks of every stage
+    "detr": lambda c: sum(c.backbone_depths) + c.enc_layers + c.dec_layers,  # residual blocks, encoder, decoder
+}
+# The shapes forward returns for 2 images and 5 classes, where that is not classifier logits (2, 5): a dict of them.
+OUTPUTS = {
+    "detr": lambda c: {
+        "pred_logits": (2, c.num_queries, 6),  # the 5 classes and "no object"
+        "pred_boxes": (2, c.num_queries, 4),
+        "aux_outputs": [{"pred_logits": (2, c.num_queries, 6), "pred_boxes": (2, c.num_queries, 4)}]
+        * (c.dec_layers - 1),
+    },
+}
+# Trainable parameters that get no gradient from a freshly initialised model, and why.
+NO_GRADIENT_AT_INIT = {
+    # DETR's decoder slots start at zero, so every value of the first decoder self-attention is its value bias: the
+    # attention weights never matter (no gradient to q and k), and with the biases' zero init (nn.MultiheadAttention's)
+    # the output projection and the norm after it see zeros until those biases move.
+    "detr": {f"decoder.layers.0.{p}.weight" for p in ("self_attn.qkv", "self_attn.proj", "norm1")},
 }
 DROP_RATES = ("drop_rate", "attn_drop_rate", "drop_path_rate")
 
@@ -41,6 +60,26 @@ def small_model(name: str, **overrides) -> nn.Module:
     assert entry.family in SMALL, f"add shrink overrides for family {entry.family!r} to SMALL"
     torch.manual_seed(0)
     return vitkit.create_model(name, num_classes=5, **{**SMALL[entry.family](entry.config), **overrides})
+
+
+def output_shapes(out):
+    """The shape of each tensor in `out` (a tensor, or dicts and lists of them), in the same structure."""
+    if isinstance(out, torch.Tensor):
+        return tuple(out.shape)
+    if isinstance(out, dict):
+        return {key: output_shapes(value) for key, value in out.items()}
+    return [output_shapes(value) for value in out]
+
+
+def expected_shapes(name: str, config) -> object:
+    return OUTPUTS.get(model_entry(name).family, lambda c: (2, 5))(config)
+
+
+def square_mean(out) -> torch.Tensor:
+    """A scalar that depends on every output tensor: the sum of their mean squares."""
+    if isinstance(out, torch.Tensor):
+        return out.square().mean()
+    return sum(square_mean(value) for value in (out.values() if isinstance(out, dict) else out))
 
 
 def images(model: nn.Module, batch: int = 2) -> torch.Tensor:
@@ -68,10 +107,10 @@ def test_small_forward_backward_reaches_every_parameter(name):
     x = images(model)
     model.train()
     out = model(x)
-    assert out.shape == (2, 5)
-    out.square().mean().backward()
-    no_grad = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())]
-    assert no_grad == []
+    assert output_shapes(out) == expected_shapes(name, model.config)
+    square_mean(out).backward()
+    no_grad = {n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())}
+    assert no_grad == NO_GRADIENT_AT_INIT.get(model_entry(name).family, set())
 
     model.eval()
     with torch.no_grad():
@@ -89,10 +128,11 @@ def test_model_provides_the_interface(name):
     assert {"img_size", "in_chans", "num_classes"} <= {f.name for f in dataclasses.fields(config)}
     x = images(model)
     with torch.no_grad(), capture_attention(model) as maps:
-        logits = model(x)
+        out = model(x)
         features = model.forward_features(x)
-    torch.testing.assert_close(model.forward_head(features), logits)
-    assert logits.shape == (2, 5) and model.forward_head(features, pre_logits=True).shape[0] == 2
+    torch.testing.assert_close(model.forward_head(features), out)
+    assert output_shapes(out) == expected_shapes(name, config)
+    assert model.forward_head(features, pre_logits=True).shape[0] == 2
 
     # token_grid: (P, (Hp, Wp)) exactly when every attention layer attends over the same P + Hp * Wp tokens of
     # each image; None when the captured maps are windows (batch B * nW) or differ in size between layers.
@@ -137,9 +177,9 @@ def test_grad_checkpointing_keeps_gradients_and_state(name):
     assert list(wrapped.state_dict()) == list(plain.state_dict())
     x = images(plain)
     out, saved = _forward_saving(plain, x)
-    out.square().mean().backward()
+    square_mean(out).backward()
     out_wrapped, saved_wrapped = _forward_saving(wrapped, x)
-    out_wrapped.square().mean().backward()
+    square_mean(out_wrapped).backward()
     assert saved_wrapped < saved  # the blocks' activations were not kept
     torch.testing.assert_close(out_wrapped, out)
     for (param_name, p), q in zip(plain.named_parameters(), wrapped.parameters(), strict=True):

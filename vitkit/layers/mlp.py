@@ -1,11 +1,13 @@
-"""The transformer feed-forward block: Linear -> GELU -> Linear, with dropout."""
+"""The transformer feed-forward block: Linear -> GELU (or ReLU) -> Linear, with dropout."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from vitkit.layers.cost import GELU_FLOPS, CostContext, OpCost, Value, elementwise_op, linear_op
+from vitkit.layers.cost import GELU_FLOPS, RELU_FLOPS, CostContext, OpCost, Value, elementwise_op, linear_op
+
+ACTIVATIONS = ("gelu", "relu")
 
 
 class Mlp(nn.Module):
@@ -16,6 +18,7 @@ class Mlp(nn.Module):
         hidden_features: hidden channels (default: `in_features`).
         out_features: output channels (default: `in_features`).
         drop: dropout after the activation and after the second layer.
+        act: "gelu" (exact, erf-based: ViT, Swin) or "relu" (the original transformer's, DETR's).
     """
 
     def __init__(
@@ -24,12 +27,15 @@ class Mlp(nn.Module):
         hidden_features: int | None = None,
         out_features: int | None = None,
         drop: float = 0.0,
+        act: str = "gelu",
     ) -> None:
         super().__init__()
+        if act not in ACTIVATIONS:
+            raise ValueError(f"Mlp activation must be one of {ACTIVATIONS}, got {act!r}")
         hidden_features = hidden_features or in_features
         out_features = out_features or in_features
         self.fc1 = nn.Linear(in_features, hidden_features)
-        self.act = nn.GELU()  # exact (erf) GELU, as in the ViT paper and timm
+        self.act = nn.GELU() if act == "gelu" else nn.ReLU()  # GELU exact (erf), as in the ViT paper and timm
         self.drop1 = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden_features, out_features)
         self.drop2 = nn.Dropout(drop)
@@ -40,6 +46,9 @@ class Mlp(nn.Module):
     def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
         """The operators of `forward` on x (..., in) in forward order; T tokens, H hidden, C channels."""
         fc1 = linear_op(name, "fc1", x, self.fc1.out_features, self.fc1.bias is not None, ctx)  # TCH MACs
-        gelu = elementwise_op(name, "gelu", fc1.output, GELU_FLOPS, ctx, saves=(fc1.output,))  # 8TH
-        fc2 = linear_op(name, "fc2", gelu.output, self.fc2.out_features, self.fc2.bias is not None, ctx)  # THC MACs
-        return [fc1, gelu, fc2]
+        if isinstance(self.act, nn.GELU):
+            act = elementwise_op(name, "gelu", fc1.output, GELU_FLOPS, ctx, saves=(fc1.output,))  # 8TH
+        else:
+            act = elementwise_op(name, "relu", fc1.output, RELU_FLOPS, ctx, saves_output=True)  # TH
+        fc2 = linear_op(name, "fc2", act.output, self.fc2.out_features, self.fc2.bias is not None, ctx)  # THC MACs
+        return [fc1, act, fc2]

@@ -30,6 +30,10 @@ class VitkitModel(Protocol):
     - ``set_grad_checkpointing(enable)``: recompute the model's blocks in backward instead of storing their
       activations.
     - ``token_grid(img_size)``: how attention tokens map to the image, for attention maps.
+
+    A detector (DETR) reads the same methods its way: ``forward(images, pixel_mask=None)`` returns a dict of
+    predictions, always with the same keys; ``forward_features`` the decoder's outputs (L, B, Q, D),
+    ``forward_head`` that dict (with ``pre_logits``, the object embeddings (B, Q, D)); ``token_grid`` is None.
     """
 
     config: Any

@@ -103,6 +103,7 @@ class FamilyWeights:
     head: tuple[str, ...]  # vitkit key prefixes of the classifier(s), skipped with reset_head=True
     adapt: Callable[[nn.Module, dict[str, torch.Tensor]], list[str]]  # fits size-dependent tensors to the
     # model, in place, before the shape check; returns a line per tensor changed
+    extra_outputs: int = 0  # classifier rows beyond num_classes (DETR's "no object")
 
 
 def _unchanged(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
@@ -115,6 +116,8 @@ FAMILIES: dict[str, FamilyWeights] = {
     "vit": FamilyWeights(head=("head.", "head_dist."), adapt=_resample_vit_pos_embed),
     "swin": FamilyWeights(head=("head.fc.",), adapt=_unchanged),
     "botnet": FamilyWeights(head=("head.fc.",), adapt=_unchanged),  # relative tables fix the size: nothing to fit
+    # the class head only: the box head predicts boxes of any class, so fine-tuning keeps it
+    "detr": FamilyWeights(head=("class_embed.",), adapt=_unchanged, extra_outputs=1),
 }
 CONVERTERS: dict[str, dict[str, Layout]] = {"torchvision": torchvision.LAYOUTS, "hf": hf.LAYOUTS}
 # Keys whose presence (all of them) identifies vitkit's (timm's) own layout, per family.
@@ -122,6 +125,7 @@ VITKIT_MARKERS: dict[str, tuple[str, ...]] = {
     "vit": ("patch_embed.proj.weight", "pos_embed"),
     "swin": ("patch_embed.proj.weight", "layers.0.blocks.0.attn.relative_position_bias_table"),
     "botnet": ("stem.conv1.conv.weight", "stages.0.0.conv1_1x1.conv.weight"),
+    "detr": ("input_proj.weight", "query_embed.weight"),
 }
 
 
@@ -240,7 +244,7 @@ def _load(
     else:
         body = {k for k in expected if not k.startswith(weights.head)}
         body_fits = not unmatched and body == {k for k in state if not k.startswith(weights.head)}
-        _check_head(expected, state, weights.head, name, strict and body_fits)
+        _check_head(expected, state, weights.head, name, strict and body_fits, weights.extra_outputs)
     try:
         report.resampled = weights.adapt(model, state)
     except ValueError as err:
@@ -264,14 +268,16 @@ def _check_head(
     head: tuple[str, ...],
     source: str,
     check_presence: bool,
+    extra_outputs: int = 0,
 ) -> None:
     """A classifier of another size, or (with `check_presence`) one present on one side only, is its own error:
-    the fix is a flag or `num_classes`, not another checkpoint."""
+    the fix is a flag or `num_classes`, not another checkpoint. `extra_outputs`: rows beyond the classes."""
     for key, tensor in expected.items():
         if key.startswith(head) and key.endswith("weight") and key in state and state[key].shape != tensor.shape:
+            theirs, ours = state[key].shape[0] - extra_outputs, tensor.shape[0] - extra_outputs
             raise ValueError(
-                f"{source} has a classifier for {state[key].shape[0]} classes, the model {tensor.shape[0]}: "
-                f"build the model with num_classes={state[key].shape[0]}, or pass reset_head=True to keep the "
+                f"{source} has a classifier for {theirs} classes, the model {ours}: "
+                f"build the model with num_classes={theirs}, or pass reset_head=True to keep the "
                 "model's freshly initialised head"
             )
     if not check_presence:
@@ -295,7 +301,7 @@ def load_pretrained(
 ) -> tuple[nn.Module, LoadReport]:
     """Build and load the model in a vitkit directory or a Hugging Face transformers directory.
 
-    A transformers ViT / DeiT / Swin `config.json` becomes the equal vitkit config (LayerNorm eps, qkv bias
+    A transformers ViT / DeiT / Swin / DETR `config.json` becomes the equal vitkit config (LayerNorm eps, qkv bias
     and MLP width included); a base model (`ViTModel`, `DeiTModel`, `SwinModel`) becomes a model without
     classifier, and a ViT / DeiT pooler is dropped (listed in the report). Returns (model in eval mode, report).
 
@@ -329,7 +335,7 @@ def load_pretrained(
 
 def from_pretrained(directory: str | os.PathLike, **overrides: Any) -> nn.Module:
     """Rebuild a model from a directory written by `save_pretrained`, or by Hugging Face transformers'
-    `save_pretrained` (ViT, DeiT, Swin: the vitkit model equal to the transformers one, weights converted).
+    `save_pretrained` (ViT, DeiT, Swin, DETR: the vitkit model equal to the transformers one, weights converted).
 
     Args:
         directory: folder holding `config.json` and `model.safetensors` (Hugging Face: or `pytorch_model.bin`).

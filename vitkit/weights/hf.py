@@ -1,9 +1,9 @@
-"""Hugging Face transformers' layouts: ViT, DeiT and Swin checkpoints and configs <-> vitkit.
+"""Hugging Face transformers' layouts: ViT, DeiT, Swin and DETR checkpoints and configs <-> vitkit.
 
 Covers `ViTModel`, `ViTForImageClassification`, `DeiTModel`, `DeiTForImageClassificationWithTeacher`,
-`SwinModel` and `SwinForImageClassification`, as written by their `save_pretrained` (the names below,
-under a `vit.` / `deit.` / `swin.` prefix when a classifier sits beside the encoder) and as named inside
-transformers 5 models (`attention.q_proj`, `mlp.fc1`, ...), which import accepts too. A family adds its
+`SwinModel`, `SwinForImageClassification` and `DetrForObjectDetection`, as written by their `save_pretrained`
+(the names below, under a `vit.` / `deit.` / `swin.` / `model.` prefix when heads sit beside the encoder) and as
+named inside transformers 5 models (`attention.q_proj`, `mlp.fc1`, ...), which import accepts too. A family adds its
 table to `LAYOUTS` and its config translations to `CONFIG_READERS` / `EXPORTERS`.
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from vitkit.models.detr import DetrConfig
 from vitkit.models.swin import SwinConfig
 from vitkit.models.vit import ViTConfig
 from vitkit.weights.limits import check_swin_windows
@@ -320,15 +321,244 @@ def swin_to_hf(config: SwinConfig, state: State) -> tuple[State, dict[str, Any]]
     return _prefix_encoder(SWIN.from_vitkit(state), SWIN, "swin." if config.num_classes else ""), hf
 
 
+# --- DETR ---------------------------------------------------------------------------------------------------------
+# `DetrForObjectDetection`: the model under `model.` (stripped), its heads beside it. transformers 4 (and the files
+# transformers 5 writes) name the backbone `backbone.conv_encoder.model`, the attention output `out_proj` and the
+# feed-forward `fc1` / `fc2`; inside transformers 5 models they are `backbone.model`, `o_proj`, `mlp.fc1` / `mlp.fc2`.
+_DETR_BACKBONES = ("backbone.conv_encoder.model", "backbone.model")  # on disk, in memory
+
+
+def _detr_native_backbone(prefix: str) -> tuple[Rename, ...]:
+    """transformers' own ResNet (`ResNetBackbone`) under `prefix`: the same convolutions and norms as torchvision's,
+    named by stage and position; stages count from 0 (`encoder.stages.t`), torchvision's from 1 (`layer{t + 1}`), and
+    a block's convs and norms from 0 (`layer.j`), torchvision's from 1 (`conv{j + 1}`, `bn{j + 1}`)."""
+    stage = f"{prefix}.encoder.stages.{{t}}.layers.{{b}}"
+    conv_ours = {"to_ours": lambda i: {"s": i["t"] + 1, "b": i["b"], "n": i["j"] + 1}}
+    conv_theirs = {"to_theirs": lambda i: {"t": i["s"] - 1, "b": i["b"], "j": i["n"] - 1}}
+    shortcut = {
+        "to_ours": lambda i: {"s": i["t"] + 1, "b": i["b"]},
+        "to_theirs": lambda i: {"t": i["s"] - 1, "b": i["b"]},
+    }
+    return (
+        rename("backbone.conv1", f"{prefix}.embedder.embedder.convolution"),  # (w0, C, 7, 7) both
+        rename("backbone.bn1", f"{prefix}.embedder.embedder.normalization"),
+        rename("backbone.layer{s}.{b}.conv{n}", f"{stage}.layer.{{j}}.convolution", **conv_ours, **conv_theirs),
+        rename("backbone.layer{s}.{b}.bn{n}", f"{stage}.layer.{{j}}.normalization", **conv_ours, **conv_theirs),
+        rename("backbone.layer{s}.{b}.downsample.0", f"{stage}.shortcut.convolution", **shortcut),
+        rename("backbone.layer{s}.{b}.downsample.1", f"{stage}.shortcut.normalization", **shortcut),
+    )
+
+
+def _detr_timm_backbone(prefix: str) -> tuple[Rename, ...]:
+    """timm's ResNet under `prefix`: torchvision's names (conv1, bn1, layer1..4), which vitkit's backbone keeps."""
+    return (rename("backbone", prefix),)
+
+
+def _detr_body(out_proj: str, ffn: str) -> tuple[Rename, ...]:
+    """The transformer and heads, with the attention output named `out_proj` and the feed-forward under `ffn`."""
+    enc, dec = "encoder.layers.{i}", "decoder.layers.{i}"
+
+    def attention(ours: str, theirs: str) -> tuple[Rename, ...]:
+        # Separate q, k, v Linears (D, D) each, concatenated along dim 0 into the fused qkv (3D, D), rows q | k | v
+        # (nn.MultiheadAttention's in_proj layout); biases (D,) each -> (3D,).
+        qkv = rename(f"{ours}.qkv", f"{theirs}.q_proj", f"{theirs}.k_proj", f"{theirs}.v_proj")
+        return qkv, rename(f"{ours}.proj", f"{theirs}.{out_proj}")
+
+    return (
+        rename("input_proj", "input_projection"),  # Conv2d (D, C5, 1, 1) both
+        rename("query_embed", "query_position_embeddings"),  # Embedding (Q, D) both
+        *attention(f"{enc}.self_attn", f"{enc}.self_attn"),
+        rename(f"{enc}.norm1", f"{enc}.self_attn_layer_norm"),
+        rename(f"{enc}.mlp.fc1", f"{enc}.{ffn}fc1"),
+        rename(f"{enc}.mlp.fc2", f"{enc}.{ffn}fc2"),
+        rename(f"{enc}.norm2", f"{enc}.final_layer_norm"),
+        *attention(f"{dec}.self_attn", f"{dec}.self_attn"),
+        rename(f"{dec}.norm1", f"{dec}.self_attn_layer_norm"),
+        *attention(f"{dec}.cross_attn", f"{dec}.encoder_attn"),
+        rename(f"{dec}.norm2", f"{dec}.encoder_attn_layer_norm"),
+        rename(f"{dec}.mlp.fc1", f"{dec}.{ffn}fc1"),
+        rename(f"{dec}.mlp.fc2", f"{dec}.{ffn}fc2"),
+        rename(f"{dec}.norm3", f"{dec}.final_layer_norm"),
+        rename("decoder.norm", "decoder.layernorm"),  # the final norm shared by every decoder layer's output
+        rename("class_embed", "class_labels_classifier"),  # (K + 1, D) both, the last row "no object"
+        rename("bbox_embed", "bbox_predictor"),  # layers.0..2 both
+    )
+
+
+_DETR_COMMON = dict(
+    format="hf",
+    family="detr",
+    markers=("input_projection.weight", "query_position_embeddings.weight"),
+    strip_prefixes=("model.",),
+)
+_DETR_HEADS = ("class_labels_classifier", "bbox_predictor")  # beside `model.` in DetrForObjectDetection
+# Import: either backbone, either naming (the native backbone's rules first: the timm rule takes any name under the
+# prefix). Export: the files' names, with the backbone the config can express.
+DETR = Layout(
+    rules=(
+        *(r for prefix in _DETR_BACKBONES for r in _detr_native_backbone(prefix)),
+        *(r for prefix in _DETR_BACKBONES for r in _detr_timm_backbone(prefix)),
+        *_detr_body("out_proj", ""),
+        *_detr_body("o_proj", "mlp."),
+    ),
+    **_DETR_COMMON,
+)
+DETR_TIMM = Layout(rules=_detr_timm_backbone(_DETR_BACKBONES[0]) + _detr_body("out_proj", ""), **_DETR_COMMON)
+DETR_NATIVE = Layout(rules=_detr_native_backbone(_DETR_BACKBONES[0]) + _detr_body("out_proj", ""), **_DETR_COMMON)
+
+# timm's ResNets that transformers' DETR names as `backbone`: (block, blocks per stage), all 64 wide.
+TIMM_RESNETS = {
+    "resnet18": ("basic", (2, 2, 2, 2)),
+    "resnet34": ("basic", (3, 4, 6, 3)),
+    "resnet50": ("bottleneck", (3, 4, 6, 3)),
+    "resnet101": ("bottleneck", (3, 4, 23, 3)),
+    "resnet152": ("bottleneck", (3, 8, 36, 3)),
+}
+
+
+def _detr_backbone_from_hf(hf: dict[str, Any], source: str) -> dict[str, Any]:
+    """The vitkit backbone fields for a transformers DETR config's backbone: timm's (`use_timm_backbone`, or a
+    `timm_backbone` sub-config, as transformers 5 writes) or transformers' own ResNet (`backbone_config` "resnet")."""
+    sub = hf.get("backbone_config")
+    if sub is None and not hf.get("use_timm_backbone", True):
+        sub = {"model_type": "resnet"}  # transformers' default: its ResNet-50
+    if sub is None or sub.get("model_type") == "timm_backbone":
+        name = (hf.get("backbone") if sub is None else sub.get("backbone")) or "resnet50"
+        if name.split(".")[0] not in TIMM_RESNETS:
+            raise ValueError(f"{source}: timm backbone {name!r} is not supported; vitkit reads {sorted(TIMM_RESNETS)}")
+        block, depths = TIMM_RESNETS[name.split(".")[0]]
+        dilation = bool(hf.get("dilation")) or (sub is not None and sub.get("output_stride") == 16)
+        return dict(backbone_block=block, backbone_depths=depths, backbone_width=64, dilation=dilation)
+    if sub.get("model_type") != "resnet":
+        raise ValueError(f"{source}: backbone {sub.get('model_type')!r} is not supported; vitkit reads ResNets")
+    if hf.get("dilation"):
+        raise ValueError(f"{source}: dilation with transformers' own ResNet is not supported (transformers neither)")
+    block = sub.get("layer_type", "bottleneck")
+    depths = tuple(sub.get("depths", (3, 4, 6, 3)))
+    width = sub.get("embedding_size", 64)
+    expansion = 4 if block == "bottleneck" else 1
+    hidden = list(sub.get("hidden_sizes", (256, 512, 1024, 2048)))
+    expected = [width * 2**s * expansion for s in range(4)]
+    if hidden != expected or sub.get("downsample_in_first_stage") or sub.get("downsample_in_bottleneck"):
+        raise ValueError(
+            f"{source}: vitkit's backbone is torchvision's ResNet: with embedding_size {width} and {block} blocks its "
+            f"hidden_sizes are {expected} (got {hidden}), striding on the 3x3 and not in the first stage"
+        )
+    if sub.get("hidden_act", "relu") != "relu":
+        raise ValueError(f"{source}: backbone hidden_act {sub['hidden_act']!r} is not supported; ResNets use 'relu'")
+    return dict(backbone_block=block, backbone_depths=depths, backbone_width=width, dilation=False)
+
+
+def detr_config_from_hf(hf: dict[str, Any], keys: set[str], source: str) -> DetrConfig:
+    """The vitkit DETR config equal to a transformers `DetrConfig` (arguments as for `vit_config_from_hf`).
+
+    `auxiliary_loss` becomes `aux_loss`. With it transformers' decoder feeds each layer's normalised output to the
+    next layer, which DETR's code does not: vitkit computes DETR's, so such a model's outputs differ from
+    transformers' (its released checkpoints have it off).
+    """
+    for field, allowed in (("position_embedding_type", "sine"), ("activation_function", "relu")):
+        if hf.get(field, allowed) != allowed:
+            raise ValueError(f"{source}: {field} {hf[field]!r} is not supported; vitkit's DETR uses {allowed!r}")
+    pairs = (("encoder_attention_heads", "decoder_attention_heads", 8), ("encoder_ffn_dim", "decoder_ffn_dim", 2048))
+    for enc, dec, default in pairs:
+        if hf.get(enc, default) != hf.get(dec, default):
+            raise ValueError(
+                f"{source}: {enc} {hf.get(enc, default)} != {dec} {hf.get(dec, default)}; vitkit's DETR uses one"
+            )
+    return DetrConfig(
+        in_chans=hf.get("num_channels", 3),
+        num_classes=_num_labels(hf),
+        **_detr_backbone_from_hf(hf, source),
+        hidden_dim=hf.get("d_model", 256),
+        num_heads=hf.get("encoder_attention_heads", 8),
+        enc_layers=hf.get("encoder_layers", 6),
+        dec_layers=hf.get("decoder_layers", 6),
+        dim_feedforward=hf.get("encoder_ffn_dim", 2048),
+        drop_rate=float(hf.get("dropout", 0.1)),
+        attn_drop_rate=float(hf.get("attention_dropout", 0.0)),
+        num_queries=hf.get("num_queries", 100),
+        aux_loss=bool(hf.get("auxiliary_loss", False)),
+    )
+
+
+def _timm_resnet_name(config: DetrConfig) -> str | None:
+    """timm's name for the config's backbone, or None when it is no standard ResNet."""
+    if config.backbone_width != 64:
+        return None
+    layout = (config.backbone_block, tuple(config.backbone_depths))
+    return next((name for name, known in TIMM_RESNETS.items() if known == layout), None)
+
+
+def detr_to_hf(config: DetrConfig, state: State) -> tuple[State, dict[str, Any]]:
+    """A vitkit DETR state dict and config as transformers writes a `DetrForObjectDetection`.
+
+    A standard ResNet (18 / 34 / 50 / 101 / 152, 64 wide) is written as timm's backbone, as transformers' DETR
+    checkpoints are; any other width or depth as transformers' own ResNet, which cannot dilate (no DC5).
+    `auxiliary_loss` is written False (see `detr_config_from_hf`), so transformers computes the same outputs.
+    """
+    timm_name = _timm_resnet_name(config)
+    if timm_name is None and config.dilation:
+        raise ValueError(
+            "transformers' DETR dilates (DC5) timm's ResNets only (18, 34, 50, 101, 152 at width 64); this backbone is "
+            f"{config.backbone_block} {config.backbone_depths} at width {config.backbone_width}"
+        )
+    layout = DETR_TIMM if timm_name else DETR_NATIVE
+    renamed = {(k if k.split(".")[0] in _DETR_HEADS else "model." + k): v for k, v in layout.from_vitkit(state).items()}
+    hf: dict[str, Any] = {
+        "architectures": ["DetrForObjectDetection"],
+        "model_type": "detr",
+        "num_channels": config.in_chans,
+        "d_model": config.hidden_dim,
+        "encoder_layers": config.enc_layers,
+        "decoder_layers": config.dec_layers,
+        "encoder_attention_heads": config.num_heads,
+        "decoder_attention_heads": config.num_heads,
+        "encoder_ffn_dim": config.dim_feedforward,
+        "decoder_ffn_dim": config.dim_feedforward,
+        "activation_function": "relu",
+        "dropout": config.drop_rate,
+        "attention_dropout": config.attn_drop_rate,
+        "activation_dropout": config.drop_rate,
+        "num_queries": config.num_queries,
+        "position_embedding_type": "sine",
+        "auxiliary_loss": False,
+        "dilation": config.dilation,
+        "use_pretrained_backbone": False,
+        **_labels(config.num_classes),
+    }
+    if timm_name:
+        hf.update(use_timm_backbone=True, backbone=timm_name, backbone_config=None)
+    else:
+        w, expansion = config.backbone_width, 4 if config.backbone_block == "bottleneck" else 1
+        hf.update(
+            use_timm_backbone=False,
+            backbone_config={
+                "model_type": "resnet",
+                "num_channels": config.in_chans,
+                "embedding_size": w,
+                "hidden_sizes": [w * 2**s * expansion for s in range(4)],
+                "depths": list(config.backbone_depths),
+                "layer_type": config.backbone_block,
+                "hidden_act": "relu",
+                "downsample_in_first_stage": False,
+                "downsample_in_bottleneck": False,
+                "out_features": ["stage4"],
+            },
+        )
+    return renamed, hf
+
+
 # vitkit family -> its Hugging Face layout (import).
-LAYOUTS: dict[str, Layout] = {"vit": VIT, "swin": SWIN}
+LAYOUTS: dict[str, Layout] = {"vit": VIT, "swin": SWIN, "detr": DETR}
 # transformers model_type -> (vitkit family, config reader); vitkit config class -> exporter.
 CONFIG_READERS: dict[str, tuple[str, Callable[[dict[str, Any], set[str], str], Any]]] = {
     "vit": ("vit", vit_config_from_hf),
     "deit": ("vit", vit_config_from_hf),
     "swin": ("swin", swin_config_from_hf),
+    "detr": ("detr", detr_config_from_hf),
 }
 EXPORTERS: dict[type, Callable[[Any, State], tuple[State, dict[str, Any]]]] = {
     ViTConfig: vit_to_hf,
     SwinConfig: swin_to_hf,
+    DetrConfig: detr_to_hf,
 }
