@@ -174,21 +174,32 @@ def measure_matmul_flops(model: nn.Module, img_size: tuple[int, int], batch: int
     return measure_forward(model, img_size, batch)[0]
 
 
+# Prediction heads of the detectors, summed into one "heads" row.
+HEAD_MODULES = ("class_embed", "bbox_embed")
+
+
 def group_key(module: str, by: str) -> str:
-    """The row a module's operators are summed into: its block (`blocks.3`, `layers.1.blocks.0`), the operator, or
-    the full module name."""
+    """The row a module's operators are summed into: its block (`blocks.3`, `layers.1.blocks.0`; a detector's
+    `backbone`, `encoder`, `decoder`, `heads`), the operator, or the full module name."""
     if by == "layer":
         return module
     match = re.match(r"(.*?blocks\.\d+)", module)
-    return match.group(1) if match else module.split(".")[0]
+    if match:
+        return match.group(1)
+    top = module.split(".")[0]
+    return "heads" if top in HEAD_MODULES else top
 
 
 def category(module: str) -> str:
-    """attention, mlp, embedding or other: what the totals' percentages are split by."""
-    if re.search(r"(^|\.)(attn|self_attn)(\.|$)", module):
+    """attention, mlp, embedding, backbone or other: what the totals' percentages are split by. Attention counts
+    every attention layer (self and cross); backbone is a detector's convolutional feature extractor."""
+    if re.search(r"(^|\.)(attn|self_attn|cross_attn)(\.|$)", module):
         return "attention"
     if re.search(r"(^|\.)mlp(\.|$)", module):
         return "mlp"
-    if module.split(".")[0] in ("patch_embed", "pos_embed", "stem"):
+    top = module.split(".")[0]
+    if top in ("patch_embed", "pos_embed", "stem", "position_embedding", "input_proj"):
         return "embedding"
+    if top == "backbone":
+        return "backbone"
     return "other"

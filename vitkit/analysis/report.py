@@ -58,11 +58,12 @@ def grouped(report: Report, by: str) -> list[Row]:
 
 
 def shares(report: Report) -> dict[str, float]:
-    """Fraction of all FLOPs spent in attention, MLP, embedding and everything else."""
-    totals = dict.fromkeys(("attention", "mlp", "embedding", "other"), 0)
+    """Fraction of all FLOPs spent in attention, MLP, embedding, a detector's backbone (only when there is one) and
+    everything else."""
+    totals = dict.fromkeys(("attention", "mlp", "embedding", "backbone", "other"), 0)
     for op in report.ops:
         totals[category(op.module)] += op.flops
-    return {k: v / report.flops for k, v in totals.items()}
+    return {k: v / report.flops for k, v in totals.items() if k != "backbone" or v}
 
 
 def shape_flow(report: Report) -> list[str]:
