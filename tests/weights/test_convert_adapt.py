@@ -111,7 +111,8 @@ def test_format_can_be_named_and_must_fit():
     source = timm_model().state_dict()
     ours = vitkit.create_model("vit_tiny_patch16_224", **TINY, img_size=32)
     assert vitkit.load_weights(ours, source, format="timm").format == "vitkit"
-    with pytest.raises(ValueError, match=r"format must be one of \('auto', 'vitkit', 'timm', 'torchvision', 'hf'\)"):
+    formats = r"\('auto', 'vitkit', 'timm', 'torchvision', 'hf', 'detr'\)"
+    with pytest.raises(ValueError, match=f"format must be one of {formats}"):
         vitkit.load_weights(ours, source, format="jax")
     with pytest.raises(ValueError, match=r"state dict does not fit VisionTransformer: .* unexpected \['cls_token'"):
         vitkit.load_weights(ours, source, format="torchvision")

@@ -8,14 +8,14 @@ from typing import Any
 from vitkit.cli.options import parse_assignment
 from vitkit.weights.convert import FORMATS, convert
 
-HELP = "convert weights between vitkit, timm, torchvision and Hugging Face layouts"
+HELP = "convert weights between vitkit, timm, torchvision, Hugging Face and facebookresearch/detr layouts"
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "src", help="a model directory (vitkit or Hugging Face) or a checkpoint file (.safetensors, .pth, .pt, .bin)"
     )
-    parser.add_argument("dst", help="where to write: a directory for vitkit / hf, a file for timm / torchvision")
+    parser.add_argument("dst", help="where to write: a directory for vitkit / hf, a file for timm / torchvision / detr")
     parser.add_argument(
         "--from", dest="src_format", default="auto", choices=("auto", *FORMATS), help="layout of SRC (default: auto)"
     )

@@ -1,10 +1,11 @@
 """Loading weights from other libraries' checkpoints into vitkit models, and writing them back.
 
-Formats: "vitkit" (= "timm": vitkit keeps timm's parameter names), "torchvision" and "hf" (Hugging Face
-transformers). A checkpoint is renamed by its format's table (`vitkit.weights.torchvision`,
-`vitkit.weights.hf`), fitted to the model (position table resampled, classifier kept on request), its
-keys and shapes checked, and only then loaded. Every library stores Linear weights as (out, in) and
-convolutions as (out, in, kh, kw), so no tensor is transposed: conversions rename, concatenate and split.
+Formats: "vitkit" (= "timm": vitkit keeps timm's parameter names), "torchvision", "hf" (Hugging Face
+transformers) and "detr" (facebookresearch/detr's DETR). A checkpoint is renamed by its format's table
+(`vitkit.weights.torchvision`, `vitkit.weights.hf`, `vitkit.weights.detr`), fitted to the model (position
+table resampled, classifier kept on request), its keys and shapes checked, and only then loaded. Every
+library stores Linear weights as (out, in) and convolutions as (out, in, kh, kw), so no tensor is
+transposed: conversions rename, concatenate and split.
 Whole model directories (vitkit's and Hugging Face's) are read by `from_pretrained` / `load_pretrained`;
 `convert` reads a directory or a checkpoint file in one layout and writes another.
 """
@@ -24,7 +25,7 @@ from torch import nn
 
 from vitkit.layers import resample_abs_pos_embed, to_2tuple
 from vitkit.models.registry import build_model, create_model, family_of, replace_config
-from vitkit.weights import hf, torchvision
+from vitkit.weights import detr, hf, torchvision
 from vitkit.weights.io import (
     CONFIG_NAME,
     PICKLE_SUFFIXES,
@@ -39,7 +40,7 @@ from vitkit.weights.io import (
 )
 from vitkit.weights.rename import Layout
 
-FORMATS = ("vitkit", "timm", "torchvision", "hf")
+FORMATS = ("vitkit", "timm", "torchvision", "hf", "detr")
 # Entries that wrap the state dict in training checkpoints, tried in this order.
 WRAPPER_ENTRIES = ("state_dict", "model", "model_ema")
 # Key prefixes added by wrappers: DistributedDataParallel / DataParallel, Lightning-style modules, torch.compile.
@@ -51,7 +52,7 @@ class LoadReport:
     """What `load_weights` did."""
 
     source: str  # the file read, or "state dict"
-    format: str  # the layout the checkpoint was read as: "vitkit", "torchvision" or "hf"
+    format: str  # the layout the checkpoint was read as: "vitkit", "torchvision", "hf" or "detr"
     loaded: int = 0  # tensors copied into the model
     unwrapped: list[str] = field(default_factory=list)  # wrapper entries and key prefixes removed
     resampled: list[str] = field(default_factory=list)  # tensors fitted to the model's size, with old -> new
@@ -119,13 +120,16 @@ FAMILIES: dict[str, FamilyWeights] = {
     # the class head only: the box head predicts boxes of any class, so fine-tuning keeps it
     "detr": FamilyWeights(head=("class_embed.",), adapt=_unchanged, extra_outputs=1),
 }
-CONVERTERS: dict[str, dict[str, Layout]] = {"torchvision": torchvision.LAYOUTS, "hf": hf.LAYOUTS}
+CONVERTERS: dict[str, dict[str, Layout]] = {"torchvision": torchvision.LAYOUTS, "hf": hf.LAYOUTS, "detr": detr.LAYOUTS}
+# Formats whose files wrap the state dict in an entry (facebookresearch/detr's {"model": ...}): export writes it so.
+FILE_WRAPPERS: dict[str, str] = {"detr": detr.WRAPPER}
 # Keys whose presence (all of them) identifies vitkit's (timm's) own layout, per family.
 VITKIT_MARKERS: dict[str, tuple[str, ...]] = {
     "vit": ("patch_embed.proj.weight", "pos_embed"),
     "swin": ("patch_embed.proj.weight", "layers.0.blocks.0.attn.relative_position_bias_table"),
     "botnet": ("stem.conv1.conv.weight", "stages.0.0.conv1_1x1.conv.weight"),
-    "detr": ("input_proj.weight", "query_embed.weight"),
+    # facebookresearch/detr has the first two as well; its decoder's norm sits under `transformer.`
+    "detr": ("input_proj.weight", "query_embed.weight", "decoder.norm.weight"),
 }
 
 
@@ -172,7 +176,12 @@ def detect_format(state: Mapping[str, torch.Tensor], family: str, source: str) -
             return fmt
     if family not in VITKIT_MARKERS:
         return "vitkit"  # a family with no converters: its own (timm's) names, which the key check verifies
-    others = [f"{fmt} {fam}" for fmt, lays in CONVERTERS.items() for fam, lay in lays.items() if lay.matches(keys)]
+    others = [
+        fam if fmt == fam else f"{fmt} {fam}"  # "detr", not "detr detr"
+        for fmt, lays in CONVERTERS.items()
+        for fam, lay in lays.items()
+        if lay.matches(keys)
+    ]
     others += [f"vitkit {fam}" for fam, markers in VITKIT_MARKERS.items() if keys.issuperset(markers)]
     seen = f"it looks like a {' or '.join(others)} checkpoint" if others else "its keys match no known layout"
     raise ValueError(
@@ -206,7 +215,9 @@ def load_weights(
         source: a `.safetensors`, `.pth` / `.pt` / `.bin` / `.ckpt` file (read with `torch.load(weights_only=True)`),
             a model directory, or a state dict. Training checkpoints are unwrapped (entries `state_dict`,
             `model`, `model_ema`; key prefixes `module.`, `model.`, `_orig_mod.`).
-        format: "auto" (recognised from the keys), "vitkit" / "timm", "torchvision" or "hf".
+        format: "auto" (recognised from the keys), "vitkit" / "timm", "torchvision", "hf" or "detr"
+            (facebookresearch/detr's files, e.g. `detr-r50-e632da11.pth`, or the training checkpoints its
+            `main.py` writes: ``{"model": ..., "optimizer": ..., "args": Namespace(...)}``).
         strict: raise ValueError for missing, unexpected and shape-mismatched keys; when False, load what
             fits and list the rest in the report.
         reset_head: skip the checkpoint's classifier and keep the model's own (freshly initialised) one, to
@@ -377,7 +388,8 @@ def convert(
         src: a model directory with its own `config.json` (vitkit or Hugging Face; see `load_pretrained`), or a
             checkpoint file (`.safetensors`, `.pth`, `.pt`, `.bin`), which carries no config: then `model_name`
             names the registered model to load it into.
-        dst: where to write (see `export_weights`): a directory for "vitkit" / "hf", a file for "timm" / "torchvision".
+        dst: where to write (see `export_weights`): a directory for "vitkit" / "hf", a file for "timm" /
+            "torchvision" / "detr".
         src_format: "auto" or the layout of `src`; a model directory must be in it.
         dst_format: the layout to write.
         model_name: the registered model for a checkpoint file; not for a model directory.
@@ -411,10 +423,13 @@ def export_weights(model: nn.Module, path: str | os.PathLike, format: str) -> Pa
     Args:
         model: a vitkit model.
         path: "vitkit" and "hf" write a directory (`config.json` + `model.safetensors`, loadable by
-            `vitkit.from_pretrained` or transformers' `from_pretrained`); "timm" and "torchvision" write
-            one state-dict file, `.safetensors` or `.pth` / `.pt` / `.bin` (`torch.save`, as their users
-            load with `model.load_state_dict(torch.load(path))`).
-        format: "vitkit", "timm", "torchvision" or "hf".
+            `vitkit.from_pretrained` or transformers' `from_pretrained`); "timm", "torchvision" and "detr"
+            write one state-dict file, `.safetensors` or `.pth` / `.pt` / `.bin` (`torch.save`, as their users
+            load with `model.load_state_dict(torch.load(path))`). A "detr" `.pth` file holds
+            ``{"model": state_dict}``, as facebookresearch/detr's files do (its code reads
+            ``torch.load(path)["model"]``); a `.safetensors` file, which holds one flat mapping of tensors, the
+            state dict itself.
+        format: "vitkit", "timm", "torchvision", "hf" or "detr".
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
@@ -425,18 +440,19 @@ def export_weights(model: nn.Module, path: str | os.PathLike, format: str) -> Pa
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if format == "hf":
         return _write_hf_directory(model, state, path)
-    if format == "torchvision":
-        layout = _layout(fam, "torchvision")
+    if format in CONVERTERS:
+        layout = _layout(fam, format)
         if layout.check_export is not None:
             layout.check_export(model.config)
         state = layout.from_vitkit(state)
         if layout.export_buffers is not None:
             state.update(layout.export_buffers(model))
-    _write_state_dict(state, path)
+    _write_state_dict(state, path, FILE_WRAPPERS.get(format))
     return path
 
 
-def _write_state_dict(state: dict[str, torch.Tensor], path: Path) -> None:
+def _write_state_dict(state: dict[str, torch.Tensor], path: Path, wrapper: str | None = None) -> None:
+    """`.safetensors` (the flat state dict) or `torch.save` (the state dict, or ``{wrapper: state_dict}``)."""
     suffix = path.suffix.lower()
     if suffix not in (".safetensors", *PICKLE_SUFFIXES):
         raise ValueError(f"{path}: expected a .safetensors or {'/'.join(PICKLE_SUFFIXES)} file name")
@@ -444,7 +460,8 @@ def _write_state_dict(state: dict[str, torch.Tensor], path: Path) -> None:
     if suffix == ".safetensors":
         atomic_write(path, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     else:
-        atomic_write(path, lambda tmp: torch.save(state, tmp))
+        obj = state if wrapper is None else {wrapper: state}
+        atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def _write_hf_directory(model: nn.Module, state: dict[str, torch.Tensor], directory: Path) -> Path:

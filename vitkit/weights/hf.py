@@ -406,7 +406,8 @@ DETR = Layout(
 DETR_TIMM = Layout(rules=_detr_timm_backbone(_DETR_BACKBONES[0]) + _detr_body("out_proj", ""), **_DETR_COMMON)
 DETR_NATIVE = Layout(rules=_detr_native_backbone(_DETR_BACKBONES[0]) + _detr_body("out_proj", ""), **_DETR_COMMON)
 
-# timm's ResNets that transformers' DETR names as `backbone`: (block, blocks per stage), all 64 wide.
+# timm's ResNets that transformers' DETR names as `backbone`: (block, blocks per stage), all 64 wide; torchvision's
+# ResNets of the same names (facebookresearch/detr's `--backbone`) have the same layout.
 TIMM_RESNETS = {
     "resnet18": ("basic", (2, 2, 2, 2)),
     "resnet34": ("basic", (3, 4, 6, 3)),
@@ -481,8 +482,8 @@ def detr_config_from_hf(hf: dict[str, Any], keys: set[str], source: str) -> Detr
     )
 
 
-def _timm_resnet_name(config: DetrConfig) -> str | None:
-    """timm's name for the config's backbone, or None when it is no standard ResNet."""
+def resnet_name(config: DetrConfig) -> str | None:
+    """timm's (and torchvision's) name for the config's backbone, or None when it is no standard ResNet."""
     if config.backbone_width != 64:
         return None
     layout = (config.backbone_block, tuple(config.backbone_depths))
@@ -496,7 +497,7 @@ def detr_to_hf(config: DetrConfig, state: State) -> tuple[State, dict[str, Any]]
     checkpoints are; any other width or depth as transformers' own ResNet, which cannot dilate (no DC5).
     `auxiliary_loss` is written False (see `detr_config_from_hf`), so transformers computes the same outputs.
     """
-    timm_name = _timm_resnet_name(config)
+    timm_name = resnet_name(config)
     if timm_name is None and config.dilation:
         raise ValueError(
             "transformers' DETR dilates (DC5) timm's ResNets only (18, 34, 50, 101, 152 at width 64); this backbone is "
