@@ -1,5 +1,6 @@
 """Padding a batch of images of different sizes, and DETR's outputs as pixel boxes (against transformers')."""
 
+import math
 import types
 
 import pytest
@@ -80,3 +81,24 @@ def test_postprocess_errors():
         postprocess(outputs, [(1, 1)] * 2, threshold=1.5)
     with pytest.raises(ValueError, match="pred_boxes \\(B, Q, 4\\)"):
         postprocess({**outputs, "pred_boxes": outputs["pred_boxes"][:, :3]}, [(1, 1)] * 2)
+
+
+def test_postprocess_of_a_focal_model_scores_each_class_by_sigmoid():
+    outputs = random_outputs()
+    sizes = [(480, 640), (300, 200), (17, 33)]
+    ours = postprocess(outputs, sizes, threshold=0.0, classification="focal")
+    logits = outputs["pred_logits"]
+    for i, result in enumerate(ours):
+        for q in range(logits.shape[1]):
+            real = logits[i, q, :-1].tolist()  # the "no object" logit plays no part
+            best = max(range(len(real)), key=real.__getitem__)
+            assert result["labels"][q].item() == best
+            assert result["scores"][q].item() == pytest.approx(1 / (1 + math.exp(-real[best])), rel=1e-6)
+    softmax = postprocess(outputs, sizes, threshold=0.0)
+    for mine, ref in zip(ours, softmax, strict=True):
+        torch.testing.assert_close(mine["boxes"], ref["boxes"])
+    outputs["pred_logits"][..., -1] += 100.0
+    again = postprocess(outputs, sizes, threshold=0.0, classification="focal")
+    assert all(torch.equal(a["scores"], b["scores"]) for a, b in zip(ours, again, strict=True))
+    with pytest.raises(ValueError, match="classification must be 'ce' or 'focal'"):
+        postprocess(outputs, sizes, classification="sigmoid")

@@ -1,5 +1,19 @@
-"""Data for training and evaluation: bundled datasets, ImageFolder trees, transforms (torchvision v2), batching."""
+"""Data for training and evaluation: bundled datasets, ImageFolder trees, COCO-format detection datasets, transforms
+(torchvision v2), batching."""
 
+from vitkit.data.detection import (
+    DIGITS_DETECT,
+    CocoDetection,
+    CocoReport,
+    DetectionInfo,
+    DigitsDetection,
+    Skipped,
+    load_coco_folder,
+    load_detection,
+    load_digits_detect,
+    read_coco_json,
+    write_coco_folder,
+)
 from vitkit.data.loader import Batch, EpochSampler, TransformedImages, Unreadable, collate, make_loader
 from vitkit.data.sources import (
     BUILTIN_PREFIX,
@@ -22,11 +36,17 @@ from vitkit.data.transforms import channel_stats, eval_transform, image_mode, no
 __all__ = [
     "BUILTIN_PREFIX",
     "DEFAULT_DATA",
+    "DIGITS_DETECT",
     "ArrayImages",
     "Batch",
+    "CocoDetection",
+    "CocoReport",
     "DataInfo",
+    "DetectionInfo",
+    "DigitsDetection",
     "EpochSampler",
     "ImageFiles",
+    "Skipped",
     "TransformedImages",
     "Unreadable",
     "augment_defaults",
@@ -36,14 +56,19 @@ __all__ = [
     "image_mode",
     "list_builtin",
     "load_builtin",
+    "load_coco_folder",
     "load_data",
+    "load_detection",
+    "load_digits_detect",
     "load_eval_split",
     "load_folder",
     "make_loader",
     "normalize",
     "open_image",
     "preprocess",
+    "read_coco_json",
     "stratified_split",
     "train_transform",
+    "write_coco_folder",
     "write_image_folder",
 ]

@@ -2,8 +2,9 @@
 
 `pad_images` batches images the way DETR does (its `NestedTensor`): each zero-padded at the bottom and right to
 the largest height and width, with a mask of the real pixels. `postprocess` is DETR's `PostProcess`: class
-probabilities by softmax, the best real class of each query (the last class, "no object", dropped), boxes from
-(cx, cy, w, h) relative to the unpadded image to (x0, y0, x1, y1) pixels.
+probabilities by softmax (or by sigmoid for a model trained with the focal loss), the best real class of each
+query (the last class, "no object", dropped), boxes from (cx, cy, w, h) relative to the unpadded image to
+(x0, y0, x1, y1) pixels.
 
 Letters: B images, C channels, Q queries, K classes.
 """
@@ -51,6 +52,7 @@ def postprocess(
     outputs: Mapping[str, torch.Tensor],
     image_sizes: torch.Tensor | Sequence[tuple[int, int]],
     threshold: float = 0.5,
+    classification: str = "ce",
 ) -> list[dict[str, torch.Tensor]]:
     """DETR's predictions as detections in pixels, one dict per image.
 
@@ -60,6 +62,9 @@ def postprocess(
         image_sizes: each image's (height, width) in pixels before padding (B pairs, or a (B, 2) tensor); boxes
             are scaled to it (to the original image's size when the model saw a resized one).
         threshold: keep the queries whose best real-class probability is above it (0 keeps every query).
+        classification: how the model was trained to score classes: "ce", softmax over the K + 1 logits (DETR), or
+            "focal", a sigmoid of each of the K real-class logits (Deformable DETR's focal loss; the "no object"
+            logit is unused); either way each query yields its best real class.
 
     Returns:
         per image, in query order: `boxes` (n, 4) as (x0, y0, x1, y1) pixels, `scores` (n,) the probability of
@@ -83,7 +88,13 @@ def postprocess(
         )
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold must be in [0, 1), got {threshold}")
-    scores, labels = logits.softmax(-1)[..., :-1].max(-1)  # (B, Q): the best class that is an object
+    if classification == "ce":
+        probs = logits.softmax(-1)[..., :-1]  # (B, Q, K): the classes that are objects
+    elif classification == "focal":
+        probs = logits[..., :-1].sigmoid()  # (B, Q, K)
+    else:
+        raise ValueError(f"classification must be 'ce' or 'focal', got {classification!r}")
+    scores, labels = probs.max(-1)  # (B, Q): each query's best class
     height, width = sizes.unbind(1)  # (B,) each
     scale = torch.stack([width, height, width, height], dim=1)  # (B, 4)
     corners = box_convert(boxes, "cxcywh", "xyxy") * scale[:, None, :]  # (B, Q, 4) in pixels

@@ -1,0 +1,289 @@
+"""Detection data: the generated digits-detect canvases (determinism, placement rules, disjoint digits) and
+COCO-format files (every kind of bad entry skipped and reported, files that are not COCO, layouts, resizing)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.ops import box_convert, box_iou
+
+from vitkit.data import (
+    CocoDetection,
+    DetectionInfo,
+    DigitsDetection,
+    Unreadable,
+    load_builtin,
+    load_coco_folder,
+    load_detection,
+    load_digits_detect,
+    write_coco_folder,
+)
+from vitkit.data import detection as det
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits_detect()
+
+
+def test_digits_detect_is_deterministic_and_fresh_each_training_epoch(digits):
+    train, val, info = digits
+    assert (len(train), len(val)) == (4000, 500)
+    assert info.classes == tuple("0123456789") and info.category_ids == tuple(range(10))
+    again, again_val, _ = load_digits_detect()
+    other, _, _ = load_digits_detect(seed=1)
+    for i in (0, 17, 3999):
+        assert np.array_equal(train.canvas(i)[0], again.canvas(i)[0])
+        assert not np.array_equal(train.canvas(i)[0], other.canvas(i)[0])
+    image, target = train[5]
+    image2, target2 = again[5]
+    assert torch.equal(image, image2) and all(torch.equal(target[k], target2[k]) for k in target)
+    epoch0 = [train.canvas(i)[0] for i in range(3)]
+    train.set_epoch(1)
+    assert not any(np.array_equal(c, train.canvas(i)[0]) for i, c in enumerate(epoch0))
+    train.set_epoch(0)
+    assert all(np.array_equal(c, train.canvas(i)[0]) for i, c in enumerate(epoch0))
+    val_canvases = [val.canvas(i)[0] for i in (0, 499)]
+    val.set_epoch(3)  # validation canvases never change
+    assert all(np.array_equal(c, val.canvas(i)[0]) for i, c in zip((0, 499), val_canvases, strict=True))
+    assert np.array_equal(val.canvas(7)[0], again_val.canvas(7)[0])
+
+
+def check_canvas(dataset: DigitsDetection, index: int) -> int:
+    canvas, placed = dataset.canvas(index)
+    assert canvas.shape == (96, 96) and canvas.dtype == np.uint8
+    assert 1 <= len(placed) <= 4
+    rebuilt = np.zeros((96, 96), dtype=np.uint8)
+    for p in placed:
+        assert 20 <= p.side <= 40 and 0 <= p.x <= 96 - p.side and 0 <= p.y <= 96 - p.side
+        assert p.label == dataset.labels[p.source]
+        glyph = np.asarray(Image.fromarray(dataset.images[p.source]).resize((p.side, p.side), Image.BILINEAR))
+        rows, cols = np.nonzero(glyph)  # the box is the tight box of the glyph's nonzero pixels
+        assert p.box == (p.x + cols.min(), p.y + rows.min(), p.x + cols.max() + 1, p.y + rows.max() + 1)
+        region = rebuilt[p.y : p.y + p.side, p.x : p.x + p.side]
+        region[:] = np.maximum(region, glyph)
+    assert np.array_equal(canvas, rebuilt)  # the digits, combined by their maximum, and nothing else
+    boxes = torch.tensor([p.box for p in placed], dtype=torch.float64)
+    iou = box_iou(boxes, boxes)
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    lt = torch.maximum(boxes[:, None, :2], boxes[None, :, :2])
+    rb = torch.minimum(boxes[:, None, 2:], boxes[None, :, 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    cover = inter / torch.minimum(area[:, None], area[None, :])
+    off_diagonal = ~torch.eye(len(placed), dtype=torch.bool)
+    assert (iou[off_diagonal] < 0.2).all() and (cover[off_diagonal] < 0.3).all()
+    _, target = dataset[index]  # the target holds the same boxes, relative, as (cx, cy, w, h)
+    torch.testing.assert_close(target["boxes"].double(), box_convert(boxes, "xyxy", "cxcywh") / 96)
+    assert target["labels"].tolist() == [p.label for p in placed]
+    assert target["area"].tolist() == area.tolist()
+    assert target["orig_size"].tolist() == target["size"].tolist() == [96, 96] and target["image_id"] == index
+    return len(placed)
+
+
+def test_every_canvas_of_a_sample_follows_the_placement_rules(digits):
+    train, val, _ = digits
+    counts = [check_canvas(train, i) for i in range(0, 4000, 20)] + [check_canvas(val, i) for i in range(0, 500, 5)]
+    assert np.bincount(counts, minlength=5)[1:].min() > 0  # 1, 2, 3 and 4 digits all occur
+
+
+def test_training_and_validation_digits_come_from_disjoint_splits(digits):
+    train, val, _ = digits
+    mnist_train, mnist_test, _ = load_builtin("mnist5k")
+    assert np.array_equal(train.images, mnist_train.images) and np.array_equal(val.images, mnist_test.images)
+    train_set = {image.tobytes() for image in mnist_train.images}
+    assert not any(image.tobytes() in train_set for image in mnist_test.images)
+    used = {p.source for i in range(500) for p in val.layout(i)}
+    assert max(used) < len(mnist_test.images) and len(used) > 500  # held-out digits, many of them
+
+
+def test_digits_statistics_and_model_input(digits):
+    train, _, _ = digits
+    canvases = np.stack([train.canvas(i)[0] for i in range(1000)]) / 255
+    assert canvases.mean() == pytest.approx(det.DIGITS_MEAN[0], abs=2e-3)
+    assert canvases.std() == pytest.approx(det.DIGITS_STD[0], abs=2e-3)
+    image, _ = train[3]
+    canvas, _ = train.canvas(3)
+    assert image.shape == (3, 96, 96) and image.dtype == torch.float32
+    expected = (torch.from_numpy(canvas).float() / 255 - det.DIGITS_MEAN[0]) / det.DIGITS_STD[0]
+    assert all(torch.allclose(image[c], expected) for c in range(3))
+    big = DigitsDetection(train.images, train.labels, 10, 0, True, channels=1, img_size=192)
+    image, target = big[3]
+    assert image.shape == (1, 192, 192) and target["size"].tolist() == [192, 192]
+    torch.testing.assert_close(target["boxes"], train[3][1]["boxes"])  # relative boxes do not change
+    assert train[(3, 12345)][1]["boxes"].equal(train[3][1]["boxes"])  # (index, seed) keys of EpochSampler
+
+
+def test_detection_info_round_trip(tmp_path, digits):
+    info = digits[2]
+    info.save(tmp_path)
+    assert DetectionInfo.load(tmp_path) == info
+    (tmp_path / "dataset.json").write_text(json.dumps({"source": "builtin:mnist5k", "classes": ["0"]}))
+    with pytest.raises(ValueError, match="not a vitkit detection dataset description"):
+        DetectionInfo.load(tmp_path)
+
+
+# --- COCO-format files ----------------------------------------------------------------------------------------------
+
+
+def png(path: Path, size=(40, 30)) -> str:
+    """A grey PNG of (width, height) `size`; returns its file name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, (90, 120, 150)).save(path)
+    return path.name
+
+
+def messy_coco(root: Path) -> Path:
+    """A COCO file with good entries and one of each kind of bad one; images are 40 x 30 (width x height)."""
+    images = root / "images"
+    entries = [
+        {"id": 1, "file_name": png(images / "a.png"), "width": 40, "height": 30},
+        {"id": 2, "file_name": png(images / "b.png"), "width": 40, "height": 30},
+        {"id": 3, "file_name": png(images / "c.png"), "width": 40, "height": 30},  # no annotations
+        {"id": 4, "file_name": "gone.png", "width": 40, "height": 30},  # missing file
+        {"id": 5, "file_name": "a.png", "height": 30},  # no width
+        {"id": 6, "file_name": "broken.png", "width": 40, "height": 30},  # not an image
+        {"id": 7, "file_name": png(images / "small.png", (20, 10)), "width": 40, "height": 30},  # wrong size
+        {"id": 1, "file_name": "b.png", "width": 40, "height": 30},  # repeated id
+    ]
+    (images / "broken.png").write_bytes(b"not a png at all")
+    annotations = [
+        {"id": 10, "image_id": 1, "category_id": 7, "bbox": [5, 5, 10, 10], "area": 80.0},
+        {"id": 11, "image_id": 1, "category_id": 12, "bbox": [30, 20, 20, 20]},  # partly outside: clipped
+        {"id": 12, "image_id": 2, "category_id": 3, "bbox": [1.5, 2.5, 4, 6]},
+        {"id": 13, "image_id": 2, "category_id": 3, "bbox": [45, 5, 5, 5]},  # wholly outside
+        {"id": 14, "image_id": 2, "category_id": 3, "bbox": [5, 5, 0, 5]},  # zero width
+        {"id": 15, "image_id": 2, "category_id": 3, "bbox": [5, 5, 5, -2]},  # negative height
+        {"id": 16, "image_id": 2, "category_id": 99, "bbox": [5, 5, 5, 5]},  # unknown category
+        {"id": 17, "image_id": 42, "category_id": 3, "bbox": [5, 5, 5, 5]},  # unknown image
+        {"id": 18, "image_id": 2, "category_id": 3, "bbox": [5, 5, 5]},  # malformed box
+        {"id": 19, "image_id": 2, "category_id": 3, "bbox": [5, 5, 5, 5], "iscrowd": 1},  # crowd
+        {"id": 20, "image_id": 4, "category_id": 3, "bbox": [5, 5, 5, 5]},  # on the missing image: goes with it
+        {"id": 21, "image_id": 6, "category_id": 12, "bbox": [5, 5, 5, 5]},
+    ]
+    categories = [{"id": 12, "name": "cat"}, {"id": 3, "name": "ant"}, {"id": 7, "name": "bee"}]
+    path = root / "instances.json"
+    path.write_text(json.dumps({"images": entries, "annotations": annotations, "categories": categories}))
+    return path
+
+
+def test_coco_bad_entries_are_skipped_counted_and_reported(tmp_path):
+    path = messy_coco(tmp_path)
+    data = CocoDetection(path, tmp_path / "images", short_side=None)
+    report = data.report
+    assert data.category_ids == (3, 7, 12) and data.classes == ("ant", "bee", "cat")  # sorted ids -> 0, 1, 2
+    assert report.counts() == {
+        "missing file": 1,
+        "bad image entry": 2,
+        "outside image": 1,
+        "empty box": 2,
+        "unknown category": 1,
+        "unknown image": 1,
+        "bad annotation entry": 1,
+    }
+    skipped = {(s.kind, s.id): s.reason for s in report.skipped}
+    assert skipped[("image", 4)] == "missing file" and skipped[("image", 5)] == "bad image entry"
+    assert skipped[("image", 1)] == "bad image entry"  # the repeated id; the first entry is kept
+    assert skipped[("annotation", 13)] == "outside image" and skipped[("annotation", 17)] == "unknown image"
+    assert {i for (kind, i), r in skipped.items() if r == "empty box"} == {14, 15}
+    assert report.clipped == [11] and report.crowd == 1
+    assert (report.images, report.annotations) == (5, 4) and len(data) == 5
+    assert "annotation 16: unknown category (category_id 99)" in str(report)
+
+    samples = {int(t["image_id"]): t for t in (data[i][1] for i in range(len(data)) if data.samples[i].image_id < 6)}
+    first = samples[1]
+    assert first["labels"].tolist() == [1, 2] and first["orig_size"].tolist() == [30, 40]
+    expected = torch.tensor([[5, 5, 15, 15], [30, 20, 40, 30]], dtype=torch.float32)  # the second clipped
+    torch.testing.assert_close(first["boxes"], box_convert(expected, "xyxy", "cxcywh") / torch.tensor([40, 30, 40, 30]))
+    assert first["area"].tolist() == [80.0, 100.0]  # the file's area when given, else the clipped box's
+    torch.testing.assert_close(samples[2]["boxes"], torch.tensor([[3.5 / 40, 5.5 / 30, 4 / 40, 6 / 30]]))
+    assert len(samples[3]["labels"]) == 0 and samples[3]["boxes"].shape == (0, 4)
+    # Unreadable files show up when read, named by image id, as the loader reports them ...
+    broken = [data[i] for i in range(len(data)) if data.samples[i].image_id in (6, 7)]
+    assert all(isinstance(b, Unreadable) for b in broken)
+    assert broken[0].name.startswith("image 6") and "annotations say 40x30" in broken[1].error
+    # ... or at load with check_images.
+    checked = CocoDetection(path, tmp_path / "images", short_side=None, check_images=True)
+    assert checked.report.counts()["unreadable file"] == 2 and len(checked) == 3
+
+
+def test_files_that_are_not_coco_are_clear_errors(tmp_path):
+    cases = {
+        "list.json": "[1, 2]",
+        "text.json": "images: none",
+        "keys.json": json.dumps({"images": [], "annotations": []}),
+        "categories.json": json.dumps({"images": [], "annotations": [], "categories": [{"name": "x"}]}),
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match="not a COCO instances file: expected an object with lists"):
+        CocoDetection(tmp_path / "list.json", tmp_path)
+    with pytest.raises(ValueError, match="not a COCO instances file: not JSON"):
+        CocoDetection(tmp_path / "text.json", tmp_path)
+    with pytest.raises(ValueError, match=r"found \['annotations', 'images'\]"):
+        CocoDetection(tmp_path / "keys.json", tmp_path)
+    with pytest.raises(ValueError, match="category #0 needs an integer 'id'"):
+        CocoDetection(tmp_path / "categories.json", tmp_path)
+    with pytest.raises(OSError, match="cannot read COCO annotations"):
+        CocoDetection(tmp_path / "absent.json", tmp_path)
+
+
+def test_coco_images_are_resized_as_detr_does(tmp_path):
+    file_name = png(tmp_path / "wide.png", (40, 20))
+    data = {
+        "images": [{"id": 1, "file_name": file_name, "width": 40, "height": 20}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [4, 2, 8, 6]}],
+        "categories": [{"id": 1, "name": "thing"}],
+    }
+    (tmp_path / "a.json").write_text(json.dumps(data))
+    image, target = CocoDetection(tmp_path / "a.json", tmp_path, short_side=50, max_size=1000)[0]
+    assert image.shape == (3, 50, 100) and target["size"].tolist() == [50, 100]
+    image, target = CocoDetection(tmp_path / "a.json", tmp_path, short_side=50, max_size=60)[0]
+    assert image.shape == (3, 30, 60)  # the longer side capped at 60, the shorter follows
+    assert target["orig_size"].tolist() == [20, 40]
+    torch.testing.assert_close(target["boxes"], torch.tensor([[8 / 40, 5 / 20, 8 / 40, 6 / 20]]))
+    grey = (90 * 0.299 + 120 * 0.587 + 150 * 0.114) / 255  # PIL's RGB -> L
+    one, _ = CocoDetection(tmp_path / "a.json", tmp_path, short_side=None, channels=1, mean=(0.5,), std=(0.25,))[0]
+    assert one.shape == (1, 20, 40) and one.mean().item() == pytest.approx((grey - 0.5) / 0.25, abs=0.01)
+
+
+def test_digits_round_trip_through_a_coco_folder(tmp_path, digits):
+    train, val, _ = digits
+    write_coco_folder(train, tmp_path, "train2017", limit=6)
+    write_coco_folder(val, tmp_path, "val2017", limit=4)
+    coco_train, coco_val, info = load_coco_folder(tmp_path, short_side=None, channels=1, mean=(0.0,), std=(1.0,))
+    assert info.category_ids == tuple(range(10)) and (len(coco_train), len(coco_val)) == (6, 4)
+    assert coco_val.report.skipped == [] and coco_val.report.clipped == []
+    for i in range(4):
+        image, target = coco_val[i]
+        canvas, _ = val.canvas(i)
+        assert torch.equal((image[0] * 255).round().to(torch.uint8), torch.from_numpy(canvas))
+        _, expected = val[i]
+        for key in ("labels", "boxes", "image_id", "orig_size", "area"):
+            torch.testing.assert_close(target[key], expected[key])
+    # The other layout: a train/ and a val/ folder, each with its images and one JSON.
+    other = tmp_path / "flat"
+    for split in ("train", "val"):
+        (other / split).mkdir(parents=True)
+        for p in (tmp_path / f"{split}2017").iterdir():
+            (other / split / p.name).write_bytes(p.read_bytes())
+        annotations = (tmp_path / "annotations" / f"instances_{split}2017.json").read_text()
+        (other / split / "_annotations.coco.json").write_text(annotations)
+    flat_train, flat_val, _ = load_coco_folder(other, short_side=None)
+    assert (len(flat_train), len(flat_val)) == (6, 4)
+    with pytest.raises(ValueError, match="expected one annotations/instances_train"):
+        load_coco_folder(tmp_path / "annotations")
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        load_coco_folder(tmp_path / "nowhere")
+
+
+def test_load_detection_sources(tmp_path):
+    train, val, info = load_detection("builtin:digits-detect", img_size=128)
+    assert isinstance(train, DigitsDetection) and train[0][0].shape == (3, 128, 128)
+    assert info.source == "builtin:digits-detect"
+    with pytest.raises(ValueError, match="unknown builtin detection dataset 'mnist5k'"):
+        load_detection("builtin:mnist5k")

@@ -1,0 +1,140 @@
+"""COCO mAP through pycocotools: 1 for the ground truth itself, 0 for wrong classes, hand-computed cases, and the
+results format."""
+
+import math
+
+import pytest
+import torch
+from torchvision.ops import box_convert
+
+from vitkit.detection import COCO_METRICS, CocoEvaluator, coco_eval, coco_map, to_coco_results
+
+K = 4  # classes
+
+
+def scene(seed=0, images=6):
+    """Targets with small, medium and large objects (COCO's area split at 32^2 and 96^2 pixels)."""
+    g = torch.Generator().manual_seed(seed)
+    targets = []
+    for i in range(images):
+        height, width = 300, 400
+        sides = torch.tensor([[20.0, 25.0], [60.0, 50.0], [150.0, 120.0]])[: 1 + i % 3]  # small, medium, large
+        corner = torch.rand(len(sides), 2, generator=g) * torch.tensor([width - 160.0, height - 160.0])
+        xyxy = torch.cat([corner, corner + sides], dim=1)
+        boxes = box_convert(xyxy, "xyxy", "cxcywh") / torch.tensor([width, height, width, height])
+        labels = torch.randint(0, K, (len(sides),), generator=g)
+        targets.append(
+            {"boxes": boxes, "labels": labels, "image_id": torch.tensor(100 + i), "orig_size": torch.tensor([300, 400])}
+        )
+    return targets
+
+
+def as_predictions(targets, labels=None):
+    """The targets as detections in pixels, as `postprocess` gives them."""
+    predictions = []
+    for i, t in enumerate(targets):
+        height, width = t["orig_size"].tolist()
+        boxes = box_convert(t["boxes"], "cxcywh", "xyxy") * torch.tensor([width, height, width, height])
+        scores = torch.linspace(0.9, 0.6, len(boxes))
+        predictions.append({"boxes": boxes, "scores": scores, "labels": t["labels"] if labels is None else labels[i]})
+    return predictions
+
+
+def test_ground_truth_scores_one_and_wrong_classes_zero():
+    targets = scene()
+    metrics = coco_map(as_predictions(targets), targets, K)
+    assert set(metrics) == set(COCO_METRICS)
+    assert all(v == pytest.approx(1.0) for v in metrics.values()), metrics
+    wrong = [(t["labels"] + 1) % K for t in targets]  # labels shuffled so that every box has a wrong class
+    metrics = coco_map(as_predictions(targets, wrong), targets, K)
+    assert all(v == 0.0 for v in metrics.values()), metrics
+
+
+def one_box_target(box_xyxy, label=0, size=(100, 100), image_id=1):
+    height, width = size
+    boxes = box_convert(torch.tensor([box_xyxy], dtype=torch.float32), "xyxy", "cxcywh")
+    boxes = boxes / torch.tensor([width, height, width, height])
+    return {
+        "boxes": boxes,
+        "labels": torch.tensor([label]),
+        "image_id": torch.tensor(image_id),
+        "orig_size": torch.tensor(size),
+    }
+
+
+def test_hand_computed_precision_and_iou_thresholds():
+    target = one_box_target((10, 10, 50, 50))
+    # A false positive scored above the true one: precision 1/2 at every recall up to 1, so AP = 0.5.
+    prediction = {
+        "boxes": torch.tensor([[55.0, 55.0, 95.0, 95.0], [10.0, 10.0, 50.0, 50.0]]),
+        "scores": torch.tensor([0.9, 0.8]),
+        "labels": torch.tensor([0, 0]),
+    }
+    metrics = coco_map([prediction], [target], K)
+    assert metrics["ap"] == pytest.approx(0.5) and metrics["ap50"] == pytest.approx(0.5)
+    assert (
+        metrics["ap_medium"] == pytest.approx(0.5)
+        and math.isnan(metrics["ap_small"])
+        and math.isnan(metrics["ap_large"])
+    )
+    # The only detection overlaps with IoU 1240 / 1960 = 0.633: a hit at thresholds 0.50, 0.55, 0.60, three of ten.
+    shifted = {
+        "boxes": torch.tensor([[10.0, 19.0, 50.0, 59.0]]),
+        "scores": torch.tensor([0.7]),
+        "labels": torch.tensor([0]),
+    }
+    metrics = coco_map([shifted], [target], K)
+    assert metrics["ap50"] == pytest.approx(1.0) and metrics["ap75"] == 0.0 and metrics["ap"] == pytest.approx(0.3)
+
+
+def test_evaluator_accumulates_batches_and_rejects_repeats(capsys):
+    targets = scene(images=5)
+    evaluator = CocoEvaluator(K)
+    evaluator.update(as_predictions(targets[:2]), targets[:2])
+    evaluator.update(as_predictions(targets[2:]), targets[2:])
+    assert len(evaluator) == 5
+    assert evaluator.compute()["ap"] == pytest.approx(1.0)
+    assert capsys.readouterr().out == ""  # pycocotools' prints are kept quiet ...
+    evaluator.compute(verbose=True)
+    assert "Average Precision" in capsys.readouterr().out  # ... unless asked for
+    with pytest.raises(ValueError, match="image id 100 was already added"):
+        evaluator.update(as_predictions(targets[:1]), targets[:1])
+    with pytest.raises(ValueError, match="no images to evaluate"):
+        CocoEvaluator(K).compute()
+    bad = as_predictions(targets[:1], [torch.full((1,), K)])
+    with pytest.raises(ValueError, match=r"predicted labels must be in \[0, 4\)"):
+        CocoEvaluator(K).update(bad, targets[:1])
+
+
+def test_gather_keeps_each_image_once(monkeypatch):
+    targets = scene(images=4)
+    mine, theirs = CocoEvaluator(K), CocoEvaluator(K)
+    mine.update(as_predictions(targets[:3]), targets[:3])
+    theirs.update(as_predictions(targets[2:]), targets[2:])  # image 102 on both, as a padded sampler repeats it
+
+    def all_gather_object(out, obj):
+        out[0], out[1] = mine.images, theirs.images
+
+    monkeypatch.setattr(coco_eval.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(coco_eval.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(coco_eval.dist, "all_gather_object", all_gather_object)
+    mine.gather()
+    assert sorted(mine.images) == [100, 101, 102, 103]
+
+
+def test_results_in_coco_format_with_category_ids():
+    prediction = {
+        "boxes": torch.tensor([[10.0, 20.0, 50.0, 80.0], [0.0, 0.0, 5.0, 5.0]]),
+        "scores": torch.tensor([0.75, 0.5]),
+        "labels": torch.tensor([1, 0]),
+    }
+    results = to_coco_results([prediction], [42], category_ids=[3, 7])
+    assert results == [
+        {"image_id": 42, "category_id": 7, "bbox": [10.0, 20.0, 40.0, 60.0], "score": 0.75},
+        {"image_id": 42, "category_id": 3, "bbox": [0.0, 0.0, 5.0, 5.0], "score": 0.5},
+    ]
+    assert to_coco_results([prediction], [42])[0]["category_id"] == 1
+    with pytest.raises(ValueError, match="label 1 has no category id"):
+        to_coco_results([prediction], [42], category_ids=[3])
+    with pytest.raises(ValueError, match="one image id per prediction"):
+        to_coco_results([prediction], [1, 2])

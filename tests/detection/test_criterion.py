@@ -1,0 +1,191 @@
+"""DETR's set loss: zero at a planted perfect prediction, each term against its formula written out, the
+normalisation by the number of boxes (across processes too), auxiliary layers and the focal option."""
+
+import math
+
+import pytest
+import torch
+
+from vitkit.detection import HungarianMatcher, SetCriterion, criterion
+
+K = 5  # classes
+
+
+def planted(seed=0, sizes=(3, 0, 2), queries=6, classification="ce"):
+    """Outputs that predict every box exactly from a known query, and "no object" confidently elsewhere."""
+    g = torch.Generator().manual_seed(seed)
+    B = len(sizes)
+    boxes = torch.rand(B, queries, 4, generator=g) * 0.3 + 0.2
+    logits = torch.full((B, queries, K + 1), -30.0 if classification == "focal" else 0.0)
+    logits[..., K] = 30.0  # "no object"
+    targets, chosen = [], []
+    for i, n in enumerate(sizes):
+        labels = torch.randint(0, K, (n,), generator=g)
+        target_boxes = torch.rand(n, 4, generator=g) * 0.3 + 0.2
+        queries_of_boxes = torch.randperm(queries, generator=g)[:n]
+        boxes[i, queries_of_boxes] = target_boxes
+        logits[i, queries_of_boxes, K] = -30.0 if classification == "focal" else 0.0
+        logits[i, queries_of_boxes, labels] = 30.0
+        targets.append({"labels": labels, "boxes": target_boxes})
+        chosen.append(queries_of_boxes)
+    return {"pred_logits": logits, "pred_boxes": boxes}, targets, chosen
+
+
+@pytest.mark.parametrize("classification", ["ce", "focal"])
+def test_planted_perfect_prediction_costs_nothing(classification):
+    outputs, targets, chosen = planted(classification=classification)
+    outputs["aux_outputs"] = [{k: v.clone() for k, v in outputs.items()} for _ in range(2)]
+    indices = HungarianMatcher(classification=classification)(outputs, targets)
+    for (queries, boxes), planted_queries in zip(indices, chosen, strict=True):
+        assert torch.equal(planted_queries[boxes], queries)  # box t was matched to the query that predicts it
+    losses = SetCriterion(K, classification=classification)(outputs, targets)
+    assert set(losses) == {f"loss_{n}{s}" for n in ("ce", "bbox", "giou") for s in ("", "_0", "_1")} | {"total"}
+    for name, value in losses.items():
+        assert value.item() == pytest.approx(0.0, abs=1e-5), name
+
+
+def giou_loss(a, b):
+    """1 - generalised IoU of (cx, cy, w, h) boxes, from the definition."""
+    (ax0, ay0, ax1, ay1), (bx0, by0, bx1, by1) = (
+        (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2) for cx, cy, w, h in (a, b)
+    )
+    inter = max(0.0, min(ax1, bx1) - max(ax0, bx0)) * max(0.0, min(ay1, by1) - max(ay0, by0))
+    union = (ax1 - ax0) * (ay1 - ay0) + (bx1 - bx0) * (by1 - by0) - inter
+    hull = (max(ax1, bx1) - min(ax0, bx0)) * (max(ay1, by1) - min(ay0, by0))
+    return 1 - (inter / union - (hull - union) / hull)
+
+
+def random_outputs(seed, sizes, queries=6):
+    g = torch.Generator().manual_seed(seed)
+    outputs = {
+        "pred_logits": torch.randn(len(sizes), queries, K + 1, generator=g, dtype=torch.float64),
+        "pred_boxes": torch.rand(len(sizes), queries, 4, generator=g, dtype=torch.float64) * 0.4 + 0.1,
+    }
+    targets = [
+        {"labels": torch.randint(0, K, (n,), generator=g), "boxes": torch.rand(n, 4, generator=g) * 0.4 + 0.1}
+        for n in sizes
+    ]
+    return outputs, targets
+
+
+def reference_losses(outputs, targets, indices, classification="ce", eos_coef=0.1, num_boxes=None):
+    """DETR's (and Deformable DETR's) three losses for a given matching, sums written out element by element."""
+    logits, boxes = outputs["pred_logits"].tolist(), outputs["pred_boxes"].tolist()
+    wanted = [[K] * len(logits[0]) for _ in logits]  # class each query should predict
+    l1 = giou = 0.0
+    for i, (queries, box_ids) in enumerate(indices):
+        for q, t in zip(queries.tolist(), box_ids.tolist(), strict=True):
+            wanted[i][q] = int(targets[i]["labels"][t])
+            target_box = targets[i]["boxes"][t].tolist()
+            l1 += sum(abs(u - v) for u, v in zip(boxes[i][q], target_box, strict=True))
+            giou += giou_loss(boxes[i][q], target_box)
+    n = num_boxes if num_boxes is not None else max(1, sum(len(t["labels"]) for t in targets))
+    if classification == "ce":  # weighted mean of -log softmax, "no object" weighing eos_coef
+        total = weight_sum = 0.0
+        for row_logits, row_wanted in zip(logits, wanted, strict=True):
+            for x, c in zip(row_logits, row_wanted, strict=True):
+                weight = eos_coef if c == K else 1.0
+                total += weight * -(x[c] - math.log(sum(math.exp(v) for v in x)))
+                weight_sum += weight
+        ce = total / weight_sum
+    else:  # focal loss summed over every query and real class, divided by the number of boxes
+        ce = 0.0
+        for row_logits, row_wanted in zip(logits, wanted, strict=True):
+            for x, c in zip(row_logits, row_wanted, strict=True):
+                for k in range(K):
+                    p = 1 / (1 + math.exp(-x[k]))
+                    if k == c:
+                        ce += -0.25 * (1 - p) ** 2 * math.log(p)
+                    else:
+                        ce += -0.75 * p**2 * math.log(1 - p)
+        ce /= n
+    return {"loss_ce": ce, "loss_bbox": l1 / n, "loss_giou": giou / n}
+
+
+@pytest.mark.parametrize("classification", ["ce", "focal"])
+def test_losses_equal_their_formulas(classification):
+    outputs, targets = random_outputs(1, [3, 1, 0, 2])
+    loss = SetCriterion(K, classification=classification, aux_loss=False)
+    indices = loss.matcher(outputs, targets)
+    losses = loss(outputs, targets)
+    expected = reference_losses(outputs, targets, indices, classification)
+    for name, value in expected.items():
+        assert losses[name].item() == pytest.approx(value, rel=1e-5), name
+    assert losses["total"].item() == pytest.approx(
+        expected["loss_ce"] + 5 * expected["loss_bbox"] + 2 * expected["loss_giou"], rel=1e-5
+    )
+
+
+def test_losses_are_normalised_by_the_number_of_boxes():
+    outputs, targets = random_outputs(2, [2, 3])
+    loss = SetCriterion(K, aux_loss=False)
+    once = loss(outputs, targets)
+    twice = loss({k: torch.cat([v, v]) for k, v in outputs.items()}, targets + targets)  # twice the images and boxes
+    for name in ("loss_ce", "loss_bbox", "loss_giou"):
+        assert twice[name].item() == pytest.approx(once[name].item(), rel=1e-6)
+    empty = loss(outputs, [{"labels": torch.zeros(0, dtype=torch.long), "boxes": torch.zeros(0, 4)}] * 2)
+    assert empty["loss_bbox"].item() == empty["loss_giou"].item() == 0.0
+    no_object = -torch.log_softmax(outputs["pred_logits"], -1)[..., K].mean()  # every query: "no object"
+    assert empty["loss_ce"].item() == pytest.approx(no_object.item(), rel=1e-6)
+
+
+def test_number_of_boxes_is_averaged_across_processes(monkeypatch):
+    outputs, targets = random_outputs(3, [2, 1])
+    loss = SetCriterion(K, aux_loss=False)
+    local = loss(outputs, targets)
+    other_rank = 7.0  # boxes in the other process's batch
+
+    def all_reduce(tensor):
+        tensor += other_rank
+
+    monkeypatch.setattr(criterion.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(criterion.dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(criterion.dist, "get_world_size", lambda: 2)
+    assert criterion.average_num_boxes(targets, torch.device("cpu")) == (3 + other_rank) / 2
+    shared = loss(outputs, targets)
+    for name in ("loss_bbox", "loss_giou"):  # divided by 5 boxes per process instead of this process's 3
+        assert shared[name].item() == pytest.approx(local[name].item() * 3 / 5, rel=1e-6)
+    assert shared["loss_ce"].item() == pytest.approx(local["loss_ce"].item(), rel=1e-6)
+
+
+def test_auxiliary_layers_are_matched_and_weighed_like_the_last():
+    outputs, targets = random_outputs(4, [2, 3])
+    aux = [random_outputs(5 + i, [2, 3])[0] for i in range(2)]
+    weights = {"loss_ce": 2.0, "loss_giou": 0.5}
+    loss = SetCriterion(K, weights=weights)
+    losses = loss({**outputs, "aux_outputs": aux}, targets)
+    alone = SetCriterion(K, aux_loss=False)
+    for i, layer in enumerate(aux):
+        for name, value in alone(layer, targets).items():
+            if name != "total":
+                assert losses[f"{name}_{i}"].item() == pytest.approx(value.item(), rel=1e-6)
+    used = {"loss_ce": 2.0, "loss_bbox": 5.0, "loss_giou": 0.5}
+    expected = sum(
+        used[name.removesuffix("_0").removesuffix("_1")] * v for name, v in losses.items() if name != "total"
+    )
+    assert losses["total"].item() == pytest.approx(expected.item(), rel=1e-6)
+    assert set(SetCriterion(K, aux_loss=False)({**outputs, "aux_outputs": aux}, targets)) == {
+        "loss_ce",
+        "loss_bbox",
+        "loss_giou",
+        "total",
+    }
+
+
+def test_gradients_reach_logits_and_boxes():
+    outputs, targets = random_outputs(6, [2, 2])
+    leaves = {k: v.float().requires_grad_() for k, v in outputs.items()}
+    SetCriterion(K)(leaves, targets)["total"].backward()
+    assert all(v.grad is not None and v.grad.abs().sum() > 0 and v.grad.isfinite().all() for v in leaves.values())
+
+
+def test_criterion_errors():
+    outputs, targets = random_outputs(0, [1, 1])
+    with pytest.raises(ValueError, match=r"expected pred_logits \(B, Q, 4\) for 3 classes"):
+        SetCriterion(3)(outputs, targets)
+    with pytest.raises(ValueError, match="unknown loss weights"):
+        SetCriterion(K, weights={"loss_class": 1.0})
+    with pytest.raises(ValueError, match="use the same for both"):
+        SetCriterion(K, matcher=HungarianMatcher(), classification="focal")
+    with pytest.raises(ValueError, match="classification must be one of"):
+        SetCriterion(K, classification="bce")

@@ -1,0 +1,673 @@
+"""Detection data: the bundled `builtin:digits-detect` set and COCO-format datasets (an instances JSON and images).
+
+Both datasets give, per image, a float image (C, H, W) normalised with the dataset's mean and std, and a target
+dict as DETR's criterion and vitkit's COCO evaluation take it:
+
+- `labels` (n,) int64 class indices in [0, K); `boxes` (n, 4) float32 (cx, cy, w, h) in [0, 1] of the image;
+- `image_id` () int64; `orig_size` (2,) int64 (height, width) of the image as stored, `size` as given to the model;
+- `area` (n,) float32 of each object in pixels of the stored image (COCO's small / medium / large split).
+
+`vitkit.detection.collate_detection` batches them (padding to the largest image) and reports images that could
+not be read. Class indices are contiguous; `DetectionInfo.category_ids` maps them back to the dataset's category ids
+(to write predictions in COCO's results format).
+
+Augmentation is kept minimal: digits-detect draws fresh training canvases every epoch and is not augmented
+otherwise; COCO images are resized so the shorter side is `short_side` and the longer at most `max_size` (DETR's
+evaluation transform, 800 and 1333 by default), in training and evaluation alike.
+
+Letters: C channels, H, W image size, n objects of an image, K classes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from vitkit.data.loader import Unreadable
+from vitkit.data.sources import BUILTIN_PREFIX, INFO_NAME, load_builtin, open_image
+from vitkit.data.transforms import channel_stats, image_mode
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DETR normalises COCO images so
+
+# --- builtin:digits-detect ------------------------------------------------------------------------------------------
+
+DIGITS_DETECT = "digits-detect"
+CANVAS = 96  # canvas side in pixels
+GLYPH_SIDES = (20, 40)  # each 28x28 digit is resized to a square of a side drawn from this range (inclusive)
+MAX_DIGITS = 4  # digits drawn per canvas: 1 to this many, uniformly
+MAX_IOU = 0.2  # two digits' boxes overlap with IoU below this ...
+MAX_COVER = 0.3  # ... and cover less than this fraction of the smaller box
+PLACEMENT_TRIES = 50  # random positions tried for a digit before it is left out of its canvas
+TRAIN_CANVASES = 4000  # training canvases per epoch, from mnist5k's training digits
+VAL_CANVASES = 500  # validation canvases, from mnist5k's held-out test digits, the same in every run
+VAL_SEED = 20250  # seed of the validation canvases (fixed, so results compare across runs and versions)
+DIGITS_MEAN, DIGITS_STD = (0.0335,), (0.1566,)  # grey-level statistics of training canvases (epoch 0, seed 0)
+
+
+@dataclass(frozen=True)
+class DetectionInfo:
+    """What a detector needs to know about its data; saved next to the model as `dataset.json`."""
+
+    source: str  # "builtin:digits-detect" or the COCO folder given for training
+    classes: tuple[str, ...]  # class names, in class-index order
+    category_ids: tuple[int, ...]  # the dataset's category id of each class index
+    mean: tuple[float, ...]  # per-channel normalisation mean of images scaled to [0, 1]
+    std: tuple[float, ...]  # per-channel normalisation std, same channels as `mean`
+    task: str = "detection"  # tells a detection dataset description from a classification one
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write `dataset.json` into `directory` (created if missing); returns its path."""
+        path = Path(directory) / INFO_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> DetectionInfo:
+        """Read the `dataset.json` written by `save`."""
+        path = Path(directory) / INFO_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: expected a model directory written by vitkit train")
+        try:
+            fields = json.loads(path.read_text())
+            if fields.get("task") != "detection":
+                raise TypeError(f"task is {fields.get('task')!r}, not 'detection'")
+            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        except (json.JSONDecodeError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path} is not a vitkit detection dataset description: {err}") from err
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One digit on a digits-detect canvas."""
+
+    source: int  # index of the digit in its mnist5k split
+    label: int  # the digit, 0-9
+    side: int  # side of the square the 28x28 glyph was resized to
+    x: int  # column of the square's top-left corner on the canvas
+    y: int  # row of the square's top-left corner
+    box: tuple[int, int, int, int]  # tight box of the glyph's nonzero pixels: (x0, y0, x1, y1), x1 and y1 exclusive
+
+
+def overlap_ok(box: Sequence[int], others: Sequence[Sequence[int]]) -> bool:
+    """Whether an (x0, y0, x1, y1) box overlaps each of `others` little enough: IoU < MAX_IOU and an intersection
+    covering less than MAX_COVER of the smaller box."""
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    for other in others:
+        iw = min(box[2], other[2]) - max(box[0], other[0])
+        ih = min(box[3], other[3]) - max(box[1], other[1])
+        if iw <= 0 or ih <= 0:
+            continue
+        inter = iw * ih
+        area_other = (other[2] - other[0]) * (other[3] - other[1])
+        if inter >= MAX_IOU * (area + area_other - inter) or inter >= MAX_COVER * min(area, area_other):
+            return False
+    return True
+
+
+def _resize(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """`image` resized to (width, height) by bilinear interpolation (antialiased when shrinking), as PIL does."""
+    return image if image.size == size else image.resize(size, Image.Resampling.BILINEAR)
+
+
+def _to_model_input(image: Image.Image, channels: int, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """PIL image -> float32 (C, H, W) in the model's channels, (x / 255 - mean) / std per channel (as `normalize`,
+    in numpy: cheaper for one small image)."""
+    array = np.asarray(image.convert(image_mode(channels)), dtype=np.float32)  # (H, W) or (H, W, 3)
+    array = array.reshape(array.shape[0], array.shape[1], -1).transpose(2, 0, 1)  # (C, H, W)
+    mean_a = np.asarray(channel_stats(mean, channels), dtype=np.float32)[:, None, None]  # (C, 1, 1)
+    std_a = np.asarray(channel_stats(std, channels), dtype=np.float32)[:, None, None]  # (C, 1, 1)
+    return torch.from_numpy(np.ascontiguousarray((array / 255 - mean_a) / std_a))
+
+
+def _target(
+    boxes_xyxy: np.ndarray,
+    labels: np.ndarray,
+    areas: np.ndarray,
+    image_id: int,
+    orig_size: tuple[int, int],
+    size: tuple[int, int],
+) -> dict[str, torch.Tensor]:
+    """A target dict from (n, 4) pixel boxes (x0, y0, x1, y1) of an image of `orig_size` (height, width)."""
+    height, width = orig_size
+    xyxy = np.asarray(boxes_xyxy, dtype=np.float32).reshape(-1, 4)
+    centres = (xyxy[:, :2] + xyxy[:, 2:]) / 2  # (n, 2)
+    sides = xyxy[:, 2:] - xyxy[:, :2]  # (n, 2)
+    boxes = np.concatenate([centres, sides], axis=1) / np.array([width, height, width, height], dtype=np.float32)
+    return {
+        "labels": torch.from_numpy(np.asarray(labels, dtype=np.int64).reshape(-1)),
+        "boxes": torch.from_numpy(boxes),  # (n, 4) (cx, cy, w, h) in [0, 1]
+        "image_id": torch.tensor(image_id, dtype=torch.int64),
+        "orig_size": torch.tensor(orig_size, dtype=torch.int64),
+        "size": torch.tensor(size, dtype=torch.int64),
+        "area": torch.from_numpy(np.asarray(areas, dtype=np.float32).reshape(-1)),
+    }
+
+
+def _index(key: int | tuple[int, int]) -> int:
+    """A sample index from an index or an (index, augmentation seed) pair of `EpochSampler` (the seed is unused:
+    these datasets draw no random augmentation)."""
+    return int(key[0]) if isinstance(key, tuple) else int(key)
+
+
+class DigitsDetection(Dataset):
+    """Canvases of MNIST digits with their boxes, generated on demand and deterministically.
+
+    Canvas `i` of epoch `e` is drawn from `numpy.random.default_rng((seed, e, i))` (epoch 0 always when not
+    `fresh`): a number of digits from 1 to MAX_DIGITS, each a random glyph of `images`, resized to a random side
+    in GLYPH_SIDES and put at a random place where its tight box overlaps every earlier box little enough
+    (`box_overlap_ok`); a digit that finds no such place in PLACEMENT_TRIES tries is left out. Glyphs are
+    combined by their maximum (white digits on black). Any worker and any order produce the same canvases.
+
+    Args:
+        images: (N, 28, 28) uint8 digits; labels: (N,) their digits.
+        count: canvases per epoch.
+        seed: the seed of all canvases.
+        fresh: new canvases every epoch (`set_epoch`) or the same ones.
+        channels: image channels given to the model (1, or 3: the grey canvas repeated).
+        img_size: side the canvas is resized to for the model (None: CANVAS); boxes are relative, so unchanged.
+        name: how samples are named in messages.
+    """
+
+    def __init__(
+        self,
+        images: np.ndarray,
+        labels: Sequence[int],
+        count: int,
+        seed: int,
+        fresh: bool,
+        channels: int = 3,
+        img_size: int | None = None,
+        name: str = DIGITS_DETECT,
+    ) -> None:
+        if images.dtype != np.uint8 or images.ndim != 3 or len(images) != len(labels) or len(images) == 0:
+            raise ValueError(
+                f"expected uint8 glyphs (N, H, W) and N labels, got {images.dtype} {images.shape}, {len(labels)} labels"
+            )
+        if count <= 0:
+            raise ValueError(f"count must be positive, got {count}")
+        if img_size is not None and img_size <= 0:
+            raise ValueError(f"img_size must be positive, got {img_size}")
+        image_mode(channels)  # ValueError for channels other than 1 and 3
+        self.images, self.labels = images, np.asarray(labels, dtype=np.int64)
+        self.count, self.seed, self.fresh = count, seed, fresh
+        self.channels, self.img_size, self.name = channels, img_size, name
+        self.epoch = 0
+        self.mean, self.std = DIGITS_MEAN, DIGITS_STD
+        self._pil: dict[int, Image.Image] = {}  # glyphs as PIL images, made when first drawn
+
+    def __len__(self) -> int:
+        return self.count
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the canvases of `epoch` (no effect unless `fresh`); call before iterating, as for the sampler."""
+        self.epoch = epoch
+
+    def glyph(self, source: int, side: int) -> np.ndarray:
+        """Digit `source` resized to (side, side) uint8."""
+        if source not in self._pil:
+            self._pil[source] = Image.fromarray(self.images[source])
+        return np.asarray(self._pil[source].resize((side, side), Image.Resampling.BILINEAR))
+
+    def _draw(self, index: int) -> tuple[list[Placement], list[np.ndarray]]:
+        """The digits of canvas `index` of the current epoch, in drawing order, with their resized glyphs."""
+        if not 0 <= index < self.count:
+            raise IndexError(f"canvas {index} is outside 0..{self.count - 1}")
+        rng = np.random.default_rng((self.seed, self.epoch if self.fresh else 0, index))
+        n = int(rng.integers(1, MAX_DIGITS + 1))
+        sources = rng.integers(0, len(self.images), n)
+        sides = rng.integers(GLYPH_SIDES[0], GLYPH_SIDES[1] + 1, n)
+        placed: list[Placement] = []
+        glyphs: list[np.ndarray] = []
+        for source, side in zip(sources.tolist(), sides.tolist(), strict=True):
+            glyph = self.glyph(source, side)
+            rows, cols = np.nonzero(glyph)
+            tight = [int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1]  # in the glyph
+            corners = rng.integers(0, CANVAS - side + 1, (PLACEMENT_TRIES, 2)).tolist()  # candidate (x, y)
+            boxes = [p.box for p in placed]
+            for x, y in corners:
+                box = (x + tight[0], y + tight[1], x + tight[2], y + tight[3])
+                if overlap_ok(box, boxes):
+                    placed.append(Placement(source, int(self.labels[source]), side, x, y, box))
+                    glyphs.append(glyph)
+                    break  # placed; a digit that fits nowhere is left out
+        return placed, glyphs
+
+    def layout(self, index: int) -> list[Placement]:
+        """The digits of canvas `index` of the current epoch, in drawing order."""
+        return self._draw(index)[0]
+
+    def canvas(self, index: int) -> tuple[np.ndarray, list[Placement]]:
+        """Canvas `index` of the current epoch as (CANVAS, CANVAS) uint8, with its digits."""
+        placed, glyphs = self._draw(index)
+        canvas = np.zeros((CANVAS, CANVAS), dtype=np.uint8)
+        for p, glyph in zip(placed, glyphs, strict=True):
+            region = canvas[p.y : p.y + p.side, p.x : p.x + p.side]
+            np.maximum(region, glyph, out=region)
+        return canvas, placed
+
+    def describe(self, index: int) -> str:
+        return f"{self.name}[{index}]"
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        index = _index(key)
+        canvas, placed = self.canvas(index)
+        side = self.img_size or CANVAS
+        if side != CANVAS:
+            canvas = np.asarray(_resize(Image.fromarray(canvas), (side, side)))
+        grey = canvas.astype(np.float32)  # (H, W)
+        grey = (grey / 255 - self.mean[0]) / self.std[0]
+        image = torch.from_numpy(grey)[None].repeat(self.channels, 1, 1)  # (C, H, W): grey in every channel
+        boxes = np.array([p.box for p in placed], dtype=np.float32).reshape(-1, 4)
+        areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        labels = np.array([p.label for p in placed], dtype=np.int64)
+        return image, _target(boxes, labels, areas, index, (CANVAS, CANVAS), (side, side))
+
+
+def load_digits_detect(
+    seed: int = 0, channels: int = 3, img_size: int | None = None
+) -> tuple[DigitsDetection, DigitsDetection, DetectionInfo]:
+    """`builtin:digits-detect` as (train, val, info).
+
+    Training canvases (TRAIN_CANVASES a epoch, fresh each epoch, drawn with `seed`) use only mnist5k's training
+    digits; validation canvases (VAL_CANVASES, always the same) only its held-out test digits. Class = category
+    id = the digit.
+    """
+    train_digits, test_digits, _ = load_builtin("mnist5k")
+    common = {"channels": channels, "img_size": img_size}
+    train = DigitsDetection(
+        train_digits.images, train_digits.labels, TRAIN_CANVASES, seed, True, name=f"{DIGITS_DETECT}/train", **common
+    )
+    val = DigitsDetection(
+        test_digits.images, test_digits.labels, VAL_CANVASES, VAL_SEED, False, name=f"{DIGITS_DETECT}/val", **common
+    )
+    classes = tuple(str(d) for d in range(10))
+    info = DetectionInfo(BUILTIN_PREFIX + DIGITS_DETECT, classes, tuple(range(10)), DIGITS_MEAN, DIGITS_STD)
+    return train, val, info
+
+
+def write_coco_folder(
+    dataset: DigitsDetection, root: str | os.PathLike, split: str = "val", limit: int | None = None
+) -> Path:
+    """Write digits-detect canvases as a COCO-format dataset: root/<split>/<id>.png and
+    root/annotations/instances_<split>.json, the layout `load_coco_folder` reads. A way to see what a COCO folder
+    of your own should hold. Returns the JSON's path."""
+    root = Path(root)
+    (root / split).mkdir(parents=True, exist_ok=True)
+    (root / "annotations").mkdir(parents=True, exist_ok=True)
+    images, annotations = [], []
+    for index in range(min(len(dataset), limit) if limit is not None else len(dataset)):
+        canvas, placed = dataset.canvas(index)
+        file_name = f"{index:06d}.png"
+        Image.fromarray(canvas).save(root / split / file_name)
+        images.append({"id": index, "file_name": file_name, "width": CANVAS, "height": CANVAS})
+        for p in placed:
+            x0, y0, x1, y1 = p.box
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": index,
+                    "category_id": p.label,
+                    "bbox": [x0, y0, x1 - x0, y1 - y0],
+                    "area": (x1 - x0) * (y1 - y0),
+                    "iscrowd": 0,
+                }
+            )
+    categories = [{"id": d, "name": str(d)} for d in range(10)]
+    path = root / "annotations" / f"instances_{split}.json"
+    path.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))
+    return path
+
+
+# --- COCO-format datasets -------------------------------------------------------------------------------------------
+
+SKIP_REASONS = (
+    "bad image entry",  # an image without an integer id, a file name, a positive width and height; or a repeated id
+    "missing file",  # the image file does not exist
+    "unreadable file",  # the image file cannot be decoded (found at load with check_images, else when read)
+    "bad annotation entry",  # no image_id, category_id or 4-number bbox, or non-finite numbers
+    "unknown image",  # image_id names no image of the file
+    "unknown category",  # category_id names no category of the file
+    "empty box",  # zero or negative width or height
+    "outside image",  # no part of the box lies inside the image
+)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An image or annotation of a COCO file left out, and why."""
+
+    kind: str  # "image" or "annotation"
+    id: Any  # its id in the file (the list position as "#i" when it has none)
+    reason: str  # one of SKIP_REASONS
+    detail: str = ""  # what was found
+
+
+@dataclass
+class CocoReport:
+    """What loading a COCO file kept and left out."""
+
+    path: str  # the instances JSON
+    images: int = 0  # images kept
+    annotations: int = 0  # annotations kept
+    skipped: list[Skipped] = field(default_factory=list)  # images and annotations left out
+    clipped: list[Any] = field(default_factory=list)  # ids of annotations whose box was clipped to the image
+    crowd: int = 0  # crowd annotations (iscrowd 1), left out of the targets as DETR's training does
+
+    def counts(self) -> dict[str, int]:
+        """Number of skipped entries per reason."""
+        return dict(Counter(s.reason for s in self.skipped))
+
+    def __str__(self) -> str:
+        lines = [f"{self.path}: {self.images} images, {self.annotations} annotations"]
+        lines += [f"  skipped {n} ({reason})" for reason, n in self.counts().items()]
+        if self.clipped:
+            lines.append(f"  clipped {len(self.clipped)} boxes to their image")
+        if self.crowd:
+            lines.append(f"  left out {self.crowd} crowd annotations")
+        lines += [f"  {s.kind} {s.id}: {s.reason}" + (f" ({s.detail})" if s.detail else "") for s in self.skipped]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class CocoImage:
+    image_id: int
+    path: Path
+    size: tuple[int, int]  # (height, width) the file says
+    boxes: np.ndarray  # (n, 4) float32 (x0, y0, x1, y1) pixels, clipped to the image
+    labels: np.ndarray  # (n,) int64 class indices
+    areas: np.ndarray  # (n,) float32 object areas in pixels
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def read_coco_json(path: str | os.PathLike) -> dict:
+    """The instances JSON at `path`: OSError if it cannot be read, ValueError if it is not COCO's format."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise OSError(f"cannot read COCO annotations {path}: {err}") from err
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not a COCO instances file: not JSON ({err})") from err
+    expected = ("images", "annotations", "categories")
+    if not isinstance(data, dict) or not all(isinstance(data.get(key), list) for key in expected):
+        found = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise ValueError(
+            f"{path} is not a COCO instances file: expected an object with lists {list(expected)}, found {found}"
+        )
+    return data
+
+
+def _categories(data: dict, path: Path) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(category ids sorted, their names): class index i is category_ids[i]. The categories define the model's
+    classes, so a malformed one is an error, not a skip."""
+    names: dict[int, str] = {}
+    for i, category in enumerate(data["categories"]):
+        if not isinstance(category, dict) or not _is_int(category.get("id")):
+            raise ValueError(f"{path}: category #{i} needs an integer 'id', got {category!r}")
+        if category["id"] in names:
+            raise ValueError(f"{path}: category id {category['id']} appears twice")
+        names[category["id"]] = str(category.get("name", category["id"]))
+    if not names:
+        raise ValueError(f"{path}: the file lists no categories")
+    ids = tuple(sorted(names))
+    return ids, tuple(names[i] for i in ids)
+
+
+class CocoDetection(Dataset):
+    """A COCO-format detection dataset: the images of an instances JSON, with their boxes.
+
+    Entries that cannot be used are skipped and listed in `report` (a `CocoReport`) with their id: see
+    SKIP_REASONS. A box partly outside its image is clipped to it (as DETR does), one wholly outside skipped.
+    Images without annotations are kept (they teach "no object"). An image file that cannot be decoded when read
+    gives a `vitkit.data.Unreadable` in place of the sample, which `vitkit.detection.collate_detection` reports;
+    `check_images` decodes every file at load instead, to skip them up front (slower).
+
+    Args:
+        annotations: the instances JSON.
+        images: the folder the JSON's `file_name`s are relative to.
+        short_side, max_size: resize so the shorter side is `short_side` and the longer at most `max_size`
+            (DETR: 800 and 1333); None keeps the stored size.
+        channels: image channels given to the model (1 or 3).
+        mean, std: per-channel normalisation statistics (ImageNet's, as DETR).
+        check_images: decode every image at load and skip those that fail.
+    """
+
+    def __init__(
+        self,
+        annotations: str | os.PathLike,
+        images: str | os.PathLike,
+        short_side: int | None = 800,
+        max_size: int | None = 1333,
+        channels: int = 3,
+        mean: tuple[float, ...] = IMAGENET_MEAN,
+        std: tuple[float, ...] = IMAGENET_STD,
+        check_images: bool = False,
+    ) -> None:
+        if short_side is not None and short_side <= 0 or max_size is not None and max_size <= 0:
+            raise ValueError(f"short_side and max_size must be positive or None, got {short_side} and {max_size}")
+        image_mode(channels)
+        path = Path(annotations)
+        data = read_coco_json(path)
+        self.category_ids, self.classes = _categories(data, path)
+        self.short_side, self.max_size, self.channels = short_side, max_size, channels
+        self.mean, self.std = mean, std
+        self.report = CocoReport(str(path))
+        self.samples = self._read(data, Path(images), check_images)
+
+    def _read_images(self, entries: list, folder: Path, check: bool) -> tuple[dict[int, tuple[Path, int, int]], set]:
+        """Usable image entries: id -> (path, height, width); and the ids of all entries, usable or not."""
+        kept: dict[int, tuple[Path, int, int]] = {}
+        listed: set = set()
+        for i, entry in enumerate(entries):
+            image_id = entry.get("id", f"#{i}") if isinstance(entry, dict) else f"#{i}"
+            valid = (
+                isinstance(entry, dict)
+                and _is_int(entry.get("id"))
+                and isinstance(entry.get("file_name"), str)
+                and all(_is_int(entry.get(k)) and entry[k] > 0 for k in ("width", "height"))
+            )
+            if not valid:
+                self._skip("image", image_id, "bad image entry", "needs integer id, file_name, width, height > 0")
+                continue
+            if image_id in listed:
+                self._skip("image", image_id, "bad image entry", "the id appears twice")
+                continue
+            listed.add(image_id)
+            file = folder / entry["file_name"]
+            if not file.is_file():
+                self._skip("image", image_id, "missing file", str(file))
+                continue
+            if check:
+                try:
+                    with open_image(file) as decoded:
+                        size = decoded.size
+                except OSError as err:
+                    self._skip("image", image_id, "unreadable file", str(err))
+                    continue
+                if size != (entry["width"], entry["height"]):
+                    self._skip(
+                        "image",
+                        image_id,
+                        "unreadable file",
+                        f"{file} is {size[0]}x{size[1]}, the annotations say {entry['width']}x{entry['height']}",
+                    )
+                    continue
+            kept[image_id] = (file, entry["height"], entry["width"])
+        return kept, listed
+
+    def _read(self, data: dict, folder: Path, check: bool) -> list[CocoImage]:
+        images, listed = self._read_images(data["images"], folder, check)
+        class_of = {category: index for index, category in enumerate(self.category_ids)}
+        objects: dict[int, list[tuple[list[float], int, float]]] = {image_id: [] for image_id in images}
+        for i, ann in enumerate(data["annotations"]):
+            ann_id = ann.get("id", f"#{i}") if isinstance(ann, dict) else f"#{i}"
+            bbox = ann.get("bbox") if isinstance(ann, dict) else None
+            if not (
+                isinstance(ann, dict)
+                and _is_int(ann.get("image_id"))
+                and _is_int(ann.get("category_id"))
+                and isinstance(bbox, list)
+                and len(bbox) == 4
+                and all(_is_number(v) for v in bbox)
+            ):
+                self._skip(
+                    "annotation", ann_id, "bad annotation entry", "needs image_id, category_id, bbox [x, y, w, h]"
+                )
+                continue
+            if ann["image_id"] not in listed:
+                self._skip("annotation", ann_id, "unknown image", f"image_id {ann['image_id']}")
+                continue
+            if ann["image_id"] not in images:
+                continue  # its image was skipped, and reported
+            if ann["category_id"] not in class_of:
+                self._skip("annotation", ann_id, "unknown category", f"category_id {ann['category_id']}")
+                continue
+            if ann.get("iscrowd", 0):
+                self.report.crowd += 1
+                continue
+            x, y, w, h = bbox
+            if w <= 0 or h <= 0:
+                self._skip("annotation", ann_id, "empty box", f"bbox {bbox}")
+                continue
+            _, height, width = images[ann["image_id"]]
+            box = [min(max(x, 0), width), min(max(y, 0), height), min(max(x + w, 0), width), min(max(y + h, 0), height)]
+            if box[2] <= box[0] or box[3] <= box[1]:
+                self._skip("annotation", ann_id, "outside image", f"bbox {bbox} in a {width}x{height} image")
+                continue
+            if box != [x, y, x + w, y + h]:
+                self.report.clipped.append(ann_id)
+            area = ann.get("area")
+            area = area if _is_number(area) and area > 0 else (box[2] - box[0]) * (box[3] - box[1])
+            objects[ann["image_id"]].append((box, class_of[ann["category_id"]], area))
+        samples = []
+        for image_id, (file, height, width) in images.items():
+            found = objects[image_id]
+            samples.append(
+                CocoImage(
+                    image_id,
+                    file,
+                    (height, width),
+                    np.array([box for box, _, _ in found], dtype=np.float32).reshape(-1, 4),
+                    np.array([label for _, label, _ in found], dtype=np.int64),
+                    np.array([area for _, _, area in found], dtype=np.float32),
+                )
+            )
+        self.report.images, self.report.annotations = len(samples), sum(len(s.labels) for s in samples)
+        return samples
+
+    def _skip(self, kind: str, item_id: Any, reason: str, detail: str = "") -> None:
+        self.report.skipped.append(Skipped(kind, item_id, reason, detail))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def describe(self, index: int) -> str:
+        sample = self.samples[index]
+        return f"image {sample.image_id} ({sample.path})"
+
+    def model_size(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) an image of this size is resized to: shorter side `short_side`, longer at most
+        `max_size` (the shorter side shrinks to fit)."""
+        if self.short_side is None:
+            return height, width
+        short, long = min(height, width), max(height, width)
+        target = self.short_side
+        if self.max_size is not None and long * target / short > self.max_size:
+            target = self.max_size * short / long
+        scale = target / short
+        return max(1, round(height * scale)), max(1, round(width * scale))
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | Unreadable:
+        index = _index(key)
+        sample = self.samples[index]
+        try:
+            image = open_image(sample.path)
+        except OSError as err:
+            return Unreadable(self.describe(index), str(err))
+        height, width = sample.size
+        if image.size != (width, height):
+            return Unreadable(
+                self.describe(index),
+                f"the file is {image.size[0]}x{image.size[1]}, the annotations say {width}x{height}",
+            )
+        size = self.model_size(height, width)
+        tensor = _to_model_input(_resize(image, (size[1], size[0])), self.channels, self.mean, self.std)
+        return tensor, _target(sample.boxes, sample.labels, sample.areas, sample.image_id, sample.size, size)
+
+
+def _find_split(root: Path, split: str) -> tuple[Path, Path]:
+    """(instances JSON, image folder) of `split` ("train" or "val") under `root`; see `load_coco_folder`."""
+    found = sorted((root / "annotations").glob(f"instances_{split}*.json"))
+    if len(found) == 1:
+        return found[0], root / found[0].stem[len("instances_") :]
+    if not found:
+        folders = sorted(p for p in root.glob(f"{split}*") if p.is_dir())
+        jsons = [j for folder in folders for j in sorted(folder.glob("*.json"))]
+        if len(folders) == 1 and len(jsons) == 1:
+            return jsons[0], folders[0]
+    raise ValueError(
+        f"{root}: expected one annotations/instances_{split}*.json with its images in {split}*/ (COCO's layout), or "
+        f"one {split}*/ folder holding the images and one .json; found {[str(p) for p in found] or 'neither'}"
+    )
+
+
+def load_coco_folder(root: str | os.PathLike, **options: Any) -> tuple[CocoDetection, CocoDetection, DetectionInfo]:
+    """A COCO-format dataset folder as (train, val, info); `options` go to `CocoDetection`.
+
+    Layouts: COCO's, ``root/annotations/instances_train2017.json`` with images in ``root/train2017/`` and the same
+    for val (any suffix after ``instances_train`` / ``instances_val``, the folder named as the JSON without
+    ``instances_``); or a ``root/train*/`` folder with the images and a single JSON, and the same for val (as
+    several annotation tools export). Both splits must list the same categories.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a directory: expected a COCO-format dataset folder")
+    train = CocoDetection(*_find_split(root, "train"), **options)
+    val = CocoDetection(*_find_split(root, "val"), **options)
+    if (train.category_ids, train.classes) != (val.category_ids, val.classes):
+        raise ValueError(
+            f"{root}: the train and val annotations list different categories: "
+            f"{dict(zip(train.category_ids, train.classes, strict=True))} and "
+            f"{dict(zip(val.category_ids, val.classes, strict=True))}"
+        )
+    info = DetectionInfo(str(root), train.classes, train.category_ids, tuple(train.mean), tuple(train.std))
+    return train, val, info
+
+
+def load_detection(
+    source: str, seed: int = 0, channels: int = 3, img_size: int | None = None, **options: Any
+) -> tuple[DigitsDetection | CocoDetection, DigitsDetection | CocoDetection, DetectionInfo]:
+    """(train, val, info) of ``"builtin:digits-detect"`` or a COCO-format folder (`load_coco_folder`).
+
+    `img_size` is the canvas side for digits-detect and the shorter side (`short_side`) for COCO images; `seed`
+    draws the digits-detect training canvases; `options` go to `CocoDetection`.
+    """
+    if source.startswith(BUILTIN_PREFIX):
+        name = source[len(BUILTIN_PREFIX) :]
+        if name != DIGITS_DETECT:
+            raise ValueError(f"unknown builtin detection dataset {name!r}; the bundled one is {DIGITS_DETECT!r}")
+        return load_digits_detect(seed, channels, img_size)
+    if img_size is not None:
+        options["short_side"] = img_size
+    return load_coco_folder(source, channels=channels, **options)

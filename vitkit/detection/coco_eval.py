@@ -1,0 +1,195 @@
+"""COCO mAP of a detector, computed by pycocotools from predictions and ground truth held in memory.
+
+`CocoEvaluator` collects, batch by batch, the detections `postprocess` gives (boxes in pixels of the original
+image) and the targets the detection datasets give (boxes (cx, cy, w, h) in [0, 1], `orig_size`, `image_id`);
+`compute` builds pycocotools' ground-truth and result objects from dicts (no files) and runs its box evaluation:
+AP averaged over IoU 0.50:0.95 and the classes with ground truth, at IoU 0.50 and 0.75, and over small (area
+< 32^2 pixels), medium and large (> 96^2) objects, all with up to 100 detections per image. A metric with no
+ground truth to score (no large objects, say) is NaN, where pycocotools writes -1.
+
+Crowd annotations are not part of the targets (the datasets leave them out, as DETR's training does), so a
+detection on a crowd region counts as a false positive here, where COCO's own evaluation would ignore it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+from torchvision.ops import box_convert
+
+COCO_METRICS = ("ap", "ap50", "ap75", "ap_small", "ap_medium", "ap_large")  # pycocotools' first six stats
+
+
+def _xywh(boxes_xyxy: torch.Tensor) -> np.ndarray:
+    """(n, 4) (x0, y0, x1, y1) -> (n, 4) float64 (x, y, w, h), COCO's box format."""
+    return box_convert(boxes_xyxy.detach().double().cpu(), "xyxy", "xywh").numpy().reshape(-1, 4)
+
+
+def to_coco_results(
+    predictions: Sequence[Mapping[str, torch.Tensor]],
+    image_ids: Sequence[int],
+    category_ids: Sequence[int] | None = None,
+) -> list[dict]:
+    """Detections in COCO's results format: one {"image_id", "category_id", "bbox": [x, y, w, h], "score"} each.
+
+    Args:
+        predictions: per image, `postprocess`'s dict: `boxes` (n, 4) (x0, y0, x1, y1) pixels, `scores`, `labels`.
+        image_ids: the COCO image id of each image.
+        category_ids: the COCO category id of each class index (a dataset's `category_ids`); by default the
+            class index itself.
+    """
+    if len(predictions) != len(image_ids):
+        raise ValueError(f"expected one image id per prediction: {len(predictions)} predictions, {len(image_ids)} ids")
+    results = []
+    for prediction, image_id in zip(predictions, image_ids, strict=True):
+        labels = prediction["labels"].tolist()
+        if category_ids is not None and labels and max(labels) >= len(category_ids):
+            raise ValueError(f"label {max(labels)} has no category id: {len(category_ids)} categories given")
+        for box, score, label in zip(_xywh(prediction["boxes"]), prediction["scores"].tolist(), labels, strict=True):
+            category = category_ids[label] if category_ids is not None else label
+            results.append(
+                {"image_id": int(image_id), "category_id": int(category), "bbox": box.tolist(), "score": score}
+            )
+    return results
+
+
+class CocoEvaluator:
+    """Collects detections and ground truth image by image, then computes COCO mAP with pycocotools.
+
+    Usage: ``update(postprocess(outputs, orig_sizes, threshold=0), targets)`` per batch, `gather()` under
+    torch.distributed, then `compute()`.
+    """
+
+    def __init__(self, num_classes: int) -> None:
+        if num_classes <= 0:
+            raise ValueError(f"num_classes must be positive, got {num_classes}")
+        self.num_classes = num_classes
+        self.images: dict[int, dict[str, np.ndarray | tuple[int, int]]] = {}  # image id -> its boxes
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def update(
+        self, predictions: Sequence[Mapping[str, torch.Tensor]], targets: Sequence[Mapping[str, torch.Tensor]]
+    ) -> None:
+        """Add a batch.
+
+        Args:
+            predictions: per image, `postprocess`'s dict (`boxes` (x0, y0, x1, y1) in pixels of the original image,
+                `scores`, `labels`); call postprocess with the targets' `orig_size` and threshold 0.
+            targets: per image, `image_id`, `orig_size` (height, width), `labels` (n,) and `boxes` (n, 4)
+                (cx, cy, w, h) in [0, 1]; `area` (n,) in original pixels if given, else the boxes' area.
+        """
+        if len(predictions) != len(targets):
+            raise ValueError(f"expected one target per prediction: {len(predictions)} and {len(targets)}")
+        for prediction, target in zip(predictions, targets, strict=True):
+            image_id = int(target["image_id"])
+            if image_id in self.images:
+                raise ValueError(f"image id {image_id} was already added: every image needs its own id")
+            height, width = (int(v) for v in target["orig_size"])
+            scale = torch.tensor([width, height, width, height], dtype=torch.float64)
+            gt_xyxy = box_convert(target["boxes"].detach().double().cpu(), "cxcywh", "xyxy") * scale
+            gt_boxes = _xywh(gt_xyxy)
+            area = target.get("area")
+            labels = prediction["labels"].cpu().numpy()
+            if len(labels) and (labels.min() < 0 or labels.max() >= self.num_classes):
+                raise ValueError(
+                    f"predicted labels must be in [0, {self.num_classes}), got {labels.min()}..{labels.max()}"
+                )
+            self.images[image_id] = {
+                "size": (height, width),
+                "gt_boxes": gt_boxes,
+                "gt_labels": target["labels"].cpu().numpy(),
+                "gt_area": area.double().cpu().numpy() if area is not None else gt_boxes[:, 2] * gt_boxes[:, 3],
+                "boxes": _xywh(prediction["boxes"]),
+                "scores": prediction["scores"].detach().double().cpu().numpy(),
+                "labels": labels,
+            }
+
+    def gather(self) -> None:
+        """Under torch.distributed, collect every process's images into each (call on all processes before
+        `compute`); an image added by several processes (a padded sampler repeats some) is kept once."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        everyone: list[dict | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, self.images)
+        merged: dict[int, dict] = {}
+        for images in everyone:
+            for image_id, record in (images or {}).items():
+                merged.setdefault(image_id, record)
+        self.images = merged
+
+    def coco_objects(self) -> tuple[COCO, COCO]:
+        """pycocotools' ground truth and results for the images added so far, built from dicts."""
+        images, gts, dts = [], [], []  # annotation ids start at 1: pycocotools reads id 0 as "unmatched"
+        for image_id, record in self.images.items():
+            height, width = record["size"]
+            images.append({"id": image_id, "height": height, "width": width})
+            for box, label, area in zip(record["gt_boxes"], record["gt_labels"], record["gt_area"], strict=True):
+                gts.append(
+                    {
+                        "id": len(gts) + 1,
+                        "image_id": image_id,
+                        "category_id": int(label),
+                        "bbox": box.tolist(),
+                        "area": float(area),
+                        "iscrowd": 0,
+                    }
+                )
+            for box, score, label in zip(record["boxes"], record["scores"], record["labels"], strict=True):
+                dts.append(
+                    {
+                        "id": len(dts) + 1,
+                        "image_id": image_id,
+                        "category_id": int(label),
+                        "bbox": box.tolist(),
+                        "area": float(box[2] * box[3]),
+                        "score": float(score),
+                        "iscrowd": 0,
+                    }
+                )
+        categories = [{"id": k, "name": str(k)} for k in range(self.num_classes)]
+        with contextlib.redirect_stdout(io.StringIO()):  # createIndex prints
+            ground_truth, results = COCO(), COCO()
+            ground_truth.dataset = {"images": images, "annotations": gts, "categories": categories}
+            results.dataset = {"images": images, "annotations": dts, "categories": categories}
+            ground_truth.createIndex()
+            results.createIndex()
+        return ground_truth, results
+
+    def compute(self, verbose: bool = False) -> dict[str, float]:
+        """COCO box mAP as {"ap", "ap50", "ap75", "ap_small", "ap_medium", "ap_large"}, fractions in [0, 1] (NaN
+        where there is no ground truth to score); `verbose` prints pycocotools' summary table."""
+        if not self.images:
+            raise ValueError("no images to evaluate: call update() with predictions and targets first")
+        ground_truth, results = self.coco_objects()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            evaluation = COCOeval(ground_truth, results, iouType="bbox")
+            evaluation.evaluate()
+            evaluation.accumulate()
+            evaluation.summarize()
+        if verbose:
+            print(out.getvalue(), end="")
+        stats = evaluation.stats[: len(COCO_METRICS)]
+        return {name: float(v) if v >= 0 else math.nan for name, v in zip(COCO_METRICS, stats, strict=True)}
+
+
+def coco_map(
+    predictions: Sequence[Mapping[str, torch.Tensor]],
+    targets: Sequence[Mapping[str, torch.Tensor]],
+    num_classes: int,
+    verbose: bool = False,
+) -> dict[str, float]:
+    """COCO mAP of `predictions` (`postprocess` output) against `targets` in one call; see `CocoEvaluator`."""
+    evaluator = CocoEvaluator(num_classes)
+    evaluator.update(predictions, targets)
+    return evaluator.compute(verbose=verbose)

@@ -1,0 +1,180 @@
+"""DETR's set loss (`SetCriterion`): match queries to boxes, then supervise each matched pair and every unmatched query.
+
+After the Hungarian matching (`vitkit.detection.HungarianMatcher`) of the last decoder layer's predictions:
+
+- `loss_ce`, classification over all B * Q queries. "ce" (DETR): cross-entropy over K + 1 classes, the matched
+  queries towards their box's class, the others towards "no object", whose weight is `eos_coef` (0.1), averaged
+  with those weights. "focal" (Deformable DETR, arXiv:2010.04159): sigmoid focal loss (alpha 0.25, gamma 2) of the
+  K real classes, one-hot at the matched class and all zero for unmatched queries (the "no object" logit is
+  unused), summed and divided by the number of boxes.
+- `loss_bbox`, the L1 distance between matched (cx, cy, w, h) boxes, and `loss_giou`, 1 - generalised IoU; both
+  summed over the matched pairs and divided by the number of ground-truth boxes (at least 1), averaged over
+  processes under torch.distributed, so every box weighs the same whatever the batch it falls in.
+- With `aux_loss`, the same three for each earlier decoder layer in `outputs["aux_outputs"]`, each matched anew,
+  as `loss_ce_0`, `loss_bbox_0`, `loss_giou_0`, `loss_ce_1`, ...
+- `total`: the weighted sum of all of them (weights 1, 5, 2 as DETR; the auxiliary terms weigh as the final ones).
+
+Letters: B images, Q queries, K classes, M matched pairs of the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torchvision.ops import box_convert, generalized_box_iou_loss, sigmoid_focal_loss
+
+from vitkit.detection.matcher import CLASSIFICATIONS, HungarianMatcher
+
+LOSS_WEIGHTS = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}  # DETR's weights of its three losses
+
+
+def average_num_boxes(targets: Sequence[Mapping[str, torch.Tensor]], device: torch.device) -> float:
+    """The number of ground-truth boxes per process: this batch's, averaged over processes when torch.distributed
+    is initialised, and at least 1 (DETR's normaliser of the box losses)."""
+    count = torch.tensor([float(sum(len(t["labels"]) for t in targets))], device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(count)
+        count = count / dist.get_world_size()
+    return count.clamp(min=1).item()
+
+
+class SetCriterion(nn.Module):
+    """DETR's training loss: Hungarian matching, then classification and box losses; see the module docstring.
+
+    Args:
+        num_classes: object classes K (the model predicts K + 1 logits, the last "no object").
+        matcher: the matcher; by default `HungarianMatcher(classification=classification)` with DETR's costs.
+        eos_coef: weight of the "no object" class in the cross-entropy (DETR: 0.1); unused with "focal".
+        weights: weights of `loss_ce`, `loss_bbox` and `loss_giou` in `total` (defaults 1, 5, 2; Deformable DETR
+            weighs its focal `loss_ce` 2); entries given replace the defaults.
+        aux_loss: also supervise every entry of `outputs["aux_outputs"]` (DETR's auxiliary decoding losses).
+        classification: "ce" (softmax cross-entropy, DETR) or "focal" (sigmoid focal loss, Deformable DETR).
+        focal_alpha, focal_gamma: the focal loss's alpha and gamma (0.25 and 2).
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        matcher: HungarianMatcher | None = None,
+        eos_coef: float = 0.1,
+        weights: Mapping[str, float] | None = None,
+        aux_loss: bool = True,
+        classification: str = "ce",
+        focal_alpha: float = 0.25,
+        focal_gamma: float = 2.0,
+    ) -> None:
+        super().__init__()
+        if num_classes <= 0:
+            raise ValueError(f"num_classes must be positive, got {num_classes}")
+        if classification not in CLASSIFICATIONS:
+            raise ValueError(f"classification must be one of {CLASSIFICATIONS}, got {classification!r}")
+        if not 0 <= eos_coef <= 1:
+            raise ValueError(f"eos_coef must be in [0, 1], got {eos_coef}")
+        unknown = set(weights or {}) - set(LOSS_WEIGHTS)
+        if unknown:
+            raise ValueError(f"unknown loss weights {sorted(unknown)}; the losses are {list(LOSS_WEIGHTS)}")
+        matcher = matcher if matcher is not None else HungarianMatcher(classification=classification)
+        if matcher.classification != classification:
+            raise ValueError(
+                f"the matcher scores classes by {matcher.classification!r} and the loss by {classification!r}: "
+                "use the same for both"
+            )
+        self.num_classes = num_classes
+        self.matcher = matcher
+        self.eos_coef = eos_coef
+        self.weights = {**LOSS_WEIGHTS, **(weights or {})}
+        self.aux_loss = aux_loss
+        self.classification = classification
+        self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
+        class_weight = torch.ones(num_classes + 1)
+        class_weight[-1] = eos_coef
+        self.register_buffer("class_weight", class_weight, persistent=False)  # (K + 1,)
+
+    def loss_classes(
+        self,
+        logits: torch.Tensor,
+        targets: Sequence[Mapping[str, torch.Tensor]],
+        matched: tuple[torch.Tensor, torch.Tensor],
+        indices: list[tuple[torch.Tensor, torch.Tensor]],
+        num_boxes: float,
+    ) -> torch.Tensor:
+        """Classification loss of all queries: matched ones towards their box's class, the rest "no object"."""
+        B, Q, _ = logits.shape
+        K = self.num_classes
+        target_classes = torch.full((B, Q), K, dtype=torch.int64, device=logits.device)  # (B, Q): "no object"
+        target_classes[matched] = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices, strict=True)]).to(
+            logits.device
+        )
+        if self.classification == "ce":
+            weight = self.class_weight.to(logits.device)  # (K + 1,)
+            return F.cross_entropy(logits.float().transpose(1, 2), target_classes, weight=weight)
+        one_hot = F.one_hot(target_classes, K + 1)[..., :K].float()  # (B, Q, K): all zero for "no object"
+        loss = sigmoid_focal_loss(
+            logits[..., :K].float(), one_hot, alpha=self.focal_alpha, gamma=self.focal_gamma, reduction="sum"
+        )
+        return loss / num_boxes
+
+    def loss_boxes(
+        self,
+        boxes: torch.Tensor,
+        targets: Sequence[Mapping[str, torch.Tensor]],
+        matched: tuple[torch.Tensor, torch.Tensor],
+        indices: list[tuple[torch.Tensor, torch.Tensor]],
+        num_boxes: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L1, 1 - GIoU) of the matched pairs, each summed and divided by `num_boxes`."""
+        predicted = boxes[matched].float()  # (M, 4)
+        wanted = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices, strict=True)]).to(predicted)  # (M, 4)
+        loss_bbox = F.l1_loss(predicted, wanted, reduction="sum") / num_boxes
+        loss_giou = generalized_box_iou_loss(
+            box_convert(predicted, "cxcywh", "xyxy"), box_convert(wanted, "cxcywh", "xyxy"), reduction="sum"
+        )
+        return loss_bbox, loss_giou / num_boxes
+
+    def layer_losses(
+        self, outputs: Mapping[str, torch.Tensor], targets: Sequence[Mapping[str, torch.Tensor]], num_boxes: float
+    ) -> dict[str, torch.Tensor]:
+        """Match one decoder layer's predictions and return its `loss_ce`, `loss_bbox`, `loss_giou`."""
+        indices = self.matcher(outputs, targets)
+        logits = outputs["pred_logits"]
+        batch = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)]).to(logits.device)  # (M,)
+        query = torch.cat([q for q, _ in indices]).to(logits.device)  # (M,)
+        matched = (batch, query)
+        loss_bbox, loss_giou = self.loss_boxes(outputs["pred_boxes"], targets, matched, indices, num_boxes)
+        loss_ce = self.loss_classes(logits, targets, matched, indices, num_boxes)
+        return {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+
+    def forward(
+        self, outputs: Mapping[str, torch.Tensor | list], targets: Sequence[Mapping[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
+        """The losses of a DETR output against the targets.
+
+        Args:
+            outputs: the model's output: `pred_logits` (B, Q, K + 1), `pred_boxes` (B, Q, 4) and, used with
+                `aux_loss`, `aux_outputs`: a list of such dicts, one per earlier decoder layer.
+            targets: per image, `labels` (n,) int64 in [0, K) and `boxes` (n, 4) (cx, cy, w, h) in [0, 1].
+
+        Returns:
+            `loss_ce`, `loss_bbox`, `loss_giou` of the last layer, the same suffixed `_0`, `_1`, ... per
+            auxiliary layer, and `total`, their weighted sum (what to call backward on).
+        """
+        logits = outputs["pred_logits"]
+        if logits.ndim != 3 or logits.shape[-1] != self.num_classes + 1:
+            raise ValueError(
+                f"expected pred_logits (B, Q, {self.num_classes + 1}) for {self.num_classes} classes and "
+                f"'no object', got {tuple(logits.shape)}"
+            )
+        num_boxes = average_num_boxes(targets, logits.device)
+        layers = [outputs, *(outputs.get("aux_outputs", []) if self.aux_loss else [])]
+        losses, total = {}, logits.new_zeros((), dtype=torch.float32)
+        for i, layer in enumerate(layers):
+            suffix = "" if i == 0 else f"_{i - 1}"  # the last layer first, then aux_outputs in order
+            for name, value in self.layer_losses(layer, targets, num_boxes).items():
+                losses[name + suffix] = value
+                total = total + self.weights[name] * value
+        losses["total"] = total
+        return losses

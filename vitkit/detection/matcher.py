@@ -1,0 +1,138 @@
+"""Hungarian matching: which query predicts which ground-truth box (DETR's `HungarianMatcher`).
+
+DETR predicts a set of Q boxes and is trained on a one-to-one assignment of queries to the n <= Q ground-truth
+boxes of each image, the assignment of least total cost; unmatched queries are taught "no object". The cost of
+query q for box t is
+
+    cost_class * class_cost(q, t) + cost_bbox * |b_q - b_t|_1 - cost_giou * GIoU(b_q, b_t)
+
+with boxes as (cx, cy, w, h) in [0, 1]. `class_cost` is -p_q(class_t) with softmax probabilities (DETR), or with
+`classification="focal"` the focal loss of a positive minus that of a negative at the target class on sigmoid
+probabilities (Deformable DETR, arXiv:2010.04159). The costs of the whole batch are one (B * Q, T) matrix, T the
+number of boxes of all images together; each image's (Q, n_i) block goes to `scipy.optimize.linear_sum_assignment`
+on the CPU.
+
+Letters: B images, Q queries, K classes, T ground-truth boxes of the whole batch, n_i those of image i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import nn
+from torchvision.ops import box_convert, generalized_box_iou
+
+CLASSIFICATIONS = ("ce", "focal")  # softmax over K + 1 classes (DETR) or sigmoid per class (Deformable DETR)
+FOCAL_EPS = 1e-8  # keeps the focal cost's logarithms finite at probabilities 0 and 1
+
+
+def check_targets(targets: Sequence[Mapping[str, torch.Tensor]], batch: int, num_classes: int) -> None:
+    """ValueError unless `targets` holds one {"labels": (n,) int, "boxes": (n, 4)} per image, labels in [0, K)."""
+    if len(targets) != batch:
+        raise ValueError(f"expected one target per image: {batch} images, {len(targets)} targets")
+    for i, target in enumerate(targets):
+        if "labels" not in target or "boxes" not in target:
+            raise ValueError(f"target {i} needs 'labels' and 'boxes', it has {sorted(target)}")
+        labels, boxes = target["labels"], target["boxes"]
+        if labels.ndim != 1 or boxes.shape != (len(labels), 4):
+            raise ValueError(
+                f"target {i}: expected labels (n,) and boxes (n, 4), got {tuple(labels.shape)} and {tuple(boxes.shape)}"
+            )
+        if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+            raise ValueError(f"target {i}: labels must be integer class indices, got {labels.dtype}")
+        if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+            raise ValueError(
+                f"target {i}: labels must be in [0, {num_classes}), got {labels.min().item()}..{labels.max().item()}"
+            )
+
+
+class HungarianMatcher(nn.Module):
+    """One-to-one assignment of queries to ground-truth boxes, per image, at least total cost.
+
+    Args:
+        cost_class: weight of the classification cost (DETR: 1; Deformable DETR with focal costs: 2).
+        cost_bbox: weight of the L1 distance between (cx, cy, w, h) boxes (DETR: 5).
+        cost_giou: weight of the negative generalised IoU (DETR: 2).
+        classification: "ce" for softmax probabilities over K + 1 classes, the last "no object" (DETR), or
+            "focal" for sigmoid probabilities of the K real classes, the last logit unused (Deformable DETR).
+        focal_alpha, focal_gamma: the focal cost's alpha and gamma (Deformable DETR: 0.25 and 2).
+    """
+
+    def __init__(
+        self,
+        cost_class: float = 1.0,
+        cost_bbox: float = 5.0,
+        cost_giou: float = 2.0,
+        classification: str = "ce",
+        focal_alpha: float = 0.25,
+        focal_gamma: float = 2.0,
+    ) -> None:
+        super().__init__()
+        costs = {"cost_class": cost_class, "cost_bbox": cost_bbox, "cost_giou": cost_giou}
+        if min(costs.values()) < 0 or max(costs.values()) == 0:
+            raise ValueError(f"matching costs must be >= 0 and not all 0, got {costs}")
+        if classification not in CLASSIFICATIONS:
+            raise ValueError(f"classification must be one of {CLASSIFICATIONS}, got {classification!r}")
+        self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
+        self.classification = classification
+        self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
+
+    def class_cost(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """(B * Q, K + 1) logits, (T,) labels -> (B * Q, T) classification cost of each query for each box."""
+        if self.classification == "ce":
+            return -logits.softmax(-1)[:, labels]  # 1 - p(class), less the constant 1
+        p = logits[:, labels].sigmoid()  # (B * Q, T): each query's probability of each box's class
+        alpha, gamma = self.focal_alpha, self.focal_gamma
+        positive = alpha * (1 - p) ** gamma * -(p + FOCAL_EPS).log()  # focal loss if the class is there
+        negative = (1 - alpha) * p**gamma * -(1 - p + FOCAL_EPS).log()  # focal loss if it is not
+        return positive - negative
+
+    def cost_matrix(
+        self, outputs: Mapping[str, torch.Tensor], targets: Sequence[Mapping[str, torch.Tensor]]
+    ) -> torch.Tensor:
+        """The batch's cost matrix (B, Q, T) in float32: every query of every image against every box of all."""
+        logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
+        B, Q, _ = logits.shape
+        labels = torch.cat([t["labels"] for t in targets]).to(logits.device)  # (T,)
+        target_boxes = torch.cat([t["boxes"] for t in targets]).to(boxes.device, torch.float32)  # (T, 4)
+        logits = logits.flatten(0, 1).float()  # (B * Q, K + 1)
+        boxes = boxes.flatten(0, 1).float()  # (B * Q, 4)
+        cost_bbox = torch.cdist(boxes, target_boxes, p=1)  # (B * Q, T)
+        giou = generalized_box_iou(
+            box_convert(boxes, "cxcywh", "xyxy"), box_convert(target_boxes, "cxcywh", "xyxy")
+        )  # (B * Q, T)
+        cost = self.cost_bbox * cost_bbox - self.cost_giou * giou + self.cost_class * self.class_cost(logits, labels)
+        return cost.view(B, Q, -1)  # (B, Q, T)
+
+    @torch.no_grad()
+    def forward(
+        self, outputs: Mapping[str, torch.Tensor], targets: Sequence[Mapping[str, torch.Tensor]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Match each image's queries to its boxes.
+
+        Args:
+            outputs: `pred_logits` (B, Q, K + 1) and `pred_boxes` (B, Q, 4) (cx, cy, w, h) in [0, 1], as DETR gives.
+            targets: per image, `labels` (n_i,) class indices in [0, K) and `boxes` (n_i, 4) (cx, cy, w, h) in
+                [0, 1] of the image.
+
+        Returns:
+            per image, (query indices, box indices): two int64 CPU tensors of min(Q, n_i) entries, query q[j]
+            matched to box t[j], sorted by query.
+        """
+        logits = outputs["pred_logits"]
+        B, Q, C = logits.shape
+        check_targets(targets, B, C - 1)
+        sizes = [len(t["labels"]) for t in targets]
+        if sum(sizes) == 0:
+            empty = torch.empty(0, dtype=torch.int64)
+            return [(empty, empty) for _ in targets]
+        cost = self.cost_matrix(outputs, targets).cpu()  # (B, Q, T)
+        if not torch.isfinite(cost).all():
+            raise ValueError("the matching cost is not finite: the model's logits or boxes hold NaN or inf")
+        indices = []
+        for i, block in enumerate(cost.split(sizes, dim=-1)):  # block i: (B, Q, n_i)
+            queries, boxes = linear_sum_assignment(block[i].numpy())
+            indices.append((torch.as_tensor(queries, dtype=torch.int64), torch.as_tensor(boxes, dtype=torch.int64)))
+        return indices
