@@ -1,4 +1,5 @@
-"""`vitkit export --model-dir DIR --format onnx|torchscript OUT`: a saved model as one file for inference."""
+"""`vitkit export --model-dir DIR --format onnx|torchscript OUT`: a saved model as one file for inference (a
+DETR's file takes images and pixel_mask and returns pred_logits and pred_boxes; see `vitkit.perf.export`)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,22 @@ from vitkit.cli.options import parse_size
 from vitkit.perf.export import FORMATS, export_model
 from vitkit.weights import from_pretrained
 
-HELP = "export a saved model to ONNX or TorchScript (dynamic batch), checked against PyTorch before it is written"
+HELP = (
+    "export a saved model to ONNX or TorchScript (dynamic batch; for a DETR, dynamic image size too), checked "
+    "against PyTorch before it is written"
+)
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", metavar="OUT", help="the file to write, e.g. model.onnx or model.pt")
     parser.add_argument("--model-dir", required=True, help="a model directory written by vitkit.save_pretrained")
     parser.add_argument("--format", required=True, choices=FORMATS, help="onnx (ONNX Runtime) or torchscript")
-    parser.add_argument("--img-size", type=parse_size, default=None, help="224 or HxW (default: the model's size)")
+    parser.add_argument(
+        "--img-size",
+        type=parse_size,
+        default=None,
+        help="224 or HxW (default: the model's size; for a DETR of any size, the size it is exported at)",
+    )
     parser.add_argument(
         "--atol", type=float, default=1e-4, help="largest output difference from PyTorch allowed (default 1e-4)"
     )

@@ -304,6 +304,25 @@ class ResNetBackbone(nn.Module):
 # --- position encoding, transformer, heads --------------------------------------------------------------------------
 
 
+def nearest_indices(n_in: int, n_out: int, device: torch.device) -> torch.Tensor:
+    """The input positions nearest-neighbour resampling reads for n_out outputs from n_in inputs: floor(i * n_in /
+    n_out) with the ratio and the product rounded to float32, as `F.interpolate(mode="nearest")` computes them."""
+    i = torch.arange(n_out, dtype=torch.float32, device=device)
+    return (i * (n_in / n_out)).floor().long().clamp(max=n_in - 1)  # (n_out,)
+
+
+def nearest_mask(mask: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """A pixel mask (B, H, W) at the feature map's size (B, h, w), nearest-neighbour as DETR's
+    `F.interpolate(mask[None].float(), size)`, written as index arithmetic: the same pixels in PyTorch and in an
+    ONNX export (ONNX's Resize divides by h / H instead of multiplying by H / h, and at some sizes reads the row or
+    column next to PyTorch's, moving the padding edge)."""
+    _, H, W = mask.shape
+    h, w = size
+    rows = nearest_indices(H, h, mask.device)  # (h,)
+    cols = nearest_indices(W, w, mask.device)  # (w,)
+    return mask.index_select(1, rows).index_select(2, cols)  # (B, H, W) -> (B, h, W) -> (B, h, w)
+
+
 class SinePositionEmbedding(nn.Module):
     """DETR's 2-D sine position encoding of the real pixels of a padded feature map (no parameters).
 
@@ -610,8 +629,8 @@ class DETR(nn.Module):
         B, _, h, w = features.shape
         if pixel_mask is None:
             mask = torch.ones(B, h, w, dtype=torch.bool, device=images.device)
-        else:  # nearest: (1, B, H, W) -> (1, B, h, w), the batch standing in for channels
-            mask = F.interpolate(pixel_mask[None].float(), size=(h, w))[0].bool()  # (B, h, w)
+        else:
+            mask = nearest_mask(pixel_mask, (h, w))  # (B, h, w)
         pos = self.position_embedding(mask).to(features.dtype)  # (B, N, D)
         x = self.input_proj(features).flatten(2).transpose(1, 2)  # (B, D, h, w) -> (B, D, N) -> (B, N, D)
         attn_mask = None if pixel_mask is None else mask.flatten(1)[:, None, None, :]  # (B, 1, 1, N), True: attend

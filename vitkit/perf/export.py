@@ -1,9 +1,20 @@
 """Export a model to ONNX or TorchScript with a dynamic batch axis, verified against PyTorch before it is kept.
 
-The exported file takes images (B, C, H, W) of one fixed size and any batch size B. Before the file appears at
-its path, it is loaded back (ONNX Runtime for ONNX, `torch.jit.load` for TorchScript) and run on random images at
-batch sizes other than the one it was exported with; its outputs must match the PyTorch model's within `atol`.
-The file is written under a temporary name and renamed only then, so a failed check leaves nothing at the path.
+A classifier's exported file takes images (B, C, H, W) of one fixed size and any batch size B, and returns
+`output`. Before the file appears at its path, it is loaded back (ONNX Runtime for ONNX, `torch.jit.load` for
+TorchScript) and run on random images at batch sizes other than the one it was exported with; its outputs must match
+the PyTorch model's within `atol`. The file is written under a temporary name and renamed only then, so a failed
+check leaves nothing at the path.
+
+A DETR's exported file takes images (B, C, H, W) and pixel_mask (B, H, W) (bool, True on real pixels, as
+`vitkit.detection.pad_images` makes it) and returns pred_logits (B, Q, K + 1) and pred_boxes (B, Q, 4): the
+predictions of the last decoder layer, the ones inference reads (`aux_outputs` serve the training losses and are
+left out of the graph). With `config.dynamic_img_size` (the default) H and W are dynamic as well as B, and the
+check also runs at a second image size, on a batch padded as images of different sizes are. The model's mask path
+is written to export as it runs: no nested tensors or per-image loops (which fix the batch size in the graph), the
+cumulative sums of the position encoding on a float copy of the mask (ONNX has no CumSum on booleans), and the
+mask resampled to the feature map by index arithmetic that picks the same pixels as PyTorch (ONNX's nearest Resize
+does not, at some sizes).
 
 Attention backend per format: ONNX uses the explicit "math" attention (the fused kernel's decomposition with an
 additive bias does not export with a dynamic batch for Swin and BoTNet; ONNX Runtime fuses the explicit pattern
@@ -26,6 +37,7 @@ import torch
 from torch import nn
 
 from vitkit.layers import set_attention_backend, to_2tuple
+from vitkit.models.detr import DETR
 from vitkit.weights.io import atomic_write
 
 FORMATS = ("onnx", "torchscript")
@@ -34,10 +46,14 @@ EXPORT_BATCH = 2  # batch size of the example input (torch.export specialises si
 CHECK_BATCHES = (1, 3)  # batch sizes the exported file is run at, both different from EXPORT_BATCH
 INPUT_NAME = "images"  # ONNX graph input (B, C, H, W)
 OUTPUT_NAME = "output"  # ONNX graph output: logits (B, num_classes), or pooled features when num_classes is 0
+DETECTOR_INPUTS = ("images", "pixel_mask")  # a DETR's graph inputs: (B, C, H, W) float32, (B, H, W) bool
+DETECTOR_OUTPUTS = ("pred_logits", "pred_boxes")  # a DETR's graph outputs: (B, Q, K + 1), (B, Q, 4)
+SIZE_STEP = (24, 40)  # a dynamic-size model is also checked at (H, W) + this: no multiple of the backbone stride
 EXTRA_HINT = "pip install 'vitkit[export]'"
 # ONNX export: torch's torch.export-based exporter writes through onnx and onnxscript; onnxruntime runs the check.
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
-Runner = Callable[[torch.Tensor], np.ndarray]  # runs an exported file on images (B, C, H, W)
+Inputs = tuple[torch.Tensor, ...]  # the graph's inputs in order: (images,) or (images, pixel_mask)
+Runner = Callable[[Inputs], list[np.ndarray]]  # runs an exported file, giving its outputs in order
 
 
 @dataclass(frozen=True)
@@ -46,19 +62,55 @@ class ExportReport:
     path: Path  # the file written
     max_abs_diff: float  # largest |exported - PyTorch| over every output checked
     batch_sizes: tuple[int, ...]  # batch sizes the exported file was run at (not the one it was exported with)
-    img_size: tuple[int, int]  # the fixed input size (H, W)
+    img_size: tuple[int, int]  # the input size (H, W) it was exported at: the only one unless dynamic_img_size
     attn_backend: str  # attention backend of the exported graph: "math" or "sdpa"
     atol: float  # the tolerance the outputs were held to
+    inputs: tuple[str, ...] = (INPUT_NAME,)  # graph inputs in order: ("images",), or DETECTOR_INPUTS for a DETR
+    outputs: tuple[str, ...] = (OUTPUT_NAME,)  # graph outputs in order: ("output",), or DETECTOR_OUTPUTS
+    dynamic_img_size: bool = False  # H and W are dynamic too (a DETR with config.dynamic_img_size)
+    check_sizes: tuple[tuple[int, int], ...] = ()  # the (H, W) each batch of `batch_sizes` was run at
 
     def summary(self) -> str:
         H, W = self.img_size
         batches = ", ".join(str(b) for b in self.batch_sizes)
+        if self.inputs == (INPUT_NAME,):
+            signature = f"images {H}x{W}, any batch size"
+        else:
+            sizes = f"any size (exported at {H}x{W})" if self.dynamic_img_size else f"{H}x{W}"
+            signature = (
+                f"inputs {', '.join(self.inputs)}, outputs {', '.join(self.outputs)}; images of {sizes}, any batch size"
+            )
+        checked = ""
+        if any(size != self.img_size for size in self.check_sizes):
+            checked = " (images " + ", ".join(f"{h}x{w}" for h, w in self.check_sizes) + ")"
         return (
-            f"wrote {self.format} model to {self.path} (images {H}x{W}, any batch size; "
-            f"attention backend {self.attn_backend})\n"
-            f"checked against PyTorch at batch sizes {batches}: max abs diff {self.max_abs_diff:.3g} "
+            f"wrote {self.format} model to {self.path} ({signature}; attention backend {self.attn_backend})\n"
+            f"checked against PyTorch at batch sizes {batches}{checked}: max abs diff {self.max_abs_diff:.3g} "
             f"<= atol {self.atol:g}"
         )
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What an exported graph takes and returns."""
+
+    inputs: tuple[str, ...]  # input names, in the order the graph takes them
+    outputs: tuple[str, ...]  # output names, in the order the graph returns them
+    dynamic_img_size: bool  # H and W dynamic as well as the batch
+
+
+class DetectorOutputs(nn.Module):
+    """A DETR as its exported graph runs it: (images, pixel_mask) -> (pred_logits, pred_boxes), the heads on the
+    last decoder layer only (the auxiliary predictions of the earlier layers are for training)."""
+
+    def __init__(self, detr: DETR) -> None:
+        super().__init__()
+        self.detr = detr
+
+    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        states = self.detr.forward_features(images, pixel_mask)  # (L, B, Q, D)
+        out = self.detr.forward_head(states[-1:])  # the last layer only: no auxiliary outputs
+        return out["pred_logits"], out["pred_boxes"]  # (B, Q, K + 1), (B, Q, 4)
 
 
 def _require(module: str, format: str) -> ModuleType:
@@ -82,71 +134,128 @@ def _input_size(model: nn.Module, img_size: int | tuple[int, int] | None) -> tup
     return size, getattr(config, "in_chans", 3)
 
 
-def _export_onnx(model: nn.Module, example: torch.Tensor, path: str) -> None:
+def _signature(model: nn.Module) -> Signature:
+    if isinstance(model, DETR):
+        return Signature(DETECTOR_INPUTS, DETECTOR_OUTPUTS, model.config.dynamic_img_size)
+    return Signature((INPUT_NAME,), (OUTPUT_NAME,), False)
+
+
+def _padded_mask(batch: int, H: int, W: int) -> torch.Tensor:
+    """pixel_mask (batch, H, W) of a padded batch: image 0 fills it, image i > 0 is real on its top-left
+    (H - i H / 2 batch) x (W - i W / batch) pixels, as `vitkit.detection.pad_images` lays out smaller images."""
+    mask = torch.zeros(batch, H, W, dtype=torch.bool)
+    for i in range(batch):
+        mask[i, : H - i * H // (2 * batch), : W - i * W // batch] = True
+    return mask
+
+
+def _random_inputs(
+    signature: Signature, batch: int, in_chans: int, size: tuple[int, int], generator: torch.Generator
+) -> Inputs:
+    """Random images (batch, C, H, W), with a DETR's pixel_mask (padding zeroed in the images)."""
+    images = torch.randn(batch, in_chans, *size, generator=generator)
+    if signature.inputs == (INPUT_NAME,):
+        return (images,)
+    mask = _padded_mask(batch, *size)
+    return images * mask[:, None], mask
+
+
+def _pytorch_outputs(model: nn.Module, inputs: Inputs, signature: Signature) -> list[np.ndarray]:
+    """The model's own forward on `inputs`, as the graph's outputs in order."""
+    with torch.no_grad():
+        out = model(*inputs)
+    if isinstance(out, dict):
+        return [out[name].numpy() for name in signature.outputs]
+    return [out.numpy()]
+
+
+def _export_onnx(model: nn.Module, example: Inputs, signature: Signature, path: str) -> None:
     batch = torch.export.Dim("batch")
-    program = torch.onnx.export(
-        model,
-        (example,),
-        dynamo=True,
-        dynamic_shapes=({0: batch},),
-        input_names=[INPUT_NAME],
-        output_names=[OUTPUT_NAME],
-        verbose=False,
-    )
+    if signature.dynamic_img_size:
+        height, width = torch.export.Dim("height"), torch.export.Dim("width")
+        dynamic_shapes = ({0: batch, 2: height, 3: width}, {0: batch, 1: height, 2: width})
+    else:
+        dynamic_shapes = ({0: batch}, {0: batch})
+    with warnings.catch_warnings():
+        # The images and pixel_mask share their axes: the exporter notes that it names each axis once.
+        warnings.filterwarnings("ignore", message=r"# The axis name: \w+ will not be used", category=UserWarning)
+        program = torch.onnx.export(
+            model,
+            example,
+            dynamo=True,
+            dynamic_shapes=dynamic_shapes[: len(example)],
+            input_names=list(signature.inputs),
+            output_names=list(signature.outputs),
+            verbose=False,
+        )
     # One self-contained file (weights inside): a model file renamed after writing keeps no side files to follow.
     program.save(path, external_data=False)
 
 
-def _onnx_runner(path: str) -> Runner:
+def _onnx_runner(path: str, signature: Signature) -> Runner:
     ort = _require("onnxruntime", "onnx")
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    return lambda x: session.run(None, {INPUT_NAME: x.numpy()})[0]
+    return lambda inputs: session.run(
+        list(signature.outputs), {name: x.numpy() for name, x in zip(signature.inputs, inputs, strict=True)}
+    )
 
 
-def _export_torchscript(model: nn.Module, example: torch.Tensor, path: str) -> None:
+def _export_torchscript(model: nn.Module, example: Inputs, signature: Signature, path: str) -> None:
     with warnings.catch_warnings(), torch.no_grad():
         # The tracer warns where shape checks become constants: the image size and channels, fixed in the export.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
-        traced = torch.jit.trace(model, (example,), check_trace=False)  # checked below at other batch sizes
+        traced = torch.jit.trace(model, example, check_trace=False)  # checked below at other batch sizes
     traced.save(path)
 
 
-def _torchscript_runner(path: str) -> Runner:
+def _torchscript_runner(path: str, signature: Signature) -> Runner:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
         module = torch.jit.load(path, map_location="cpu")
 
-    def run(x: torch.Tensor) -> np.ndarray:
+    def run(inputs: Inputs) -> list[np.ndarray]:
         with torch.no_grad():
-            return module(x).numpy()
+            out = module(*inputs)
+        return [t.numpy() for t in out] if isinstance(out, tuple) else [out.numpy()]
 
     return run
 
 
 def _max_abs_diff(
-    run: Runner, model: nn.Module, inputs: list[torch.Tensor], format: str, path: Path, atol: float
+    run: Runner,
+    model: nn.Module,
+    checks: list[Inputs],
+    signature: Signature,
+    format: str,
+    path: Path,
+    atol: float,
 ) -> float:
-    """Largest |exported - PyTorch| over `inputs`; ValueError when a shape differs or a value is beyond `atol`."""
+    """Largest |exported - PyTorch| over `checks`; ValueError when a shape differs or a value is beyond `atol`."""
     worst = 0.0
-    for x in inputs:
-        with torch.no_grad():
-            expected = model(x).numpy()
-        got = np.asarray(run(x))
-        if got.shape != expected.shape:
-            raise ValueError(
-                f"exported {format} model returned shape {got.shape} at batch size {x.shape[0]}, PyTorch "
-                f"{expected.shape}: its batch axis is not dynamic; nothing written to {path}"
-            )
-        diff = float(np.abs(got - expected).max())
-        if not diff <= atol:  # also catches NaN
-            raise ValueError(
-                f"exported {format} model's outputs differ from PyTorch's by up to {diff:.3g} at batch size "
-                f"{x.shape[0]}, more than atol {atol:g}; nothing written to {path}"
-            )
-        worst = max(worst, diff)
+    for inputs in checks:
+        B, _, H, W = inputs[0].shape
+        where = f"batch size {B}" + (f", images {H}x{W}" if signature.dynamic_img_size else "")
+        expected = _pytorch_outputs(model, inputs, signature)
+        got = [np.asarray(a) for a in run(inputs)]
+        for name, e, g in zip(signature.outputs, expected, got, strict=True):
+            label = "" if len(signature.outputs) == 1 else f"{name} of "
+            if g.shape != e.shape:
+                axis = "batch axis is" if g.shape[:1] != e.shape[:1] else "output shapes are"
+                raise ValueError(
+                    f"exported {format} model returned {label}shape {g.shape} at {where}, PyTorch {e.shape}: "
+                    f"its {axis} not dynamic; nothing written to {path}"
+                )
+            diff = float(np.abs(g - e).max())
+            if not diff <= atol:  # also catches NaN
+                label = "" if len(signature.outputs) == 1 else f" ({name})"
+                raise ValueError(
+                    f"exported {format} model's outputs{label} differ from PyTorch's by up to {diff:.3g} at {where}, "
+                    f"more than atol {atol:g}; nothing written to {path}"
+                )
+            worst = max(worst, diff)
     return worst
 
 
@@ -161,14 +270,17 @@ def export_model(
 
     The model is copied (the original is not changed). The file at `path` is written only if the exported
     model's outputs match PyTorch's within `atol` at batch sizes `CHECK_BATCHES` on random images; otherwise
-    ValueError and nothing is written. The image size is fixed in the export.
+    ValueError and nothing is written. The image size is fixed in the export, except for a DETR built with
+    `dynamic_img_size` (the default), whose graph takes any H and W; a DETR's graph takes images and pixel_mask and
+    returns pred_logits and pred_boxes (see the module docstring).
 
     Args:
-        model: a vitkit model (ViT, DeiT, Swin, BoTNet), or any module taking images (B, C, H, W).
+        model: a vitkit model (ViT, DeiT, Swin, BoTNet, DETR), or any module taking images (B, C, H, W).
         path: the file to write, e.g. ``model.onnx`` or ``model.pt``; its folder is created if missing.
         format: "onnx" (run with ONNX Runtime; needs ``pip install 'vitkit[export]'``) or "torchscript"
             (``torch.jit.load(path)``).
-        img_size: input size, an int for square or (H, W); default the model's `config.img_size`.
+        img_size: input size, an int for square or (H, W); default the model's `config.img_size`. For a DETR with
+            `dynamic_img_size`, the size it is exported and first checked at.
         atol: largest absolute difference allowed between exported and PyTorch outputs.
     """
     if format not in FORMATS:
@@ -185,21 +297,39 @@ def export_model(
     else:
         export, load = _export_torchscript, _torchscript_runner
     (H, W), in_chans = _input_size(model, img_size)
+    signature = _signature(model)
 
     reference = copy.deepcopy(model).to(device="cpu", dtype=torch.float32).eval()
     exported = set_attention_backend(copy.deepcopy(reference), BACKENDS[format])
+    if isinstance(exported, DETR):
+        exported = DetectorOutputs(exported).eval()
+    sizes = [(H, W)] * len(CHECK_BATCHES)
+    if signature.dynamic_img_size:  # the first check at the exported size, the others at another one
+        sizes[1:] = [(H + SIZE_STEP[0], W + SIZE_STEP[1])] * (len(CHECK_BATCHES) - 1)
     generator = torch.Generator().manual_seed(0)
-    example = torch.randn(EXPORT_BATCH, in_chans, H, W, generator=generator)
-    inputs = [torch.randn(b, in_chans, H, W, generator=generator) for b in CHECK_BATCHES]
+    example = _random_inputs(signature, EXPORT_BATCH, in_chans, (H, W), generator)
+    checks = [_random_inputs(signature, b, in_chans, s, generator) for b, s in zip(CHECK_BATCHES, sizes, strict=True)]
     with torch.no_grad():
-        reference(example)  # the model's own input check, before any export work
+        reference(*example)  # the model's own input check, before any export work
     diff = 0.0
 
     def write_and_check(tmp: str) -> None:
         nonlocal diff
-        export(exported, example, tmp)
-        diff = _max_abs_diff(load(tmp), reference, inputs, format, path, atol)
+        export(exported, example, signature, tmp)
+        diff = _max_abs_diff(load(tmp, signature), reference, checks, signature, format, path, atol)
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, write_and_check)  # renamed to `path` only if the check passed
-    return ExportReport(format, path, diff, CHECK_BATCHES, (H, W), BACKENDS[format], atol)
+    return ExportReport(
+        format,
+        path,
+        diff,
+        CHECK_BATCHES,
+        (H, W),
+        BACKENDS[format],
+        atol,
+        signature.inputs,
+        signature.outputs,
+        signature.dynamic_img_size,
+        tuple(sizes),
+    )
