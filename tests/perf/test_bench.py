@@ -46,7 +46,7 @@ def test_gemm_rate_is_positive():
 def test_errors():
     with pytest.raises(ValueError, match="precision must be one of"):
         bench("vit_tiny_patch16_224", precision="int8")
-    with pytest.raises(ValueError, match="compare must be 'timm' or None"):
+    with pytest.raises(ValueError, match="compare must be one of"):
         bench("vit_tiny_patch16_224", compare="hf")
     with pytest.raises(ValueError, match="unknown model"):
         bench("vit_tiny")
@@ -99,3 +99,19 @@ def test_the_command_times_the_optimizer_vitkit_train_uses(monkeypatch):
     monkeypatch.setattr("vitkit.cli.bench.bench", fake_bench)
     assert main(["bench", "vit_tiny_patch16_224", "--train"]) == 2
     assert seen["optimizer"] is create_optimizer and seen["train"] is True
+
+
+def test_detector_against_transformers(capsys):
+    assert main(["bench", "detr_tiny", "--batch", "1", "--img-size", "64x96", "--precision", "bf16", "--rounds", "1",
+                 "--warmup", "0", "--compare", "transformers"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    for name in ("vitkit bf16", "transformers fp32", "transformers autocast-bf16", "vs transformers fp32"):
+        assert name in out
+    assert "64x96" in out
+
+
+def test_detector_comparison_errors():
+    with pytest.raises(ValueError, match="--compare transformers covers the DETR models"):
+        bench("vit_tiny_patch16_224", compare="transformers")
+    with pytest.raises(ValueError, match="bench --train times classifiers; detr_tiny is a detector"):
+        bench("detr_tiny", train=True)

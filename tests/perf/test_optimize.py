@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import vitkit
+from vitkit.detection import pad_images
 from vitkit.layers import Mlp
+from vitkit.models.detr import FrozenBatchNorm2d
 from vitkit.perf import optimize
 from vitkit.perf.optimize import PackedLinear, packed_linear_supported
 
@@ -112,8 +114,9 @@ def test_packed_linear_matches_linear_and_saves_like_one(activation):
         torch.testing.assert_close(packed.state_dict()["weight"], linear.weight.detach(), atol=0, rtol=0)
         copied = copy.deepcopy(packed)
         torch.testing.assert_close(copied(x), out, atol=0, rtol=0)
+        assert copied.weight is copied.weight  # made once, then kept
         other = torch.nn.Linear(40, 24).bfloat16()
-        copied.load_state_dict(other.state_dict())  # reorders the new weight
+        copied.load_state_dict(other.state_dict())  # reorders the new weight and forgets the kept dense one
         torch.testing.assert_close(copied.weight, other.weight, atol=0, rtol=0)
         with pytest.raises(RuntimeError, match="size mismatch for weight"):
             copied.load_state_dict(torch.nn.Linear(41, 24).bfloat16().state_dict())
@@ -158,3 +161,49 @@ def test_optimized_model_saves_copies_and_gives_input_gradients(tmp_path):
         grads.append(xi.grad)
     assert grads[0].abs().sum() > 0
     torch.testing.assert_close(grads[0], grads[1], atol=0, rtol=0)
+
+
+def random_frozen_norms(model: torch.nn.Module) -> None:
+    """Frozen norms away from the identity, so that folding them has something to get right."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, FrozenBatchNorm2d):
+                module.weight.copy_(torch.rand(module.weight.shape, generator=g) + 0.5)
+                module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.1)
+                module.running_mean.copy_(torch.randn(module.running_mean.shape, generator=g) * 0.1)
+                module.running_var.copy_(torch.rand(module.running_var.shape, generator=g) + 0.5)
+
+
+def detector_outputs(model: torch.nn.Module) -> dict:
+    g = torch.Generator().manual_seed(1)
+    images, mask = pad_images([torch.randn(3, 96, 128, generator=g), torch.randn(3, 80, 96, generator=g)])
+    with torch.no_grad():
+        return model(images, mask)
+
+
+def test_detector_folds_its_frozen_norms_and_keeps_its_outputs():
+    torch.manual_seed(0)
+    model = vitkit.create_model("detr_tiny").eval()
+    random_frozen_norms(model)
+    norms = sum(isinstance(m, FrozenBatchNorm2d) for m in model.modules())
+    reference = detector_outputs(model)
+    fast = optimize(model, "fp32")
+    assert norms > 0 and not any(isinstance(m, FrozenBatchNorm2d) for m in fast.modules())
+    assert sum(isinstance(m, FrozenBatchNorm2d) for m in model.modules()) == norms  # the original keeps its own
+    out = detector_outputs(fast)
+    assert set(out) == set(reference) and len(out["aux_outputs"]) == len(reference["aux_outputs"])
+    for key in ("pred_logits", "pred_boxes"):
+        torch.testing.assert_close(out[key], reference[key], atol=1e-4, rtol=1e-4)
+
+
+def test_detector_in_bf16_keeps_boxes_within_a_percent():
+    torch.manual_seed(0)
+    model = vitkit.create_model("detr_tiny").eval()
+    random_frozen_norms(model)
+    reference = detector_outputs(model)
+    out = detector_outputs(optimize(model, "bf16"))
+    assert out["pred_boxes"].dtype == torch.float32 and out["aux_outputs"][0]["pred_logits"].dtype == torch.float32
+    assert (out["pred_boxes"] - reference["pred_boxes"]).abs().max() < 1e-2
+    logits = reference["pred_logits"]
+    assert (out["pred_logits"] - logits).norm() / logits.norm() < 2e-2

@@ -9,7 +9,7 @@ from vitkit.cli.options import parse_size
 from vitkit.perf.bench import Report, bench
 from vitkit.train import create_optimizer
 
-HELP = "benchmark a model (img/s, latency, peak memory, MFU), interleaved with timm's with --compare timm"
+HELP = "benchmark a model (img/s, latency, peak memory, MFU), interleaved with timm's or transformers' with --compare"
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +19,12 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="GEMM precision")
     parser.add_argument("--compile", action="store_true", help="torch.compile the vitkit model")
     parser.add_argument("--train", action="store_true", help="time training steps (forward + backward + AdamW)")
-    parser.add_argument("--compare", choices=("timm",), default=None, help="run timm's model of the same name too")
+    parser.add_argument(
+        "--compare",
+        choices=("timm", "transformers"),
+        default=None,
+        help="run timm's model of the same name too (transformers' DetrForObjectDetection for the DETR models)",
+    )
     parser.add_argument("--rounds", type=int, default=10, help="timed steps per candidate (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per candidate first (default 2)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu or cuda (default cpu)")
@@ -55,10 +60,11 @@ def print_report(report: Report) -> None:
         f"  {report.flops_per_step / report.batch / 1e9:.2f} matmul GFLOPs per image"
     )
     print(f"measured GEMM rate: {rates}")
-    baseline = next((r for r in report.results if r.name.startswith("timm fp32")), None)
+    baseline = next((r for r in report.results if r.name.split()[0] != "vitkit" and r.precision == "fp32"), None)
+    reference = baseline.name.split()[0] if baseline else ""
     width = max(len(r.name) for r in report.results)
     header = f"{'candidate':<{width}}  {'img/s':>8}  {'ms/step':>9}  {'peak MiB':>9}  {'MFU':>6}"
-    print("\n" + header + ("  vs timm fp32" if baseline else ""))
+    print("\n" + header + (f"  vs {reference} fp32" if baseline else ""))
     for r in report.results:
         line = (
             f"{r.name:<{width}}  {r.images_per_second:>8.2f}  {r.latency_ms:>9.1f}  "

@@ -8,6 +8,7 @@ second by the dense GEMM rate measured on the spot for the candidate's precision
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,9 @@ from vitkit.analysis.profile import profile
 from vitkit.layers.helpers import to_2tuple
 from vitkit.models.registry import create_model, model_entry
 from vitkit.perf.optimize import PRECISIONS, optimize
+from vitkit.weights.convert import export_weights
+
+COMPARE = (None, "timm", "transformers")  # what a model can be benchmarked against
 
 
 @dataclass
@@ -120,6 +124,20 @@ def _timm_model(name: str, img_size: tuple[int, int], dynamic: bool, device: tor
     return timm.create_model(name, pretrained=False, **kwargs).to(device).eval()
 
 
+def _transformers_detr(model: nn.Module, device: torch.device) -> nn.Module:
+    """transformers' `DetrForObjectDetection` with `model`'s weights, as a user gets it from an exported directory
+    (its default attention implementation)."""
+    # transformers is an optional comparison, imported only when asked for; vitkit never needs it otherwise.
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError("comparing with transformers needs it installed: pip install transformers") from err
+    with tempfile.TemporaryDirectory() as directory:
+        export_weights(model, directory, format="hf")
+        reference = transformers.DetrForObjectDetection.from_pretrained(directory)
+    return reference.to(device).eval()
+
+
 OptimizerFactory = Callable[..., torch.optim.Optimizer]  # (model, lr=..., weight_decay=...) -> optimizer
 Candidate = tuple[str, Callable[[], object]]  # (precision the GEMMs run in, one step)
 
@@ -144,22 +162,30 @@ def build_candidates(
 ) -> dict[str, Candidate]:
     """The steps to time, by candidate name, all on one random batch (see `bench` for the candidates)."""
     config = model_entry(model_name).config
-    dynamic = size != to_2tuple(config.img_size)
+    detector = model_entry(model_name).family == "detr"
+    dynamic = size != to_2tuple(config.img_size) and not detector  # detectors take any size as they are
+    if detector and train:
+        raise ValueError(f"bench --train times classifiers; {model_name} is a detector: time `vitkit train` instead")
+    if compare == "transformers" and not detector:
+        raise ValueError(f"--compare transformers covers the DETR models; compare {model_name} with timm")
     torch.manual_seed(0)
     model = create_model(model_name, **({"dynamic_img_size": True} if dynamic else {})).to(dev).eval()
     x = torch.randn(batch, config.in_chans, *size, device=dev)
-    reference = _timm_model(model_name, size, dynamic, dev) if compare == "timm" else None
-    if reference is not None:
+    reference = None
+    if compare == "timm":
+        reference = _timm_model(model_name, size, dynamic, dev)
         model.load_state_dict(reference.state_dict())  # the same weights: the same work
+    elif compare == "transformers":
+        reference = _transformers_detr(model, dev)
     bf16 = precision == "bf16"
     candidates: dict[str, Candidate] = {}
     if not train:
         fast = optimize(model, precision, compile=compile)
         candidates[f"vitkit {precision}{' compiled' if compile else ''}"] = (precision, _inference_step(fast, x))
         if reference is not None:
-            candidates["timm fp32"] = ("fp32", _inference_step(reference, x))
+            candidates[f"{compare} fp32"] = ("fp32", _inference_step(reference, x))
             if bf16:
-                candidates["timm autocast-bf16"] = ("bf16", _inference_step(reference, x, autocast=True))
+                candidates[f"{compare} autocast-bf16"] = ("bf16", _inference_step(reference, x, autocast=True))
         return candidates
     # vitkit's step is the one `vitkit train` runs when given its optimizer; timm's candidates use torch's AdamW
     # with its defaults, as a timm training script does.
@@ -225,7 +251,7 @@ def bench(
     device: str = "cpu",
     optimizer: OptimizerFactory = adamw,
 ) -> Report:
-    """Benchmark a registered model, optionally against timm's model of the same name.
+    """Benchmark a registered model, optionally against timm's model of the same name (transformers' for DETR).
 
     Inference candidates: vitkit `optimize(model, precision, compile)`; with `compare="timm"`: timm fp32 eager,
     and for bf16 also timm under `torch.autocast` (how timm users get bf16). Training candidates (one step is
@@ -239,7 +265,8 @@ def bench(
         precision: "fp32" or "bf16".
         compile: `torch.compile` the vitkit candidate (for inference through `optimize`, with frozen weights).
         train: benchmark training steps instead of inference.
-        compare: None or "timm".
+        compare: None, "timm" (the classifiers) or "transformers" (the DETR models: transformers'
+            `DetrForObjectDetection` with the same weights, fp32 and under bf16 autocast).
         rounds: timed steps per candidate (interleaved).
         warmup: untimed steps per candidate first.
         device: "cpu" or "cuda".
@@ -248,8 +275,8 @@ def bench(
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
-    if compare not in (None, "timm"):
-        raise ValueError(f"compare must be 'timm' or None, got {compare!r}")
+    if compare not in COMPARE:
+        raise ValueError(f"compare must be one of {COMPARE}, got {compare!r}")
     if batch < 1 or rounds < 1 or warmup < 0:
         raise ValueError(f"need batch >= 1, rounds >= 1, warmup >= 0; got {batch}, {rounds}, {warmup}")
     dev = torch.device(device)

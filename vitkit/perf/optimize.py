@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +67,7 @@ class PackedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.activation = activation
         self.packed = self._pack(weight)
+        self.dense: torch.Tensor | None = None  # the dense weight, made when first asked for
         self.bias = None if bias is None else nn.Parameter(bias.detach().bfloat16(), requires_grad=False)
 
     @staticmethod
@@ -78,8 +80,11 @@ class PackedLinear(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        """The weight as a dense bf16 (out_features, in_features) tensor (a copy)."""
-        return self.packed.to_dense()
+        """The weight as a dense bf16 (out_features, in_features) tensor, made once and kept: `Attention` reads
+        row blocks of its qkv weight for separate queries, keys and values (DETR) on every call."""
+        if self.dense is None:
+            self.dense = self.packed.to_dense()
+        return self.dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.shape[-1] != self.in_features:
@@ -107,7 +112,7 @@ class PackedLinear(nn.Module):
                     f"{(self.out_features, self.in_features)} in the model"
                 )
             else:
-                self.packed = self._pack(weight)
+                self.packed, self.dense = self._pack(weight), None
         elif strict:
             missing.append(key)
         rest = {k: v for k, v in state_dict.items() if k != key}
@@ -116,6 +121,7 @@ class PackedLinear(nn.Module):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["packed"] = self.weight  # an opaque oneDNN tensor can be neither pickled nor copied
+        state["dense"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -156,10 +162,23 @@ class OptimizedModel(nn.Module):
         self.dtype = PRECISIONS[precision]
         self.config = getattr(model, "config", None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """Images in any float dtype -> the model's outputs (a tensor, or a detector's dict of them) in fp32; other
+        arguments (a detector's pixel mask) pass through as they are."""
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise ValueError(f"expected a floating-point image tensor, got {getattr(x, 'dtype', type(x).__name__)}")
-        return self.model(x.to(self.dtype)).float()
+        return to_float(self.model(x.to(self.dtype), *args, **kwargs))
+
+
+def to_float(outputs: Any) -> Any:
+    """Floating-point tensors in `outputs` (nested dicts, lists, tuples) as fp32; everything else as it is."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.float() if outputs.is_floating_point() else outputs
+    if isinstance(outputs, dict):
+        return {k: to_float(v) for k, v in outputs.items()}
+    if isinstance(outputs, (list, tuple)):
+        return type(outputs)(to_float(v) for v in outputs)
+    return outputs
 
 
 def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False) -> OptimizedModel:
@@ -168,13 +187,17 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False) -
     Args:
         model: a vitkit model (any module whose attention is vitkit's `Attention`), on the device it will run on.
         precision: "bf16" (weights cast once; norms in fp32; on CPU, reordered weights with fused bias and GELU
-            where `packed_linear_supported()`) or "fp32".
+            where `packed_linear_supported()`) or "fp32". In both, a model's frozen convolution norms (a
+            detector's backbone, `fold_norms`) are folded into the convolutions first, in fp32.
         compile: wrap the forward in `torch.compile` with weight freezing (the first call compiles, about half a
             minute for ViT-S on 2 cores; needs a C++ compiler on CPU). Inductor then does its own weight packing.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     model = copy.deepcopy(model).eval()
+    for module in list(model.modules()):
+        if callable(getattr(module, "fold_norms", None)):  # a detector's frozen-norm backbone
+            module.fold_norms()
     for _, layer in attention_layers(model):
         layer.backend = "auto"
     if precision != "fp32":
