@@ -9,9 +9,11 @@ from vitkit.layers.attention import (
     set_attention_backend,
 )
 from vitkit.layers.attention2d import POS_KINDS, Attention2d
+from vitkit.layers.bilinear import BilinearPool
 from vitkit.layers.block import Block, LayerScale
 from vitkit.layers.cost import CostContext, Device, OpCost, Value
 from vitkit.layers.drop import DropPath, drop_path
+from vitkit.layers.einsum import attention_einsum, multihead_attention_einsum
 from vitkit.layers.helpers import to_2tuple
 from vitkit.layers.mlp import Mlp
 from vitkit.layers.patch_embed import PatchEmbed
@@ -23,6 +25,7 @@ __all__ = [
     "POS_KINDS",
     "Attention",
     "Attention2d",
+    "BilinearPool",
     "Block",
     "CostContext",
     "Device",
@@ -34,10 +37,12 @@ __all__ = [
     "PatchEmbed",
     "RelPosEmbed2d",
     "Value",
+    "attention_einsum",
     "attention_layers",
     "capture_attention",
     "check_backend",
     "drop_path",
+    "multihead_attention_einsum",
     "resample_abs_pos_embed",
     "set_attention_backend",
     "sincos_2d_pos_embed",

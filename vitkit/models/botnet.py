@@ -11,8 +11,8 @@ average-pools 2x2 after it. BoTNet is a ResNet whose last blocks are BoT blocks:
   blocks are BoT blocks; 256 input).
 
 Data path: image (B, C, H, W) -> stem (/4) -> stages of bottleneck / BoT blocks (/32) -> global average pool
--> fc (B, num_classes). Parameter names and shapes follow timm's `ByobNet` (blocks ``bottle`` and ``self_attn``,
-attention ``BottleneckAttn``), so timm state dicts load unchanged.
+(or bilinear pool) -> fc (B, num_classes). Parameter names and shapes follow timm's `ByobNet` (blocks ``bottle``
+and ``self_attn``, attention ``BottleneckAttn``), so timm state dicts load unchanged.
 
 The relative position tables are sized for one feature map, so a model takes images of its `img_size` only.
 
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers import Attention2d, CostContext, Device, OpCost, Value, check_backend, to_2tuple
+from vitkit.layers import Attention2d, BilinearPool, CostContext, Device, OpCost, Value, check_backend, to_2tuple
 from vitkit.layers.cost import (
     BATCH_NORM_FLOPS,
     RELU_FLOPS,
@@ -47,6 +47,7 @@ from vitkit.models.registry import check_field_types, check_positive, register_f
 
 BOTNET_PAPER = "Bottleneck Transformers for Visual Recognition (Srinivas et al., arXiv:2101.11605)"
 STEM_TYPES = ("7x7", "tiered")
+GLOBAL_POOLS = ("avg", "bilinear")
 NET_STRIDE = 32  # stem /4, then three stride-2 stages
 
 
@@ -64,6 +65,9 @@ class BotNetConfig:
     num_heads: int = 4  # attention heads of the BoT blocks; must divide their inner width
     attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (explicit reference); see layers.attention
     zero_init_last: bool = False  # init: zero the last BatchNorm scale of each residual branch (timm's default)
+    global_pool: str = "avg"  # "avg": mean over the final map; "bilinear": B-CNN bilinear pooling of its H'W' cells
+    # (vitkit.layers.BilinearPool), the fc taking its bilinear_dim^2 features
+    bilinear_dim: int | None = 64  # global_pool="bilinear": channels each cell is projected to first; None: all
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -94,6 +98,10 @@ class BotNetConfig:
                 )
         if self.num_classes < 0:
             raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
+        if self.global_pool not in GLOBAL_POOLS:
+            raise ValueError(f"global_pool must be 'avg' or 'bilinear', got {self.global_pool!r}")
+        if self.bilinear_dim is not None and self.bilinear_dim <= 0:
+            raise ValueError(f"bilinear_dim must be > 0 or None, got {self.bilinear_dim}")
         check_backend(self.attn_backend)
 
 
@@ -311,19 +319,31 @@ def stem_cost(stem: nn.Sequential, x: Value, ctx: CostContext) -> list[OpCost]:
 
 
 class ClassifierHead(nn.Module):
-    """Global average pool -> fc; `pre_logits` returns the pooled features (B, C)."""
+    """Global pool -> fc; `pre_logits` returns the pooled features: (B, C) for the average, (B, pool.num_features)
+    for the bilinear pool, whose features are the map's H * W cells."""
 
-    def __init__(self, in_features: int, num_classes: int) -> None:
+    def __init__(
+        self, in_features: int, num_classes: int, global_pool: str = "avg", bilinear_dim: int | None = None
+    ) -> None:
         super().__init__()
-        self.fc = nn.Linear(in_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.pool = BilinearPool(in_features, reduce_dim=bilinear_dim) if global_pool == "bilinear" else None
+        pooled = self.pool.num_features if self.pool is not None else in_features
+        self.fc = nn.Linear(pooled, num_classes) if num_classes > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = x.mean(dim=(2, 3))  # (B, C, H, W) -> (B, C)
+        if self.pool is not None:
+            x = self.pool(x.flatten(2).transpose(1, 2))  # (B, C, H, W) -> (B, C, N) -> (B, N, C) -> (B, r * r)
+        else:
+            x = x.mean(dim=(2, 3))  # (B, C, H, W) -> (B, C)
         return x if pre_logits else self.fc(x)
 
     def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, C, H, W): the mean (one add per element), the fc."""
-        ops = [reduce_op(name, "mean", x, x.shape[:2], numel(x.shape), ctx)]
+        """The operators of `forward` on a map x (B, C, H, W): the pool (the mean: one add per element), the fc."""
+        if self.pool is not None:
+            B, C, H, W = x.shape
+            ops = self.pool.cost(f"{name}.pool", view(x, (B, H * W, C)), ctx)  # the cells as tokens: a view
+        else:
+            ops = [reduce_op(name, "mean", x, x.shape[:2], numel(x.shape), ctx)]
         if isinstance(self.fc, nn.Linear):
             ops.append(linear_op(f"{name}.fc", "fc", ops[-1].output, self.fc.out_features, True, ctx))  # B*C*classes
         return ops
@@ -356,7 +376,7 @@ class BotNet(nn.Module):
                 in_chs = width
             stages.append(nn.Sequential(*blocks))
         self.stages = nn.Sequential(*stages)
-        self.head = ClassifierHead(in_chs, c.num_classes)
+        self.head = ClassifierHead(in_chs, c.num_classes, c.global_pool, c.bilinear_dim)
         self.init_weights()
 
     @property

@@ -6,7 +6,7 @@
   arXiv:2012.12877 (DeiT; the distilled variants add a distillation token and a second head).
 
 Data path: image (B, C, H, W) -> PatchEmbed (B, N, D) -> [cls (, dist)] + pos -> Block x depth -> norm
--> pool (class token or mean of patch tokens) -> head (B, num_classes).
+-> pool (class token, mean of patch tokens, or their bilinear pool) -> head (B, num_classes).
 Parameter names and shapes follow timm's `VisionTransformer`, so timm state dicts load unchanged.
 
 Letters: B batch, N patch tokens, P prefix tokens (class, distillation), D embedding dim.
@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from vitkit.layers import (
+    BilinearPool,
     Block,
     CostContext,
     Device,
@@ -41,6 +42,7 @@ from vitkit.models.registry import (
     register_model,
 )
 
+GLOBAL_POOLS = ("token", "avg", "bilinear")
 VIT_PAPER = "An Image is Worth 16x16 Words (Dosovitskiy et al., arXiv:2010.11929)"
 DEIT_PAPER = "Training data-efficient image transformers & distillation through attention (arXiv:2012.12877)"
 
@@ -58,7 +60,9 @@ class ViTConfig:
     qkv_bias: bool = True  # bias on the fused qkv projection
     class_token: bool = True  # prepend a learned class token
     distilled: bool = False  # DeiT: add a distillation token and a second head (needs class_token)
-    global_pool: str = "token"  # "token": class token output; "avg": mean of the patch tokens
+    global_pool: str = "token"  # "token": class token output; "avg": mean of the patch tokens; "bilinear": B-CNN
+    # bilinear pooling of the patch tokens (vitkit.layers.BilinearPool), the head taking its bilinear_dim^2 features
+    bilinear_dim: int | None = 64  # global_pool="bilinear": channels each token is projected to first; None: all D
     pos_embed: str = "learn"  # "learn": learned absolute table; "sincos": fixed 2-D sin-cos table
     drop_rate: float = 0.0  # dropout before the head, after position embedding and in the blocks
     attn_drop_rate: float = 0.0  # dropout on attention weights
@@ -75,8 +79,10 @@ class ViTConfig:
         to_2tuple(self.img_size)
         if self.embed_dim % self.num_heads != 0:
             raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        if self.global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
+        if self.global_pool not in GLOBAL_POOLS:
+            raise ValueError(f"global_pool must be 'token', 'avg' or 'bilinear', got {self.global_pool!r}")
+        if self.bilinear_dim is not None and self.bilinear_dim <= 0:
+            raise ValueError(f"bilinear_dim must be > 0 or None, got {self.bilinear_dim}")
         if self.global_pool == "token" and not self.class_token:
             raise ValueError("global_pool='token' needs class_token=True")
         if self.distilled and (not self.class_token or self.global_pool != "token"):
@@ -129,12 +135,14 @@ class VisionTransformer(nn.Module):
             ]
         )
         # As in timm: the final norm sits before pooling for class-token models and after it (fc_norm) for
-        # mean pooling.
+        # mean pooling. The bilinear pool takes the normalised tokens, and its output is L2-normalised.
         use_fc_norm = c.global_pool == "avg"
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
         self.fc_norm = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps) if use_fc_norm else nn.Identity()
+        self.pool = BilinearPool(c.embed_dim, reduce_dim=c.bilinear_dim) if c.global_pool == "bilinear" else None
+        pooled = self.pool.num_features if self.pool is not None else c.embed_dim
         self.head_drop = nn.Dropout(c.drop_rate)
-        self.head = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(pooled, c.num_classes) if c.num_classes > 0 else nn.Identity()
         if c.distilled:
             self.head_dist = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
         self.init_weights()
@@ -190,13 +198,19 @@ class VisionTransformer(nn.Module):
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Tokens (B, P + N, D) -> logits (B, num_classes), or the pooled features (B, D) with `pre_logits`."""
+        """Tokens (B, P + N, D) -> logits (B, num_classes), or the pooled features (B, D) with `pre_logits`
+        ((B, pool.num_features) for the bilinear pool)."""
         if self.config.distilled:
             cls, dist = x[:, 0], x[:, 1]
             if pre_logits:
                 return (cls + dist) / 2
             return (self.head(self.head_drop(cls)) + self.head_dist(self.head_drop(dist))) / 2
-        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.config.global_pool == "avg" else x[:, 0]
+        if self.pool is not None:
+            x = self.pool(x[:, self.num_prefix_tokens :])  # (B, N, D) -> (B, r * r)
+        elif self.config.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, N, D) -> (B, D)
+        else:
+            x = x[:, 0]  # the class token (B, D)
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
@@ -236,15 +250,17 @@ class VisionTransformer(nn.Module):
         if isinstance(self.norm, nn.LayerNorm):
             ops.append(layer_norm_op("norm", ops[-1].output, ctx))  # 8BND
         pooled = (B, c.embed_dim)
+        patches = view(ops[-1].output, (B, Hp * Wp, c.embed_dim))  # the prefix tokens dropped: a view
         if c.global_pool == "avg":
-            patches = view(ops[-1].output, (B, Hp * Wp, c.embed_dim))  # the prefix tokens dropped: a view
             ops.append(reduce_op("pool", "mean", patches, pooled, numel(patches.shape), ctx))  # one add per element
             ops.append(layer_norm_op("fc_norm", ops[-1].output, ctx))  # 8BD
-        features = ops[-1].output if c.global_pool == "avg" else view(ops[-1].output, pooled)  # x[:, i]: views
+        elif self.pool is not None:
+            ops += self.pool.cost("pool", patches, ctx)  # (B, N, D) -> (B, r * r)
+        features = ops[-1].output if c.global_pool != "token" else view(ops[-1].output, pooled)  # x[:, i]: views
         heads = [("head", self.head)] + ([("head_dist", self.head_dist)] if c.distilled else [])
         for name, head in heads:
             if isinstance(head, nn.Linear):
-                ops.append(linear_op(name, "head", features, c.num_classes, True, ctx))  # B*D*classes
+                ops.append(linear_op(name, "head", features, c.num_classes, True, ctx))  # B*features*classes
         if c.distilled and c.num_classes > 0:
             ops.append(elementwise_op("head", "mean_heads", (ops[-2].output, ops[-1].output), 2, ctx))  # (cls+dist)/2
         return ops
