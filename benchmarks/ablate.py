@@ -2,6 +2,9 @@
 
     python benchmarks/ablate.py            # optimize(model, "bf16"): packed linears on/off x attention sdpa/auto
     python benchmarks/ablate.py --train    # bf16 autocast training step: attention sdpa/auto x AdamW loop/fused
+    python benchmarks/ablate.py --model detr_resnet50 --batch 1 --img-size 800x1216 --rounds 4
+                                           # a detector: fp32 and optimize bf16, backbone channels-last on/off x
+                                           # frozen norms folded on/off
 
 The figures behind the "predicted and measured" table of BENCHMARKS.md.
 """
@@ -19,7 +22,7 @@ import torch
 from torch import nn
 
 import vitkit
-from vitkit.layers import set_attention_backend
+from vitkit.layers import set_attention_backend, to_2tuple
 from vitkit.train.optim import create_optimizer, param_groups
 
 
@@ -61,18 +64,49 @@ def train_variants(model: nn.Module, x: torch.Tensor) -> dict[str, Callable[[], 
     return variants
 
 
+def detector_variants(model: nn.Module, x: torch.Tensor) -> dict[str, Callable[[], object]]:
+    variants = {}
+    for precision in ("fp32", "bf16"):
+        for channels_last in (False, True):
+            for fold in (False, True):
+                net = copy.deepcopy(model)
+                if not fold:
+                    net.backbone.fold_norms = lambda: 0  # optimize() then leaves the frozen norms in place
+                fast = vitkit.optimize(net, precision)
+                if not channels_last:
+                    fast.model.backbone.forward = _nchw(fast.model.backbone)
+                variants[f"{precision}, channels-last={channels_last}, folded norms={fold}"] = lambda f=fast: f(x)
+    return variants
+
+
+def _nchw(backbone: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The backbone's forward with its layers in NCHW: the stem, then each stage, as `ResNetBackbone.forward`."""
+
+    def forward(images: torch.Tensor) -> torch.Tensor:
+        x = backbone.maxpool(backbone.relu(backbone.bn1(backbone.conv1(images))))
+        for stage in backbone.stages():
+            x = stage(x)
+        return x
+
+    return forward
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="vit_small_patch16_224")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--img-size", default=None, help="HxW (default: the model's)")
     parser.add_argument("--train", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = vitkit.create_model(args.model).eval()
-    size = model.config.img_size
-    x = torch.randn(args.batch, 3, size, size)
-    variants = (train_variants if args.train else inference_variants)(model, x)
+    size = args.img_size.split("x") if args.img_size else to_2tuple(model.config.img_size)
+    x = torch.randn(args.batch, 3, *map(int, size))
+    if hasattr(model, "backbone"):
+        variants = detector_variants(model, x)
+    else:
+        variants = (train_variants if args.train else inference_variants)(model, x)
     times: dict[str, list[float]] = {name: [] for name in variants}
     with torch.inference_mode(not args.train):
         for step in variants.values():
