@@ -7,7 +7,7 @@ import torch
 
 from vitkit.analysis import profile
 from vitkit.cli import main
-from vitkit.perf.bench import adamw, bench, build_candidates, gemm_rate, time_candidates
+from vitkit.perf.bench import SPLIT, _category, adamw, bench, build_candidates, gemm_rate, time_candidates, time_split
 from vitkit.train import create_optimizer
 
 
@@ -22,6 +22,7 @@ def test_inference_against_timm_reports_every_candidate():
         )
         assert r.images_per_second == pytest.approx(2 / (r.latency_ms / 1000))
         assert r.peak_memory_bytes > 0 and 0 < r.mfu
+        assert sum(r.time_split.values()) == pytest.approx(1.0) and r.time_split["optimizer"] == 0
 
 
 def test_training_steps_update_the_weights(capsys):
@@ -115,3 +116,28 @@ def test_detector_comparison_errors():
         bench("vit_tiny_patch16_224", compare="transformers")
     with pytest.raises(ValueError, match="bench --train times classifiers; detr_tiny is a detector"):
         bench("detr_tiny", train=True)
+
+
+def test_time_split_covers_the_step_and_finds_the_optimizer():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8))
+    optimizer = adamw(model, lr=1e-3, weight_decay=0.0)
+    x = torch.randn(32, 64)
+
+    def train_step() -> None:
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for step, has_optimizer in ((lambda: model(x), False), (train_step, True)):
+        split = time_split(step)
+        assert list(split) == list(SPLIT) and sum(split.values()) == pytest.approx(1.0)
+        assert split["GEMMs"] > 0 and (split["optimizer"] > 0) == has_optimizer
+
+
+def test_time_split_categories():
+    assert _category("aten::addmm", False) == "GEMMs" and _category("mkldnn::_linear_pointwise", False) == "GEMMs"
+    assert _category("aten::_scaled_dot_product_flash_attention_for_cpu", False) == "attention"
+    assert _category("aten::_softmax", False) == "attention" and _category("aten::copy_", False) == "copies"
+    assert _category("aten::native_layer_norm", False) == "norms and elementwise"
+    assert _category("aten::gelu", False) == "norms and elementwise" and _category("aten::view", False) == "other"
+    assert _category("aten::add_", True) == "optimizer" and _category("Optimizer.step#AdamW.step", False) == "optimizer"

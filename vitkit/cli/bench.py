@@ -73,3 +73,12 @@ def print_report(report: Report) -> None:
         if baseline:
             line += f"  {r.images_per_second / baseline.images_per_second:>11.2f}x"
         print(line)
+    if any(r.time_split for r in report.results):
+        names = list(report.results[0].time_split)
+        print(
+            f"\nwhere a step's time goes (one profiled step, share of CPU time)\n{'candidate':<{width}}  "
+            + "  ".join(names)
+        )
+        for r in report.results:
+            cells = "  ".join(f"{100 * r.time_split.get(n, 0):>{len(n) - 1}.1f}%" for n in names)
+            print(f"{r.name:<{width}}  {cells}")

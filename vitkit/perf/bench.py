@@ -35,6 +35,8 @@ class Result:
     peak_memory_bytes: int  # extra memory of one step beyond weights and input
     mfu: float  # analytic matmul FLOP/s over the GEMM rate measured for `precision`
     times_ms: list[float] = field(repr=False)  # every timed step
+    time_split: dict[str, float] = field(default_factory=dict)  # share of one profiled step's CPU time per
+    # `SPLIT` category (empty on GPUs, where the CPU time is not the step's time)
 
 
 @dataclass
@@ -72,6 +74,88 @@ def gemm_rate(precision: str, device: torch.device, n: int = 2048, repeats: int 
         if i >= 2:  # the first products warm up
             times.append(time.perf_counter() - start)
     return 2 * n**3 / statistics.median(times)
+
+
+# Where a step's time goes: operators by category (self CPU time of one profiled step). GEMMs are every matrix
+# product, the attention's explicit q@k^T and attn@v and the convolutions included; attention is its fused kernels
+# and softmax; the optimizer everything under `Optimizer.step` / `zero_grad`; other is the framework: views, allocation,
+# the autograd engine's own time.
+SPLIT = ("GEMMs", "attention", "norms and elementwise", "copies", "optimizer", "other")
+GEMM_OPS = {
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::mkldnn_convolution",
+    "aten::convolution_backward",
+    "aten::mkldnn_linear",
+    "mkldnn::_linear_pointwise",
+    "mkldnn::_convolution_pointwise",
+}
+ATTENTION_OPS = ("aten::_scaled_dot_product", "aten::_softmax", "aten::_softmax_backward_data", "aten::_safe_softmax")
+COPY_OPS = {"aten::copy_", "aten::_to_copy", "aten::cat", "aten::clone", "aten::stack", "aten::_to_dense"}
+FRAMEWORK_OPS = (
+    "aten::view",
+    "aten::_unsafe_view",
+    "aten::reshape",
+    "aten::as_strided",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::empty_like",
+    "aten::zeros",
+    "aten::t",
+    "aten::transpose",
+    "aten::permute",
+    "aten::expand",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::select",
+    "aten::slice",
+    "aten::split",
+    "aten::unbind",
+    "aten::chunk",
+    "aten::detach",
+    "aten::alias",
+    "aten::resolve_",
+    "aten::result_type",
+    "aten::to",
+    "aten::lift_fresh",
+    "aten::flatten",
+    "aten::contiguous",
+    "aten::linear",
+    "aten::matmul",
+    "aten::numpy_T",
+)
+
+
+def _category(name: str, in_optimizer: bool) -> str:
+    """The `SPLIT` category of a profiled operator by its name."""
+    if in_optimizer or name.startswith("Optimizer."):
+        return "optimizer"
+    if name in GEMM_OPS:
+        return "GEMMs"
+    if name.startswith(ATTENTION_OPS):
+        return "attention"
+    if name in COPY_OPS:
+        return "copies"
+    if not name.startswith("aten::") or name.startswith(FRAMEWORK_OPS):
+        return "other"
+    return "norms and elementwise"
+
+
+def time_split(step: Callable[[], object]) -> dict[str, float]:
+    """Share of one step's CPU time (operators' self time, torch.profiler) per `SPLIT` category."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    events = list(prof.events())
+    scopes = [e.time_range for e in events if e.name.startswith("Optimizer.")]  # step and zero_grad
+    totals = dict.fromkeys(SPLIT, 0.0)
+    for e in events:
+        start = e.time_range.start
+        in_optimizer = any(r.start <= start <= r.end for r in scopes)
+        totals[_category(e.name, in_optimizer)] += e.self_cpu_time_total
+    total = sum(totals.values()) or 1.0
+    return {k: v / total for k, v in totals.items()}
 
 
 def _peak_memory(step: Callable[[], object], device: torch.device) -> int:
@@ -231,6 +315,7 @@ def time_candidates(
                 images_per_second=batch / median,
                 latency_ms=1000 * median,
                 peak_memory_bytes=_peak_memory(step, device),
+                time_split=time_split(step) if device.type == "cpu" else {},
                 mfu=flops / median / rates[prec],
                 times_ms=[1000 * t for t in times[name]],
             )
