@@ -20,6 +20,7 @@ from vitkit.data import (
     make_loader,
     normalize,
     preprocess,
+    summarize_unreadable,
     train_transform,
 )
 
@@ -86,15 +87,43 @@ def test_batches_do_not_depend_on_the_number_of_workers():
     assert all(torch.equal(a, b) for a, b in zip(batches[0], batches[2], strict=True))
 
 
-@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA", "P", "LA", "I;16"])
-def test_any_image_mode_becomes_the_models_channels(mode):
+def _luma(rgb: np.ndarray) -> np.ndarray:
+    """ITU-R 601-2 luma of (H, W, 3) uint8, rounded: the grey a 1-channel model sees."""
+    return np.rint(rgb.astype(np.float64) @ np.array([0.299, 0.587, 0.114])).astype(np.int64)
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "P", "CMYK"])
+def test_opaque_image_modes_become_the_models_channels(mode):
     rng = np.random.default_rng(1)
-    rgba = Image.fromarray(rng.integers(0, 256, (6, 6, 4), dtype=np.uint8))
-    image = rgba.convert(mode) if mode != "I;16" else rgba.convert("L").convert("I;16")
-    for channels, target in ((1, "L"), (3, "RGB")):
-        out = eval_transform((6, 6), channels)(image)
-        expected = torch.from_numpy(np.array(image.convert(target))).reshape(6, 6, channels).permute(2, 0, 1)
-        assert torch.equal(out, expected)
+    image = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).convert(mode)
+    rgb = np.asarray(image.convert("RGB")).astype(np.int64)  # P: the palette looked up; CMYK: PIL's formula
+    if mode == "P":
+        palette = np.array(image.getpalette(), dtype=np.int64).reshape(-1, 3)
+        np.testing.assert_array_equal(rgb, palette[np.asarray(image)])
+    colour = eval_transform((6, 6), 3)(image).permute(1, 2, 0).numpy().astype(np.int64)
+    grey = eval_transform((6, 6), 1)(image)[0].numpy().astype(np.int64)
+    np.testing.assert_array_equal(colour, rgb)
+    if mode == "L":
+        np.testing.assert_array_equal(grey, np.asarray(image))
+        assert (colour == grey[..., None]).all()  # grey repeated in R, G and B
+    else:
+        assert np.abs(grey - _luma(rgb.astype(np.uint8))).max() <= 1
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "PA"])
+def test_transparent_images_are_composited_on_white(mode):
+    rng = np.random.default_rng(2)
+    pixels = rng.integers(0, 256, (6, 6, 4), dtype=np.uint8)
+    pixels[0, :, 3], pixels[1, :, 3] = 0, 255  # a fully transparent row and an opaque one
+    image = Image.fromarray(pixels).convert(mode)
+    rgba = np.asarray(image.convert("RGBA")).astype(np.float64)
+    alpha = rgba[..., 3:] / 255
+    expected = rgba[..., :3] * alpha + 255 * (1 - alpha)  # over a white background
+    out = eval_transform((6, 6), 3)(image).permute(1, 2, 0).numpy().astype(np.float64)
+    assert np.abs(out - expected).max() <= 1
+    assert (out[0] == 255).all()  # transparent -> white, whatever colour the hidden pixels had
+    grey = eval_transform((6, 6), 1)(image)[0].numpy()
+    assert np.abs(grey - _luma(np.rint(expected).astype(np.uint8))).max() <= 1
 
 
 def test_grayscale_to_rgb_repeats_the_channel_and_statistics():
@@ -144,8 +173,26 @@ def test_unreadable_files_are_reported_not_raised(tmp_path):
     samples = [images[(i, 0)] for i in range(3)]
     assert isinstance(samples[1], Unreadable) and samples[1].name == str(truncated)
     assert isinstance(samples[2], Unreadable) and samples[2].name == str(text)
+    # The reason is the decoder's message, not a repetition of the path.
+    assert "truncated" in samples[1].error and not samples[1].error.startswith("cannot read image")
+    assert "cannot identify image file" in samples[2].error
     batch = collate(samples)
     assert batch.images.shape == (1, 3, 8, 8) and batch.labels.tolist() == [0]
     assert [s.name for s in batch.skipped] == [str(truncated), str(text)]
     empty = collate(samples[1:])
     assert empty.images.shape[0] == 0 and empty.labels.shape == (0,)
+
+
+def test_unreadable_summary_lists_the_first_few_with_reasons_then_a_count():
+    skipped = [Unreadable(f"img{i}.png", f"reason {i}") for i in (3, 1, 0, 2, 6, 5, 4)]
+    text = summarize_unreadable([*skipped, Unreadable("img1.png", "met again")], limit=3)
+    assert text.splitlines() == [
+        "skipped 7 unreadable images:",
+        "  img0.png: reason 0",
+        "  img1.png: reason 1",
+        "  img2.png: reason 2",
+        "  and 4 more",
+    ]
+    assert summarize_unreadable(skipped[:1]).splitlines() == ["skipped 1 unreadable image:", "  img3.png: reason 3"]
+    assert summarize_unreadable([]) == ""
+    assert str(skipped[0]) == "img3.png: reason 3"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from importlib.resources import files
 from pathlib import Path
 
@@ -92,9 +93,10 @@ def test_train_val_layout(tmp_path):
 
 
 def test_val_classes_must_match_train_classes(tmp_path):
-    _write(tmp_path / "train" / "a" / "x.png")
+    for name in ("a", "b"):
+        _write(tmp_path / "train" / name / "x.png")
     _write(tmp_path / "val" / "b" / "x.png")
-    with pytest.raises(ValueError, match=r"train/ has classes \['a'\] but val/ has \['b'\]"):
+    with pytest.raises(ValueError, match=r"train/ has classes \['a', 'b'\] but val/ has \['b'\]"):
         load_folder(tmp_path)
 
 
@@ -114,7 +116,8 @@ def test_empty_and_classless_folders_are_clear_errors(tmp_path):
 
 def test_split_too_small_to_validate(tmp_path):
     _write(tmp_path / "a" / "x.png")
-    with pytest.raises(ValueError, match="leaves 1 to train and 0 to validate"):
+    _write(tmp_path / "b" / "x.png")
+    with pytest.raises(ValueError, match="leaves 2 to train and 0 to validate"):
         load_folder(tmp_path, val_fraction=0.1)
     with pytest.raises(ValueError, match="val_fraction must be in"):
         load_folder(tmp_path, val_fraction=0.0)
@@ -149,3 +152,87 @@ def test_data_info_round_trip(tmp_path):
     assert DataInfo.load(tmp_path) == info
     with pytest.raises(FileNotFoundError, match="dataset.json"):
         DataInfo.load(tmp_path / "nothing")
+
+
+def _tree(root: Path, classes: tuple[str, ...] = ("a", "b"), per_class: int = 10) -> Path:
+    for name in classes:
+        for i in range(per_class):
+            _write(root / name / f"{i}.png")
+    return root
+
+
+def test_train_folder_alone_is_the_training_split_with_a_hold_out(tmp_path):
+    _tree(tmp_path / "train")
+    train, val, info = load_folder(tmp_path, seed=2)
+    assert info.classes == ("a", "b")  # not one class named "train"
+    assert (len(train), len(val)) == (18, 2) and info.val_fraction == 0.1 and info.split_seed == 2
+    assert sorted(val.labels) == [0, 1] and not set(train.paths) & set(val.paths)
+    assert all(p.parent.parent == tmp_path / "train" for p in train.paths + val.paths)
+    assert load_eval_split(None, info).paths == val.paths  # eval finds the same held-out images
+    with pytest.raises(ValueError, match="holds train/ but no val/"):
+        load_eval_split(str(tmp_path), info)
+
+
+def test_folders_beside_train_are_named_as_not_read(tmp_path, caplog):
+    _tree(tmp_path / "train")
+    _tree(tmp_path / "test", per_class=1)
+    with caplog.at_level("WARNING", logger="vitkit.data"):
+        load_folder(tmp_path)
+    assert "folder(s) ['test'] beside train/ are not read" in caplog.text
+    _tree(tmp_path / "only_val" / "val")
+    with pytest.raises(ValueError, match="has val/ but no train/"):
+        load_folder(tmp_path / "only_val")
+
+
+@pytest.mark.parametrize("layout", ["flat", "train", "train_val"])
+def test_fewer_than_two_classes_is_an_error(tmp_path, layout):
+    folders = {"flat": [tmp_path], "train": [tmp_path / "train"], "train_val": [tmp_path / "train", tmp_path / "val"]}
+    for folder in folders[layout]:
+        _tree(folder, classes=("cat",))
+    with pytest.raises(ValueError, match=r"has 1 class folder \('cat'\): a classifier needs at least two classes"):
+        load_folder(tmp_path)
+
+
+def test_an_ignored_val_fraction_says_so(tmp_path, caplog):
+    for split in ("train", "val"):
+        _tree(tmp_path / split, per_class=2)
+    with caplog.at_level("WARNING", logger="vitkit.data"):
+        load_folder(tmp_path)  # not given: nothing to say
+        load_folder(tmp_path, val_fraction=0.1)  # the default
+        assert caplog.text == ""
+        train, val, info = load_data(str(tmp_path), val_fraction=0.3)
+    assert f"val_fraction 0.3 is ignored: {tmp_path} has a val/ folder" in caplog.text
+    assert (len(train), len(val), info.val_fraction) == (4, 4, 0.0)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="vitkit.data"):
+        load_data("builtin:mnist5k", val_fraction=0.25)
+    assert "val_fraction 0.25 is ignored: builtin:mnist5k is a bundled dataset" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"classes": None}, r"missing key\(s\) \['classes'\]"),
+        ({"extra": 1}, r"unknown key\(s\) \['extra'\]"),
+        ({"classes": "ab"}, r"'classes' must be a list of class names \(strings\), got 'ab'"),
+        ({"mean": []}, r"'mean' must be a non-empty list of numbers"),
+        ({"split_seed": 1.5}, r"'split_seed' must be an integer, got 1.5"),
+        ({"std": [0.5, 0.5]}, r"'mean' has 1 values but 'std' 2"),
+    ],
+)
+def test_malformed_dataset_json_names_the_key(tmp_path, change, message):
+    load_builtin("mnist5k")[2].save(tmp_path)
+    saved = json.loads((tmp_path / "dataset.json").read_text())
+    saved = {k: v for k, v in {**saved, **change}.items() if v is not None}  # None: the key left out
+    (tmp_path / "dataset.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=message):
+        DataInfo.load(tmp_path)
+
+
+def test_dataset_json_that_is_not_an_object(tmp_path):
+    (tmp_path / "dataset.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="holds a JSON list, expected an object with keys"):
+        DataInfo.load(tmp_path)
+    (tmp_path / "dataset.json").write_text("{")
+    with pytest.raises(ValueError, match="dataset.json is not valid JSON"):
+        DataInfo.load(tmp_path)

@@ -46,19 +46,19 @@ def test_from_pretrained_errors(tmp_path):
 
     config["config"]["depth"] = 2
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"does not fit VisionTransformer: 12 missing \['blocks.1.norm1.weight'"):
+    with pytest.raises(ValueError, match=r"model.safetensors is a ViT with depth 1, the model has 2: .* depth=1"):
         vitkit.from_pretrained(tmp_path)
 
     config["config"]["depth"], config["config"]["embed_dim"] = 1, 96
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"shape-mismatched \['cls_token: checkpoint \(1, 1, 192\) vs model"):
+    with pytest.raises(ValueError, match=r"is a ViT with embed_dim 192, the model has 96: .* embed_dim=192"):
         vitkit.from_pretrained(tmp_path)
 
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="config.json is not valid JSON"):
         vitkit.from_pretrained(tmp_path)
 
-    (tmp_path / "config.json").write_text(json.dumps({"family": "vit", "config": {"depht": 1}}))
+    (tmp_path / "config.json").write_text(json.dumps({"format_version": 2, "family": "vit", "config": {"depht": 1}}))
     with pytest.raises(ValueError, match=r"field\(s\) \['depht'\] that ViTConfig does not know"):
         vitkit.from_pretrained(tmp_path)
 

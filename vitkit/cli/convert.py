@@ -7,6 +7,7 @@ from typing import Any
 
 from vitkit.cli.options import parse_assignment
 from vitkit.weights.convert import FORMATS, convert
+from vitkit.weights.io import CheckpointMismatch
 
 HELP = "convert weights between vitkit, timm, torchvision, Hugging Face and facebookresearch/detr layouts"
 
@@ -47,15 +48,18 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     overrides = _parse_overrides(args.overrides)
-    report, written = convert(
-        args.src,
-        args.dst,
-        src_format=args.src_format,
-        dst_format=args.dst_format,
-        model_name=args.model,
-        reset_head=args.reset_head,
-        overrides=overrides,
-    )
+    try:
+        report, written = convert(
+            args.src,
+            args.dst,
+            src_format=args.src_format,
+            dst_format=args.dst_format,
+            model_name=args.model,
+            reset_head=args.reset_head,
+            overrides=overrides,
+        )
+    except CheckpointMismatch as err:  # the ways out in this command's flags, not the library's arguments
+        raise ValueError(err.cli_message()) from None
     print(report.summary())
     print(f"wrote {args.dst_format} weights to {written}")
     return 0

@@ -14,13 +14,23 @@ from vitkit.data.detection import (
     read_coco_json,
     write_coco_folder,
 )
-from vitkit.data.loader import Batch, EpochSampler, TransformedImages, Unreadable, collate, make_loader
+from vitkit.data.loader import (
+    Batch,
+    EpochSampler,
+    TransformedImages,
+    Unreadable,
+    collate,
+    make_loader,
+    summarize_unreadable,
+)
 from vitkit.data.sources import (
     BUILTIN_PREFIX,
     DEFAULT_DATA,
+    DEFAULT_VAL_FRACTION,
     ArrayImages,
     DataInfo,
     ImageFiles,
+    UnreadableImageError,
     augment_defaults,
     list_builtin,
     load_builtin,
@@ -31,11 +41,22 @@ from vitkit.data.sources import (
     stratified_split,
     write_image_folder,
 )
-from vitkit.data.transforms import channel_stats, eval_transform, image_mode, normalize, preprocess, train_transform
+from vitkit.data.transforms import (
+    ImageModeError,
+    channel_stats,
+    convert_image,
+    eval_transform,
+    image_mode,
+    normalize,
+    preprocess,
+    to_8bit,
+    train_transform,
+)
 
 __all__ = [
     "BUILTIN_PREFIX",
     "DEFAULT_DATA",
+    "DEFAULT_VAL_FRACTION",
     "DIGITS_DETECT",
     "ArrayImages",
     "Batch",
@@ -46,12 +67,15 @@ __all__ = [
     "DigitsDetection",
     "EpochSampler",
     "ImageFiles",
+    "ImageModeError",
     "Skipped",
     "TransformedImages",
     "Unreadable",
+    "UnreadableImageError",
     "augment_defaults",
     "channel_stats",
     "collate",
+    "convert_image",
     "eval_transform",
     "image_mode",
     "list_builtin",
@@ -68,6 +92,8 @@ __all__ = [
     "preprocess",
     "read_coco_json",
     "stratified_split",
+    "summarize_unreadable",
+    "to_8bit",
     "train_transform",
     "write_coco_folder",
     "write_image_folder",

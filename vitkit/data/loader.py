@@ -10,7 +10,7 @@ Letters: B batch, C channels, H, W image size.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -67,7 +67,33 @@ class Unreadable:
     """Stands in for a sample whose image could not be decoded."""
 
     name: str  # the file (or array entry) that failed
-    error: str  # why
+    error: str  # why (the decoder's message, or the mode or value range vitkit does not convert)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.error}"
+
+
+def summarize_unreadable(skipped: Iterable[Unreadable], limit: int = 5) -> str:
+    """Lines for people about skipped images: a count, the first `limit` by name with the reason, then how many more.
+
+    Each file counts once however often it was met (every epoch, every process); "" when there is none. Example::
+
+        skipped 12 unreadable images:
+          data/cat/3.png: image file is truncated (8 bytes not processed)
+          ...
+          and 7 more
+    """
+    reasons: dict[str, str] = {}
+    for item in skipped:
+        reasons.setdefault(item.name, item.error)
+    if not reasons:
+        return ""
+    names = sorted(reasons)
+    lines = [f"skipped {len(names)} unreadable image{'s' if len(names) != 1 else ''}:"]
+    lines += [f"  {name}: {reasons[name]}" for name in names[:limit]]
+    if len(names) > limit:
+        lines.append(f"  and {len(names) - limit} more")
+    return "\n".join(lines)
 
 
 class TransformedImages(Dataset):
@@ -89,8 +115,8 @@ class TransformedImages(Dataset):
         index, seed = key
         try:
             image = self.source.load(index)
-        except OSError as err:
-            return Unreadable(self.source.describe(index), str(err))
+        except OSError as err:  # UnreadableImageError keeps the reason apart from the path
+            return Unreadable(self.source.describe(index), getattr(err, "reason", None) or str(err))
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)  # the CPU generator only: torch.manual_seed costs far more
             return self.transform(image), self.source.labels[index]

@@ -7,20 +7,51 @@ A source is a list of (image, label) samples whose images open as PIL images; tr
 from __future__ import annotations
 
 import json
+import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from vitkit.data.transforms import EIGHT_BIT_MODES, ImageModeError, to_8bit
+
 BUILTIN_PREFIX = "builtin:"
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp")
 INFO_NAME = "dataset.json"
+DEFAULT_VAL_FRACTION = 0.1  # share of each class held out from a folder without val/, when none is given
+SPLITS = ("train", "val")  # the split folders of an ImageFolder tree
 
 # Errors PIL raises for files it cannot decode (truncated, not an image, corrupt headers, too large).
 UNREADABLE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+log = logging.getLogger("vitkit.data")
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_number_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is_number(v) for v in value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# dataset.json key -> (check, what it must be): `DataInfo.load` names the key that fails.
+_INFO_KEYS = {
+    "source": (lambda v: isinstance(v, str), "a string"),
+    "classes": (_is_str_list, "a list of class names (strings)"),
+    "mean": (_is_number_list, "a non-empty list of numbers"),
+    "std": (_is_number_list, "a non-empty list of numbers"),
+    "val_fraction": (_is_number, "a number"),
+    "split_seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+}
 
 
 @dataclass(frozen=True)
@@ -43,25 +74,59 @@ class DataInfo:
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> DataInfo:
-        """Read the `dataset.json` written by `save` (vitkit train writes one into each model directory)."""
+        """Read the `dataset.json` written by `save` (vitkit train writes one into each model directory).
+
+        ValueError naming the key for a file that is not one: a key missing, unknown or of the wrong type.
+        """
         path = Path(directory) / INFO_NAME
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: expected a model directory written by vitkit train")
         try:
-            fields = json.loads(path.read_text())
-            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-        except (json.JSONDecodeError, TypeError) as err:
-            raise ValueError(f"{path} is not a vitkit dataset description: {err}") from err
+            saved = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON: {err}") from err
+        if not isinstance(saved, dict):
+            raise ValueError(
+                f"{path} holds a JSON {type(saved).__name__}, expected an object with keys {list(_INFO_KEYS)}"
+            )
+        missing = [k for k in _INFO_KEYS if k not in saved]
+        unknown = sorted(set(saved) - set(_INFO_KEYS))
+        if missing or unknown:
+            problems = [f"{what} key(s) {keys}" for what, keys in (("missing", missing), ("unknown", unknown)) if keys]
+            raise ValueError(f"{path}: {' and '.join(problems)}; a vitkit dataset.json holds {', '.join(_INFO_KEYS)}")
+        for key, (check, expected) in _INFO_KEYS.items():
+            if not check(saved[key]):
+                raise ValueError(f"{path}: {key!r} must be {expected}, got {saved[key]!r}")
+        if len(saved["mean"]) != len(saved["std"]):
+            raise ValueError(f"{path}: 'mean' has {len(saved['mean'])} values but 'std' {len(saved['std'])}")
+        return cls(**{f.name: tuple(v) if isinstance(v := saved[f.name], list) else v for f in fields(cls)})
+
+
+class UnreadableImageError(OSError):
+    """An image file that cannot be used: not decodable, or a mode or values vitkit does not convert."""
+
+    def __init__(self, path: str | os.PathLike, reason: str) -> None:
+        super().__init__(f"cannot read image {path}: {reason}")
+        self.path = os.fspath(path)
+        self.reason = reason  # why, without the path
 
 
 def open_image(path: str | os.PathLike) -> Image.Image:
-    """Open and decode an image file now, so a damaged file fails here; OSError naming the file if it cannot."""
+    """Open and decode an image file now, so a damaged file fails here, as 8 bits per sample (16-bit and float
+    images scaled by `vitkit.data.transforms.to_8bit`). UnreadableImageError (an OSError) naming the file and the
+    reason if it cannot be read or is of a mode vitkit does not convert."""
     try:
         with Image.open(path) as image:
             image.load()
-            return image
     except UNREADABLE_ERRORS as err:
-        raise OSError(f"cannot read image {path}: {err}") from err
+        raise UnreadableImageError(path, str(err) or type(err).__name__) from err
+    try:
+        image = to_8bit(image)
+    except ImageModeError as err:
+        raise UnreadableImageError(path, str(err)) from err
+    if image.mode not in EIGHT_BIT_MODES:
+        raise UnreadableImageError(path, f"image mode {image.mode} is not supported")
+    return image
 
 
 class ArrayImages:
@@ -217,43 +282,84 @@ def stratified_split(labels: list[int], fraction: float, seed: int) -> tuple[lis
     return sorted(kept), sorted(held)
 
 
+def _training_classes(root: Path) -> list[str]:
+    """The class folders of a folder to train on: at least two."""
+    classes = _class_folders(root)
+    if len(classes) < 2:
+        raise ValueError(
+            f"{root} has {len(classes)} class folder ({classes[0]!r}): a classifier needs at least two classes, "
+            f"one folder each ({root}/<class>/<image files>)"
+        )
+    return classes
+
+
+def _warn_ignored_fraction(source: str | os.PathLike, val_fraction: float | None, why: str) -> None:
+    if val_fraction is not None and val_fraction != DEFAULT_VAL_FRACTION:
+        log.warning(f"val_fraction {val_fraction} is ignored: {source} {why}")
+
+
 def load_folder(
-    path: str | os.PathLike, val_fraction: float = 0.1, seed: int = 0
+    path: str | os.PathLike, val_fraction: float | None = None, seed: int = 0
 ) -> tuple[ImageFiles, ImageFiles, DataInfo]:
     """An ImageFolder tree as (train, val, info).
 
-    `path` holds either `train/` and `val/` folders of class folders, or class folders directly, in which case
-    `val_fraction` of every class is held out by a shuffle seeded with `seed`. Class names are the sorted
-    folder names; images are files with a known image extension at any depth below their class folder.
+    `path` holds one of:
+      - `train/` and `val/`, each a folder of the same class folders. `val_fraction` does not apply: a value other
+        than the default is ignored with a warning (logger "vitkit.data").
+      - `train/` without `val/`: train/ holds the class folders, and `val_fraction` of every class is held out for
+        validation by a shuffle seeded with `seed`.
+      - class folders directly, split as train/ alone.
+    Folders beside train/ other than val/ (test/, validation/, ...) are not read; a warning names them. Class names
+    are the sorted folder names, at least two; images are files with a known image extension at any depth below
+    their class folder. `val_fraction` None means `DEFAULT_VAL_FRACTION` (0.1).
     """
     root = Path(path)
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet statistics, as for most RGB data
+    if (root / "train").is_dir():
+        others = sorted(
+            p.name for p in root.iterdir() if p.is_dir() and p.name not in SPLITS and not p.name.startswith(".")
+        )
+        if others:
+            log.warning(f"{root}: folder(s) {others} beside train/ are not read (vitkit reads train/ and val/)")
     if (root / "train").is_dir() and (root / "val").is_dir():
-        classes = _class_folders(root / "train")
+        classes = _training_classes(root / "train")
         val_classes = _class_folders(root / "val")
         if val_classes != classes:
             raise ValueError(f"{root}: train/ has classes {classes} but val/ has {val_classes}")
+        _warn_ignored_fraction(path, val_fraction, "has a val/ folder, which is the validation split")
         train = ImageFiles(*_scan(root / "train", classes))
         val = ImageFiles(*_scan(root / "val", classes))
         return train, val, DataInfo(str(path), tuple(classes), mean, std, val_fraction=0.0, split_seed=0)
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1) to split {root} without a val/ folder, got {val_fraction}")
-    classes = _class_folders(root)
-    paths, labels = _scan(root, classes)
-    kept, held = stratified_split(labels, val_fraction, seed)
+    fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
+    if (root / "val").is_dir():
+        raise ValueError(f"{root} has val/ but no train/: expected {root}/train/<class>/ beside {root}/val/<class>/")
+    # train/ alone is the training split, held out from as a folder of class folders is.
+    folder = root / "train" if (root / "train").is_dir() else root
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1) to split {folder} without a val/ folder, got {fraction}")
+    classes = _training_classes(folder)
+    paths, labels = _scan(folder, classes)
+    kept, held = stratified_split(labels, fraction, seed)
     if not kept or not held:
         raise ValueError(
-            f"val_fraction {val_fraction} of {len(labels)} images leaves {len(kept)} to train and {len(held)} to "
+            f"val_fraction {fraction} of {len(labels)} images leaves {len(kept)} to train and {len(held)} to "
             "validate; both need at least one"
         )
     train = ImageFiles([paths[i] for i in kept], [labels[i] for i in kept])
     val = ImageFiles([paths[i] for i in held], [labels[i] for i in held])
-    return train, val, DataInfo(str(path), tuple(classes), mean, std, val_fraction, split_seed=seed)
+    return train, val, DataInfo(str(path), tuple(classes), mean, std, fraction, split_seed=seed)
 
 
-def load_data(source: str, val_fraction: float = 0.1, seed: int = 0) -> tuple[ImageSource, ImageSource, DataInfo]:
-    """(train, held-out, info) for ``"builtin:NAME"`` or the path of an ImageFolder tree (see `load_folder`)."""
+def load_data(
+    source: str, val_fraction: float | None = None, seed: int = 0
+) -> tuple[ImageSource, ImageSource, DataInfo]:
+    """(train, held-out, info) for ``"builtin:NAME"`` or the path of an ImageFolder tree (see `load_folder`).
+
+    `val_fraction` (None: the default, 0.1) applies to folders without val/; a bundled dataset has its own test
+    split, so a value other than the default is ignored there with a warning.
+    """
     if source.startswith(BUILTIN_PREFIX):
+        _warn_ignored_fraction(source, val_fraction, "is a bundled dataset with its own test split")
         return load_builtin(source[len(BUILTIN_PREFIX) :])
     return load_folder(source, val_fraction, seed)
 
@@ -266,11 +372,17 @@ def load_eval_split(source: str | None, info: DataInfo) -> ImageSource:
     class names must be the model's.
     """
     if source is None:
-        _, held, found = load_data(info.source, info.val_fraction, info.split_seed)
+        # A fixed split is saved as fraction 0, which means "none given" here.
+        _, held, found = load_data(info.source, info.val_fraction or None, info.split_seed)
         classes = found.classes
     elif source.startswith(BUILTIN_PREFIX) or (Path(source) / "val").is_dir():
         _, held, found = load_data(source)
         classes = found.classes
+    elif (Path(source) / "train").is_dir():
+        raise ValueError(
+            f"{source} holds train/ but no val/: evaluate on a folder of class folders (e.g. {source}/train), or "
+            "leave the data out to evaluate on the images held out in training"
+        )
     else:
         classes = tuple(_class_folders(Path(source)))
         held = ImageFiles(*_scan(Path(source), list(classes)))

@@ -2,17 +2,38 @@
 normalisation to float, applied to whole batches (cheaper than per image, and on the GPU when there is one).
 Geometry runs on the PIL image, which is faster than on a tensor for the small images vitkit trains on.
 
-Every image is first converted to the model's channels (grayscale, RGB, RGBA and palette images alike; an alpha
-channel is dropped), so one pipeline serves any mix of files.
+Every image is first brought to 8 bits and to the model's channels by one rule (`convert_image`), so one pipeline
+serves any mix of files:
+
+- 16-bit images (PIL modes I;16, I;16B, I;16L; and I, which PIL makes of 16-bit PGM files) are scaled from
+  0..65535 to 0..255 (x * 255 / 65535, rounded), not clipped; an I image whose TIFF header states another bit
+  depth is scaled by that depth. Float images (mode F) are intensities in [0, 1], scaled by 255.
+  Values outside those ranges are an error (`ImageModeError`), never clipped.
+- Transparent images (RGBA, LA, PA, RGBa, and palette or RGB images with a transparent colour) are composited on
+  a white background, as transformers' `convert_to_rgb` and most image viewers show them; the alpha channel is
+  then gone.
+- Palette (P), CMYK, YCbCr, HSV and bilevel (1) images are converted by PIL (CMYK without a colour profile).
+- A 3-channel model gets grey images repeated in R, G and B; a 1-channel model gets colour images as their
+  luma L = 0.299 R + 0.587 G + 0.114 B (ITU-R 601-2, PIL's formula).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from PIL import Image
 from torchvision.transforms import v2
 
 CHANNEL_MODES = {1: "L", 3: "RGB"}  # model input channels -> PIL mode the image is converted to
+BACKGROUND = (255, 255, 255)  # transparent pixels are composited on white
+HIGH_DEPTH_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # scaled to 8 bits by `to_8bit`
+# 8-bit modes `convert_image` reads; every other mode (after `to_8bit`) is refused with its name.
+EIGHT_BIT_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "HSV")
+
+
+class ImageModeError(ValueError):
+    """An image whose mode or values vitkit does not convert (an unsupported mode, a 16-bit value out of range,
+    a float image outside [0, 1])."""
 
 
 def image_mode(channels: int) -> str:
@@ -33,14 +54,76 @@ def channel_stats(values: tuple[float, ...], channels: int) -> tuple[float, ...]
     raise ValueError(f"cannot map statistics of {len(values)} channels to {channels} channels")
 
 
-class ConvertMode:
-    """PIL image -> the same image in `mode` ("L" or "RGB"), as `PIL.Image.convert` does it."""
+def _bit_depth(image: Image.Image) -> int:
+    """Bits per sample of a 16- or 32-bit integer image: the TIFF header's when it states one, else 16 (PIL reads
+    16-bit PNG as I;16 and 16-bit PGM as I, already spread over 0..65535 whatever the file's maxval)."""
+    if image.mode.startswith("I;16"):
+        return 16
+    tags = getattr(image, "tag_v2", None)
+    bits = tags.get(258) if tags is not None else None  # TIFF BitsPerSample
+    if isinstance(bits, tuple):
+        bits = bits[0] if bits else None
+    return bits if isinstance(bits, int) and 8 <= bits <= 32 else 16
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
+
+def to_8bit(image: Image.Image) -> Image.Image:
+    """A 16-bit or float grey image as an 8-bit one ("L"), scaled by its range; other images unchanged.
+
+    Integer images of b bits map 0..2^b - 1 to 0..255 (rounded); float images map [0, 1] to 0..255. ImageModeError
+    (naming the range found) for values outside the range: they are not clipped.
+    """
+    if image.mode not in HIGH_DEPTH_MODES:
+        return image
+    values = np.asarray(image)
+    if image.mode == "F":
+        if np.isnan(values).any():
+            raise ImageModeError("float image (mode F) holds NaN values")
+        low, high, top = float(values.min()), float(values.max()), 1.0
+        if low < 0.0 or high > 1.0:
+            raise ImageModeError(
+                f"float image (mode F) has values in [{low:g}, {high:g}]; vitkit reads float images as "
+                "intensities in [0, 1] (save 8- or 16-bit integers instead)"
+            )
+    else:
+        bits = _bit_depth(image)
+        top = float(2**bits - 1)
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high > top:
+            raise ImageModeError(
+                f"{bits}-bit image (mode {image.mode}) has values in [{low}, {high}], outside 0..{int(top)}"
+            )
+    scaled = np.rint(values.astype(np.float64) * (255.0 / top)).astype(np.uint8)
+    return Image.fromarray(scaled)  # (H, W) uint8: mode "L"
+
+
+def _has_alpha(image: Image.Image) -> bool:
+    return image.mode in ("LA", "PA", "RGBA", "RGBa") or image.has_transparency_data
+
+
+def convert_image(image: Image.Image, channels: int) -> Image.Image:
+    """`image` as 8 bits in the model's channels ("L" for 1, "RGB" for 3), by the rule in the module docstring.
+
+    ImageModeError for a mode vitkit does not convert (e.g. LAB) or values out of range.
+    """
+    mode = image_mode(channels)
+    image = to_8bit(image)
+    if image.mode not in EIGHT_BIT_MODES:
+        raise ImageModeError(f"image mode {image.mode} is not supported; vitkit reads {', '.join(EIGHT_BIT_MODES)}")
+    if _has_alpha(image):
+        background = Image.new("RGBA", image.size, BACKGROUND)
+        image = Image.alpha_composite(background, image.convert("RGBA"))
+    return image if image.mode == mode else image.convert(mode)
+
+
+class ConvertImage:
+    """PIL image -> the same image in 8 bits and the model's `channels`, by `convert_image`'s rule."""
+
+    def __init__(self, channels: int) -> None:
+        image_mode(channels)  # ValueError for channels other than 1 and 3
+        self.channels = channels
 
     def __call__(self, image: Image.Image) -> Image.Image:
-        return image.convert(self.mode)
+        return convert_image(image, self.channels)
 
 
 def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
@@ -52,10 +135,11 @@ def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, .
 
 
 def eval_transform(img_size: tuple[int, int], channels: int) -> v2.Compose:
-    """PIL image -> uint8 (C, H, W): the model's channels, shorter side resized, centre crop of `img_size`."""
+    """PIL image -> uint8 (C, H, W): the model's channels (`convert_image`), shorter side resized, centre crop of
+    `img_size`."""
     return v2.Compose(
         [
-            ConvertMode(image_mode(channels)),
+            ConvertImage(channels),
             v2.Resize(min(img_size), antialias=True),
             v2.CenterCrop(img_size),
             v2.PILToTensor(),
@@ -89,7 +173,7 @@ def train_transform(
     if not 0 <= randaugment <= 30:
         raise ValueError(f"randaugment magnitude must be in 0..30 (0 is off), got {randaugment}")
     steps: list[v2.Transform] = [
-        ConvertMode(image_mode(channels)),
+        ConvertImage(channels),
         v2.RandomResizedCrop(img_size, scale=(min_scale, 1.0), antialias=True),
     ]
     if hflip > 0:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,17 +25,25 @@ from torch import nn
 
 from vitkit.layers import resample_abs_pos_embed, to_2tuple
 from vitkit.models.registry import build_model, create_model, family_of, replace_config
-from vitkit.weights import detr, hf, torchvision
+from vitkit.weights import detr, hf, shapes, torchvision
 from vitkit.weights.io import (
     CONFIG_NAME,
+    INFO_ATTRIBUTE,
     PICKLE_SUFFIXES,
     WEIGHTS_NAME,
+    CheckpointMismatch,
+    ModelInfo,
     atomic_write,
     build_from_config,
+    check_finite,
+    check_model_info,
     check_state_dict,
+    info_for,
     is_hf_config,
+    model_info,
     read_checkpoint,
     read_json,
+    read_saved_info,
     save_pretrained,
 )
 from vitkit.weights.rename import Layout
@@ -176,17 +184,21 @@ def detect_format(state: Mapping[str, torch.Tensor], family: str, source: str) -
             return fmt
     if family not in VITKIT_MARKERS:
         return "vitkit"  # a family with no converters: its own (timm's) names, which the key check verifies
-    others = [
-        fam if fmt == fam else f"{fmt} {fam}"  # "detr", not "detr detr"
-        for fmt, lays in CONVERTERS.items()
-        for fam, lay in lays.items()
-        if lay.matches(keys)
-    ]
-    others += [f"vitkit {fam}" for fam, markers in VITKIT_MARKERS.items() if keys.issuperset(markers)]
+    others, models = [], []
+    for fmt, lays in CONVERTERS.items():
+        for fam, lay in lays.items():
+            if lay.matches(keys):
+                others.append(fam if fmt == fam else f"{fmt} {fam}")  # "detr", not "detr detr"
+                models += shapes.models_with(fam, shapes.read_fields(fam, lay.to_vitkit(dict(state))[0]))
+    for fam, markers in VITKIT_MARKERS.items():
+        if keys.issuperset(markers):
+            others.append(f"vitkit {fam}")
+            models += shapes.models_with(fam, shapes.read_fields(fam, state))
     seen = f"it looks like a {' or '.join(others)} checkpoint" if others else "its keys match no known layout"
-    raise ValueError(
-        f"{source} is not a checkpoint of a {family} model in a known format ({', '.join(FORMATS)}): {seen}; "
-        f"first keys: {sorted(keys)[:5]}"
+    raise CheckpointMismatch(
+        f"{source} is not a checkpoint of a {family} model in a known format ({', '.join(FORMATS)}): {seen} "
+        f"(first keys: {sorted(keys)[:5]})",
+        models=list(dict.fromkeys(models)),
     )
 
 
@@ -246,6 +258,9 @@ def _load(
         state, report.dropped, unmatched = _layout(fam, fmt).to_vitkit(state)
 
     expected = model.state_dict()
+    names_note = "" if fmt == "vitkit" else " (named as in vitkit)"
+    if strict:
+        _check_architecture(fam, expected, state, name)
     own_head: dict[str, torch.Tensor] = {}
     if reset_head:
         state = {k: v for k, v in state.items() if not k.startswith(weights.head)}
@@ -268,9 +283,31 @@ def _load(
         report.unexpected = [*unmatched, *(k for k in state if k not in expected)]
         report.mismatched = [k for k in expected if k in state and state[k].shape != expected[k].shape]
         state = {k: v for k, v in state.items() if k in expected and v.shape == expected[k].shape}
+    check_finite(state, name, names_note)
     model.load_state_dict({**state, **own_head}, strict=strict)
     report.loaded = len(state)
     return report
+
+
+def _check_architecture(
+    family: str, expected: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor], source: str
+) -> None:
+    """CheckpointMismatch when the checkpoint's tensors fix config fields (width, depth, patch size, ...) to other
+    values than the model's: one line naming them, the fields to set and the registered models of that size."""
+    theirs = shapes.read_fields(family, state)
+    differ = shapes.differences(theirs, shapes.read_fields(family, expected))
+    if not differ:
+        return
+    theirs_text = shapes.describe(family, {k: v for k, (v, _) in differ.items()})
+    if len(differ) == 1:  # "a ViT with embed_dim 192, the model has 384"
+        ours_text = ", the model has " + shapes.show_value(next(iter(differ.values()))[1])
+    else:
+        ours_text = "; the model has " + ", ".join(f"{k} {shapes.show_value(v)}" for k, (_, v) in differ.items())
+    raise CheckpointMismatch(
+        f"{source} is {theirs_text}{ours_text}",
+        fields={k: v for k, (v, _) in differ.items()},
+        models=shapes.models_with(family, theirs),
+    )
 
 
 def _check_head(
@@ -281,29 +318,37 @@ def _check_head(
     check_presence: bool,
     extra_outputs: int = 0,
 ) -> None:
-    """A classifier of another size, or (with `check_presence`) one present on one side only, is its own error:
-    the fix is a flag or `num_classes`, not another checkpoint. `extra_outputs`: rows beyond the classes."""
+    """A classifier for another number of classes, or (with `check_presence`) one present on one side only, is its
+    own error: the fix is `num_classes` or `reset_head`, not another checkpoint. `extra_outputs`: rows beyond the
+    classes. (A classifier of another input width is a body of another width: `_check_architecture` says so.)"""
+    keep = "keep the model's freshly initialised head"
+    classes_in = {}
     for key, tensor in expected.items():
-        if key.startswith(head) and key.endswith("weight") and key in state and state[key].shape != tensor.shape:
+        if key.startswith(head) and key.endswith("weight") and key in state:
             theirs, ours = state[key].shape[0] - extra_outputs, tensor.shape[0] - extra_outputs
-            raise ValueError(
-                f"{source} has a classifier for {theirs} classes, the model {ours}: "
-                f"build the model with num_classes={theirs}, or pass reset_head=True to keep the "
-                "model's freshly initialised head"
-            )
+            classes_in[key] = theirs
+            if theirs != ours:
+                raise CheckpointMismatch(
+                    f"{source} has a classifier for {theirs} classes, the model {ours}",
+                    fields={"num_classes": theirs},
+                    reset_head=keep,
+                )
     if not check_presence:
         return
     has_head = any(k.startswith(head) for k in state)
     wants_head = any(k.startswith(head) for k in expected)
     if has_head and not wants_head:
-        raise ValueError(
-            f"{source} has a classifier but the model has none (num_classes=0): build the model with its "
-            "num_classes, or pass reset_head=True to drop the checkpoint's head"
+        rows = [v.shape[0] - extra_outputs for k, v in state.items() if k.startswith(head) and k.endswith("weight")]
+        raise CheckpointMismatch(
+            f"{source} has a classifier but the model has none (num_classes=0)",
+            fields={"num_classes": rows[0]} if rows else None,
+            reset_head="drop the checkpoint's head",
         )
     if wants_head and not has_head:
-        raise ValueError(
-            f"{source} has no classifier (a backbone checkpoint) but the model has one: build the model with "
-            "num_classes=0, or pass reset_head=True to keep the model's freshly initialised head"
+        raise CheckpointMismatch(
+            f"{source} has no classifier (a backbone checkpoint) but the model has one",
+            fields={"num_classes": 0},
+            reset_head=keep,
         )
 
 
@@ -314,7 +359,11 @@ def load_pretrained(
 
     A transformers ViT / DeiT / Swin / DETR `config.json` becomes the equal vitkit config (LayerNorm eps, qkv bias
     and MLP width included); a base model (`ViTModel`, `DeiTModel`, `SwinModel`) becomes a model without
-    classifier, and a ViT / DeiT pooler is dropped (listed in the report). Returns (model in eval mode, report).
+    classifier, and a ViT / DeiT pooler is dropped (listed in the report). The class names (vitkit's
+    `class_names`, transformers' `id2label` unless it holds only the default LABEL_i names) and the normalisation
+    (vitkit's `mean` / `std`, the `image_mean` / `image_std` of a `preprocessor_config.json`) are set on the model
+    as `model.pretrained_info` (a `ModelInfo`); the names are left out when the classifier is not the saved one
+    (`reset_head`). Returns (model in eval mode, report).
 
     Args:
         directory: the model directory.
@@ -328,8 +377,9 @@ def load_pretrained(
     saved = read_json(config_path)
     if not is_hf_config(saved):
         model = build_from_config(directory, **overrides)
+        info = read_saved_info(directory)
         report = load_weights(model, directory / WEIGHTS_NAME, format="vitkit", reset_head=reset_head)
-        return model.eval(), report
+        return _with_info(model.eval(), info, reset_head), report
     model_type = saved["model_type"]
     if model_type not in hf.CONFIG_READERS:
         raise ValueError(
@@ -341,12 +391,49 @@ def load_pretrained(
     family_name, read_config = hf.CONFIG_READERS[model_type]
     config = replace_config(read_config(saved, set(state), str(config_path)), **overrides)
     model = build_model(family_name, config)
-    return model.eval(), _load(model, obj, str(directory), "hf", strict=True, reset_head=reset_head)
+    report = _load(model, obj, str(directory), "hf", strict=True, reset_head=reset_head)
+    return _with_info(model.eval(), _hf_info(directory, saved), reset_head), report
+
+
+def _hf_info(directory: Path, saved: dict[str, Any]) -> ModelInfo:
+    """Class names from a transformers config's id2label, normalisation from `preprocessor_config.json`."""
+    names = hf.class_names(saved, str(directory / CONFIG_NAME))
+    mean = std = None
+    processor = directory / hf.PREPROCESSOR_NAME
+    if processor.is_file():
+        settings = read_json(processor)
+        if isinstance(settings, dict) and settings.get("do_normalize", True):
+            mean, std = settings.get("image_mean"), settings.get("image_std")
+    return check_model_info(names, mean, std, len(names or ()), str(processor))
+
+
+def _with_info(model: nn.Module, info: ModelInfo, reset_head: bool) -> nn.Module:
+    """Set `info` on the model as `pretrained_info`, its class names only where they name the loaded classifier."""
+    num_classes = getattr(model.config, "num_classes", 0)
+    if info.class_names is not None and (reset_head or len(info.class_names) != num_classes):
+        info = ModelInfo(None, info.mean, info.std)
+    setattr(model, INFO_ATTRIBUTE, info)
+    return model
+
+
+def read_model_info(directory: str | os.PathLike) -> ModelInfo:
+    """The class names and normalisation saved in a vitkit or Hugging Face model directory (see `load_pretrained`);
+    fields it does not hold are None."""
+    directory = Path(directory)
+    config_path = directory / CONFIG_NAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: expected a vitkit or Hugging Face model directory")
+    saved = read_json(config_path)
+    return _hf_info(directory, saved) if is_hf_config(saved) else read_saved_info(directory)
 
 
 def from_pretrained(directory: str | os.PathLike, **overrides: Any) -> nn.Module:
     """Rebuild a model from a directory written by `save_pretrained`, or by Hugging Face transformers'
     `save_pretrained` (ViT, DeiT, Swin, DETR: the vitkit model equal to the transformers one, weights converted).
+
+    The directory's class names and normalisation, where it holds them, are on the model as
+    `model.pretrained_info` (see `load_pretrained`). Weights are checked as `load_weights` checks them (sizes,
+    NaN / Inf); with another `img_size` a ViT's position table is resampled.
 
     Args:
         directory: folder holding `config.json` and `model.safetensors` (Hugging Face: or `pytorch_model.bin`).
@@ -356,16 +443,11 @@ def from_pretrained(directory: str | os.PathLike, **overrides: Any) -> nn.Module
     config_path = directory / CONFIG_NAME
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} not found: expected a directory written by vitkit.save_pretrained")
-    if is_hf_config(read_json(config_path)):
-        return load_pretrained(directory, **overrides)[0]
-    weights_path = directory / WEIGHTS_NAME
-    if not weights_path.is_file():
-        raise FileNotFoundError(f"{weights_path} not found: expected a directory written by vitkit.save_pretrained")
-    model = build_from_config(directory, **overrides)
-    state = read_checkpoint(weights_path)
-    check_state_dict(model, state, source=str(weights_path))
-    model.load_state_dict(state)
-    return model.eval()
+    if not is_hf_config(read_json(config_path)) and not (directory / WEIGHTS_NAME).is_file():
+        raise FileNotFoundError(
+            f"{directory / WEIGHTS_NAME} not found: expected a directory written by vitkit.save_pretrained"
+        )
+    return load_pretrained(directory, **overrides)[0]
 
 
 def same_layout(a: str, b: str) -> bool:
@@ -396,6 +478,9 @@ def convert(
         reset_head: keep the built model's freshly initialised classifier, not the checkpoint's.
         overrides: config fields to replace, e.g. ``{"num_classes": 10}``.
 
+    The class names and normalisation a model directory holds are written with the weights where the layout of
+    `dst` has a place for them (not the names when the classifier is reset).
+
     Returns:
         (what loading `src` did, the path written).
     """
@@ -414,11 +499,24 @@ def convert(
             )
         model = create_model(model_name, **overrides)
         report = load_weights(model, src, format=src_format, reset_head=reset_head)
-    return report, export_weights(model.eval(), dst, format=dst_format)
+    info = model_info(model)  # a model directory's names and normalisation, written where dst has a place
+    return report, export_weights(model.eval(), dst, dst_format, info.class_names, info.mean, info.std)
 
 
-def export_weights(model: nn.Module, path: str | os.PathLike, format: str) -> Path:
+def export_weights(
+    model: nn.Module,
+    path: str | os.PathLike,
+    format: str,
+    class_names: Sequence[str] | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+) -> Path:
     """Write `model`'s weights in another library's layout; returns the path written.
+
+    Class names and normalisation, when given, go where the layout has a place for them: "vitkit" into config.json
+    (see `save_pretrained`); "hf" as `id2label` / `label2id` in config.json (transformers' default LABEL_i names
+    when none are given) and, for ViT / DeiT / Swin with a normalisation given, a `preprocessor_config.json` for
+    transformers' `ViTImageProcessor`. The single-file formats hold weights only.
 
     Args:
         model: a vitkit model.
@@ -430,16 +528,19 @@ def export_weights(model: nn.Module, path: str | os.PathLike, format: str) -> Pa
             ``torch.load(path)["model"]``); a `.safetensors` file, which holds one flat mapping of tensors, the
             state dict itself.
         format: "vitkit", "timm", "torchvision", "hf" or "detr".
+        class_names: one name per classifier output, in label order.
+        mean, std: the per-channel normalisation of images scaled to [0, 1] that the model expects.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     path = Path(path)
     if format == "vitkit":
-        return save_pretrained(model, path)
+        return save_pretrained(model, path, class_names, mean, std)
     fam = family_of(model).name
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if format == "hf":
-        return _write_hf_directory(model, state, path)
+        info = info_for(model, class_names, mean, std, source="export_weights")
+        return _write_hf_directory(model, state, path, info)
     if format in CONVERTERS:
         layout = _layout(fam, format)
         if layout.check_export is not None:
@@ -464,15 +565,19 @@ def _write_state_dict(state: dict[str, torch.Tensor], path: Path, wrapper: str |
         atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
-def _write_hf_directory(model: nn.Module, state: dict[str, torch.Tensor], directory: Path) -> Path:
+def _write_hf_directory(model: nn.Module, state: dict[str, torch.Tensor], directory: Path, info: ModelInfo) -> Path:
     exporter = hf.EXPORTERS.get(type(model.config))
     if exporter is None:
         raise ValueError(f"there is no Hugging Face layout for {family_of(model).name} models")
     renamed, config = exporter(model.config, state)
+    config.update(hf.labels(model.config.num_classes, info.class_names))
+    processor = hf.image_processor(model.config, info.mean, info.std)
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(renamed, tmp, metadata={"format": "pt"}))
-    text = json.dumps(config, indent=2) + "\n"
-    atomic_write(directory / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text))
+    for name, content in ((CONFIG_NAME, config), (hf.PREPROCESSOR_NAME, processor)):
+        if content is not None:
+            text = json.dumps(content, indent=2) + "\n"
+            atomic_write(directory / name, lambda tmp, text=text: Path(tmp).write_text(text))
     return directory
 
 
@@ -485,5 +590,6 @@ __all__ = [
     "from_pretrained",
     "load_pretrained",
     "load_weights",
+    "read_model_info",
     "same_layout",
 ]

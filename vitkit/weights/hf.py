@@ -42,13 +42,64 @@ def _num_labels(hf: dict[str, Any]) -> int:
     return len(id2label) if id2label else hf.get("num_labels", 2)
 
 
-def _labels(num_classes: int) -> dict[str, Any]:
+def labels(num_classes: int, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """`id2label` and `label2id` for a config.json: the class names, or transformers' default LABEL_i."""
     if num_classes == 0:
         return {}
+    names = names if names is not None else tuple(f"LABEL_{i}" for i in range(num_classes))
     return {
-        "id2label": {str(i): f"LABEL_{i}" for i in range(num_classes)},
-        "label2id": {f"LABEL_{i}": i for i in range(num_classes)},
+        "id2label": {str(i): name for i, name in enumerate(names)},
+        "label2id": {name: i for i, name in enumerate(names)},
     }
+
+
+def class_names(hf: dict[str, Any], source: str) -> tuple[str, ...] | None:
+    """The class names in a transformers config's `id2label`, in label order; None when it has none or only the
+    default LABEL_i names (which say nothing about the classes)."""
+    id2label = hf.get("id2label")
+    if not id2label:
+        return None
+    if not isinstance(id2label, dict):
+        raise ValueError(f"{source}: id2label must be an object of index -> name, got {type(id2label).__name__}")
+    try:
+        by_index = {int(k): v for k, v in id2label.items()}
+    except ValueError as err:
+        raise ValueError(f"{source}: id2label keys must be class indices, got {sorted(id2label)[:5]}") from err
+    if sorted(by_index) != list(range(len(by_index))) or not all(isinstance(v, str) for v in by_index.values()):
+        raise ValueError(f"{source}: id2label must map the indices 0..{len(by_index) - 1} to names")
+    names = tuple(by_index[i] for i in range(len(by_index)))
+    return None if names == tuple(f"LABEL_{i}" for i in range(len(names))) else names
+
+
+PREPROCESSOR_NAME = "preprocessor_config.json"
+
+
+def image_processor(config: Any, mean: tuple[float, ...] | None, std: tuple[float, ...] | None) -> dict | None:
+    """A `preprocessor_config.json` for transformers' `ViTImageProcessor` (ViT, DeiT and Swin checkpoints use it):
+    resize to the model's size, scale by 1/255, normalise with `mean` / `std`. None for other families or an
+    unknown normalisation."""
+    if mean is None or std is None or not isinstance(config, ViTConfig | SwinConfig):
+        return None
+    H, W = (config.img_size, config.img_size) if isinstance(config.img_size, int) else config.img_size
+    channels = config.in_chans
+    return {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True,
+        "size": {"height": H, "width": W},
+        "resample": 2,  # PIL's bilinear, as vitkit's evaluation resize
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": _per_channel(mean, channels),
+        "image_std": _per_channel(std, channels),
+    }
+
+
+def _per_channel(values: tuple[float, ...], channels: int) -> list[float]:
+    """Statistics for `channels`, as vitkit's normalisation adapts them: one value repeated, or colour averaged."""
+    if len(values) == channels:
+        return list(values)
+    return list(values) * channels if len(values) == 1 else [sum(values) / len(values)] * channels
 
 
 def _prefix_encoder(renamed: State, layout: Layout, prefix: str) -> State:
@@ -200,7 +251,7 @@ def _vit_config_json(config: ViTConfig, architecture: str) -> dict[str, Any]:
         "num_channels": config.in_chans,
         "qkv_bias": config.qkv_bias,
         "encoder_stride": config.patch_size,
-        **_labels(config.num_classes),
+        **labels(config.num_classes),
     }
     return hf
 
@@ -316,7 +367,7 @@ def swin_to_hf(config: SwinConfig, state: State) -> tuple[State, dict[str, Any]]
         "hidden_size": config.embed_dim * 2 ** (len(config.depths) - 1),
         "num_layers": len(config.depths),
         "encoder_stride": config.patch_size * 2 ** (len(config.depths) - 1),
-        **_labels(config.num_classes),
+        **labels(config.num_classes),
     }
     return _prefix_encoder(SWIN.from_vitkit(state), SWIN, "swin." if config.num_classes else ""), hf
 
@@ -525,7 +576,7 @@ def detr_to_hf(config: DetrConfig, state: State) -> tuple[State, dict[str, Any]]
         "auxiliary_loss": False,
         "dilation": config.dilation,
         "use_pretrained_backbone": False,
-        **_labels(config.num_classes),
+        **labels(config.num_classes),
     }
     if timm_name:
         hf.update(use_timm_backbone=True, backbone=timm_name, backbone_config=None)

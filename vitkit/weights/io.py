@@ -1,5 +1,12 @@
 """Weight files: vitkit model directories (`config.json` + `model.safetensors`, no pickle anywhere) and safe
 reading of other libraries' checkpoints (safetensors, or `torch.load(weights_only=True)`, which never runs code).
+
+A vitkit `config.json` (format_version 2) holds:
+  - "format_version": 2, "family": the model family, "config": every field of the family's config;
+  - "class_names" (optional): the class names in label order, one per classifier output;
+  - "mean", "std" (optional): the per-channel normalisation of images scaled to [0, 1] that the model expects.
+Version 1 files (written before names and normalisation were kept) are read too; they may lack the config fields
+added since (`FIELDS_ADDED`), which then take their defaults. Any other missing field is an error naming it.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import pickle
 import re
 import tempfile
 import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +32,15 @@ from vitkit.models.registry import build_model, family, family_of
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what save_pretrained writes
+READ_VERSIONS = (1, 2)  # the format versions this vitkit reads
+# family -> config field -> the first format version whose files always hold it; files of an older version may
+# lack the field, which then takes its default (the behaviour of the vitkit that wrote them).
+FIELDS_ADDED: dict[str, dict[str, int]] = {
+    "vit": {"bilinear_dim": 2},
+    "botnet": {"global_pool": 2, "bilinear_dim": 2},
+}
+INFO_ATTRIBUTE = "pretrained_info"  # the `ModelInfo` that from_pretrained / load_pretrained set on a model
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # files written by torch.save
 # Weight files looked for, in this order, when a checkpoint path is a directory (vitkit's and Hugging Face's names).
 DIRECTORY_WEIGHTS = (WEIGHTS_NAME, "pytorch_model.bin")
@@ -54,24 +71,173 @@ def atomic_write(path: Path, write: typing.Callable[[str], None]) -> None:
             os.unlink(tmp)
 
 
-def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
-    """Write `model` to `directory` as `config.json` (family and config fields) and `model.safetensors`.
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a saved model carries beside its config and weights, to be used on images without its training data.
 
-    Returns the directory. `from_pretrained(directory)` rebuilds an equal model.
+    `from_pretrained` and `load_pretrained` set it on the model they return as `model.pretrained_info`
+    (`model_info(model)`); `save_pretrained` and `export_weights` write what they are given, e.g.
+    ``save_pretrained(model, path, **dataclasses.asdict(model_info(model)))``, never names a model merely carries
+    (after fine-tuning on other classes they would be wrong). `vitkit.weights.convert` passes them on.
+    """
+
+    class_names: tuple[str, ...] | None = None  # one per classifier output, in label order; None: unknown
+    mean: tuple[float, ...] | None = None  # per-channel normalisation mean of images scaled to [0, 1]; None: unknown
+    std: tuple[float, ...] | None = None  # per-channel normalisation std, as many values as `mean`
+
+    def to_json(self) -> dict[str, Any]:
+        """The known entries, as config.json stores them."""
+        values = {"class_names": self.class_names, "mean": self.mean, "std": self.std}
+        return {k: list(v) for k, v in values.items() if v is not None}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value  # not NaN
+
+
+def check_model_info(
+    class_names: Any, mean: Any, std: Any, num_classes: int, source: str, in_chans: int | None = None
+) -> ModelInfo:
+    """A `ModelInfo` from loose values (lists from JSON, tuples from Python); ValueError naming what is wrong."""
+    if class_names is not None:
+        if isinstance(class_names, str) or not isinstance(class_names, Sequence):
+            raise ValueError(f"{source}: class_names must be a list of strings, got {class_names!r}")
+        class_names = tuple(class_names)
+        if not all(isinstance(name, str) for name in class_names):
+            raise ValueError(f"{source}: class_names must be strings, got {list(class_names)[:5]}")
+        if len(class_names) != num_classes:
+            raise ValueError(f"{source}: {len(class_names)} class_names for a model with {num_classes} classes")
+        repeated = sorted({n for n in class_names if class_names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"{source}: class_names repeat {repeated}")
+    if (mean is None) != (std is None):
+        raise ValueError(f"{source}: mean and std come together; got only {'mean' if std is None else 'std'}")
+    if mean is not None:
+        for name, values in (("mean", mean), ("std", std)):
+            if not isinstance(values, Sequence) or not values or not all(_is_number(v) for v in values):
+                raise ValueError(f"{source}: {name} must be a non-empty list of numbers, got {values!r}")
+        if len(mean) != len(std):
+            raise ValueError(f"{source}: mean has {len(mean)} values but std {len(std)}")
+        if in_chans is not None and len(mean) not in (1, in_chans, 3):
+            raise ValueError(f"{source}: {len(mean)} mean / std values for a model of {in_chans} channels")
+        if min(std) <= 0:
+            raise ValueError(f"{source}: std must be > 0, got {list(std)}")
+        mean, std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    return ModelInfo(class_names, mean, std)
+
+
+def model_info(model: nn.Module) -> ModelInfo:
+    """The `ModelInfo` that `from_pretrained` / `load_pretrained` set on `model` (an empty one otherwise)."""
+    info = getattr(model, INFO_ATTRIBUTE, None)
+    return info if isinstance(info, ModelInfo) else ModelInfo()
+
+
+def info_for(
+    model: nn.Module,
+    class_names: Sequence[str] | None,
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    source: str,
+) -> ModelInfo:
+    """The names and normalisation given for `model`, checked against it (count of classes, channels)."""
+    config = model.config
+    num_classes, in_chans = getattr(config, "num_classes", 0), getattr(config, "in_chans", None)
+    return check_model_info(class_names, mean, std, num_classes, source, in_chans)
+
+
+def save_pretrained(
+    model: nn.Module,
+    directory: str | os.PathLike,
+    class_names: Sequence[str] | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+) -> Path:
+    """Write `model` to `directory` as `config.json` (family, every config field, class names and normalisation
+    when known) and `model.safetensors`. Returns the directory. `from_pretrained(directory)` rebuilds an equal model.
+
+    Args:
+        model: a vitkit model.
+        directory: created if missing.
+        class_names: one name per classifier output, in label order (None: not written).
+        mean, std: the per-channel normalisation of images scaled to [0, 1] that the model expects (e.g. the
+            training data's; None: not written).
     """
     fam = family_of(model)
+    info = info_for(model, class_names, mean, std, source="save_pretrained")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = {
         "format_version": FORMAT_VERSION,
         "family": fam.name,
         "config": dataclasses.asdict(model.config),
+        **info.to_json(),
     }
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     text = json.dumps(config, indent=2) + "\n"
     atomic_write(directory / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text))
     return directory
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint that does not fit the model, with the ways out.
+
+    `str()` words them for Python callers (``build the model with num_classes=5``, ``reset_head=True``);
+    `cli_message()` with vitkit's command-line flags (``--set num_classes=5``, ``--reset-head``, ``--model``).
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        fields: Mapping[str, Any] | None = None,
+        reset_head: str | None = None,
+        models: Sequence[str] = (),
+    ) -> None:
+        self.problem = problem  # what does not fit, e.g. "x.pth is a ViT with embed_dim 192, the model has 384"
+        self.fields = dict(fields or {})  # config values that would make the model fit
+        self.reset_head = reset_head  # what skipping the checkpoint's classifier does, when it is a way out
+        self.models = list(models)  # registered models that fit the checkpoint
+        super().__init__(self.message())
+
+    def message(self, cli: bool = False) -> str:
+        ways = []
+        if self.fields:
+            if cli:
+                ways.append("pass " + " ".join(f"--set {k}={_cli_value(v)}" for k, v in self.fields.items()))
+            else:
+                ways.append("build the model with " + ", ".join(f"{k}={v!r}" for k, v in self.fields.items()))
+        if self.models:
+            shown = ", ".join(self.models[:5]) + (", ..." if len(self.models) > 5 else "")
+            ways.append(f"{'pass --model NAME with' if cli else 'use'} a registered model of that size: {shown}")
+        if self.reset_head:
+            ways.append(f"pass {'--reset-head' if cli else 'reset_head=True'} to {self.reset_head}")
+        return self.problem + (": " + ", or ".join(ways) if ways else "")
+
+    def cli_message(self) -> str:
+        """The message with vitkit's command-line flags for the ways out."""
+        return self.message(cli=True)
+
+
+def _cli_value(value: Any) -> str:
+    """A value as `--set FIELD=VALUE` parses it (JSON, no spaces, so the shell keeps it one word)."""
+    return json.dumps(list(value) if isinstance(value, tuple) else value, separators=(",", ":"))
+
+
+def check_finite(state: Mapping[str, torch.Tensor], source: str, names_note: str = "") -> None:
+    """ValueError naming the tensors (a few, with counts) that hold NaN or Inf values: such weights only ever
+    give NaN outputs. `names_note` follows the names (e.g. that they are vitkit's, not the file's)."""
+    bad = []
+    for name, tensor in state.items():
+        if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all()):
+            nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+            counts = ", ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "Inf")) if n)
+            bad.append(f"{name} ({counts} of {tensor.numel()})")
+    if bad:
+        raise ValueError(
+            f"{source} holds NaN or Inf values in {len(bad)} of {len(state)} tensors{names_note}: "
+            f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; a model with them outputs NaN (did the "
+            "training run diverge?), so they are not loaded"
+        )
 
 
 def check_state_dict(
@@ -99,12 +265,26 @@ def check_state_dict(
     raise ValueError(f"{source} does not fit {type(model).__name__}: " + "; ".join(parts))
 
 
-def _config_from_dict(config_cls: type, fields: dict[str, Any]) -> Any:
-    """Rebuild a config dataclass from JSON values (lists back to tuples where the field allows a tuple)."""
-    known = {f.name for f in dataclasses.fields(config_cls)}
-    unknown = sorted(set(fields) - known)
+def _config_from_dict(
+    config_cls: type, fields: dict[str, Any], family_name: str = "", version: int = FORMAT_VERSION, source: str = ""
+) -> Any:
+    """Rebuild a config dataclass from JSON values (lists back to tuples where the field allows a tuple).
+
+    Every field must be present, except those added to the family after the file's format `version`
+    (`FIELDS_ADDED`), which take their defaults; ValueError naming missing and unknown fields.
+    """
+    where = f"{source}: " if source else ""
+    names = [f.name for f in dataclasses.fields(config_cls)]
+    unknown = sorted(set(fields) - set(names))
     if unknown:
-        raise ValueError(f"config has field(s) {unknown} that {config_cls.__name__} does not know")
+        raise ValueError(f"{where}config has field(s) {unknown} that {config_cls.__name__} does not know")
+    added = FIELDS_ADDED.get(family_name, {})
+    missing = [name for name in names if name not in fields and added.get(name, 0) <= version]
+    if missing:
+        raise ValueError(
+            f"{where}config lacks field(s) {missing} of {config_cls.__name__}; a vitkit config.json (format_version "
+            f"{version}) holds every field it was saved with, so the value the model was built with is unknown"
+        )
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
     return config_cls(**values)
 
@@ -117,15 +297,53 @@ def read_json(path: Path) -> Any:
         raise ValueError(f"{path} is not valid JSON: {err}") from err
 
 
+def read_vitkit_config(path: Path) -> dict[str, Any]:
+    """A vitkit `config.json`, its format checked: an object with a format_version this vitkit reads, a family
+    name and a config object. ValueError naming the entry that is wrong."""
+    saved = read_json(path)
+    if not isinstance(saved, dict) or "family" not in saved or "config" not in saved:
+        raise ValueError(f"{path} has no 'family' and 'config' entries: not a vitkit model directory")
+    version = saved.get("format_version")
+    if "format_version" not in saved:
+        raise ValueError(f"{path} has no 'format_version'; this vitkit reads versions {list(READ_VERSIONS)}")
+    if isinstance(version, bool) or version not in READ_VERSIONS:
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > max(READ_VERSIONS)
+        raise ValueError(
+            f"{path}: format_version {version!r} is not one this vitkit reads ({', '.join(map(str, READ_VERSIONS))})"
+            + ("; it was written by a newer vitkit: upgrade vitkit to read it" if newer else "")
+        )
+    if not isinstance(saved["config"], dict):
+        raise ValueError(f"{path}: 'config' must be an object of config fields, got {saved['config']!r}")
+    known = {"format_version", "family", "config", "class_names", "mean", "std"}
+    unknown = sorted(set(saved) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown entries {unknown}; a vitkit config.json holds {sorted(known)}")
+    return saved
+
+
 def build_from_config(directory: str | os.PathLike, **overrides: Any) -> nn.Module:
     """The model described by a vitkit directory's `config.json` (freshly initialised; weights not loaded)."""
     config_path = Path(directory) / CONFIG_NAME
-    saved = read_json(config_path)
-    if not isinstance(saved, dict) or "family" not in saved or "config" not in saved:
-        raise ValueError(f"{config_path} has no 'family' and 'config' entries: not a vitkit model directory")
+    saved = read_vitkit_config(config_path)
     fam = family(saved["family"])
-    config = _config_from_dict(fam.config_cls, {**saved["config"], **overrides})
+    fields = {**saved["config"], **overrides}
+    config = _config_from_dict(fam.config_cls, fields, fam.name, saved["format_version"], str(config_path))
     return build_model(fam.name, config)
+
+
+def read_saved_info(directory: str | os.PathLike) -> ModelInfo:
+    """The class names and normalisation in a vitkit directory's `config.json`, checked against its config."""
+    config_path = Path(directory) / CONFIG_NAME
+    saved = read_vitkit_config(config_path)
+    config = saved["config"]
+    return check_model_info(
+        saved.get("class_names"),
+        saved.get("mean"),
+        saved.get("std"),
+        config.get("num_classes", 0),
+        str(config_path),
+        config.get("in_chans"),
+    )
 
 
 def is_hf_config(config: Any) -> bool:
@@ -186,12 +404,21 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 __all__ = [
     "CONFIG_NAME",
+    "FORMAT_VERSION",
     "WEIGHTS_NAME",
+    "CheckpointMismatch",
+    "ModelInfo",
     "atomic_write",
     "build_from_config",
+    "check_finite",
+    "check_model_info",
     "check_state_dict",
     "is_hf_config",
+    "info_for",
+    "model_info",
     "read_checkpoint",
     "read_json",
+    "read_saved_info",
+    "read_vitkit_config",
     "save_pretrained",
 ]

@@ -1,0 +1,73 @@
+"""`vitkit convert` speaks in its own flags: --set and --reset-head for the ways out, --model with the registered
+models that fit a checkpoint, and a checkpoint of another width named by its width."""
+
+import json
+
+import torch
+
+import vitkit
+from vitkit.cli import main
+
+SMALL_AT_32 = ["--set", "img_size=32", "--set", "num_classes=5"]
+
+
+def _tiny_checkpoint(tmp_path):
+    path = tmp_path / "tiny.pth"
+    torch.save(vitkit.create_model("vit_tiny_patch16_224", img_size=32, num_classes=5).state_dict(), path)
+    return path
+
+
+def test_checkpoint_of_another_width(tmp_path, capsys):
+    path = _tiny_checkpoint(tmp_path)
+    args = ["convert", str(path), str(tmp_path / "out"), "--model", "vit_small_patch16_224", *SMALL_AT_32]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        f"vitkit convert: error: {path} is a ViT with embed_dim 192, the model has 384: pass --set embed_dim=192, "
+        "or pass --model NAME with a registered model of that size: deit_tiny_patch16_224, vit_tiny_patch16_224"
+    )
+    assert not (tmp_path / "out").exists()
+    # Either way out works.
+    assert main([*args, "--set", "embed_dim=192", "--set", "num_heads=3"]) == 0
+    assert main(["convert", str(path), str(tmp_path / "out2"), "--model", "vit_tiny_patch16_224", *SMALL_AT_32]) == 0
+
+
+def test_classifier_messages_use_the_flags(tmp_path, capsys):
+    path = _tiny_checkpoint(tmp_path)
+    args = ["convert", str(path), str(tmp_path / "out"), "--model", "vit_tiny_patch16_224", "--set", "img_size=32"]
+    assert main(args) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "has a classifier for 5 classes, the model 1000: pass --set num_classes=5, or pass --reset-head to keep "
+            "the model's freshly initialised head"
+        )
+    )
+    assert main([*args, "--set", "num_classes=0"]) == 2
+    err = capsys.readouterr().err
+    assert "has a classifier but the model has none (num_classes=0): pass --set num_classes=5, or pass " in err
+    assert "reset_head" not in err and "build the model" not in err
+
+
+def test_close_model_names_and_other_families(tmp_path, capsys):
+    path = _tiny_checkpoint(tmp_path)
+    assert main(["convert", str(path), str(tmp_path / "out"), "--model", "vit_tiny_patch16_22"]) == 2
+    assert "unknown model 'vit_tiny_patch16_22'; closest: vit_tiny_patch16_224" in capsys.readouterr().err
+
+    swin = tmp_path / "swin.pth"
+    torch.save(vitkit.create_model("swin_tiny_patch4_window7_224", img_size=64).state_dict(), swin)
+    assert main(["convert", str(swin), str(tmp_path / "out"), "--model", "vit_tiny_patch16_224"]) == 2
+    err = capsys.readouterr().err
+    assert "it looks like a vitkit swin checkpoint" in err
+    assert err.strip().endswith("pass --model NAME with a registered model of that size: swin_tiny_patch4_window7_224")
+
+
+def test_class_names_travel_through_convert(tmp_path):
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, num_classes=2, depth=1)
+    vitkit.save_pretrained(model, tmp_path / "vk", class_names=["no", "yes"], mean=(0.5,), std=(0.5,))
+    assert main(["convert", str(tmp_path / "vk"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["id2label"] == {"0": "no", "1": "yes"}
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    saved = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert (saved["class_names"], saved["mean"], saved["std"]) == (["no", "yes"], [0.5] * 3, [0.5] * 3)

@@ -1,0 +1,115 @@
+"""Class names and normalisation travel with the weights: save_pretrained, from_pretrained, the Hugging Face export
+(`id2label` / `label2id`, `preprocessor_config.json`) and back, and convert."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from PIL import Image
+
+import vitkit
+from vitkit.data import preprocess
+from vitkit.weights import ModelInfo, convert, export_weights, model_info, read_model_info
+
+TINY = dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=3)
+NAMES = ("cat", "dog", "éléphant")
+MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+
+
+def tiny_vit(**overrides) -> torch.nn.Module:
+    return vitkit.create_model("vit_base_patch16_224", **{**TINY, **overrides}).eval()
+
+
+def test_save_pretrained_keeps_names_and_normalisation(tmp_path):
+    vitkit.save_pretrained(tiny_vit(), tmp_path / "m", class_names=list(NAMES), mean=MEAN, std=STD)
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert (saved["class_names"], saved["mean"], saved["std"]) == (list(NAMES), list(MEAN), list(STD))
+    loaded = vitkit.from_pretrained(tmp_path / "m")
+    assert loaded.pretrained_info == ModelInfo(NAMES, MEAN, STD) == read_model_info(tmp_path / "m")
+    # Written only when given: a model fine-tuned on other classes must not pass on the names it was loaded with.
+    vitkit.save_pretrained(loaded, tmp_path / "again")
+    assert read_model_info(tmp_path / "again") == ModelInfo()
+    vitkit.save_pretrained(loaded, tmp_path / "again", **dataclasses.asdict(model_info(loaded)))
+    assert read_model_info(tmp_path / "again") == ModelInfo(NAMES, MEAN, STD)
+    # Without names nothing is written, and nothing is made up when reading.
+    vitkit.save_pretrained(tiny_vit(), tmp_path / "bare")
+    assert set(json.loads((tmp_path / "bare" / "config.json").read_text())) == {"format_version", "family", "config"}
+    assert model_info(vitkit.from_pretrained(tmp_path / "bare")) == ModelInfo()
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(class_names=["a", "b"]), "2 class_names for a model with 3 classes"),
+        (dict(class_names=["a", "b", "a"]), r"class_names repeat \['a'\]"),
+        (dict(class_names="abc"), "class_names must be a list of strings"),
+        (dict(mean=MEAN), "mean and std come together; got only mean"),
+        (dict(mean=MEAN, std=(0.2, 0.0, 0.3)), "std must be > 0"),
+    ],
+)
+def test_names_and_statistics_that_do_not_fit_are_refused(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        vitkit.save_pretrained(tiny_vit(), tmp_path, **kwargs)
+
+
+def test_names_in_config_json_are_checked_when_read(tmp_path):
+    vitkit.save_pretrained(tiny_vit(), tmp_path, class_names=NAMES)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "class_names": ["a", "b"]}))
+    with pytest.raises(ValueError, match="config.json: 2 class_names for a model with 3 classes"):
+        vitkit.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "labels": ["a", "b", "c"]}))
+    with pytest.raises(ValueError, match=r"unknown entries \['labels'\]"):
+        vitkit.from_pretrained(tmp_path)
+
+
+def test_names_go_out_to_transformers_and_come_back(tmp_path):
+    torch.manual_seed(0)
+    model = tiny_vit()
+    export_weights(model, tmp_path / "hf", "hf", class_names=NAMES, mean=MEAN, std=STD)
+    theirs = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    assert theirs.config.id2label == dict(enumerate(NAMES))
+    assert theirs.config.label2id == {name: i for i, name in enumerate(NAMES)}
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    assert type(processor).__name__.startswith("ViTImageProcessor")
+    assert (list(processor.image_mean), list(processor.image_std)) == (list(MEAN), list(STD))
+    # transformers' processor gives the input vitkit's evaluation gives (an image of the model's size).
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    expected = preprocess(image, (32, 32), 3, MEAN, STD)
+    torch.testing.assert_close(processor(image, return_tensors="pt")["pixel_values"][0], expected)
+
+    back = vitkit.from_pretrained(tmp_path / "hf")
+    assert back.pretrained_info == ModelInfo(NAMES, MEAN, STD)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), theirs(pixel_values=x).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_transformers_names_are_exposed_and_default_labels_are_not_names(tmp_path):
+    config = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=4
+    )
+    config.id2label, config.label2id = {0: "ant", 1: "bee"}, {"ant": 0, "bee": 1}
+    transformers.ViTForImageClassification(config).save_pretrained(tmp_path / "named")
+    assert vitkit.from_pretrained(tmp_path / "named").pretrained_info.class_names == ("ant", "bee")
+
+    config.id2label, config.label2id = {0: "LABEL_0", 1: "LABEL_1"}, {"LABEL_0": 0, "LABEL_1": 1}
+    transformers.ViTForImageClassification(config).save_pretrained(tmp_path / "default")
+    assert vitkit.from_pretrained(tmp_path / "default").pretrained_info == ModelInfo()
+    export_weights(vitkit.from_pretrained(tmp_path / "default"), tmp_path / "out", "hf")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["id2label"] == {"0": "LABEL_0", "1": "LABEL_1"}
+    assert not (tmp_path / "out" / "preprocessor_config.json").exists()  # no normalisation known, none made up
+
+
+def test_convert_carries_names_and_drops_them_with_a_new_head(tmp_path):
+    vitkit.save_pretrained(tiny_vit(), tmp_path / "vk", class_names=NAMES, mean=MEAN, std=STD)
+    convert(tmp_path / "vk", tmp_path / "hf", dst_format="hf")
+    convert(tmp_path / "hf", tmp_path / "vk2")
+    assert read_model_info(tmp_path / "vk2") == ModelInfo(NAMES, MEAN, STD)
+    convert(tmp_path / "vk2", tmp_path / "vk4", reset_head=True, overrides={"num_classes": 4})
+    assert read_model_info(tmp_path / "vk4") == ModelInfo(None, MEAN, STD)  # the names were the old head's
+    convert(tmp_path / "vk2", tmp_path / "vk3", reset_head=True)
+    assert read_model_info(tmp_path / "vk3") == ModelInfo(None, MEAN, STD)  # a new head of the same size too
