@@ -29,6 +29,7 @@ def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_variants_cite_the_paper():
     assert vitkit.list_models("detr*") == [
+        "detr_digits",
         "detr_resnet101",
         "detr_resnet101_dc5",
         "detr_resnet50",

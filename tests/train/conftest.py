@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from vitkit.data import load_builtin, write_image_folder
+from vitkit.data import load_builtin, load_digits_detect, write_coco_folder, write_image_folder
 from vitkit.train import TrainConfig
 
 # A ViT small enough that a training epoch on a few dozen 28x28 images takes a fraction of a second.
@@ -52,3 +52,36 @@ def train_command():
         return args
 
     return command
+
+
+# detr_digits' layout small enough that an epoch on 24 canvases takes a fraction of a second.
+TINY_DETR = {"backbone_width": 8, "hidden_dim": 16, "num_heads": 2, "dim_feedforward": 32, "num_queries": 6}
+
+
+@pytest.fixture(scope="session")
+def digits_coco(tmp_path_factory) -> Path:
+    """A COCO-format folder of digits-detect canvases: 24 training canvases, 8 validation canvases."""
+    train, val, _ = load_digits_detect()
+    root = tmp_path_factory.mktemp("digits_coco")
+    write_coco_folder(train, root, "train", limit=24)
+    write_coco_folder(val, root, "val", limit=8)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_detector_config(digits_coco):
+    """Factory of short detector runs: 24 training and 8 held-out canvases, batches of 8, a tiny DETR, two epochs."""
+
+    def make(out: Path, **changes) -> TrainConfig:
+        fields = dict(
+            out=str(out),
+            data=str(digits_coco),
+            model="detr_digits",
+            model_args=dict(TINY_DETR),
+            epochs=2,
+            batch_size=8,
+            device="cpu",
+        )
+        return TrainConfig(**{**fields, **changes})
+
+    return make

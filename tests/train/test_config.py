@@ -13,6 +13,7 @@ from vitkit.cli import build_parser
 from vitkit.models.registry import model_entry
 from vitkit.train import DEFAULT_MODEL, TrainConfig, fit
 from vitkit.train.config import LEGACY_DEFAULT_MODEL, LEGACY_DEFAULT_MODEL_ARGS, current_model_name
+from vitkit.train.recipe import CLASSIFIER_RECIPE, DETR_RECIPE, SMALL_DETR_RECIPE
 
 
 def test_every_field_is_a_train_option():
@@ -20,7 +21,10 @@ def test_every_field_is_a_train_option():
     options = {a.dest: a for a in train._actions}
     assert {f.name for f in dataclasses.fields(TrainConfig)} <= set(options)
     assert options["model_args"].option_strings == ["--model-arg"]
-    assert options["epochs"].help == "passes over the training data (default: 40)"
+    # a task-dependent default names the value of each recipe
+    recipes = f"{CLASSIFIER_RECIPE.epochs}; small DETRs {SMALL_DETR_RECIPE.epochs}; DETR {DETR_RECIPE.epochs}"
+    assert options["epochs"].help == f"passes over the training data (default: {recipes})"
+    assert options["lr"].help.endswith("(default: 0.002; small DETRs 0.0003; DETR 0.0001)")
     assert options["precision"].choices == ("fp32", "bf16")
 
 

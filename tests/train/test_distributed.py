@@ -18,10 +18,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from vitkit import create_model
 from vitkit.data import EpochSampler, TransformedImages, load_folder, make_loader, normalize, train_transform
-from vitkit.train import fit, forward_loss
-from vitkit.train.distributed import cleanup, setup
+from vitkit.train import DetectionTask, TrainConfig, fit, forward_loss
+from vitkit.train.distributed import DistEnv, cleanup, setup
 
 MODEL = {"img_size": 28, "patch_size": 7, "embed_dim": 16, "depth": 2, "num_heads": 2, "mlp_ratio": 1.0}
+TINY_DETR = {"backbone_width": 8, "hidden_dim": 16, "num_heads": 2, "dim_feedforward": 32, "num_queries": 6}
 
 
 def _free_port() -> int:
@@ -86,3 +87,63 @@ def test_torchrun_trains_like_one_process_and_only_rank_0_writes(tmp_path, tiny_
     ddp = load_file(out / "final" / "model.safetensors")
     for name, value in single.items():
         torch.testing.assert_close(ddp[name], value, rtol=0, atol=1e-4, msg=name)
+
+
+def _detector_first_step_gradients(coco: str, env: DistEnv, batch_size: int) -> dict[str, torch.Tensor]:
+    """Gradients of a detector's first training step as `fit` takes it, on this process's shard, with the box
+    losses only: their normaliser, the number of boxes, is averaged over the processes, so that the sharded step
+    is the global batch's step. (The cross-entropies average over each shard's queries or boxes, as DETR's.)"""
+    config = TrainConfig(
+        out="unused", data=coco, model="detr_digits", model_args=TINY_DETR, batch_size=batch_size, device="cpu",
+        box_cls_loss=0.0,
+    ).resolved()  # fmt: skip
+    task = DetectionTask(config, env)
+    torch.manual_seed(0)
+    model = create_model("detr_digits", num_classes=10, **TINY_DETR)
+    task.prepare(model)
+    task.criterion.weights["loss_ce"] = 0.0
+    trained = DistributedDataParallel(model) if env.world_size > 1 else model
+    task.set_epoch(0, 0)
+    loss, _, _ = task.train_loss(trained, next(iter(task.train_loader)))
+    loss.backward()
+    return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+
+def _detector_worker(rank: int, world_size: int, port: int, coco: str, out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank)
+    )
+    torch.set_num_threads(1)
+    env = setup("cpu")
+    try:
+        gradients = _detector_first_step_gradients(coco, env, batch_size=4)
+        if env.is_main:
+            torch.save(gradients, out)
+    finally:
+        cleanup(env)
+
+
+def test_two_processes_compute_a_detectors_box_loss_gradients_of_the_global_batch(tmp_path, digits_coco):
+    out = tmp_path / "gradients.pt"
+    mp.spawn(_detector_worker, args=(2, _free_port(), str(digits_coco), str(out)), nprocs=2, join=True)
+    distributed = torch.load(out, weights_only=True)
+    single = _detector_first_step_gradients(str(digits_coco), setup("cpu"), batch_size=8)
+    assert distributed.keys() == single.keys() and "bbox_embed.layers.2.weight" in single
+    for name, grad in single.items():
+        torch.testing.assert_close(distributed[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_torchrun_trains_a_detector_and_only_rank_0_writes(tmp_path, tiny_detector_config):
+    config = tiny_detector_config(tmp_path / "ddp", epochs=1)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "vitkit"]
+    command += ["train", "--out", config.out, "--data", config.data, "--epochs", "1", "--batch-size", "4"]
+    command += ["--device", "cpu"] + [f"--model-arg={k}={v}" for k, v in config.model_args.items()]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("epoch 1/1") == 1 and "ap50" in done.stdout
+    out = Path(config.out)
+    line = json.loads((out / "metrics.jsonl").read_text())
+    assert line["epoch"] == 1 and 0.0 <= line["ap"] <= 1.0
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["world_size"] == 2
+    assert (out / "final" / "postprocess.json").is_file()

@@ -83,3 +83,23 @@ def test_warmup_then_cosine_schedule():
     ]
     assert seen == pytest.approx(expected)
     assert seen[warmup] == pytest.approx(lr) and seen[-1] == pytest.approx(min_lr)
+
+
+def test_a_detectors_backbone_learns_at_its_own_rate():
+    model = create_model("detr_tiny", backbone_width=8, hidden_dim=16, num_heads=2, dim_feedforward=32)
+    groups = param_groups(model, 1e-4, backbone_lr=1e-5)
+    names = {id(p): n for n, p in model.named_parameters()}
+    backbone = {n for n, _ in model.named_parameters() if n.startswith("backbone.")}
+    assert [g.get("lr") for g in groups] == [None, None, 1e-5, 1e-5]
+    assert {names[id(p)] for g in groups[2:] for p in g["params"]} == backbone
+    assert {names[id(p)] for g in groups[:2] for p in g["params"]} == set(names.values()) - backbone
+    assert [g["weight_decay"] for g in groups] == [1e-4, 0.0, 1e-4, 0.0]
+    optimizer = create_optimizer(model, lr=1e-4, weight_decay=1e-4, backbone_lr=1e-5)
+    schedule = warmup_cosine(optimizer, total_steps=10, warmup_steps=0, min_factor=0.1)
+    for _ in range(5):
+        optimizer.step()
+        schedule.step()
+    factor = [g["lr"] / g["initial_lr"] for g in optimizer.param_groups]
+    assert factor == pytest.approx([factor[0]] * 4) and factor[0] < 1  # both rates follow one schedule
+    with pytest.raises(ValueError, match="Linear has no backbone"):
+        param_groups(torch.nn.Linear(2, 2), 0.0, backbone_lr=1e-5)

@@ -3,6 +3,7 @@ ends with the same weights, bit for bit, as the run that was never interrupted."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -90,3 +91,30 @@ def test_ctrl_c_saves_mid_epoch_and_resume_is_bit_identical(tmp_path, reference,
     assert state["step"] > 0  # stopped after a step of an unfinished epoch
     fit(config, resume=True)
     _assert_identical(_final_weights(out), expected)
+
+
+def test_a_detector_stopped_mid_epoch_resumes_bit_identical(tmp_path, tiny_detector_config):
+    """A detector's own state resumes too: the box classifier trained beside the model, and the partial sums of
+    the loss parts (the metrics lines are the uninterrupted run's)."""
+    config = tiny_detector_config(tmp_path / "stopped", epochs=6, batch_size=4)
+    reference = tiny_detector_config(tmp_path / "reference", epochs=6, batch_size=4)
+    fit(reference)
+    command = ["vitkit", "train", "--out", config.out, "--data", config.data, "--model", config.model]
+    command += ["--epochs", "6", "--batch-size", "4", "--device", "cpu"]
+    for key, value in config.model_args.items():
+        command += ["--model-arg", f"{key}={value}"]
+    process = _start(command)
+    out = Path(config.out)
+    _wait_for(lambda: _epochs_logged(out) >= 1, process)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] > 0
+    fit(config, resume=True)
+    _assert_identical(_final_weights(out), _final_weights(Path(reference.out)))
+    expected = (Path(reference.out) / "metrics.jsonl").read_text().splitlines()
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    drop = ("seconds", "images_per_second")
+    assert [{k: v for k, v in json.loads(line).items() if k not in drop} for line in lines] == [
+        {k: v for k, v in json.loads(line).items() if k not in drop} for line in expected
+    ]

@@ -1,14 +1,16 @@
-"""`vitkit eval`: accuracy and loss of a trained model on held-out data, per class, with a confusion matrix."""
+"""`vitkit eval`: a trained classifier's accuracy and loss on held-out data (per class, with a confusion matrix), or
+a trained detector's COCO mAP."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from vitkit.train import evaluate_model_dir
+from vitkit.detection import COCO_METRICS
+from vitkit.train import evaluate_detector_dir, evaluate_model_dir, is_detector_dir
 from vitkit.viz import confusion_image
 
-HELP = "evaluate a model written by 'vitkit train': loss, top-1 / top-5 and per-class accuracy"
+HELP = "evaluate a model written by 'vitkit train': loss, top-1 / top-5 and per-class accuracy, or a detector's mAP"
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -16,17 +18,36 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
         default=None,
-        help="builtin:NAME, a train/val folder (val/ is used) or a folder of class folders (all of it); "
-        "default: the held-out part of the training data",
+        help="builtin:NAME, a train/val folder (val/ is used) or a folder of class folders (all of it), for a "
+        "detector a COCO-format folder (its val split); default: the held-out part of the training data",
     )
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
-    parser.add_argument("--plot", metavar="PNG", default=None, help="write the confusion matrix to this PNG file")
+    parser.add_argument("--plot", metavar="PNG", default=None, help="write a classifier's confusion matrix to this PNG")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
+def _run_detector(args: argparse.Namespace) -> int:
+    if args.plot:
+        raise ValueError("--plot draws a classifier's confusion matrix; a detector has none")
+    result, _ = evaluate_detector_dir(args.model_dir, args.data, args.batch_size, args.device, args.workers)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    values = result.to_dict()
+    print(
+        f"images {result.count}  "
+        + "  ".join(f"{k} {'-' if values[k] is None else f'{values[k]:.4f}'}" for k in COCO_METRICS)
+    )
+    for name in result.skipped:
+        print(f"skipped unreadable image {name}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if is_detector_dir(args.model_dir):
+        return _run_detector(args)
     result, info = evaluate_model_dir(args.model_dir, args.data, args.batch_size, args.device, args.workers)
     if args.plot:
         confusion_image(result.confusion, info.classes).save(args.plot)

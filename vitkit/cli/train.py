@@ -1,4 +1,5 @@
-"""`vitkit train`: train a vision transformer on bundled data or an ImageFolder tree (also under torchrun)."""
+"""`vitkit train`: train a classifier or a detector on bundled data, an ImageFolder tree or a COCO-format folder (also
+under torchrun)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import sys
 from vitkit.cli.options import add_config_options
 from vitkit.train import TrainConfig, fit
 
-HELP = "train a model (default: a small ViT on the bundled MNIST digits); runs under torchrun for several GPUs/nodes"
+HELP = (
+    "train a classifier (default: a small ViT on the bundled MNIST digits) or a detector (detr_digits on detection "
+    "data); runs under torchrun for several GPUs/nodes"
+)
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:

@@ -744,3 +744,28 @@ register_model(
     ),
     DETR_PAPER,
 )
+# detr_tiny sized for builtin:digits-detect (96x96 canvases of 1-4 digits of 20-40 px), vitkit's default detector:
+# the last stage dilated (DC5) so that a 96x96 image gives a 6x6 map of 16-pixel cells, about one per digit side,
+# where stride 32 would leave 3x3; 12 queries (three times the most digits of a canvas); no dropout (runs of
+# minutes).
+register_model(
+    "detr_digits",
+    "detr",
+    DetrConfig(
+        img_size=(96, 96),
+        backbone_block="basic",
+        backbone_depths=(2, 2, 2, 2),
+        backbone_width=32,
+        dilation=True,
+        train_stem=True,
+        hidden_dim=128,
+        num_heads=4,
+        enc_layers=2,
+        dec_layers=2,
+        dim_feedforward=512,
+        drop_rate=0.0,
+        attn_drop_rate=0.0,
+        num_queries=12,
+    ),
+    DETR_PAPER,
+)

@@ -10,6 +10,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from vitkit.data import (
     open_image,
     preprocess,
 )
+from vitkit.data.sources import IMAGE_EXTENSIONS
 from vitkit.layers import to_2tuple
 from vitkit.train.distributed import DistEnv, all_reduce_sum, resolve_device
 from vitkit.weights import from_pretrained
@@ -172,3 +174,20 @@ def predict_files(
     """`predict` for image files: each file's `top_k` classes with its name, in the order given."""
     results = predict(model, info, [open_image(path) for path in paths], top_k)
     return [Prediction(os.fspath(path), top) for path, top in zip(paths, results, strict=True)]
+
+
+def image_paths(items: Sequence[str | os.PathLike]) -> list[Path]:
+    """Image files named by `items`: a file as it is, a folder as the image files below it (any depth, by a known
+    image extension, sorted); OSError for an item that does not exist or a folder without images."""
+    paths: list[Path] = []
+    for item in map(Path, items):
+        if item.is_dir():
+            found = sorted(p for p in item.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+            if not found:
+                raise FileNotFoundError(f"{item} holds no images (files ending in {', '.join(IMAGE_EXTENSIONS)})")
+            paths += found
+        elif item.exists():
+            paths.append(item)
+        else:
+            raise FileNotFoundError(f"{item} does not exist: expected an image file or a folder of images")
+    return paths

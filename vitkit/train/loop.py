@@ -1,14 +1,18 @@
-"""The training loop: `fit(config)` trains a classifier, validates it after every epoch and never loses work.
+"""The training loop: `fit(config)` trains a classifier or a detector, validates it after every epoch and never
+loses work. One loop serves both tasks; what differs (data, loss, evaluation, the metric that picks the best
+model) comes from the run's task (`vitkit.train.task`).
 
 OUT (config.out) receives:
 - config.json: the resolved configuration;
-- metrics.jsonl: one JSON line per epoch (epoch, train_loss, val_loss, val_acc, lr, seconds, images_per_second,
-  skipped);
+- metrics.jsonl: one JSON line per epoch: epoch, train_loss, then for a classifier val_loss, val_acc, for a
+  detector the loss parts loss_ce, loss_bbox, loss_giou (last decoder layer) and COCO's ap, ap50, ap75, ap_small,
+  ap_medium, ap_large (null where there is nothing to score); then lr, seconds, images_per_second, skipped;
 - checkpoint.pt: model, optimizer, schedule, EMA, every process's RNG states and the position in the run, written
   atomically at the end of every epoch and when the run is interrupted (SIGINT / SIGTERM stop after the current
   step); `fit(..., resume=True)` continues from it exactly;
 - best/ and final/: save_pretrained directories (EMA weights when EMA is on) with dataset.json (class names,
-  normalisation) beside the model.
+  normalisation) beside the model, and a detector's postprocess.json; best/ holds the epoch of the highest val_acc
+  (classifier) or ap (detector).
 
 Under torchrun every process trains its shard of each batch (DistributedDataParallel); only rank 0 writes and logs.
 """
@@ -34,27 +38,16 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torchvision.transforms import v2
 from tqdm import tqdm
 
-from vitkit.data import (
-    EpochSampler,
-    TransformedImages,
-    eval_transform,
-    load_data,
-    make_loader,
-    normalize,
-    train_transform,
-)
-from vitkit.layers import to_2tuple
 from vitkit.models.registry import create_model
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from vitkit.train.config import CONFIG_NAME, TrainConfig, current_model_name
 from vitkit.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, gather_objects, setup
 from vitkit.train.ema import ModelEma
-from vitkit.train.evaluate import autocast, evaluate
 from vitkit.train.model import enable_grad_checkpointing, load_for_finetune
 from vitkit.train.optim import create_optimizer, warmup_cosine
+from vitkit.train.task import Task, create_task
 from vitkit.weights.io import save_pretrained
 
 log = logging.getLogger("vitkit.train")
@@ -68,10 +61,18 @@ RESUME_MAY_CHANGE = ("out", "workers", "device")  # options a resumed run may se
 class FitResult:
     out: Path  # the output folder
     epochs_done: int  # completed epochs
-    best_acc: float  # best validation accuracy so far
+    best_metric: str  # what picks the best model: "val_acc" (classifier) or "ap" (detector)
+    best_value: float  # its best value so far
     best_epoch: int  # epoch (1-based) that reached it
     last: dict[str, Any] | None  # the last epoch's metrics line
     interrupted: bool  # stopped by SIGINT / SIGTERM before the last epoch; resume to continue
+
+    @property
+    def best_acc(self) -> float:
+        """A classifier's best validation accuracy (`best_value`); ValueError for a detector."""
+        if self.best_metric != "val_acc":
+            raise ValueError(f"a detector has no accuracy: its best model is picked by {self.best_metric}")
+        return self.best_value
 
 
 class StopOnSignal:
@@ -108,26 +109,6 @@ def build_training_model(config: TrainConfig, num_classes: int) -> nn.Module:
     return create_model(config.model, num_classes=num_classes, **overrides)
 
 
-def forward_loss(
-    model: nn.Module, images: torch.Tensor, targets: torch.Tensor, criterion: nn.Module, precision: str
-) -> torch.Tensor:
-    """The training loss of one batch: the forward pass under `precision`, the criterion in float32."""
-    with autocast(images.device, precision):
-        logits = model(images)  # (B, K)
-    return criterion(logits.float(), targets)
-
-
-def _batch_mixer(config: TrainConfig, num_classes: int) -> v2.Transform | None:
-    mixers = []
-    if config.mixup > 0:
-        mixers.append(v2.MixUp(alpha=config.mixup, num_classes=num_classes))
-    if config.cutmix > 0:
-        mixers.append(v2.CutMix(alpha=config.cutmix, num_classes=num_classes))
-    if not mixers:
-        return None
-    return mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers)
-
-
 def _check_resume(saved: dict[str, Any], config: TrainConfig) -> None:
     saved, current = current_model_name(saved), current_model_name(config.to_dict())
     changed = sorted(k for k in current if k not in RESUME_MAY_CHANGE and saved.get(k) != current[k])
@@ -146,54 +127,37 @@ class _Run:
     def __init__(self, config: TrainConfig, env: DistEnv) -> None:
         self.config, self.env = config, env
         self.out = Path(config.out)
-        train_source, val_source, self.info = load_data(config.data, config.val_fraction, config.seed)
-        self.num_classes = len(self.info.classes)
+        self.task: Task = create_task(config, env)
 
         random.seed(config.seed)
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
-        self.model = build_training_model(config, self.num_classes).to(env.device)
+        self.model = build_training_model(config, self.task.num_classes).to(env.device)
+        net = self.task.prepare(self.model)  # the model, or the model with the task's training-only parts
         torch.manual_seed(config.seed + env.rank)  # dropout and mixing differ between processes
         if config.grad_checkpointing:
             enable_grad_checkpointing(self.model)
         self.ema = ModelEma(self.model, config.ema_decay) if config.ema_decay > 0 else None
         device_ids = [env.device.index] if env.device.type == "cuda" else None
-        self.trained = DistributedDataParallel(self.model, device_ids) if env.world_size > 1 else self.model
+        self.trained = DistributedDataParallel(net, device_ids) if env.world_size > 1 else net
+        self.steps_per_epoch = math.ceil(len(self.task.train_sampler) / config.batch_size)
 
-        model_config = self.model.config
-        img_size, channels = to_2tuple(model_config.img_size), model_config.in_chans
-        self.image_shape = (channels, *img_size)  # (C, H, W) of one input
-        augment = train_transform(img_size, channels, config.min_scale, config.hflip, config.randaugment)
-        self.train_sampler = EpochSampler(len(train_source), env.world_size, env.rank, seed=config.seed)
-        val_sampler = EpochSampler(len(val_source), env.world_size, env.rank, shuffle=False, pad=False)
-        pin = env.device.type == "cuda"
-        self.train_loader = make_loader(
-            TransformedImages(train_source, augment), self.train_sampler, config.batch_size, config.workers, pin
-        )
-        self.val_loader = make_loader(
-            TransformedImages(val_source, eval_transform(img_size, channels)),
-            val_sampler,
-            config.batch_size,
-            config.workers,
-            pin,
-        )
-        self.steps_per_epoch = math.ceil(len(self.train_sampler) / config.batch_size)
-
-        self.optimizer = create_optimizer(self.model, config.lr, config.weight_decay)
+        self.optimizer = create_optimizer(net, config.lr, config.weight_decay, backbone_lr=config.backbone_lr)
+        self.trained_parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
         total_steps = config.epochs * self.steps_per_epoch
         warmup_steps = min(round(config.warmup_epochs * self.steps_per_epoch), total_steps)
         self.scheduler = warmup_cosine(self.optimizer, total_steps, warmup_steps, config.min_lr / config.lr)
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
-        self.mixer = _batch_mixer(config, self.num_classes)
 
         self.epoch, self.step = 0, 0  # the next epoch to run (0-based) and steps already done in it
-        self.best_acc, self.best_epoch = -1.0, 0
+        self.best_value, self.best_epoch = -math.inf, 0  # the best value of task.best_metric, and its epoch
         self.partial = self._fresh_partial()  # this epoch's train statistics so far
         self.warned: set[str] = set()
         self.skipped: list[str] = []  # unreadable samples met by this process in this epoch
 
     def _fresh_partial(self) -> dict[str, float]:
-        return {"loss_sum": 0.0, "images": 0, "seconds": 0.0, "lr": self.optimizer.param_groups[0]["lr"]}
+        """Sums over this epoch's steps so far: of train_loss (`loss_sum`) and of each loss part, per image."""
+        parts = dict.fromkeys(self.task.loss_parts, 0.0)
+        return {"loss_sum": 0.0, **parts, "images": 0, "seconds": 0.0, "lr": self.optimizer.param_groups[0]["lr"]}
 
     @property
     def eval_model(self) -> nn.Module:
@@ -215,8 +179,9 @@ class _Run:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
+            "task": self.task.state_dict(),
             "rng": rng,
-            "best_acc": self.best_acc,
+            "best_value": self.best_value,
             "best_epoch": self.best_epoch,
             "partial": dict(self.partial),
         }
@@ -236,10 +201,13 @@ class _Run:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
+        self.task.load_state_dict(state.get("task", {}))
         set_rng_state(state["rng"][self.env.rank])
         self.epoch, self.step = state["epoch"], state["step"]
-        self.best_acc, self.best_epoch = state["best_acc"], state["best_epoch"]
-        self.partial = dict(state["partial"])
+        # checkpoints written before detection training named the best value best_acc
+        self.best_value = state["best_value"] if "best_value" in state else state["best_acc"]
+        self.best_epoch = state["best_epoch"]
+        self.partial = {**self._fresh_partial(), **state["partial"]}
         if self.env.is_main:
             self._truncate_metrics()
         where = f"epoch {self.epoch + 1}" + (f", step {self.step + 1}" if self.step else "")
@@ -262,8 +230,8 @@ class _Run:
 
     def train_epoch(self, stop: StopOnSignal) -> bool:
         """Run the rest of the current epoch; False when a stop was requested (the checkpoint is then saved)."""
-        config, env = self.config, self.env
-        self.train_sampler.set_epoch(self.epoch, start=self.step * config.batch_size)
+        config, env, task = self.config, self.env, self.task
+        task.set_epoch(self.epoch, start=self.step * config.batch_size)
         self.trained.train()
         bar = tqdm(
             total=self.steps_per_epoch,
@@ -273,32 +241,26 @@ class _Run:
             disable=not _progress_enabled(env),
         )
         started = time.perf_counter()
-        for batch in self.train_loader:
+        for batch in task.train_loader:
             self.skipped += [s.name for s in batch.skipped]
-            targets = batch.labels.to(env.device, non_blocking=True)
-            if len(targets) > 0:
-                images = batch.images.to(env.device, non_blocking=True)
-                images = normalize(images, self.info.mean, self.info.std)  # (B, C, H, W) float
-                if self.mixer is not None:
-                    images, targets = self.mixer(images, targets)
-                loss = forward_loss(self.trained, images, targets, self.criterion, config.precision)
-            else:  # every image was unreadable: a zero loss through the model keeps the processes in step
-                loss = self.trained(torch.zeros(1, *self.image_shape, device=env.device)).sum() * 0.0
+            loss, parts, count = task.train_loss(self.trained, batch)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if config.clip_grad > 0:
-                nn.utils.clip_grad_norm_(self.model.parameters(), config.clip_grad)
+                nn.utils.clip_grad_norm_(self.trained_parameters, config.clip_grad)
             self.partial["lr"] = self.optimizer.param_groups[0]["lr"]
             self.optimizer.step()
             self.scheduler.step()
             if self.ema is not None:
                 self.ema.update(self.model)
-            value = loss.item()
-            self.partial["loss_sum"] += value * len(targets)
-            self.partial["images"] += len(targets)
+            values = {name: value.item() for name, value in parts.items()}
+            self.partial["loss_sum"] += values["train_loss"] * count
+            for name in task.loss_parts:
+                self.partial[name] += values[name] * count
+            self.partial["images"] += count
             self.step += 1
             bar.update()
-            bar.set_postfix(loss=f"{value:.3f}")
+            bar.set_postfix(loss=f"{values['train_loss']:.3f}")
             if self._sync_stop(stop):
                 self.partial["seconds"] += time.perf_counter() - started
                 bar.close()
@@ -310,12 +272,14 @@ class _Run:
 
     def end_epoch(self) -> dict[str, Any]:
         """Validate, log, write the metrics line and the best model, then the checkpoint."""
-        env, config = self.env, self.config
+        env, config, task = self.env, self.config, self.task
         started = time.perf_counter()
-        result = evaluate(self.eval_model, self.val_loader, self.info, env, config.precision)
-        totals = torch.tensor([self.partial["loss_sum"], self.partial["images"]], dtype=torch.float64)
-        loss_sum, images = all_reduce_sum(totals.to(env.device), env).tolist()
-        skipped = sorted({name for names in gather_objects(self.skipped, env) for name in names} | set(result.skipped))
+        validation, val_skipped = task.evaluate(self.eval_model)
+        sums = ["loss_sum", *task.loss_parts, "images"]
+        totals = torch.tensor([self.partial[name] for name in sums], dtype=torch.float64)
+        totals = dict(zip(sums, all_reduce_sum(totals.to(env.device), env).tolist(), strict=True))
+        images = totals["images"]
+        skipped = sorted({name for names in gather_objects(self.skipped, env) for name in names} | set(val_skipped))
         for name in skipped:
             if name not in self.warned and env.is_main:
                 log.warning(f"skipped unreadable image {name}")
@@ -323,9 +287,9 @@ class _Run:
         train_seconds = self.partial["seconds"]
         metrics = {
             "epoch": self.epoch + 1,
-            "train_loss": loss_sum / max(images, 1),
-            "val_loss": result.loss,
-            "val_acc": result.top1,
+            "train_loss": totals["loss_sum"] / max(images, 1),
+            **{name: totals[name] / max(images, 1) for name in task.loss_parts},
+            **{name: None if math.isnan(value) else value for name, value in validation.items()},
             "lr": self.partial["lr"],
             "seconds": train_seconds + time.perf_counter() - started,
             "images_per_second": images / train_seconds if train_seconds > 0 else 0.0,
@@ -337,22 +301,27 @@ class _Run:
         if env.is_main:
             with open(self.out / METRICS_NAME, "a") as handle:
                 handle.write(json.dumps(metrics) + "\n")
-        if result.top1 > self.best_acc:
-            self.best_acc, self.best_epoch = result.top1, self.epoch
+        value = validation[task.best_metric]
+        if value > self.best_value:
+            self.best_value, self.best_epoch = value, self.epoch
             if env.is_main:
                 self.write_model("best")
         self.save()
         self.info_line(
             f"epoch {metrics['epoch']}/{config.epochs}  train_loss {metrics['train_loss']:.4f}  "
-            f"val_loss {result.loss:.4f}  val_acc {result.top1:.4f}  lr {metrics['lr']:.2e}  "
+            f"{task.describe(validation)}  lr {metrics['lr']:.2e}  "
             f"{metrics['seconds']:.1f}s  {metrics['images_per_second']:.0f} img/s"
             + (f"  skipped {len(skipped)} unreadable" if skipped else "")
         )
         return metrics
 
+    def result(self, last: dict[str, Any] | None, interrupted: bool) -> FitResult:
+        metric = self.task.best_metric
+        return FitResult(self.out, self.epoch, metric, self.best_value, self.best_epoch, last, interrupted)
+
     def write_model(self, name: str) -> Path:
         directory = save_pretrained(self.eval_model, self.out / name)
-        self.info.save(directory)
+        self.task.save_beside(directory)
         return directory
 
 
@@ -406,12 +375,14 @@ def fit(config: TrainConfig, resume: bool = False, force: bool = False) -> FitRe
                         f"stopped in epoch {run.epoch + 1} after step {run.step}; checkpoint saved, continue with "
                         "resume (vitkit train --resume)"
                     )
-                    return FitResult(run.out, run.epoch, run.best_acc, run.best_epoch, last, interrupted=True)
+                    return run.result(last, interrupted=True)
                 last = run.end_epoch()
         if env.is_main:
             final = run.write_model("final")
-            run.info_line(f"best val_acc {run.best_acc:.4f} (epoch {run.best_epoch}); final model in {final}")
+            run.info_line(
+                f"best {run.task.best_metric} {run.best_value:.4f} (epoch {run.best_epoch}); final model in {final}"
+            )
         barrier(env)
-        return FitResult(run.out, run.epoch, run.best_acc, run.best_epoch, last, interrupted=False)
+        return run.result(last, interrupted=False)
     finally:
         cleanup(env)

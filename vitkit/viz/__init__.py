@@ -1,4 +1,5 @@
-"""Looking at models: attention maps and rollout, overlays on images, evaluation and cost plots."""
+"""Looking at models: attention maps and rollout, overlays on images, a detector's boxes and the attention of each
+detection, evaluation and cost plots."""
 
 from vitkit.viz.attention import (
     attention_map,
@@ -9,6 +10,7 @@ from vitkit.viz.attention import (
     model_view,
     overlay,
 )
+from vitkit.viz.detection import draw_detections, enlarge, object_attention_figure
 from vitkit.viz.plots import confusion_image, plot_scaling
 
 __all__ = [
@@ -18,7 +20,10 @@ __all__ = [
     "cls_attention",
     "colorize",
     "confusion_image",
+    "draw_detections",
+    "enlarge",
     "model_view",
+    "object_attention_figure",
     "overlay",
     "plot_scaling",
 ]

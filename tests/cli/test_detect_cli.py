@@ -1,0 +1,102 @@
+"""`vitkit train / eval / predict / attention` on a detector, end to end on a few digits-detect canvases written as a
+COCO-format folder."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitkit import from_pretrained
+from vitkit.cli import main
+from vitkit.data import DetectionInfo, load_digits_detect, write_coco_folder
+from vitkit.detection import COCO_METRICS
+from vitkit.train import TrainConfig, detect_files
+from vitkit.viz import enlarge
+
+TINY = ["--model", "detr_digits", "--model-arg", "backbone_width=8", "--model-arg", "hidden_dim=16"]
+TINY += ["--model-arg", "num_heads=2", "--model-arg", "dim_feedforward=32", "--model-arg", "num_queries=6"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny detector trained for two epochs on 16 canvases; returns (run folder, COCO folder)."""
+    train, val, _ = load_digits_detect()
+    data = tmp_path_factory.mktemp("coco")
+    write_coco_folder(train, data, "train", limit=16)
+    write_coco_folder(val, data, "val", limit=4)
+    out = tmp_path_factory.mktemp("run")
+    args = ["train", *TINY, "--data", str(data), "--epochs", "2", "--batch-size", "8", "--device", "cpu"]
+    assert main([*args, "--out", str(out), "--force"]) == 0
+    return out, data
+
+
+def test_train_writes_a_detector_run(trained, capsys):
+    out, _ = trained
+    assert {p.name for p in (out / "final").iterdir()} >= {"config.json", "dataset.json", "postprocess.json"}
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and set(COCO_METRICS) <= set(lines[-1])
+
+
+def test_eval_prints_the_map_of_the_final_epoch(trained, capsys):
+    out, _ = trained
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert main(["eval", "--model-dir", str(out / "final"), "--json", "--device", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["images"] == 4 and report["skipped"] == []
+    assert {k: report[k] for k in COCO_METRICS} == pytest.approx({k: last[k] for k in COCO_METRICS}, nan_ok=True)
+    assert main(["eval", "--model-dir", str(out / "final")]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("images 4  ap ") and all(f"  {k} " in text for k in COCO_METRICS)
+    assert main(["eval", "--model-dir", str(out / "final"), "--plot", "x.png"]) == 2
+    assert "a detector has none" in capsys.readouterr().err
+
+
+def test_predict_draws_and_lists_the_detections_of_a_folder(trained, capsys, tmp_path):
+    out, data = trained
+    args = ["predict", "--model-dir", str(out / "final"), str(data / "val"), "--threshold", "0.05"]
+    assert main([*args, "--out", str(tmp_path / "pred"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    images = sorted((data / "val").glob("*.png"))
+    assert [row["image"] for row in rows] == [str(p) for p in images]
+    expected = detect_files(from_pretrained(out / "final"), DetectionInfo.load(out / "final"), images, 0.05)
+    assert rows == [found.to_dict() for found in expected]
+    listing = json.loads((tmp_path / "pred" / "detections.json").read_text())
+    assert [row["picture"] for row in listing] == [str(tmp_path / "pred" / p.name) for p in images]
+    for row, path in zip(listing, images, strict=True):
+        picture = Image.open(row["picture"])
+        assert picture.size == (288, 288)  # 96 px drawn three times larger
+        plain, _ = enlarge(Image.open(path))
+        changed = np.abs(np.asarray(picture, dtype=int) - np.asarray(plain, dtype=int)).sum(-1) > 0
+        assert changed.any() == bool(row["detections"])  # boxes drawn where there are detections, nothing else
+    assert main(["predict", "--model-dir", str(out / "final"), str(images[0]), "--out", str(tmp_path / "one")]) == 0
+    assert "detections written to" in capsys.readouterr().out
+
+
+def test_attention_draws_each_detection_with_its_map(trained, capsys, tmp_path):
+    out, data = trained
+    image = str(sorted((data / "val").glob("*.png"))[0])
+    target = tmp_path / "attention.png"
+    args = ["attention", "--model-dir", str(out / "final"), image, "--out", str(target), "--threshold", "0"]
+    assert main(args) == 0
+    assert "6 objects" in capsys.readouterr().out
+    # every query is shown: the detections, then one panel per query, five panels a row with 8-pixel gaps
+    assert Image.open(target).size == (5 * 288 + 4 * 8, 2 * 288 + 8)
+    assert main([*args[:-2], "--rollout"]) == 2
+    assert "a detector's figure shows each object" in capsys.readouterr().err
+
+
+def test_train_alone_on_detection_data_trains_the_default_detector(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_fit(config: TrainConfig, resume: bool, force: bool):
+        seen.update(config=config.resolved())
+        return type("Result", (), {"interrupted": False})()
+
+    monkeypatch.setattr("vitkit.cli.train.fit", fake_fit)
+    assert main(["train", "--data", "builtin:digits-detect", "--out", str(tmp_path)]) == 0
+    assert seen["config"].model == "detr_digits" and seen["config"].task == "detection"
+    args = ["train", "--data", "builtin:digits-detect", "--model", "vit_digits_patch7_28", "--out", str(tmp_path)]
+    assert main(args) == 2

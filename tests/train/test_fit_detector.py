@@ -1,0 +1,230 @@
+"""Training a detector with `fit`: the task follows the model and the data, the outputs, the logged mAP against
+pycocotools run on the files, the box-classification aid, what a detection and its attention map are, and
+recipes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+import vitkit
+from vitkit import from_pretrained
+from vitkit.data import DetectionInfo
+from vitkit.detection import COCO_METRICS
+from vitkit.train import (
+    DEFAULT_DETECTOR,
+    TrainConfig,
+    detect_files,
+    detection_attention,
+    evaluate_detector_dir,
+    fit,
+    load_checkpoint,
+    recipe_for,
+)
+from vitkit.train.detect import load_detection_settings
+
+METRICS = {"epoch", "train_loss", "loss_ce", "loss_bbox", "loss_giou", "loss_box_cls", *COCO_METRICS}
+METRICS |= {"lr", "seconds", "images_per_second", "skipped"}
+
+
+def _explicit_outputs(model_dir: Path, path: Path) -> dict[str, torch.Tensor]:
+    """The model's last-layer predictions on one image file, preprocessed with PIL and numpy only (the canvases are
+    96x96, the model's size already)."""
+    model = from_pretrained(model_dir).eval()
+    info = DetectionInfo.load(model_dir)
+    pixels = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255  # (H, W, 3)
+    x = (torch.from_numpy(pixels) - torch.tensor(info.mean)) / torch.tensor(info.std)  # (H, W, 3)
+    with torch.no_grad():
+        out = model(x.permute(2, 0, 1)[None])
+    return {"logits": out["pred_logits"][0], "boxes": out["pred_boxes"][0]}  # (Q, K + 1), (Q, 4)
+
+
+def _explicit_map(model_dir: Path, coco_root: Path) -> list[float]:
+    """pycocotools' six box metrics of the model on the val split, from the instances file and the image files,
+    every query a detection scored by its softmax probability (DETR's PostProcess)."""
+    annotations = coco_root / "annotations" / "instances_val.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        truth = COCO(str(annotations))
+    results = []
+    for image in truth.dataset["images"]:
+        out = _explicit_outputs(model_dir, coco_root / "val" / image["file_name"])
+        probs = out["logits"].softmax(-1)[:, :-1]  # (Q, K)
+        scores, labels = probs.max(-1)
+        for (cx, cy, w, h), score, label in zip(out["boxes"].tolist(), scores.tolist(), labels.tolist(), strict=True):
+            W, H = image["width"], image["height"]
+            box = [(cx - w / 2) * W, (cy - h / 2) * H, w * W, h * H]
+            results.append({"image_id": image["id"], "category_id": label, "bbox": box, "score": score})
+    with contextlib.redirect_stdout(io.StringIO()):
+        evaluation = COCOeval(truth, truth.loadRes(results), iouType="bbox")
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    return [float(v) if v >= 0 else math.nan for v in evaluation.stats[:6]]  # -1: nothing to score
+
+
+def test_fit_trains_a_detector_and_logs_what_pycocotools_finds(tmp_path, tiny_detector_config, digits_coco):
+    result = fit(tiny_detector_config(tmp_path))
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in lines] == [1, 2] and all(set(m) == METRICS for m in lines)
+    assert result.best_metric == "ap" and result.last == lines[-1]
+    best = max(lines, key=lambda m: m["ap"])
+    assert result.best_value == best["ap"] and result.best_epoch == best["epoch"]
+    with pytest.raises(ValueError, match="a detector has no accuracy"):
+        _ = result.best_acc
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["clip_grad"] == 0.1 and saved["label_smoothing"] is None and saved["detection_loss"] == "ce"
+    for name in ("best", "final"):
+        assert DetectionInfo.load(tmp_path / name).classes == tuple("0123456789")
+        assert load_detection_settings(tmp_path / name) == "ce"
+    final = from_pretrained(tmp_path / "final")
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert all(torch.equal(v, state["model"][k]) for k, v in final.state_dict().items())
+    assert set(state["task"]) == {"box_head"}  # the box classifier trains with the run but is not part of the model
+    expected = _explicit_map(tmp_path / "final", digits_coco)
+    logged = [math.nan if lines[-1][k] is None else lines[-1][k] for k in COCO_METRICS]
+    np.testing.assert_allclose(logged, expected, rtol=1e-6, atol=1e-9)
+
+
+def test_evaluation_is_pycocotools_on_the_files(tmp_path, tiny_detector_config, digits_coco):
+    """A detector planted to predict one ground-truth box of the first canvas from every query scores what
+    pycocotools scores from the instances file and the image files (an untrained model scores 0 either way)."""
+    fit(tiny_detector_config(tmp_path / "run", epochs=1))
+    model = from_pretrained(tmp_path / "run" / "final")
+    truth = json.loads((digits_coco / "annotations" / "instances_val.json").read_text())
+    planted = truth["annotations"][0]
+    x, y, w, h = (v / 96 for v in planted["bbox"])
+    box = torch.tensor([x + w / 2, y + h / 2, w, h])
+    with torch.no_grad():
+        model.bbox_embed.layers[2].weight.zero_()
+        model.bbox_embed.layers[2].bias.copy_(torch.logit(box))  # every query: this box
+        model.class_embed.weight.zero_()
+        model.class_embed.bias.zero_()
+        model.class_embed.bias[planted["category_id"]] = 5.0  # ... of this class
+    directory = tmp_path / "planted"
+    vitkit.save_pretrained(model, directory)
+    for name in ("dataset.json", "postprocess.json"):
+        (directory / name).write_text((tmp_path / "run" / "final" / name).read_text())
+    result, _ = evaluate_detector_dir(str(directory), device="cpu")
+    expected = _explicit_map(directory, digits_coco)
+    assert expected[1] > 0  # the planted box is found at IoU 0.5
+    np.testing.assert_allclose([result.metrics[k] for k in COCO_METRICS], expected, rtol=1e-6, atol=1e-9)
+
+
+def test_box_classification_trains_only_when_asked(tmp_path, tiny_detector_config):
+    plain = fit(tiny_detector_config(tmp_path / "plain", epochs=1, box_cls_loss=0.0))
+    assert "loss_box_cls" not in plain.last
+    assert load_checkpoint(tmp_path / "plain" / "checkpoint.pt")["task"] == {}
+    aided = fit(tiny_detector_config(tmp_path / "aided", epochs=1, box_cls_loss=2.0))
+    parts = aided.last
+    # train_loss is the set loss (1 * ce + 5 * L1 + 2 * GIoU on the last and the auxiliary layer) plus 2 * box_cls:
+    # at least the last layer's weighted parts and the box term, each averaged over the same images.
+    assert parts["train_loss"] > parts["loss_ce"] + 5 * parts["loss_bbox"] + 2 * parts["loss_giou"]
+    assert parts["train_loss"] > 2 * parts["loss_box_cls"] > 0
+    assert not torch.equal(
+        from_pretrained(tmp_path / "plain" / "final").backbone.conv1.weight,
+        from_pretrained(tmp_path / "aided" / "final").backbone.conv1.weight,
+    )
+
+
+def test_every_detection_option_runs(tmp_path, tiny_detector_config):
+    config = tiny_detector_config(
+        tmp_path, epochs=1, precision="bf16", ema_decay=0.9, grad_checkpointing=True, workers=1,
+        detection_loss="focal", backbone_lr=1e-5, img_size=64, clip_grad=0.0,
+    )  # fmt: skip
+    result = fit(config)
+    assert all(np.isfinite(result.last[k]) for k in ("train_loss", "loss_ce", "ap"))
+    assert load_detection_settings(tmp_path / "final") == "focal"
+    final = from_pretrained(tmp_path / "final")
+    assert final.config.img_size == 64
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert all(torch.equal(v, state["ema"][k]) for k, v in final.state_dict().items())
+    groups = state["optimizer"]["param_groups"]
+    assert [g["initial_lr"] for g in groups] == [3e-4, 3e-4, 1e-5, 1e-5]  # the rest (box head too), the backbone
+
+
+def test_the_data_picks_the_default_detector_and_its_recipe(tmp_path, digits_coco):
+    for data in ("builtin:digits-detect", str(digits_coco)):
+        config = TrainConfig(data=data).resolved()
+        assert config.task == "detection" and config.model == DEFAULT_DETECTOR == "detr_digits"
+        recipe = recipe_for("detection", "detr_digits")
+        assert (config.lr, config.backbone_lr, config.epochs, config.clip_grad) == (
+            recipe.lr, recipe.backbone_lr, recipe.epochs, recipe.clip_grad
+        )  # fmt: skip
+    detr = TrainConfig(data="builtin:digits-detect", model="detr_resnet50").resolved()
+    assert (detr.lr, detr.backbone_lr, detr.weight_decay, detr.clip_grad) == (1e-4, 1e-5, 1e-4, 0.1)
+    assert (detr.detection_loss, detr.box_cls_loss) == ("ce", 0.0)
+    classifier = TrainConfig().resolved()
+    assert classifier.task == "classification" and classifier.backbone_lr is None
+    assert (classifier.lr, classifier.label_smoothing, classifier.epochs) == (2e-3, 0.1, 40)
+
+
+def test_a_model_that_does_not_fit_the_data_is_a_clear_error(digits_coco, digit_folder):
+    with pytest.raises(ValueError, match="vit_digits_patch7_28.* is a classification model but builtin:digits-detect"):
+        TrainConfig(data="builtin:digits-detect", model="vit_digits_patch7_28").resolved()
+    with pytest.raises(ValueError, match="'detr_digits' is a detection model but builtin:mnist5k is classification"):
+        TrainConfig(model="detr_digits").resolved()
+    with pytest.raises(ValueError, match="is a detection model but .* is classification data"):
+        fit(TrainConfig(data=str(digit_folder), model="detr_digits", out=str(digits_coco / "never")))
+    with pytest.raises(ValueError, match=r"option\(s\) \['label_smoothing', 'mixup'\] do not apply to detection"):
+        TrainConfig(data=str(digits_coco), label_smoothing=0.1, mixup=0.2).resolved()
+    with pytest.raises(ValueError, match=r"option\(s\) \['backbone_lr'\] do not apply to classification"):
+        TrainConfig(backbone_lr=1e-5).resolved()
+
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory, tiny_detector_config) -> Path:
+    out = tmp_path_factory.mktemp("detector")
+    fit(tiny_detector_config(out, epochs=1))
+    return out / "final"
+
+
+def test_detections_are_detrs_postprocess_of_the_model(detector, digits_coco):
+    paths = sorted((digits_coco / "val").glob("*.png"))[:3]
+    model, info = from_pretrained(detector), DetectionInfo.load(detector)
+    for found, path in zip(detect_files(model, info, paths, threshold=0.0), paths, strict=True):
+        out = _explicit_outputs(detector, path)
+        scores, labels = out["logits"].softmax(-1)[:, :-1].max(-1)  # (Q,)
+        order = scores.argsort(descending=True)
+        cx, cy, w, h = (out["boxes"][order] * 96).unbind(-1)
+        boxes = torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1)
+        assert found.image == str(path) and found.size == (96, 96) and len(found.detections) == 6
+        assert [d.label for d in found.detections] == [str(k) for k in labels[order].tolist()]
+        assert [d.category_id for d in found.detections] == labels[order].tolist()
+        np.testing.assert_allclose([d.score for d in found.detections], scores[order], rtol=1e-5)
+        np.testing.assert_allclose([d.box for d in found.detections], boxes, rtol=1e-4, atol=1e-3)
+    kept = detect_files(model, info, paths, threshold=0.2)
+    for found, every in zip(kept, detect_files(model, info, paths, threshold=0.0), strict=True):
+        assert found.detections == [d for d in every.detections if d.score > 0.2]
+
+
+def test_each_detection_comes_with_its_querys_cross_attention(detector, digits_coco):
+    path = sorted((digits_coco / "val").glob("*.png"))[0]
+    model, info = from_pretrained(detector).eval(), DetectionInfo.load(detector)
+    detections, heats = detection_attention(model, info, Image.open(path), threshold=0.0, layer=-1)
+    assert len(detections) == 6 and heats.shape == (6, 6, 6)  # every query; 96 px at stride 16
+    torch.testing.assert_close(heats.sum((1, 2)), torch.ones(6))
+    out = _explicit_outputs(detector, path)
+    scores = out["logits"].softmax(-1)[:, :-1].max(-1).values
+    order = scores.argsort(descending=True)
+    pixels = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255)
+    x = ((pixels - torch.tensor(info.mean)) / torch.tensor(info.std)).permute(2, 0, 1)[None]
+    with torch.no_grad(), vitkit.capture_attention(model, ["decoder.layers.1.cross_attn"]) as maps:
+        model(x)
+    expected = maps["decoder.layers.1.cross_attn"][0].mean(0)[order].reshape(6, 6, 6)  # (heads, Q, N) -> (Q, h, w)
+    torch.testing.assert_close(heats, expected)
+    one, first_head = detection_attention(model, info, Image.open(path), 0.0, layer=0, head=1)
+    with torch.no_grad(), vitkit.capture_attention(model, ["decoder.layers.0.cross_attn"]) as maps:
+        model(x)
+    torch.testing.assert_close(first_head, maps["decoder.layers.0.cross_attn"][0, 1][order].reshape(6, 6, 6))
+    with pytest.raises(ValueError, match="layer 2 is out of range for a decoder of 2 layers"):
+        detection_attention(model, info, Image.open(path), layer=2)

@@ -1,0 +1,372 @@
+"""What the training loop asks of a task: its data and loaders, the loss of a batch, the evaluation, the metric that
+picks the best model and the files written beside a saved model.
+
+`ClassificationTask` trains a classifier with cross-entropy (label smoothing, MixUp / CutMix) and validates by
+accuracy; `DetectionTask` trains DETR with its set criterion (Hungarian matching, `vitkit.detection`) and validates
+by COCO mAP. `create_task(config, env)` picks the one the resolved config's `task` names.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torchvision.ops import box_convert, roi_align
+from torchvision.transforms import v2
+
+from vitkit.data import (
+    EpochSampler,
+    TransformedImages,
+    eval_transform,
+    load_data,
+    load_detection,
+    make_loader,
+    normalize,
+    train_transform,
+)
+from vitkit.detection import (
+    HungarianMatcher,
+    SetCriterion,
+    average_num_boxes,
+    collate_detection,
+)
+from vitkit.layers import to_2tuple
+from vitkit.models.registry import model_entry, replace_config
+from vitkit.train.config import TrainConfig
+from vitkit.train.detect import (
+    DETECTION_WEIGHTS,
+    FOCAL_MATCH_COST,
+    FOCAL_PRIOR,
+    evaluate_detector,
+    save_detection_settings,
+)
+from vitkit.train.distributed import DistEnv
+from vitkit.train.evaluate import autocast, evaluate
+from vitkit.train.recipe import CLASSIFICATION, DETECTION
+from vitkit.weights.io import build_from_config
+
+log = logging.getLogger("vitkit.train")
+
+
+def forward_loss(
+    model: nn.Module, images: torch.Tensor, targets: torch.Tensor, criterion: nn.Module, precision: str
+) -> torch.Tensor:
+    """The training loss of one classification batch: the forward pass under `precision`, the criterion in float32."""
+    with autocast(images.device, precision):
+        logits = model(images)  # (B, K)
+    return criterion(logits.float(), targets)
+
+
+def _batch_mixer(config: TrainConfig, num_classes: int) -> v2.Transform | None:
+    mixers = []
+    if config.mixup > 0:
+        mixers.append(v2.MixUp(alpha=config.mixup, num_classes=num_classes))
+    if config.cutmix > 0:
+        mixers.append(v2.CutMix(alpha=config.cutmix, num_classes=num_classes))
+    if not mixers:
+        return None
+    return mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers)
+
+
+def _tensors(outputs: Any) -> list[torch.Tensor]:
+    """Every tensor in a model's outputs (a tensor, or dicts and lists of them)."""
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    values = outputs.values() if isinstance(outputs, dict) else outputs
+    return [t for value in values for t in _tensors(value)]
+
+
+def _zero_loss(outputs: Any) -> torch.Tensor:
+    """0 times the sum of a model's outputs: a loss that reaches every parameter the outputs used, so that a step
+    without readable images keeps DDP's gradient exchange in step."""
+    return sum(t.float().sum() for t in _tensors(outputs)) * 0.0
+
+
+class Task:
+    """The parts of a training run that depend on the task; the loop (`vitkit.train.loop`) drives them.
+
+    After `__init__` (which reads the data and sets `info` and `num_classes`), the loop builds the model and calls
+    `prepare(model)`; then per epoch `set_epoch`, `train_loss` per batch, and `evaluate` at its end.
+    """
+
+    name: str
+    best_metric: str  # the metrics key whose largest value selects best/
+    loss_parts: tuple[str, ...] = ()  # train-loss components logged beside train_loss, each averaged per image
+    train_loader: DataLoader
+    val_loader: DataLoader
+    train_sampler: EpochSampler
+
+    def __init__(self, config: TrainConfig, env: DistEnv) -> None:
+        self.config, self.env = config, env
+        self.info: Any = None
+        self.num_classes = 0
+
+    def _samplers(self, train: Dataset, val: Dataset) -> EpochSampler:
+        env = self.env
+        self.train_sampler = EpochSampler(len(train), env.world_size, env.rank, seed=self.config.seed)
+        return EpochSampler(len(val), env.world_size, env.rank, shuffle=False, pad=False)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Build the loaders and the criterion for `model`; returns the module that training runs (and DDP wraps):
+        the model itself, or the model with training-only parts around it."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """The task's own trained state (training-only parts), for the checkpoint."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict`."""
+
+    def set_epoch(self, epoch: int, start: int) -> None:
+        """Select epoch `epoch`'s training samples, skipping this process's first `start`."""
+        self.train_sampler.set_epoch(epoch, start=start)
+
+    def train_loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+        """(loss to minimise, {"train_loss": loss, and each of `loss_parts`}, images it averages over)."""
+        raise NotImplementedError
+
+    def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[str, ...]]:
+        """(validation metrics, unreadable samples met) of `model` on the held-out loader."""
+        raise NotImplementedError
+
+    def describe(self, metrics: dict[str, Any]) -> str:
+        """The validation part of an epoch's log line."""
+        raise NotImplementedError
+
+    def save_beside(self, directory: str) -> None:
+        """Write what a saved model needs besides its weights (the data description) into `directory`."""
+        self.info.save(directory)
+
+
+class ClassificationTask(Task):
+    """Cross-entropy (label smoothing, MixUp / CutMix) on augmented images; validation loss and top-1 accuracy."""
+
+    name = CLASSIFICATION
+    best_metric = "val_acc"
+
+    def __init__(self, config: TrainConfig, env: DistEnv) -> None:
+        super().__init__(config, env)
+        self.train_source, self.val_source, self.info = load_data(config.data, config.val_fraction, config.seed)
+        self.num_classes = len(self.info.classes)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        config, env = self.config, self.env
+        img_size, channels = to_2tuple(model.config.img_size), model.config.in_chans
+        self.image_shape = (channels, *img_size)  # (C, H, W) of one input
+        augment = train_transform(img_size, channels, config.min_scale, config.hflip, config.randaugment)
+        val_sampler = self._samplers(self.train_source, self.val_source)
+        pin = env.device.type == "cuda"
+        self.train_loader = make_loader(
+            TransformedImages(self.train_source, augment), self.train_sampler, config.batch_size, config.workers, pin
+        )
+        self.val_loader = make_loader(
+            TransformedImages(self.val_source, eval_transform(img_size, channels)),
+            val_sampler,
+            config.batch_size,
+            config.workers,
+            pin,
+        )
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
+        self.mixer = _batch_mixer(config, self.num_classes)
+        return model
+
+    def train_loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+        device = self.env.device
+        targets = batch.labels.to(device, non_blocking=True)
+        if len(targets) > 0:
+            images = batch.images.to(device, non_blocking=True)
+            images = normalize(images, self.info.mean, self.info.std)  # (B, C, H, W) float
+            if self.mixer is not None:
+                images, targets = self.mixer(images, targets)
+            loss = forward_loss(model, images, targets, self.criterion, self.config.precision)
+        else:  # every image was unreadable: a zero loss through the model keeps the processes in step
+            loss = _zero_loss(model(torch.zeros(1, *self.image_shape, device=device)))
+        return loss, {"train_loss": loss.detach()}, len(targets)
+
+    def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[str, ...]]:
+        result = evaluate(model, self.val_loader, self.info, self.env, self.config.precision)
+        return {"val_loss": result.loss, "val_acc": result.top1}, result.skipped
+
+    def describe(self, metrics: dict[str, Any]) -> str:
+        return f"val_loss {metrics['val_loss']:.4f}  val_acc {metrics['val_acc']:.4f}"
+
+
+def _detector_config(config: TrainConfig) -> Any:
+    """The config of the detector the run will build (its image size and channels size the data)."""
+    overrides = dict(config.model_args)
+    if config.img_size is not None:
+        overrides["img_size"] = config.img_size
+    if config.model is not None:
+        return replace_config(model_entry(config.model).config, **overrides)
+    return build_from_config(config.init, **overrides).config
+
+
+def _detection_loader(dataset: Dataset, sampler: EpochSampler, batch_size: int, workers: int, pin: bool) -> DataLoader:
+    """`vitkit.data.make_loader` for detection samples: padded batches (`collate_detection`)."""
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate_detection,
+        pin_memory=pin,
+    )  # fmt: skip
+
+
+class BoxClassification(nn.Module):
+    """A detector with, for training only, a classifier of its backbone's features pooled in each ground-truth box.
+
+    ``forward(images, pixel_mask, boxes)`` runs the detector and, from the backbone's feature map (B, C5, h, w) it
+    computed, pools a 2x2 RoIAlign (Mask R-CNN, He et al. arXiv:1703.06870) of each box (xyxy pixels of the
+    input, one (n_i, 4) tensor per image), averages it and classifies it: (detector outputs, logits (T, K)). The
+    cross-entropy of these logits teaches the backbone the classes at their places from the first step on, what
+    the set loss teaches it only slowly (a backbone first trained on digit classification, trained alongside).
+    """
+
+    def __init__(self, detector: nn.Module, num_classes: int) -> None:
+        super().__init__()
+        self.detector = detector
+        self.head = nn.Linear(detector.backbone.out_channels, num_classes)
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.detector.backbone
+
+    def forward(
+        self, images: torch.Tensor, pixel_mask: torch.Tensor | None, boxes: list[torch.Tensor]
+    ) -> tuple[dict[str, Any], torch.Tensor]:
+        features: list[torch.Tensor] = []
+        hook = self.detector.backbone.register_forward_hook(lambda module, args, out: features.append(out))
+        try:
+            outputs = self.detector(images, pixel_mask)
+        finally:
+            hook.remove()
+        feature_map = features[-1].float()  # (B, C5, h, w)
+        scale = feature_map.shape[-1] / images.shape[-1]  # feature-map columns per input pixel
+        pooled = roi_align(feature_map, boxes, output_size=2, spatial_scale=scale, aligned=True)  # (T, C5, 2, 2)
+        return outputs, self.head(pooled.mean((2, 3)))  # (T, K)
+
+
+def _pixel_boxes(targets: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """Each target's boxes as (x0, y0, x1, y1) in pixels of the image given to the model (its `size`)."""
+    boxes = []
+    for t in targets:
+        height, width = t["size"].tolist()
+        scale = t["boxes"].new_tensor([width, height, width, height])
+        boxes.append(box_convert(t["boxes"], "cxcywh", "xyxy") * scale)  # (n, 4)
+    return boxes
+
+
+class DetectionTask(Task):
+    """DETR's set criterion (Hungarian matching, classification, L1 and GIoU box losses on every decoder layer) on
+    padded batches of detection samples; validation by COCO mAP (`vitkit.detection.CocoEvaluator`).
+
+    The classification loss is the config's `detection_loss`: "ce", DETR's softmax cross-entropy with "no object"
+    weighted 0.1, or "focal", Deformable DETR's sigmoid focal loss (arXiv:2010.04159), matched with class cost 2
+    and weighted 2, with a fresh model's class biases set to the prior probability 0.01 as Deformable DETR does.
+    With `box_cls_loss` > 0 the backbone's classification of the ground-truth boxes (`BoxClassification`) is
+    added with that weight (`loss_box_cls`); its classifier is part of the checkpoint, not of the saved model.
+    """
+
+    name = DETECTION
+    best_metric = "ap"
+
+    def __init__(self, config: TrainConfig, env: DistEnv) -> None:
+        super().__init__(config, env)
+        model_config = _detector_config(config)
+        side = config.img_size or min(to_2tuple(model_config.img_size))
+        self.train_set, self.val_set, self.info = load_detection(
+            config.data, seed=config.seed, channels=model_config.in_chans, img_size=side
+        )
+        self.num_classes = len(self.info.classes)
+        self.loss_parts = ("loss_ce", "loss_bbox", "loss_giou") + (("loss_box_cls",) if config.box_cls_loss else ())
+        for split in (self.train_set, self.val_set):
+            report = getattr(split, "report", None)  # what a COCO file's loading skipped
+            if report is not None and (report.skipped or report.clipped) and env.is_main:
+                log.warning(str(report))
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        config, env = self.config, self.env
+        self.image_shape = (model.config.in_chans, *to_2tuple(model.config.img_size))
+        val_sampler = self._samplers(self.train_set, self.val_set)
+        pin = env.device.type == "cuda"
+        batch, workers = config.batch_size, config.workers
+        self.train_loader = _detection_loader(self.train_set, self.train_sampler, batch, workers, pin)
+        self.val_loader = _detection_loader(self.val_set, val_sampler, batch, workers, pin)
+        focal = config.detection_loss == "focal"
+        self.criterion = SetCriterion(
+            self.num_classes,
+            HungarianMatcher(cost_class=FOCAL_MATCH_COST if focal else 1.0, classification=config.detection_loss),
+            weights=DETECTION_WEIGHTS[config.detection_loss],
+            aux_loss=model.config.aux_loss,
+            classification=config.detection_loss,
+        ).to(env.device)
+        if focal and config.init is None:
+            with torch.no_grad():
+                model.class_embed.bias.fill_(-math.log((1 - FOCAL_PRIOR) / FOCAL_PRIOR))
+        self.boxes = BoxClassification(model, self.num_classes).to(env.device) if config.box_cls_loss > 0 else None
+        return self.boxes if self.boxes is not None else model
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"box_head": self.boxes.head.state_dict()} if self.boxes is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.boxes is not None:
+            self.boxes.head.load_state_dict(state["box_head"])
+
+    def set_epoch(self, epoch: int, start: int) -> None:
+        super().set_epoch(epoch, start)
+        if hasattr(self.train_set, "set_epoch"):  # digits-detect draws fresh training canvases every epoch
+            self.train_set.set_epoch(epoch)
+
+    def train_loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+        device = self.env.device
+        if not batch.targets:  # every image was unreadable
+            return self._empty_step(model)
+        batch = batch.to(device, non_blocking=True)
+        with autocast(device, self.config.precision):
+            if self.boxes is not None:
+                outputs, box_logits = model(batch.images, batch.pixel_mask, _pixel_boxes(batch.targets))  # (T, K)
+            else:
+                outputs = model(batch.images, batch.pixel_mask)  # pred_logits (B, Q, K + 1), pred_boxes (B, Q, 4)
+        losses = self.criterion(outputs, batch.targets)  # float32
+        parts = {name: losses[name] for name in ("loss_ce", "loss_bbox", "loss_giou")}
+        loss = losses["total"]
+        if self.boxes is not None:
+            labels = torch.cat([t["labels"] for t in batch.targets])  # (T,)
+            box_cls = F.cross_entropy(box_logits.float(), labels) if len(labels) else _zero_loss(box_logits)
+            parts["loss_box_cls"] = box_cls
+            loss = loss + self.config.box_cls_loss * box_cls
+        return loss, {"train_loss": loss.detach(), **{k: v.detach() for k, v in parts.items()}}, len(batch.targets)
+
+    def _empty_step(self, model: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+        """A zero loss through the training module, and the criterion's exchange of box counts: a step without
+        images that keeps the processes in step."""
+        device = self.env.device
+        images = torch.zeros(1, *self.image_shape, device=device)
+        if self.boxes is not None:
+            outputs = model(images, None, [torch.zeros(0, 4, device=device)])
+        else:
+            outputs = model(images)
+        average_num_boxes([], device)
+        loss = _zero_loss(outputs)
+        return loss, {"train_loss": loss.detach(), **{k: loss.detach() for k in self.loss_parts}}, 0
+
+    def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[str, ...]]:
+        config = self.config
+        result = evaluate_detector(model, self.val_loader, self.info, config.detection_loss, self.env, config.precision)
+        return result.metrics, result.skipped
+
+    def describe(self, metrics: dict[str, Any]) -> str:
+        return "  ".join(f"{k} {metrics[k]:.4f}" for k in ("ap", "ap50", "ap75"))
+
+    def save_beside(self, directory: str) -> None:
+        super().save_beside(directory)
+        save_detection_settings(directory, self.config.detection_loss)
+
+
+def create_task(config: TrainConfig, env: DistEnv) -> Task:
+    """The task of a resolved config, with its data loaded."""
+    return DetectionTask(config, env) if config.task == DETECTION else ClassificationTask(config, env)
