@@ -27,6 +27,7 @@ Q object queries, L decoder layers, K classes, F = D / 2 position features per a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -726,24 +727,20 @@ register_model("detr_resnet101_dc5", "detr", DetrConfig(backbone_depths=(3, 4, 2
 # vitkit's small DETR for training on a few CPU cores (the paper's recipe at a fraction of the cost): a ResNet-18
 # layout at half width (basic blocks 2-2-2-2, 32..256 channels, trained from the stem up since no pretrained
 # backbone is loaded), D = 128 with 4 heads, 2 encoder and 2 decoder layers, FFN 512, 25 queries, 256x256 images.
-register_model(
-    "detr_tiny",
-    "detr",
-    DetrConfig(
-        img_size=(256, 256),
-        backbone_block="basic",
-        backbone_depths=(2, 2, 2, 2),
-        backbone_width=32,
-        train_stem=True,
-        hidden_dim=128,
-        num_heads=4,
-        enc_layers=2,
-        dec_layers=2,
-        dim_feedforward=512,
-        num_queries=25,
-    ),
-    DETR_PAPER,
+DETR_TINY = DetrConfig(
+    img_size=(256, 256),
+    backbone_block="basic",
+    backbone_depths=(2, 2, 2, 2),
+    backbone_width=32,
+    train_stem=True,
+    hidden_dim=128,
+    num_heads=4,
+    enc_layers=2,
+    dec_layers=2,
+    dim_feedforward=512,
+    num_queries=25,
 )
+register_model("detr_tiny", "detr", DETR_TINY, DETR_PAPER)
 # detr_tiny sized for builtin:digits-detect (96x96 canvases of 1-4 digits of 20-40 px), vitkit's default detector:
 # the last stage dilated (DC5) so that a 96x96 image gives a 6x6 map of 16-pixel cells, about one per digit side,
 # where stride 32 would leave 3x3; 12 queries (three times the most digits of a canvas); no dropout (runs of
@@ -751,21 +748,6 @@ register_model(
 register_model(
     "detr_digits",
     "detr",
-    DetrConfig(
-        img_size=(96, 96),
-        backbone_block="basic",
-        backbone_depths=(2, 2, 2, 2),
-        backbone_width=32,
-        dilation=True,
-        train_stem=True,
-        hidden_dim=128,
-        num_heads=4,
-        enc_layers=2,
-        dec_layers=2,
-        dim_feedforward=512,
-        drop_rate=0.0,
-        attn_drop_rate=0.0,
-        num_queries=12,
-    ),
+    dataclasses.replace(DETR_TINY, img_size=(96, 96), dilation=True, drop_rate=0.0, attn_drop_rate=0.0, num_queries=12),
     DETR_PAPER,
 )
