@@ -1,4 +1,4 @@
-"""Attention maps and rollout against explicit implementations written here; colour maps, overlays, plots."""
+"""Attention maps and rollout against explicit implementations written here; colour maps, overlays."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from vitkit.viz import (
     attention_rollout,
     cls_attention,
     colorize,
-    confusion_image,
     model_view,
     overlay,
 )
@@ -140,16 +139,3 @@ def test_attention_overlay_of_an_image():
     image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (28, 28), dtype=np.uint8))
     picture = attention_overlay(model, image, (0.5,), (0.25,), rollout=True)
     assert picture.size == (224, 224) and picture.mode == "RGB"
-
-
-def test_confusion_image_cells_follow_row_shares():
-    confusion = torch.tensor([[3, 1], [0, 4]])
-    picture = np.asarray(confusion_image(confusion, ["cat", "dog"], cell=40))
-    assert picture.shape == (160, 160, 3)
-    shares = torch.tensor([[0.75, 0.25], [0.0, 1.0]])
-    expected = colorize(shares, 0.0, 1.0)
-    for i in range(2):
-        for j in range(2):
-            assert picture[80 + i * 40 + 3, 80 + j * 40 + 3].tolist() == expected[i, j].tolist()
-    with pytest.raises(ValueError, match="does not match 3 classes"):
-        confusion_image(confusion, ["a", "b", "c"])

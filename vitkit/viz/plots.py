@@ -1,56 +1,133 @@
-"""Plots: the confusion matrix of an evaluation (Pillow alone), and cost and activation memory against image size
-(matplotlib, installed with the `plot` extra)."""
+"""Plots (matplotlib): the confusion matrix of an evaluation, and cost and activation memory against image size."""
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image
 
 from vitkit.analysis.report import ScalePoint, crossover
-from vitkit.viz.attention import colorize
+from vitkit.viz.attention import colormap, figure_image, fonts_for, new_figure, save_picture, spell
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+MAX_LABEL = 40  # characters of a class name shown on an axis; longer names end in "…"
+MAX_MATRIX = 14.0  # inches: the matrix grows with the class count up to this side, its cells shrink beyond
+CELL = 0.55  # inches per cell while the matrix fits in MAX_MATRIX (up to 25 classes)
+MIN_FONT = 6.0  # points: tick labels smaller than this are thinned out (every n-th class) instead
+LEGEND_FONT = 8.0  # points: the index -> name legend
 
 
-def confusion_image(confusion: torch.Tensor, classes: list[str] | tuple[str, ...], cell: int = 40) -> Image.Image:
-    """A confusion matrix (K, K) (rows: true class, columns: predicted class) as a picture.
+def _text_width(text: str, points: float) -> float:
+    """Inches a line of `text` takes at `points` (DejaVu Sans averages about 0.6 em per character)."""
+    return len(text) * 0.6 * points / 72
 
-    Each cell is coloured by the share of its row (so every class reads on the same scale) and shows its count.
+
+def confusion_figure(confusion: torch.Tensor, classes: Sequence[str], title: str | None = None) -> Figure:
+    """A confusion matrix (K, K) (rows: true class, columns: predicted class) as a matplotlib figure.
+
+    Each cell is coloured by its share of the row (so every class reads on the same scale, shown by a colour bar)
+    and shows its count where the count fits the cell. The figure grows with K; class names label both axes
+    (the x labels rotated), in `FONT` and, for characters it lacks, any installed font that has them. Names
+    with characters no installed font draws are replaced on the axes by their indices, and a legend beside the
+    matrix maps each index to its name (those characters written as code points, <U+732B>). The title gives
+    the accuracy (the diagonal's share of all images), after `title` when one is given.
     """
     K = len(classes)
-    if confusion.shape != (K, K):
+    if tuple(confusion.shape) != (K, K):
         raise ValueError(f"confusion matrix of shape {tuple(confusion.shape)} does not match {K} classes")
-    font = ImageFont.load_default(size=max(cell // 3, 8))
-    margin = cell * 2
-    image = Image.new("RGB", (margin + K * cell, margin + K * cell), "white")
-    draw = ImageDraw.Draw(image)
-    counts = confusion.double()
+    counts = confusion.detach().double().cpu()
+    total, correct = int(counts.sum()), int(counts.trace())
     shares = counts / counts.sum(dim=1, keepdim=True).clamp(min=1)  # (K, K)
-    colours = colorize(shares, 0.0, 1.0)  # (K, K, 3)
-    for i in range(K):
-        for j in range(K):
-            x, y = margin + j * cell, margin + i * cell
-            draw.rectangle((x, y, x + cell - 1, y + cell - 1), fill=tuple(colours[i, j].tolist()))
-            ink = "white" if shares[i, j] < 0.5 else "black"  # readable on the dark and the light end of the map
-            draw.text((x + cell / 2, y + cell / 2), str(int(counts[i, j])), fill=ink, font=font, anchor="mm")
-    for k, name in enumerate(classes):
-        label = name if len(name) <= 8 else name[:7] + "…"
-        draw.text((margin + k * cell + cell / 2, margin - 4), label, fill="black", font=font, anchor="md")
-        draw.text((margin - 4, margin + k * cell + cell / 2), label, fill="black", font=font, anchor="rm")
-    draw.text((margin + K * cell / 2, cell / 2), "predicted", fill="black", font=font, anchor="mm")
-    draw.text((4, cell / 2), "true", fill="black", font=font, anchor="lm")
-    return image
+    fonts, missing = fonts_for(list(classes))
+    by_index = bool(missing)
+    labels = (
+        [str(k) for k in range(K)]
+        if by_index
+        else [n if len(n) <= MAX_LABEL else n[: MAX_LABEL - 1] + "…" for n in classes]
+    )
+
+    cell = min(CELL, MAX_MATRIX / K)  # inches
+    tick_font = min(10.0, cell * 72 * 0.6)
+    step = math.ceil(MIN_FONT / tick_font) if tick_font < MIN_FONT else 1
+    tick_font = max(tick_font, MIN_FONT)
+    label_width = max(_text_width(label, tick_font) for label in labels[::step])
+    rotation = 45 if K <= 30 else 90
+    matrix = K * cell
+    legend_rows = legend_columns = 0
+    legend_width = 0.0
+    if by_index:
+        legend_rows = max(10, math.floor((matrix + 1) / (LEGEND_FONT * 1.5 / 72)))
+        legend_columns = math.ceil((K + 1) / legend_rows)
+        entries = ["index  class", *(f"{k}  {spell(name, missing)}" for k, name in enumerate(classes))]
+        column_width = max(_text_width(e, LEGEND_FONT) for e in entries) + 0.3
+        legend_width = legend_columns * column_width
+    width = max(4.5, matrix + label_width + 2.0 + legend_width)
+    height = max(3.5, matrix + label_width * (0.75 if rotation == 45 else 1.0) + 1.4)
+    figure = new_figure(width, height)
+    if by_index:
+        layout = figure.add_gridspec(1, 2, width_ratios=(width - legend_width, legend_width))
+        ax, legend = figure.add_subplot(layout[0, 0]), figure.add_subplot(layout[0, 1])
+    else:
+        ax = figure.add_subplot()
+    image = ax.imshow(shares.numpy(), cmap=colormap(), vmin=0.0, vmax=1.0)
+    ticks = list(range(0, K, step))
+    ax.set_xticks(
+        ticks,
+        [labels[k] for k in ticks],
+        rotation=rotation,
+        ha="right",
+        va="top" if rotation == 45 else "center",
+        rotation_mode="anchor",
+        fontsize=tick_font,
+        fontfamily=fonts,
+        parse_math=False,
+    )
+    ax.set_yticks(ticks, [labels[k] for k in ticks], fontsize=tick_font, fontfamily=fonts, parse_math=False)
+    ax.set_xlabel("predicted class" + (" (index)" if by_index else ""))
+    ax.set_ylabel("true class" + (" (index)" if by_index else ""))
+    count_font = min(10.0, cell * 72 * 0.4)
+    widest = len(str(int(counts.max()))) if K else 1
+    if count_font >= 5 and _text_width("0" * widest, count_font) <= cell * 0.85:
+        for i in range(K):
+            for j in range(K):
+                ink = "white" if shares[i, j] < 0.5 else "black"  # readable on the dark and the light end of the map
+                ax.text(j, i, str(int(counts[i, j])), ha="center", va="center", color=ink, fontsize=count_font)
+    figure.colorbar(image, ax=ax, shrink=0.8, label="share of the true class's images")
+    summary = f"accuracy {correct / total:.1%} ({correct} of {total} images, {K} classes)" if total else "no images"
+    ax.set_title(f"{title}\n{summary}" if title else summary, fontfamily=fonts, parse_math=False)
+    if by_index:
+        legend.set_axis_off()
+        for k, entry in enumerate(entries):
+            column, row = divmod(k, legend_rows)
+            legend.text(
+                column / legend_columns,
+                1 - row / legend_rows,
+                entry,
+                transform=legend.transAxes,
+                va="top",
+                fontsize=LEGEND_FONT,
+                fontfamily=fonts,
+                parse_math=False,
+            )
+    return figure
 
 
-def plot_scaling(points: list[ScalePoint], path: str, title: str) -> None:
-    """Draw FLOPs (N^2 and linear terms) and peak activation memory against image side to a PNG."""
-    try:
-        import matplotlib
+def confusion_image(confusion: torch.Tensor, classes: Sequence[str], title: str | None = None) -> Image.Image:
+    """`confusion_figure` drawn as an RGB PIL image (e.g. ``confusion_image(c, names).save("confusion.png")``)."""
+    return figure_image(confusion_figure(confusion, classes, title))
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as err:
-        raise OSError("plotting needs matplotlib: pip install 'vitkit[plot]'") from err
+
+def plot_scaling(points: list[ScalePoint], path: str | os.PathLike, title: str) -> None:
+    """Draw FLOPs (N^2 and linear terms) and peak activation memory against image side to a PNG (its folder made)."""
     sides = [p.side for p in points]
-    fig, (ax_flops, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.2))
+    figure = new_figure(11, 4.2, dpi=110)
+    ax_flops, ax_mem = figure.subplots(1, 2)
     ax_flops.plot(sides, [p.quadratic_flops / 1e9 for p in points], "o-", label="attention N^2 terms")
     ax_flops.plot(sides, [p.linear_flops / 1e9 for p in points], "s-", label="linear terms (qkv, proj, MLP, ...)")
     cross = crossover(points)
@@ -68,6 +145,4 @@ def plot_scaling(points: list[ScalePoint], path: str, title: str) -> None:
     ax_mem.plot(sides, [p.activation_bytes_math / 2**20 for p in points], "s-", label="math (explicit N x N)")
     ax_mem.set(xlabel="image side (px)", ylabel="peak activations (MiB)", yscale="log", title="activation memory")
     ax_mem.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_picture(figure, path)

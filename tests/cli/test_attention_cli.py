@@ -1,0 +1,183 @@
+"""`vitkit attention` on a digit: the figure and the prediction it prints (checked against an explicit forward
+pass), options that do not apply refused, model directories without dataset.json, and the detector path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit import create_model, save_pretrained
+from vitkit.cli import main
+from vitkit.data import DataInfo, DetectionInfo, load_builtin, load_digits_detect, write_coco_folder, write_image_folder
+from vitkit.viz.attention import COLORMAP
+from vitkit.weights import export_weights
+
+TINY = dict(img_size=28, patch_size=7, embed_dim=16, depth=2, num_heads=2, num_classes=10)
+NAMES = tuple("zero one two three four five six seven eight nine".split())
+MEAN, STD = (0.1307,), (0.3081,)
+
+
+@pytest.fixture(scope="module")
+def digit(tmp_path_factory):
+    """A 28x28 MNIST seven as a PNG file."""
+    _, test, info = load_builtin("mnist5k")
+    folder = write_image_folder(test, info.classes, tmp_path_factory.mktemp("digits"), per_class=1)
+    return sorted((folder / "7").glob("*.png"))[0]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return create_model("vit_tiny_patch16_224", **TINY).eval()
+
+
+@pytest.fixture(scope="module")
+def dirs(model, tmp_path_factory):
+    """Model directories of one model: as vitkit train writes it (dataset.json), with its names and normalisation
+    in config.json, with neither, and exported for Hugging Face transformers (names as id2label)."""
+    root = tmp_path_factory.mktemp("models")
+    save_pretrained(model, root / "trained")
+    DataInfo("builtin:mnist5k", NAMES, MEAN, STD, 0.0, 0).save(root / "trained")
+    save_pretrained(model, root / "named", class_names=NAMES, mean=MEAN, std=STD)
+    save_pretrained(model, root / "bare")
+    export_weights(model, root / "hf", "hf", class_names=NAMES)
+    return root
+
+
+def _explicit(model, path, mean, std) -> torch.Tensor:
+    """Class probabilities of a 28x28 image, preprocessed with numpy alone."""
+    pixels = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255  # (H, W, 3)
+    x = (torch.from_numpy(pixels) - torch.tensor(mean)) / torch.tensor(std)  # (H, W, 3)
+    with torch.no_grad():
+        return model(x.permute(2, 0, 1)[None]).softmax(-1)[0]  # (K,)
+
+
+def _printed_prediction(text: str) -> tuple[str, float]:
+    line = next(line for line in text.splitlines() if line.startswith("predicted "))
+    name, probability = line.removeprefix("predicted ").split(" (")
+    return name, float(probability.rstrip(")"))
+
+
+def test_the_figure_and_the_prediction(model, dirs, digit, capsys, tmp_path):
+    target = tmp_path / "new" / "folder" / "seven.png"
+    assert main(["attention", "--model-dir", str(dirs / "trained"), str(digit), "--out", str(target)]) == 0
+    out, err = capsys.readouterr()
+    probabilities = _explicit(model, digit, MEAN, STD)
+    name, probability = _printed_prediction(out)
+    assert name == NAMES[int(probabilities.argmax())]
+    assert probability == pytest.approx(probabilities.max().item(), abs=1e-4)
+    assert out.splitlines()[-1] == f"layer 1 (of 0..1), mean of 2 heads -> {target}" and err == ""
+    picture = Image.open(target)
+    assert picture.format == "PNG" and picture.width > 1.5 * picture.height  # the image beside its map
+    pixels = np.asarray(picture.convert("RGB")).reshape(-1, 3).astype(int)
+    for end in (COLORMAP[0], COLORMAP[-1]):  # the colour bar (the maps are blended, never the pure ends)
+        assert (np.abs(pixels - np.array(end)).max(axis=1) <= 12).any()
+
+
+@pytest.mark.parametrize(
+    "extra, rows, maps",
+    [(["--head", "all"], 1, 2), (["--grid"], 2, 4), (["--rollout"], 1, 1), (["--layer", "0", "--head", "1"], 1, 1)],
+)
+def test_every_head_the_grid_and_rollout(dirs, digit, capsys, tmp_path, extra, rows, maps):
+    target = tmp_path / "figure.png"
+    assert main(["attention", "--model-dir", str(dirs / "trained"), str(digit), "--out", str(target), *extra]) == 0
+    one = tmp_path / "one.png"
+    assert main(["attention", "--model-dir", str(dirs / "trained"), str(digit), "--out", str(one)]) == 0
+    width, height = Image.open(target).size
+    one_width, one_height = Image.open(one).size
+    if rows > 1:
+        assert height > rows * 0.8 * one_height
+    if maps > 1:
+        assert width > one_width
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--rollout", "--layer", "1"], "layer 1 does not apply to attention rollout"),
+        (["--rollout", "--head", "0"], "head 0 does not apply to attention rollout"),
+        (["--grid", "--rollout"], "rollout and grid do not combine"),
+        (["--grid", "--head", "all"], "head all does not apply to a grid"),
+        (["--grid", "--layer", "-1"], "layer -1 does not apply to a grid"),
+        (["--layer", "5"], "layer 5 is out of range for a model with 2 attention layers (valid: 0..1, or -2..-1"),
+        (["--head", "2"], "head 2 is out of range for 2 heads (valid: 0..1, or -2..-1 from the end)"),
+        (["--threshold", "0.3"], "--threshold is a detector's smallest class probability;"),
+        (["--alpha", "2"], "alpha must be in [0, 1], got 2.0"),
+    ],
+)
+def test_options_that_do_not_apply_are_errors(dirs, digit, capsys, tmp_path, extra, message):
+    target = tmp_path / "figure.png"
+    assert main(["attention", "--model-dir", str(dirs / "trained"), str(digit), "--out", str(target), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not target.exists()
+
+
+def test_a_head_that_is_no_number_is_a_usage_error(dirs, digit, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(
+            ["attention", "--model-dir", str(dirs / "trained"), str(digit), "--out", str(tmp_path / "f.png")]
+            + ["--head", "x"]
+        )
+    assert "expected a head index, 'mean' or 'all', got 'x'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "directory, names, mean, std",
+    [
+        ("named", NAMES, MEAN, STD),  # names and normalisation in config.json
+        ("bare", None, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),  # neither: indices, ImageNet's statistics
+        ("hf", NAMES, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),  # id2label, no preprocessor_config.json
+    ],
+)
+def test_a_model_directory_without_dataset_json(model, dirs, digit, capsys, tmp_path, directory, names, mean, std):
+    target = tmp_path / "figure.png"
+    args = ["attention", "--model-dir", str(dirs / directory), str(digit), "--out", str(target), "--grid"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert err.count("has no dataset.json") == 1  # said once, though every layer and head is drawn
+    probabilities = _explicit(model, digit, mean, std)
+    k = int(probabilities.argmax())
+    name, probability = _printed_prediction(out)
+    assert name == (names[k] if names else str(k))
+    assert probability == pytest.approx(probabilities[k].item(), abs=1e-4)
+    assert target.is_file()
+
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory):
+    """An untrained tiny detector's model directory, as vitkit train writes one, and a digits-detect canvas."""
+    torch.manual_seed(0)
+    layout = dict(backbone_width=8, hidden_dim=16, num_heads=2, dim_feedforward=32, num_queries=6, num_classes=10)
+    model = create_model("detr_digits", **layout)
+    root = tmp_path_factory.mktemp("detector")
+    save_pretrained(model, root / "model")
+    save_pretrained(model, root / "bare")  # no dataset.json
+    classes = tuple(str(k) for k in range(10))
+    DetectionInfo("builtin:digits-detect", classes, tuple(range(10)), (0.5,) * 3, (0.25,) * 3).save(root / "model")
+    _, val, _ = load_digits_detect()
+    write_coco_folder(val, root / "coco", "val", limit=1)
+    return root / "model", sorted((root / "coco" / "val").glob("*.png"))[0]
+
+
+def test_the_detector_figure(detector, capsys, tmp_path):
+    directory, canvas = detector
+    target = tmp_path / "new" / "objects.png"
+    args = ["attention", "--model-dir", str(directory), str(canvas), "--out", str(target), "--threshold", "0"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("6 objects and their decoder layer -1 cross-attention (mean of heads)")
+    assert out.splitlines()[-1] == f"figure written to {target}" and target.is_file()
+    for extra, message in [
+        (["--rollout"], "a detector's figure shows each object"),
+        (["--grid"], "--grid draws a classifier's layers and heads"),
+        (["--head", "all"], "--head all draws a classifier's heads"),
+        (["--head", "2"], "head 2 is out of range for 2 heads"),
+    ]:
+        assert main([*args, *extra]) == 2
+        assert message in capsys.readouterr().err
+    bare = ["attention", "--model-dir", str(directory.parent / "bare"), str(canvas), "--out", str(tmp_path / "b.png")]
+    assert main([*bare, "--threshold", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("6 objects") and err.count("has no dataset.json") == 1
