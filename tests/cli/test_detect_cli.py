@@ -4,6 +4,7 @@ COCO-format folder."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -73,6 +74,64 @@ def test_predict_draws_and_lists_the_detections_of_a_folder(trained, capsys, tmp
         assert changed.any() == bool(row["detections"])  # boxes drawn where there are detections, nothing else
     assert main(["predict", "--model-dir", str(out / "final"), str(images[0]), "--out", str(tmp_path / "one")]) == 0
     assert "detections written to" in capsys.readouterr().out
+
+
+def test_predict_skips_unreadable_images_of_folders_and_patterns(trained, capsys, tmp_path):
+    out, data = trained
+    images = sorted((data / "val").glob("*.png"))
+    folder = tmp_path / "mixed"
+    (folder / "inner").mkdir(parents=True)
+    shutil.copy(images[0], folder / "inner" / "first.png")
+    (folder / "inner" / "broken.png").write_bytes(images[0].read_bytes()[:70])
+    listing = tmp_path / "new" / "rows.json"
+    args = ["predict", "--model-dir", str(out / "final"), str(folder), f"{data}/val/*[23].png", "--threshold", "0"]
+    assert main([*args, "--out", str(tmp_path / "pred"), "--json", str(listing)]) == 0
+    captured = capsys.readouterr()
+    readable = [folder / "inner" / "first.png", *sorted((data / "val").glob("*[23].png"))]
+    expected = detect_files(from_pretrained(out / "final"), DetectionInfo.load(out / "final"), readable, 0.0)
+    assert json.loads(listing.read_text()) == [found.to_dict() for found in expected]
+    assert captured.out.splitlines()[0] == f"{readable[0]}: 6 objects" and f"JSON written to {listing}" in captured.out
+    broken = folder / "inner" / "broken.png"
+    assert captured.err.startswith(f"vitkit predict: warning: cannot read image {broken}: ")
+    assert "skipped 1 unreadable image:" in captured.err
+    assert len(json.loads((tmp_path / "pred" / "detections.json").read_text())) == len(readable)
+    assert main(["predict", "--model-dir", str(out / "final"), str(broken)]) == 1
+    for extra in (["--top-k", "2"], ["--csv", str(tmp_path / "x.csv")], ["--batch-size", "4"]):
+        assert main(["predict", "--model-dir", str(out / "final"), str(images[0]), *extra]) == 2
+        assert f"{extra[0]} only applies to a classifier" in capsys.readouterr().err
+
+
+def test_a_detector_directory_without_dataset_json(trained, capsys, tmp_path):
+    """A copy of the model without dataset.json, and one whose config.json also lost the class names and statistics:
+    the COCO folder's category ids are the class indices and its statistics ImageNet's, so both predict and
+    evaluate as the directory with dataset.json does."""
+    out, data = trained
+    assert DetectionInfo.load(out / "final").mean == (0.485, 0.456, 0.406)
+    named, plain = tmp_path / "named", tmp_path / "plain"
+    for directory in (named, plain):
+        directory.mkdir()
+        for name in ("config.json", "model.safetensors", "postprocess.json"):
+            shutil.copy(out / "final" / name, directory / name)
+    config = json.loads((plain / "config.json").read_text())
+    (plain / "config.json").write_text(
+        json.dumps({k: v for k, v in config.items() if k not in ("class_names", "mean", "std")})
+    )
+    image = str(sorted((data / "val").glob("*.png"))[0])
+    args = [image, "--threshold", "0.05", "--json", "--out", str(tmp_path / "pred")]
+    assert main(["predict", "--model-dir", str(out / "final"), *args]) == 0
+    reference = json.loads(capsys.readouterr().out)
+    for directory, names in ((named, "the class names saved with the model"), (plain, "class indices (0, 1, ...)")):
+        assert main(["predict", "--model-dir", str(directory), *args]) == 0
+        captured = capsys.readouterr()
+        assert json.loads(captured.out) == reference and captured.err.count("note:") == 1
+        assert f"{directory} has no dataset.json" in captured.err and names in captured.err
+    assert main(["eval", "--model-dir", str(plain)]) == 2
+    assert "name the data to evaluate on" in capsys.readouterr().err
+    assert main(["eval", "--model-dir", str(out / "final"), "--json"]) == 0
+    reference = json.loads(capsys.readouterr().out)
+    assert main(["eval", "--model-dir", str(plain), "--data", str(data), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == reference and f"the class names of {data}" in captured.err
 
 
 def test_attention_draws_each_detection_with_its_map(trained, capsys, tmp_path):

@@ -5,16 +5,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
+from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.detection import COCO_METRICS
 from vitkit.train import evaluate_detector_dir, evaluate_model_dir, is_detector_dir
+from vitkit.train.evaluate import missing_info_note
 from vitkit.viz import confusion_image
 
-HELP = "evaluate a model written by 'vitkit train': loss, top-1 / top-5 and per-class accuracy, or a detector's mAP"
+HELP = "evaluate a trained or converted model: loss, top-1 / top-5 and per-class accuracy, or a detector's mAP"
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-dir", required=True, metavar="DIR", help="a model directory (e.g. runs/train/final)")
+    parser.add_argument(
+        "--model-dir",
+        required=True,
+        metavar="DIR",
+        help="a model directory: written by vitkit train (e.g. runs/train/final), save_pretrained or vitkit convert "
+        "(then --data is needed)",
+    )
     parser.add_argument(
         "--data",
         default=None,
@@ -28,20 +38,29 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
+def _note(args: argparse.Namespace) -> None:
+    note = missing_info_note(args.model_dir, args.data)
+    if note:
+        print(f"vitkit eval: note: {note}", file=sys.stderr)
+
+
+def _skipped(skipped: tuple[Unreadable, ...]) -> None:
+    if skipped:
+        print(summarize_unreadable(skipped), file=sys.stderr)
+
+
 def _run_detector(args: argparse.Namespace) -> int:
     if args.plot:
         raise ValueError("--plot draws a classifier's confusion matrix; a detector has none")
     result, _ = evaluate_detector_dir(args.model_dir, args.data, args.batch_size, args.device, args.workers)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-        return 0
+    _note(args)
     values = result.to_dict()
-    print(
-        f"images {result.count}  "
-        + "  ".join(f"{k} {'-' if values[k] is None else f'{values[k]:.4f}'}" for k in COCO_METRICS)
-    )
-    for name in result.skipped:
-        print(f"skipped unreadable image {name}")
+    if args.json:
+        print(json.dumps(values, indent=2))
+    else:
+        metrics = "  ".join(f"{k} {'-' if values[k] is None else f'{values[k]:.4f}'}" for k in COCO_METRICS)
+        print(f"images {result.count}  {metrics}")
+    _skipped(result.skipped)
     return 0
 
 
@@ -49,18 +68,19 @@ def run(args: argparse.Namespace) -> int:
     if is_detector_dir(args.model_dir):
         return _run_detector(args)
     result, info = evaluate_model_dir(args.model_dir, args.data, args.batch_size, args.device, args.workers)
-    if args.plot:
-        confusion_image(result.confusion, info.classes).save(args.plot)
+    _note(args)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
-        return 0
-    print(f"images {result.count}  loss {result.loss:.4f}  top-1 {result.top1:.4f}  top-5 {result.top5:.4f}")
-    per_class = result.class_accuracies()
-    width = max(len(name) for name in per_class)
-    for name, acc in per_class.items():
-        print(f"  {name:<{width}}  {'-' if acc is None else f'{acc:.4f}'}")
-    for name in result.skipped:
-        print(f"skipped unreadable image {name}")
+    else:
+        print(f"images {result.count}  loss {result.loss:.4f}  top-1 {result.top1:.4f}  top-5 {result.top5:.4f}")
+        per_class = result.class_accuracies()
+        width = max(len(name) for name in per_class)
+        for name, acc in per_class.items():
+            print(f"  {name:<{width}}  {'-' if acc is None else f'{acc:.4f}'}")
+    _skipped(result.skipped)
     if args.plot:
-        print(f"confusion matrix written to {args.plot}")
+        plot = Path(args.plot)
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        confusion_image(result.confusion, info.classes).save(plot)
+        print(f"confusion matrix written to {plot}", file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -1,63 +1,166 @@
-"""`vitkit predict`: the most probable classes of images under a trained classifier, or a trained detector's
-boxes drawn on each image and listed in JSON."""
+"""`vitkit predict`: the most probable classes of images under a classifier, as a table, CSV or JSON; or a detector's
+boxes drawn on each image and listed in JSON.
+
+Images are files, folders (searched at any depth) and glob patterns. stdout holds the results (a table, or JSON
+with `--json` and no file); warnings, the list of unreadable files and notes go to stderr. The exit status is 0
+when at least one image was read, 1 when none could be, 2 for a mistake in the command.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
-from vitkit.data import DataInfo
-from vitkit.train import detect_files, image_paths, is_detector_dir, load_detector, predict_files, write_detections
-from vitkit.train.distributed import resolve_device
-from vitkit.weights import from_pretrained
+from tqdm import tqdm
 
-HELP = "classify images with a model written by 'vitkit train', or find objects with a detector"
+from vitkit.data import Unreadable, summarize_unreadable
+from vitkit.data.sources import IMAGE_EXTENSIONS
+from vitkit.train import image_paths, is_detector_dir, load_detector, write_detections
+from vitkit.train.detect import detect_paths
+from vitkit.train.evaluate import (
+    format_predictions,
+    load_classifier,
+    missing_info_note,
+    predict_paths,
+    write_json,
+    write_predictions_csv,
+)
+
+HELP = "classify images with a trained or converted model, or find objects with a detector"
+STDOUT = "-"
+DEFAULTS = {"top_k": 5, "batch_size": 32, "threshold": 0.5, "out": "runs/predict"}
+CLASSIFIER_ONLY = ("top_k", "batch_size", "csv")
+DETECTOR_ONLY = ("threshold", "out")
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-dir", required=True, metavar="DIR", help="a model directory (e.g. runs/train/final)")
-    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files, or folders of them")
-    parser.add_argument("--top-k", type=int, default=5, help="how many classes to show per image (default: 5)")
     parser.add_argument(
-        "--threshold", type=float, default=0.5, help="a detector's smallest class probability kept (default: 0.5)"
+        "--model-dir",
+        required=True,
+        metavar="DIR",
+        help="a model directory: written by vitkit train (e.g. runs/train/final), save_pretrained or vitkit convert",
+    )
+    parser.add_argument(
+        "images",
+        nargs="+",
+        metavar="IMAGE",
+        help="image files, folders of them (searched at any depth) or quoted glob patterns ('imgs/**/*.png')",
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=None, help=f"classes shown per image (default: {DEFAULTS['top_k']})"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help=f"images per forward pass (default: {DEFAULTS['batch_size']})"
+    )
+    parser.add_argument("--workers", type=int, default=0, help="data loader processes decoding images (default: 0)")
+    parser.add_argument("--csv", metavar="FILE", default=None, help="also write the table as CSV to FILE")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const=STDOUT,
+        default=None,
+        metavar="FILE",
+        help="print the results as JSON instead of a table; with FILE, write them there as well as printing the table",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help=f"a detector's smallest class probability kept (default: {DEFAULTS['threshold']})",
     )
     parser.add_argument(
         "--out",
-        default="runs/predict",
+        default=None,
         metavar="DIR",
-        help="where a detector writes each image with its boxes (PNG) and detections.json (default: runs/predict)",
+        help="where a detector writes each image with its boxes (PNG) and detections.json "
+        f"(default: {DEFAULTS['out']})",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
-    parser.add_argument("--json", action="store_true", help="print the predictions as JSON")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _check(args: argparse.Namespace, detector: bool) -> None:
+    """Options of the other kind of model are errors; defaults filled in for the rest."""
+    unused = [name for name in (CLASSIFIER_ONLY if detector else DETECTOR_ONLY) if getattr(args, name) is not None]
+    if unused:
+        kind, other = ("a detector", "classifier") if detector else ("a classifier", "detector")
+        verb = "apply" if len(unused) > 1 else "applies"
+        raise ValueError(f"{', '.join(map(_flag, unused))} only {verb} to a {other}; {args.model_dir} holds {kind}")
+    if args.json not in (None, STDOUT) and Path(args.json).suffix.lower() in IMAGE_EXTENSIONS:
+        raise ValueError(
+            f"--json takes the JSON file to write, got the image {args.json}: put --json after the images, "
+            "or write --json=FILE"
+        )
+    for name, value in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def _warn(item: Unreadable) -> None:
+    tqdm.write(f"vitkit predict: warning: cannot read image {item}", file=sys.stderr)
+
+
+def _finish(skipped: list[Unreadable], total: int, read: int) -> int:
+    """Print the unreadable files; the exit status (1 when nothing could be read)."""
+    if skipped:
+        print(summarize_unreadable(skipped), file=sys.stderr)
+    if read == 0:
+        print(f"vitkit predict: error: none of the {total} images could be read", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _run_detector(args: argparse.Namespace) -> int:
+    paths = image_paths(args.images)
     model, info, classification = load_detector(args.model_dir, args.device)
-    found = detect_files(model, info, image_paths(args.images), args.threshold, classification)
-    pictures, listing = write_detections(found, args.out, info.classes)
-    if args.json:
-        print(json.dumps([item.to_dict() for item in found], indent=2))
-        return 0
-    for item, picture in zip(found, pictures, strict=True):
-        print(f"{item.image}: {len(item.detections)} objects -> {picture}")
-        for d in item.detections:
-            x0, y0, x1, y1 = d.box
-            print(f"  {d.label}  {d.score:.4f}  box {x0:.1f} {y0:.1f} {x1:.1f} {y1:.1f}")
-    print(f"detections written to {listing}")
-    return 0
+    note = missing_info_note(args.model_dir)
+    if note:
+        print(f"vitkit predict: note: {note}", file=sys.stderr)
+    found, skipped = detect_paths(model, info, paths, args.threshold, classification, args.workers, on_unreadable=_warn)
+    rows = [item.to_dict() for item in found]
+    notes = sys.stdout
+    if found:
+        if args.json == STDOUT:
+            print(json.dumps(rows, indent=2))
+            notes = sys.stderr
+        else:
+            for item in found:
+                print(f"{item.image}: {len(item.detections)} objects")
+                for d in item.detections:
+                    x0, y0, x1, y1 = d.box
+                    print(f"  {d.label}  {d.score:.4f}  box {x0:.1f} {y0:.1f} {x1:.1f} {y1:.1f}")
+        _, listing = write_detections(found, args.out, info.classes)
+        print(f"pictures with the boxes and detections written to {listing.parent}, listed in {listing}", file=notes)
+        if args.json not in (None, STDOUT):
+            print(f"JSON written to {write_json(rows, args.json)}", file=notes)
+    return _finish(skipped, len(paths), len(found))
 
 
 def run(args: argparse.Namespace) -> int:
-    if is_detector_dir(args.model_dir):
+    detector = is_detector_dir(args.model_dir)
+    _check(args, detector)
+    if detector:
         return _run_detector(args)
-    model = from_pretrained(args.model_dir).to(resolve_device(args.device))
-    results = predict_files(model, DataInfo.load(args.model_dir), image_paths(args.images), args.top_k)
-    if args.json:
-        print(json.dumps([result.to_dict() for result in results], indent=2))
-        return 0
-    for result in results:
-        print(result.image)
-        width = max(len(name) for name, _ in result.top)
-        for name, p in result.top:
-            print(f"  {name:<{width}}  {p:.4f}")
-    return 0
+    paths = image_paths(args.images)
+    model, info = load_classifier(args.model_dir, args.device)
+    note = missing_info_note(args.model_dir)
+    if note:
+        print(f"vitkit predict: note: {note}", file=sys.stderr)
+    found = predict_paths(model, info, paths, args.top_k, args.batch_size, args.workers, on_unreadable=_warn)
+    notes = sys.stdout
+    if found.predictions:
+        if args.json == STDOUT:
+            print(json.dumps(found.to_dicts(), indent=2))
+            notes = sys.stderr
+        else:
+            print(format_predictions(found.predictions))
+        if args.csv:
+            print(f"CSV written to {write_predictions_csv(found.predictions, args.csv)}", file=notes)
+        if args.json not in (None, STDOUT):
+            print(f"JSON written to {write_json(found.to_dicts(), args.json)}", file=notes)
+    return _finish(found.skipped, len(paths), len(found.predictions))

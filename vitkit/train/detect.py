@@ -4,7 +4,9 @@ each detection (DETR's figure 6).
 A detector's model directory, as `vitkit train` writes it, holds the model (config.json, model.safetensors), the
 data description (dataset.json, a `vitkit.data.DetectionInfo`) and postprocess.json, how its class scores are read:
 {"classification": "ce"} (softmax over the classes and "no object", DETR) or "focal" (a sigmoid per class,
-Deformable DETR). A directory without postprocess.json is read as DETR's "ce".
+Deformable DETR). A directory without postprocess.json is read as DETR's "ce". A directory without dataset.json
+(`save_pretrained`, `vitkit convert`) is a detector when its model is one, and is used with what its config holds,
+as `vitkit.train.evaluate` describes for classifiers; each class index is then its category id.
 
 Letters: B images, C channels, H, W image size, Q object queries, h, w feature-map size, n detections.
 """
@@ -14,8 +16,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +27,22 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader
 
-from vitkit.data import DetectionInfo, EpochSampler, image_mode, load_detection, normalize, open_image
+from vitkit.data import DetectionInfo, EpochSampler, Unreadable, image_mode, load_detection, normalize, open_image
 from vitkit.data.sources import INFO_NAME
 from vitkit.detection import CocoEvaluator, collate_detection, pad_images, postprocess
 from vitkit.layers import capture_attention, to_2tuple
 from vitkit.layers.attention import attention_layers
 from vitkit.train.distributed import DistEnv, resolve_device
-from vitkit.train.evaluate import autocast
+from vitkit.train.evaluate import (
+    autocast,
+    image_loader,
+    model_dir_classes,
+    progress_bar,
+    unreadable_dicts,
+)
+from vitkit.train.recipe import DETECTION, model_task
 from vitkit.viz import draw_detections, object_attention_figure
-from vitkit.weights import from_pretrained
+from vitkit.weights import from_pretrained, model_info
 
 SETTINGS_NAME = "postprocess.json"
 MAX_SIZE = 1333  # the longer side of a detector's input is at most this (DETR's resize, as CocoDetection's)
@@ -48,12 +57,12 @@ FOCAL_PRIOR = 0.01
 class DetectionResult:
     metrics: dict[str, float]  # ap, ap50, ap75, ap_small, ap_medium, ap_large in [0, 1]; NaN with nothing to score
     count: int  # images evaluated
-    skipped: tuple[str, ...]  # images that could not be read
+    skipped: tuple[Unreadable, ...]  # images that could not be read, with the reason
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values: images, the six COCO metrics (None where NaN), skipped."""
+        """Plain JSON values: images, the six COCO metrics (None where NaN), skipped (a list of {image, reason})."""
         metrics = {k: None if math.isnan(v) else v for k, v in self.metrics.items()}
-        return {"images": self.count, **metrics, "skipped": list(self.skipped)}
+        return {"images": self.count, **metrics, "skipped": unreadable_dicts(self.skipped)}
 
 
 @dataclass(frozen=True)
@@ -105,10 +114,11 @@ def load_detection_settings(directory: str | os.PathLike) -> str:
 
 
 def is_detector_dir(directory: str | os.PathLike) -> bool:
-    """Whether a model directory written by vitkit train holds a detector (its dataset.json says task detection)."""
+    """Whether a model directory holds a detector: its dataset.json says task detection, or without one (a
+    directory of `save_pretrained`, `vitkit convert`) its config.json names a detector family (DETR)."""
     path = Path(directory) / INFO_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: expected a model directory written by vitkit train")
+        return model_task(init=os.fspath(directory)) == DETECTION
     try:
         return json.loads(path.read_text()).get("task") == "detection"
     except (json.JSONDecodeError, AttributeError) as err:
@@ -116,9 +126,18 @@ def is_detector_dir(directory: str | os.PathLike) -> bool:
 
 
 def load_detector(directory: str | os.PathLike, device: str | None = None) -> tuple[nn.Module, DetectionInfo, str]:
-    """(model on `device`, data description, classification) of a detector's model directory."""
+    """(model on `device`, data description, classification) of a detector's model directory.
+
+    The description is its dataset.json, or without one what the model's config holds
+    (`vitkit.train.evaluate.model_dir_classes`; category id = class index) with an empty `source`.
+    """
     model = from_pretrained(directory).to(resolve_device(device))
-    return model, DetectionInfo.load(directory), load_detection_settings(directory)
+    if (Path(directory) / INFO_NAME).is_file():
+        info = DetectionInfo.load(directory)
+    else:
+        classes, mean, std = model_dir_classes(model)
+        info = DetectionInfo("", classes, tuple(range(len(classes))), mean, std)
+    return model, info, load_detection_settings(directory)
 
 
 def _outputs(model: nn.Module, images: torch.Tensor, mask: torch.Tensor, precision: str) -> dict[str, torch.Tensor]:
@@ -143,9 +162,9 @@ def evaluate_detector(
     model.eval()
     device = next(model.parameters()).device
     evaluator = CocoEvaluator(len(info.classes))
-    skipped: list[str] = []
+    skipped: list[Unreadable] = []
     for batch in loader:
-        skipped += [s.name for s in batch.skipped]
+        skipped += batch.skipped
         if not batch.targets:
             continue
         batch = batch.to(device)
@@ -162,11 +181,26 @@ def evaluate_detector(
 def evaluate_detector_dir(
     model_dir: str, data: str | None = None, batch_size: int = 64, device: str | None = None, workers: int = 0
 ) -> tuple[DetectionResult, DetectionInfo]:
-    """COCO mAP of the detector vitkit train wrote to `model_dir` on the validation split of `data`
-    (builtin:digits-detect or a COCO-format folder; by default the data it was trained on)."""
+    """COCO mAP of the detector in `model_dir` on the validation split of `data` (builtin:digits-detect or a
+    COCO-format folder; by default the data it was trained on, which only a directory written by vitkit train
+    knows).
+
+    A directory without dataset.json needs `data`; when its config names no classes, the data's classes and
+    category ids are taken, in class-index order, as the model's (`vitkit.train.evaluate.missing_info_note` words
+    what stood in). Returns the result and the data description used.
+    """
     model, info, classification = load_detector(model_dir, device)
+    if not info.source and data is None:
+        raise ValueError(
+            f"{model_dir} has no {INFO_NAME}, so the data it was trained on is unknown: name the data to evaluate "
+            "on (vitkit eval --data DIR)"
+        )
     side = min(to_2tuple(model.config.img_size))
     _, val, found = load_detection(data or info.source, channels=model.config.in_chans, img_size=side)
+    if not info.source and model_info(model).class_names is None:
+        if len(found.classes) != len(info.classes):
+            raise ValueError(f"{data} has {len(found.classes)} classes, the model has {len(info.classes)}")
+        info = replace(info, classes=found.classes, category_ids=found.category_ids)
     if found.classes != info.classes:
         raise ValueError(f"{data} has classes {list(found.classes)}, the model knows {list(info.classes)}")
     sampler = EpochSampler(len(val), shuffle=False, pad=False)
@@ -234,13 +268,55 @@ def detect_files(
     threshold: float = 0.5,
     classification: str = "ce",
 ) -> list[ImageDetections]:
-    """`detect` for image files, one at a time (each at its own size), in the order given."""
+    """`detect` for image files, one at a time (each at its own size), in the order given. An unreadable file raises
+    `vitkit.data.UnreadableImageError`; `detect_paths` skips it instead."""
     found = []
     for path in paths:
         image = open_image(path)
         (detections,) = detect(model, info, [image], threshold, classification)
         found.append(ImageDetections(os.fspath(path), (image.height, image.width), detections))
     return found
+
+
+def _keep_image(image: Image.Image) -> Image.Image:
+    return image
+
+
+@torch.no_grad()
+def detect_paths(
+    model: nn.Module,
+    info: DetectionInfo,
+    paths: Sequence[str | os.PathLike],
+    threshold: float = 0.5,
+    classification: str = "ce",
+    workers: int = 0,
+    progress: bool | None = None,
+    on_unreadable: Callable[[Unreadable], None] | None = None,
+) -> tuple[list[ImageDetections], list[Unreadable]]:
+    """`detect_files` for many image files, decoded by a DataLoader (`workers` processes): files that cannot be
+    read are skipped, not raised. Each image still runs alone at its own size, so its detections are those of
+    `detect_files`, whatever the other images. Returns (detections of the readable images, unreadable files), both
+    in the order given.
+
+    Args:
+        progress: a progress bar on stderr (a terminal only); None shows one for more than
+            `vitkit.train.evaluate.PROGRESS_MIN_IMAGES` images.
+        on_unreadable: called with each unreadable file as it is met (e.g. to warn).
+    """
+    found: list[ImageDetections] = []
+    skipped: list[Unreadable] = []
+    with progress_bar(len(paths), progress) as bar:
+        for sample in image_loader(paths, _keep_image, batch_size=None, workers=workers):
+            if isinstance(sample, Unreadable):
+                skipped.append(sample)
+                if on_unreadable is not None:
+                    on_unreadable(sample)
+            else:
+                image, index = sample
+                (detections,) = detect(model, info, [image], threshold, classification)
+                found.append(ImageDetections(os.fspath(paths[index]), (image.height, image.width), detections))
+            bar.update()
+    return found, skipped
 
 
 @torch.no_grad()

@@ -1,0 +1,97 @@
+"""`vitkit eval` on a folder with an unreadable image, and on model directories without dataset.json, checked
+against explicit computations."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.cli import main
+from vitkit.data import DataInfo
+from vitkit.models.registry import create_model
+from vitkit.weights import save_pretrained
+
+CLASSES = ("circle", "square", "triangle")
+MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return create_model("vit_digits_patch7_28", embed_dim=16, depth=1, num_heads=2, num_classes=3).eval()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A folder of class folders: 4 random 28x28 images each, and a truncated file in the last."""
+    root = tmp_path_factory.mktemp("shapes")
+    rng = np.random.default_rng(1)
+    for name in CLASSES:
+        (root / name).mkdir()
+        for k in range(4):
+            Image.fromarray(rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)).save(root / name / f"{k}.png")
+    (root / CLASSES[-1] / "broken.png").write_bytes((root / CLASSES[0] / "0.png").read_bytes()[:50])
+    return root
+
+
+def _expected(model, data, mean=MEAN, std=STD) -> dict:
+    """images, loss and top-1 of the readable images of `data`, computed with numpy and the model."""
+    probabilities, labels = [], []
+    for label, name in enumerate(CLASSES):
+        for path in sorted((data / name).glob("[0-9].png")):
+            pixels = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255  # (H, W, 3)
+            x = (torch.from_numpy(pixels) - torch.tensor(mean)) / torch.tensor(std)
+            with torch.no_grad():
+                probabilities.append(model(x.permute(2, 0, 1)[None]).softmax(-1)[0])
+            labels.append(label)
+    p, y = torch.stack(probabilities), torch.tensor(labels)  # (N, K), (N,)
+    loss = -p[torch.arange(len(y)), y].log().mean().item()
+    return {"images": len(y), "loss": loss, "top1": (p.argmax(1) == y).float().mean().item()}
+
+
+def _eval(model_dir, data, capsys, *extra) -> tuple[dict, str]:
+    assert main(["eval", "--model-dir", str(model_dir), "--data", str(data), "--json", *extra]) == 0
+    captured = capsys.readouterr()
+    return json.loads(captured.out), captured.err
+
+
+def test_unreadable_images_are_listed_with_the_reason(model, data, capsys, tmp_path):
+    directory = save_pretrained(model, tmp_path / "run")
+    DataInfo(str(data), CLASSES, MEAN, STD, val_fraction=0.0, split_seed=0).save(directory)
+    report, err = _eval(directory, data, capsys)
+    broken = str(data / CLASSES[-1] / "broken.png")
+    assert {k: report[k] for k in ("images", "loss", "top1")} == pytest.approx(_expected(model, data), rel=1e-4)
+    assert [item["image"] for item in report["skipped"]] == [broken] and report["skipped"][0]["reason"]
+    assert err.splitlines() == ["skipped 1 unreadable image:", f"  {broken}: {report['skipped'][0]['reason']}"]
+    plot = tmp_path / "new" / "folder" / "confusion.png"
+    assert main(["eval", "--model-dir", str(directory), "--data", str(data), "--plot", str(plot)]) == 0
+    assert plot.is_file() and capsys.readouterr().out.splitlines()[-1] == f"confusion matrix written to {plot}"
+
+
+def test_a_directory_without_dataset_json_needs_the_data(model, data, capsys, tmp_path):
+    named = save_pretrained(model, tmp_path / "named", CLASSES, MEAN, STD)
+    assert main(["eval", "--model-dir", str(named)]) == 2
+    assert "has no dataset.json, so the data it was trained on is unknown" in capsys.readouterr().err
+    report, err = _eval(named, data, capsys)
+    assert {k: report[k] for k in ("images", "loss", "top1")} == pytest.approx(_expected(model, data), rel=1e-4)
+    assert list(report["per_class"]) == list(CLASSES) and err.count("note:") == 1
+    assert "using the class names saved with the model, the mean / std saved with the model" in err
+
+
+def test_a_model_without_class_names_takes_the_datas(model, data, capsys, tmp_path):
+    plain = save_pretrained(model, tmp_path / "plain")  # neither names nor statistics: ImageNet's
+    report, err = _eval(plain, data, capsys)
+    imagenet = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert {k: report[k] for k in ("images", "loss", "top1")} == pytest.approx(_expected(model, data, *imagenet))
+    assert list(report["per_class"]) == list(CLASSES)
+    assert f"the class names of {data} (none saved with the model)" in err and "ImageNet's mean / std" in err
+    two = tmp_path / "two"
+    for name in CLASSES[:2]:
+        (two / name).mkdir(parents=True)
+        Image.new("RGB", (28, 28)).save(two / name / "0.png")
+    assert main(["eval", "--model-dir", str(plain), "--data", str(two)]) == 2
+    assert f"{two} has 2 classes ['circle', 'square'], the model has 3" in capsys.readouterr().err

@@ -1,0 +1,155 @@
+"""`vitkit predict` over many images: files, folders and glob patterns, the table, CSV and JSON, unreadable files,
+exit codes, and model directories without dataset.json."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.cli import main
+from vitkit.data import DataInfo
+from vitkit.models.registry import create_model
+from vitkit.weights import export_weights, save_pretrained
+
+CLASSES = ("circle", "square", "triangle")
+MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return create_model("vit_digits_patch7_28", embed_dim=16, depth=1, num_heads=2, num_classes=3).eval()
+
+
+@pytest.fixture(scope="module")
+def model_dir(model, tmp_path_factory):
+    """A model directory as vitkit train writes it: the model and dataset.json."""
+    directory = save_pretrained(model, tmp_path_factory.mktemp("model"))
+    DataInfo("data", CLASSES, MEAN, STD, val_fraction=0.0, split_seed=0).save(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """7 random 28x28 RGB images in a nested tree beside a text file; returns the root."""
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for name in ("a/1.png", "a/2.jpg", "a/deep/3.png", "b/4.png", "b/5.bmp", "6.png", "7.png"):
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)).save(path, quality=100)
+    (root / "a" / "notes.txt").write_text("not an image")
+    return root
+
+
+def _probabilities(model, path, mean=MEAN, std=STD) -> torch.Tensor:
+    """Softmax of the model on a 28x28 image (already the model's size), normalised with numpy: (K,)."""
+    pixels = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255  # (H, W, 3)
+    x = (torch.from_numpy(pixels) - torch.tensor(mean)) / torch.tensor(std)  # (H, W, 3)
+    with torch.no_grad():
+        return model(x.permute(2, 0, 1)[None]).softmax(dim=-1)[0]
+
+
+def _check_rows(rows, model, paths, classes=CLASSES, top_k=3, mean=MEAN, std=STD):
+    """JSON rows against the explicit probabilities of each path, in order."""
+    assert [row["image"] for row in rows] == [str(p) for p in paths]
+    for row, path in zip(rows, paths, strict=True):
+        values, indices = _probabilities(model, path, mean, std).topk(top_k)
+        assert [t["class"] for t in row["top"]] == [classes[i] for i in indices.tolist()]
+        assert [t["probability"] for t in row["top"]] == pytest.approx(values.tolist(), rel=1e-4, abs=1e-6)
+
+
+def test_files_folders_and_patterns_in_one_call(model, model_dir, images, capsys):
+    args = ["predict", "--model-dir", str(model_dir), str(images / "a"), f"{images}/**/[4-6].*"]
+    assert main([*args, str(images / "7.png"), "--json", "--batch-size", "2"]) == 0
+    captured = capsys.readouterr()
+    expected = ["a/1.png", "a/2.jpg", "a/deep/3.png", "6.png", "b/4.png", "b/5.bmp", "7.png"]  # pattern: sorted
+    _check_rows(json.loads(captured.out), model, [images / name for name in expected])
+    assert captured.err == ""  # a directory with dataset.json: no note, nothing skipped
+
+
+def test_the_table_has_one_row_per_image(model, model_dir, images, capsys):
+    assert main(["predict", "--model-dir", str(model_dir), str(images / "b"), "--top-k", "2"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split() == ["image", "label_1", "prob_1", "label_2", "prob_2"]
+    assert len(rows) == 2
+    for row, name in zip(rows, ("4.png", "5.bmp"), strict=True):
+        image, first, p1, second, p2 = row.split()
+        values, indices = _probabilities(model, images / "b" / name).topk(2)
+        assert image == str(images / "b" / name) and [first, second] == [CLASSES[i] for i in indices.tolist()]
+        assert [float(p1), float(p2)] == pytest.approx(values.tolist(), abs=6e-5)  # printed with 4 decimals
+
+
+def test_csv_and_json_files_hold_the_rows_printed(model, model_dir, images, capsys, tmp_path):
+    csv_file, json_file = tmp_path / "new" / "p.csv", tmp_path / "other" / "deeper" / "p.json"
+    args = ["predict", "--model-dir", str(model_dir), str(images), "--top-k", "2", "--workers", "2"]
+    assert main([*args, "--csv", str(csv_file), "--json", str(json_file)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[0] == "image" and len(out) == 1 + 7 + 2  # the table, then where the files went
+    assert out[-2:] == [f"CSV written to {csv_file}", f"JSON written to {json_file}"]
+    rows = json.loads(json_file.read_text())
+    _check_rows(rows, model, sorted(p for p in images.rglob("*") if p.suffix != ".txt" and p.is_file()), top_k=2)
+    with csv_file.open(newline="") as handle:
+        table = list(csv.reader(handle))
+    assert table[0] == ["image", "label_1", "prob_1", "label_2", "prob_2"]
+    expected = [[r["image"]] + [v for t in r["top"] for v in (t["class"], str(t["probability"]))] for r in rows]
+    assert table[1:] == expected
+
+
+def test_unreadable_files_are_skipped_and_listed(model, model_dir, images, capsys, tmp_path):
+    truncated, text = tmp_path / "truncated.png", tmp_path / "text.jpg"
+    truncated.write_bytes((images / "6.png").read_bytes()[:60])
+    text.write_text("not an image")
+    args = ["predict", "--model-dir", str(model_dir), str(truncated), str(images / "6.png"), str(text)]
+    assert main([*args, "--json"]) == 0
+    captured = capsys.readouterr()
+    _check_rows(json.loads(captured.out), model, [images / "6.png"])
+    err = captured.err.splitlines()
+    assert err[0].startswith(f"vitkit predict: warning: cannot read image {truncated}: ")
+    assert err[1].startswith(f"vitkit predict: warning: cannot read image {text}: ")
+    assert err[2] == "skipped 2 unreadable images:" and err[3].startswith(f"  {text}: ")
+    assert main(["predict", "--model-dir", str(model_dir), str(truncated), str(text)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "none of the 2 images could be read" in captured.err
+
+
+def test_mistakes_are_errors_naming_what_is_wrong(model_dir, images, capsys, tmp_path):
+    base = ["predict", "--model-dir", str(model_dir)]
+    for items, message in (
+        ([f"{images}/*.gif"], f"the pattern '{images}/*.gif' matches no image files"),
+        ([str(images / "missing")], f"{images / 'missing'} does not exist"),
+        ([str(tmp_path)], f"{tmp_path} holds no images"),
+        ([str(images / "6.png"), "--threshold", "0.3"], "--threshold only applies to a detector"),
+        ([str(images / "6.png"), "--out", "x"], "--out only applies to a detector"),
+        (["--json", str(images / "6.png"), str(images / "7.png")], "--json takes the JSON file to write"),
+    ):
+        assert main([*base, *items]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_a_directory_without_dataset_json(model, images, capsys, tmp_path):
+    named = save_pretrained(model, tmp_path / "named", CLASSES, MEAN, STD)
+    assert main(["predict", "--model-dir", str(named), str(images / "b"), "--json"]) == 0
+    captured = capsys.readouterr()
+    _check_rows(json.loads(captured.out), model, [images / "b" / "4.png", images / "b" / "5.bmp"])
+    assert captured.err.count("note:") == 1 and f"{named} has no dataset.json" in captured.err
+    plain = save_pretrained(model, tmp_path / "plain")  # no names, no statistics: indices and ImageNet's
+    assert main(["predict", "--model-dir", str(plain), str(images / "7.png"), "--json"]) == 0
+    captured = capsys.readouterr()
+    imagenet = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    _check_rows(json.loads(captured.out), model, [images / "7.png"], ("0", "1", "2"), 3, *imagenet)
+    assert "class indices (0, 1, ...) as names" in captured.err and "ImageNet's mean / std" in captured.err
+
+
+def test_a_hugging_face_export_predicts_with_its_id2label(model, images, capsys, tmp_path):
+    exported = export_weights(model, tmp_path / "hf", "hf", CLASSES, MEAN, STD)
+    assert not (exported / "dataset.json").exists()
+    assert main(["predict", "--model-dir", str(exported), str(images / "6.png"), "--json"]) == 0
+    captured = capsys.readouterr()
+    _check_rows(json.loads(captured.out), model, [images / "6.png"])
+    assert "using the class names saved with the model, the mean / std saved with the model" in captured.err
