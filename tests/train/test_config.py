@@ -1,17 +1,20 @@
 """`TrainConfig`: every field is a `vitkit train` option, resuming with the saved settings, the default model and
-how older runs spelled it."""
+how older runs spelled it, the held-out fraction, absolute paths, checkpoint files, the command line of hints."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from vitkit.cli import build_parser
+from vitkit.data import DEFAULT_VAL_FRACTION
 from vitkit.models.registry import model_entry
-from vitkit.train import DEFAULT_MODEL, TrainConfig, fit
+from vitkit.train import DEFAULT_DETECTOR, DEFAULT_MODEL, TrainConfig, fit
 from vitkit.train.config import LEGACY_DEFAULT_MODEL, LEGACY_DEFAULT_MODEL_ARGS, current_model_name
 from vitkit.train.recipe import CLASSIFIER_RECIPE, DETR_RECIPE, SMALL_DETR_RECIPE
 
@@ -70,3 +73,69 @@ def test_a_run_of_the_older_spelling_resumes_under_the_digits_model(tmp_path, di
     assert new.keys() == legacy.keys() and all(torch.equal(new[k], legacy[k]) for k in new)
     assert fit(TrainConfig(out=str(old), **base), resume=True).epochs_done == 2
     assert fit(TrainConfig.for_resume(old), resume=True).epochs_done == 2
+
+
+def _tree(root, splits=("train", "val")):
+    for split in splits:
+        for name in ("a", "b"):
+            (root / split / name).mkdir(parents=True)
+    return root
+
+
+def test_val_fraction_resolves_where_it_applies_and_an_ignored_one_says_so(tmp_path, digit_folder, digits_coco):
+    assert TrainConfig().val_fraction is None
+    folder = TrainConfig(data=str(digit_folder))
+    assert folder.resolved().val_fraction == DEFAULT_VAL_FRACTION == 0.1 and folder.ignored() == []
+    assert TrainConfig(data=str(digit_folder), val_fraction=0.3).resolved().val_fraction == 0.3
+    tree = _tree(tmp_path / "tree")
+    assert TrainConfig(data=str(tree)).resolved().val_fraction is None and TrainConfig(data=str(tree)).ignored() == []
+    given = TrainConfig(data=str(tree), val_fraction=0.1)  # the default value, given: still said
+    assert given.resolved().val_fraction is None
+    assert given.ignored() == [f"val_fraction 0.1 is ignored: {tree} has a val/ folder, which is the validation split"]
+    assert TrainConfig(val_fraction=0.2).ignored() == [
+        "val_fraction 0.2 is ignored: builtin:mnist5k is a bundled dataset with its own test split"
+    ]
+    assert "is detection data" in TrainConfig(data=str(digits_coco), val_fraction=0.2).ignored()[0]
+    with pytest.raises(ValueError, match=r"val_fraction must be in \(0, 1\), got 1.5"):
+        TrainConfig(val_fraction=1.5)
+
+
+def test_paths_are_resolved_absolute(tmp_path, monkeypatch):
+    _tree(tmp_path / "data", splits=("train",))
+    (tmp_path / "model.pth").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    resolved = TrainConfig(data="data", init="model.pth").resolved()
+    assert resolved.data == str(tmp_path / "data") and resolved.init == str(tmp_path / "model.pth")
+    assert TrainConfig(data="builtin:mnist5k").resolved().data == "builtin:mnist5k"
+
+
+def test_a_checkpoint_file_trains_the_named_or_the_default_model(tmp_path, digits_coco):
+    (tmp_path / "weights.pth").write_bytes(b"")
+    init = str(tmp_path / "weights.pth")
+    assert TrainConfig(init=init, model="vit_small_patch16_224").resolved().model == "vit_small_patch16_224"
+    assert TrainConfig(init=init).resolved().model == DEFAULT_MODEL
+    detector = TrainConfig(init=init, data=str(digits_coco)).resolved()
+    assert detector.model == DEFAULT_DETECTOR and detector.task == "detection"
+    with pytest.raises(FileNotFoundError, match="init .*missing.pth not found"):
+        TrainConfig(init=str(tmp_path / "missing.pth")).resolved()
+
+
+def test_command_gives_back_the_configuration(tmp_path):
+    config = TrainConfig(
+        model="swin_tiny_patch4_window7_224", init=None, data=str(tmp_path / "my data"), val_fraction=0.2,
+        model_args={"depths": (2, 2), "qkv_bias": False, "attn_backend": "math", "embed_dim": 48, "tag": "1"},
+        epochs=3, lr=1e-4, mixup=0.2, grad_checkpointing=True, out=str(tmp_path / "run"),
+    )  # fmt: skip
+    words = shlex.split(config.command("--force"))
+    assert words[:2] == ["vitkit", "train"] and words[-3:] == ["--out", str(tmp_path / "run"), "--force"]
+    args = build_parser().parse_args(words[1:])
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
+    assert TrainConfig(**given) == config and args.force
+
+
+def test_minimal_leaves_out_what_resolution_fills_in(digit_folder):
+    """A resumed run's saved settings hold every resolved value; hints show only the ones that were chosen."""
+    chosen = TrainConfig(data=str(digit_folder), lr=0.1, epochs=3, model_args={"depth": 2})
+    assert chosen.resolved().minimal() == chosen
+    detector = TrainConfig(data="builtin:digits-detect", model="detr_resnet50", epochs=2)
+    assert detector.resolved().minimal() == detector

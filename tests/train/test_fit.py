@@ -1,8 +1,10 @@
-"""`fit`: outputs, held-out metrics against an explicit evaluation, refusing to overwrite, flags, fine-tuning,
-unreadable images."""
+"""`fit`: outputs, held-out metrics against an explicit evaluation, refusing to overwrite, flags, fine-tuning (from
+model directories and from checkpoint files of other layouts), unreadable images, the start summary, the curves and
+the progress bar."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from pathlib import Path
@@ -12,9 +14,14 @@ import pytest
 import torch
 from PIL import Image
 
-from vitkit import from_pretrained
-from vitkit.data import DataInfo, load_folder
-from vitkit.train import enable_grad_checkpointing, fit, load_checkpoint
+from vitkit import create_model, from_pretrained, save_pretrained
+from vitkit.data import DataInfo, Unreadable, UnreadableImageError, load_folder, open_image, summarize_unreadable
+from vitkit.train import build_training_model, enable_grad_checkpointing, fit, load_checkpoint
+from vitkit.viz import write_curves
+from vitkit.weights import read_model_info
+
+# The layout of the tiny ViT that `tiny_config` trains (tests/train/conftest.py).
+TINY_MODEL = {"img_size": 28, "patch_size": 7, "embed_dim": 16, "depth": 2, "num_heads": 2, "mlp_ratio": 1.0}
 
 
 def _explicit_accuracy(model_dir: Path, folder: Path, val_fraction: float) -> float:
@@ -51,6 +58,13 @@ def test_fit_writes_config_metrics_checkpoint_and_models(tmp_path, tiny_config, 
     assert state["epoch"] == 2 and state["step"] == 0
     assert all(torch.equal(v, state["model"][k]) for k, v in final.state_dict().items())
     assert DataInfo.load(out / "final").classes == tuple("0123456789")
+    # The class names and the normalisation travel in the model's own config.json too.
+    for name in ("best", "final"):
+        info = read_model_info(out / name)
+        assert info.class_names == tuple("0123456789")
+        assert (info.mean, info.std) == (DataInfo.load(out / name).mean, DataInfo.load(out / name).std)
+    # The data path is stored absolute, so the model's data is found from any folder.
+    assert DataInfo.load(out / "final").source == str(digit_folder.resolve()) == saved["data"]
     # The logged validation accuracy is the accuracy an independent evaluation finds.
     assert lines[-1]["val_acc"] == pytest.approx(_explicit_accuracy(out / "final", digit_folder, 0.25))
     best = max(lines, key=lambda m: m["val_acc"])
@@ -61,7 +75,7 @@ def test_fit_writes_config_metrics_checkpoint_and_models(tmp_path, tiny_config, 
 def test_refuses_a_used_folder_unless_resumed_or_forced(tmp_path, tiny_config):
     config = tiny_config(tmp_path, epochs=1)
     (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match="not empty: pass --resume .* or --force"):
+    with pytest.raises(ValueError, match=r"not empty: start there anyway with: vitkit train .* --force"):
         fit(config)
     fit(config, force=True)
     assert (tmp_path / "notes.txt").read_text() == "mine"  # only vitkit's own outputs are replaced
@@ -70,6 +84,8 @@ def test_refuses_a_used_folder_unless_resumed_or_forced(tmp_path, tiny_config):
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
     with pytest.raises(ValueError, match=r"different settings \(lr: 0.002 -> 0.1\)"):
         fit(tiny_config(tmp_path, epochs=1, lr=0.1), resume=True)
+    with pytest.raises(ValueError, match=r"continue the run there with: vitkit train --out \S+ --resume"):
+        fit(config)
 
 
 def test_every_training_option_runs(tmp_path, tiny_config):
@@ -149,30 +165,150 @@ def test_finetune_from_a_trained_model(tmp_path, tiny_config):
     assert tuned.config.embed_dim == base.config.embed_dim
 
 
-def test_unreadable_images_are_skipped_with_one_warning_each(tmp_path, tiny_config, digit_folder, caplog):
+def _reason(path: Path) -> str:
+    """Why `open_image` refuses a file."""
+    with pytest.raises(UnreadableImageError) as caught:
+        open_image(path)
+    return caught.value.reason
+
+
+def test_unreadable_images_are_listed_with_their_reason_every_epoch(tmp_path, tiny_config, digit_folder, caplog):
     folder = tmp_path / "data"
     for path in digit_folder.rglob("*.png"):
         target = folder / path.relative_to(digit_folder)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(path.read_bytes())
-    broken = sorted((folder / "3").iterdir())
-    for path in broken[:2]:
-        path.write_bytes(b"\x89PNG broken")
+    config = tiny_config(tmp_path / "run", data=str(folder))
+    train, _, _ = load_folder(folder, config.val_fraction, seed=config.seed)
+    broken = [p for p in train.paths if p.parent.name == "3"][:2]  # two training images
+    broken[0].write_bytes(b"\x89PNG broken")
+    broken[1].write_bytes(broken[1].read_bytes()[:60])  # truncated
     with caplog.at_level(logging.WARNING, logger="vitkit.train"):
-        fit(tiny_config(tmp_path / "run", data=str(folder)))
+        fit(config)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert sorted(warned) == sorted(f"skipped unreadable image {p}" for p in broken[:2])
+    expected = summarize_unreadable(Unreadable(str(p), _reason(p)) for p in broken)
+    assert warned == [expected, expected]  # after each epoch that met them
+    assert all(f"{p}: {_reason(p)}" in expected for p in broken)
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["skipped"] for m in lines] == [2, 2]
 
 
-def test_batches_with_no_readable_image_still_step(tmp_path, tiny_config, digit_folder):
+def test_batches_with_no_readable_image_still_step(tmp_path, tiny_config, digit_folder, caplog):
     folder = tmp_path / "data"
     for split in ("train", "val"):
         for path in sorted(digit_folder.rglob("*.png"))[:20:2]:
             target = folder / split / path.parent.name / path.name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(path.read_bytes() if split == "val" else b"broken")
-    result = fit(tiny_config(tmp_path / "run", data=str(folder), epochs=1))
+    with caplog.at_level(logging.WARNING):
+        result = fit(tiny_config(tmp_path / "run", data=str(folder), epochs=1))  # val_fraction 0.25 given
     assert result.last["skipped"] == 10 and result.last["train_loss"] == 0.0
+    message = f"val_fraction 0.25 is ignored: {folder} has a val/ folder, which is the validation split"
+    assert [r.getMessage() for r in caplog.records].count(message) == 1  # said once, by the run, not the loader
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["val_fraction"] is None
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def _torchvision_vit(num_classes: int):
+    """torchvision's ViT in the layout of the tiny ViT the tests train (28x28 images, 7x7 patches, width 16)."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(1)
+    return VisionTransformer(28, 7, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=16, num_classes=num_classes)
+
+
+def test_init_from_checkpoint_files_of_other_layouts(tmp_path, tiny_config):
+    """`--init FILE --model NAME`: a torchvision .pth loads with equal logits; another class count keeps everything
+    but the classifier; a timm .safetensors of another image size gets its position table resampled as timm does."""
+    import timm
+    from safetensors.torch import save_file
+    from timm.layers import resample_abs_pos_embed
+
+    theirs = _torchvision_vit(10).eval()
+    torch.save(theirs.state_dict(), tmp_path / "torchvision.pth")
+    config = tiny_config(tmp_path / "run", init=str(tmp_path / "torchvision.pth")).resolved()
+    assert config.model == "vit_tiny_patch16_224" and config.init == str(tmp_path / "torchvision.pth")
+    model = build_training_model(config, num_classes=10).eval()
+    x = torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), theirs(x), atol=1e-5, rtol=1e-5)
+    three = build_training_model(config, num_classes=3)
+    assert three.head.weight.shape == (3, 16)
+    loaded = model.state_dict()
+    assert all(torch.equal(v, loaded[k]) for k, v in three.state_dict().items() if not k.startswith("head."))
+
+    timm_model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **{**TINY_MODEL, "img_size": 56})
+    save_file(timm_model.state_dict(), tmp_path / "timm.safetensors")  # 1000 classes, an 8x8 grid
+    config = tiny_config(tmp_path / "run", init=str(tmp_path / "timm.safetensors")).resolved()
+    model = build_training_model(config, num_classes=10)
+    expected = resample_abs_pos_embed(timm_model.pos_embed.detach(), (4, 4), (8, 8), num_prefix_tokens=1)
+    torch.testing.assert_close(model.pos_embed.detach(), expected)
+    assert torch.equal(model.blocks[1].mlp.fc2.weight, timm_model.blocks[1].mlp.fc2.weight)
+
+
+def test_init_that_does_not_fit_names_the_train_options(tmp_path, tiny_config):
+    save_pretrained(create_model("vit_tiny_patch16_224", **{**TINY_MODEL, "embed_dim": 32}), tmp_path / "wide")
+    torch.save(create_model("vit_tiny_patch16_224", **{**TINY_MODEL, "embed_dim": 32}).state_dict(), tmp_path / "w.pt")
+    for init in (tmp_path / "wide", tmp_path / "w.pt"):
+        config = tiny_config(tmp_path / "run", init=str(init)).resolved()
+        with pytest.raises(ValueError, match=r"embed_dim 32, the model has 16: pass --model-arg embed_dim=32$"):
+            build_training_model(config, num_classes=10)
+    # A directory alone builds the model saved there, with --model-arg fields replaced.
+    alone = tiny_config(tmp_path / "run", model=None, model_args={"embed_dim": 16}, init=str(tmp_path / "wide"))
+    with pytest.raises(ValueError, match=r"--model-arg embed_dim=32") as caught:
+        build_training_model(alone.resolved(), num_classes=10)
+    assert "--set" not in str(caught.value) and "reset_head" not in str(caught.value)
+
+
+def test_start_summary_curves_and_class_names_of_a_run_from_a_checkpoint_file(
+    tmp_path, tiny_config, digit_folder, caplog, monkeypatch
+):
+    """A run fine-tuned from a torchvision file, written into a folder that does not exist yet: the summary says
+    what trains on what, and curves.png is redrawn from the metrics lines after every epoch."""
+    torch.save(_torchvision_vit(10).state_dict(), tmp_path / "torchvision.pth")
+    drawn = []
+
+    def spy(records, path):
+        drawn.append([r["epoch"] for r in records])
+        return write_curves(records, path)
+
+    monkeypatch.setattr("vitkit.train.loop.write_curves", spy)
+    out = tmp_path / "new" / "run"
+    with caplog.at_level(logging.INFO, logger="vitkit.train"):
+        fit(tiny_config(out, init=str(tmp_path / "torchvision.pth")))
+    assert drawn == [[1], [1, 2]]
+    assert Image.open(out / "curves.png").size == (1000, 400)
+    messages = [r.getMessage() for r in caplog.records]
+    summary = next(m for m in messages if m.startswith("training "))
+    assert messages.index(summary) < next(i for i, m in enumerate(messages) if m.startswith("epoch 1/2"))
+    final = from_pretrained(out / "final")
+    trainable = sum(p.numel() for p in final.parameters())
+    train, val, _ = load_folder(digit_folder, 0.25, seed=0)
+    assert summary.splitlines() == [
+        f"training vit_tiny_patch16_224 (classification), initialised from {tmp_path / 'torchvision.pth'}: "
+        f"{trainable:,} trainable parameters",
+        f"  data    {digit_folder}: 10 classes (0, 1, 2, 3, 4, ...), {len(train)} train / {len(val)} val images, "
+        "seen as 3x28x28",
+        "  run     2 epochs of 4 steps, batch 8, lr 0.002",
+        f"  device  cpu, fp32, {torch.get_num_threads()} threads, 0 loader workers",
+        f"  output  {out}",
+    ]
+    assert read_model_info(out / "final").class_names == tuple("0123456789")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_an_epoch_longer_than_the_delay_shows_a_progress_bar(tmp_path, tiny_config, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    for delay, shown in ((0.0, True), (60.0, False)):
+        terminal = _Terminal()
+        monkeypatch.setattr("sys.stderr", terminal)
+        monkeypatch.setattr("vitkit.train.loop.PROGRESS_DELAY", delay)
+        fit(tiny_config(tmp_path / f"run{delay}", epochs=1))
+        if shown:  # the bar of the epoch's 4 steps (30 images, batches of 8)
+            assert "epoch 1/1:" in terminal.getvalue() and "/4 [" in terminal.getvalue()
+        else:
+            assert terminal.getvalue() == ""

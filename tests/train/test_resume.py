@@ -1,10 +1,14 @@
 """Never losing work: a run killed with SIGKILL, or stopped with Ctrl-C in the middle of an epoch, and resumed
-ends with the same weights, bit for bit, as the run that was never interrupted."""
+ends with the same weights, bit for bit, as the run that was never interrupted; a finished run extended with more
+epochs continues on the cosine of the new length."""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from vitkit.cli import main
 from vitkit.train import TrainConfig, fit
 
 
@@ -86,10 +91,11 @@ def test_ctrl_c_saves_mid_epoch_and_resume_is_bit_identical(tmp_path, reference,
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
-    assert "continue with resume" in stdout
+    hint = stdout.split("continue with: ")[1].splitlines()[0]
+    assert hint == f"vitkit train --out {shlex.quote(config.out)} --resume"
     state = torch.load(out / "checkpoint.pt", weights_only=True)
     assert state["step"] > 0  # stopped after a step of an unfinished epoch
-    fit(config, resume=True)
+    assert main(shlex.split(hint)[1:]) == 0  # the hint, as printed
     _assert_identical(_final_weights(out), expected)
 
 
@@ -118,3 +124,30 @@ def test_a_detector_stopped_mid_epoch_resumes_bit_identical(tmp_path, tiny_detec
     assert [{k: v for k, v in json.loads(line).items() if k not in drop} for line in lines] == [
         {k: v for k, v in json.loads(line).items() if k not in drop} for line in expected
     ]
+
+
+def _cosine_lr(step: int, total: int, peak: float, low: float) -> float:
+    """The learning rate at optimizer step `step` of a cosine from `peak` to `low` over `total` steps, no warmup."""
+    return low + (peak - low) * 0.5 * (1 + math.cos(math.pi * min(step / (total - 1), 1.0)))
+
+
+def test_more_epochs_continue_on_the_cosine_of_the_new_length(tmp_path, tiny_config, caplog):
+    """One step per epoch (30 images, batches of 32), no warmup: each metrics line's lr is its step's. Extended
+    from 2 to 4 epochs, the steps after the resume follow the 4-step cosine at once, and the first two lines stay."""
+    config = tiny_config(tmp_path, epochs=2, batch_size=32, warmup_epochs=0.0)
+    fit(config)
+    before = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    peak, low = config.resolved().lr, config.resolved().min_lr
+    assert [json.loads(line)["lr"] for line in before] == pytest.approx([_cosine_lr(s, 2, peak, low) for s in (0, 1)])
+    with caplog.at_level(logging.INFO, logger="vitkit.train"):
+        result = fit(tiny_config(tmp_path, epochs=4, batch_size=32, warmup_epochs=0.0), resume=True)
+    assert result.epochs_done == 4
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert lines[:2] == before
+    rates = [json.loads(line)["lr"] for line in lines[2:]]
+    assert rates == pytest.approx([_cosine_lr(s, 4, peak, low) for s in (2, 3)])
+    assert rates[0] > 10 * low  # the old schedule had reached min_lr: the longer cosine is higher there
+    assert "extending the run from 2 to 4 epochs" in caplog.text
+    assert json.loads((tmp_path / "config.json").read_text())["epochs"] == 4
+    with pytest.raises(ValueError, match="can extend it, not shorten it"):
+        fit(tiny_config(tmp_path, epochs=3, batch_size=32, warmup_epochs=0.0), resume=True)

@@ -21,15 +21,40 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     # One option per TrainConfig field (help, type and choices declared there); options left out stay out of the
     # namespace, so --resume keeps the saved value of every option not given.
     add_config_options(parser, TrainConfig)
-    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
-    parser.add_argument("--force", action="store_true", help="start afresh even if --out holds a run")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its checkpoint, with its saved settings; only --epochs (more), "
+        "--workers, --device and --grad-checkpointing may change",
+    )
+    start.add_argument(
+        "--force",
+        action="store_true",
+        help="start afresh even if --out holds a run (its outputs are moved to OUT.old-<time> and deleted once the "
+        "new run has written its first checkpoint)",
+    )
+
+
+class _Stdout(logging.StreamHandler):
+    """Log lines to whatever sys.stdout is when they are written (one handler, however often `vitkit train` runs in
+    a process)."""
+
+    @property
+    def stream(self) -> object:
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
 
 
 def _setup_logging() -> None:
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
     logger = logging.getLogger("vitkit")
-    logger.addHandler(handler)
+    if not any(isinstance(h, _Stdout) for h in logger.handlers):
+        handler = _Stdout()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
     logger.setLevel(logging.INFO)
 
 

@@ -293,9 +293,23 @@ def _training_classes(root: Path) -> list[str]:
     return classes
 
 
-def _warn_ignored_fraction(source: str | os.PathLike, val_fraction: float | None, why: str) -> None:
-    if val_fraction is not None and val_fraction != DEFAULT_VAL_FRACTION:
-        log.warning(f"val_fraction {val_fraction} is ignored: {source} {why}")
+def own_split(source: str | os.PathLike) -> str | None:
+    """Why a held-out fraction does not apply to a classification source, which then has a validation split of
+    its own ("builtin:mnist5k is a bundled dataset with its own test split"); None when it applies (a folder
+    without val/)."""
+    text = os.fspath(source)
+    if text.startswith(BUILTIN_PREFIX):
+        return f"{text} is a bundled dataset with its own test split"
+    root = Path(text)
+    if (root / "train").is_dir() and (root / "val").is_dir():
+        return f"{text} has a val/ folder, which is the validation split"
+    return None
+
+
+def _warn_ignored_fraction(source: str | os.PathLike, val_fraction: float | None) -> None:
+    why = own_split(source)
+    if why is not None and val_fraction is not None and val_fraction != DEFAULT_VAL_FRACTION:
+        log.warning(f"val_fraction {val_fraction} is ignored: {why}")
 
 
 def load_folder(
@@ -326,7 +340,7 @@ def load_folder(
         val_classes = _class_folders(root / "val")
         if val_classes != classes:
             raise ValueError(f"{root}: train/ has classes {classes} but val/ has {val_classes}")
-        _warn_ignored_fraction(path, val_fraction, "has a val/ folder, which is the validation split")
+        _warn_ignored_fraction(path, val_fraction)
         train = ImageFiles(*_scan(root / "train", classes))
         val = ImageFiles(*_scan(root / "val", classes))
         return train, val, DataInfo(str(path), tuple(classes), mean, std, val_fraction=0.0, split_seed=0)
@@ -359,7 +373,7 @@ def load_data(
     split, so a value other than the default is ignored there with a warning.
     """
     if source.startswith(BUILTIN_PREFIX):
-        _warn_ignored_fraction(source, val_fraction, "is a bundled dataset with its own test split")
+        _warn_ignored_fraction(source, val_fraction)
         return load_builtin(source[len(BUILTIN_PREFIX) :])
     return load_folder(source, val_fraction, seed)
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitkit.data import DEFAULT_DATA, augment_defaults
+from vitkit.data import BUILTIN_PREFIX, DEFAULT_DATA, DEFAULT_VAL_FRACTION, augment_defaults
+from vitkit.data.sources import own_split
 from vitkit.train.recipe import (
     CLASSIFICATION,
     CLASSIFIER_RECIPE,
@@ -95,9 +97,14 @@ class TrainConfig:
         metavar="KEY=VALUE",
         help="replace a model config field, e.g. --model-arg depth=6 (repeatable)",
     )
-    # start from this save_pretrained directory instead of a fresh model; not together with model
+    # a model directory alone trains the model saved there; a checkpoint file (no architecture in it), or a
+    # directory together with model, loads its weights into the registry model `model` (the default model of the
+    # data's task when None)
     init: str | None = option(
-        None, help="fine-tune from this save_pretrained directory (position table and head adapted)"
+        None,
+        help="fine-tune from a model directory (vitkit, Hugging Face), or from a checkpoint file in any layout "
+        "'vitkit convert' reads (timm, torchvision, .pth / .safetensors) loaded into --model; the position table "
+        "and the classifier are adapted",
     )
     # "builtin:NAME", an ImageFolder path or a COCO-format folder; detection data trains a detector
     data: str = option(
@@ -105,7 +112,11 @@ class TrainConfig:
         help="builtin:NAME (mnist5k, digits-detect), a folder of class folders (train/ and val/, or one set), or a "
         "COCO-format detection folder",
     )
-    val_fraction: float = option(0.1, help="share of each class held out from a folder without val/")
+    # in (0, 1); None: DEFAULT_VAL_FRACTION where it applies. Data with a split of its own ignores it (with a
+    # warning when given) and the resolved config holds None
+    val_fraction: float | None = option(
+        None, help=f"share of each class held out from a folder without val/ (default: {DEFAULT_VAL_FRACTION})"
+    )
     epochs: int | None = option(None, help=f"passes over the training data ({recipe_defaults('epochs')})")
     # the global batch is batch_size * processes
     batch_size: int | None = option(None, help=f"images per step and process ({recipe_defaults('batch_size')})")
@@ -195,20 +206,47 @@ class TrainConfig:
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.detection_loss is not None and self.detection_loss not in DETECTION_LOSSES:
             raise ValueError(f"detection_loss must be 'ce' or 'focal', got {self.detection_loss!r}")
-        if self.init is not None and self.model is not None:
-            raise ValueError(f"give a model name ({self.model!r}) or init ({self.init!r}), not both")
+        if self.val_fraction is not None and not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.img_size is not None and self.img_size <= 0:
             raise ValueError(f"img_size must be positive, got {self.img_size}")
 
     @property
+    def init_is_file(self) -> bool:
+        """Whether `init` is a checkpoint file (weights without architecture) rather than a model directory."""
+        return self.init is not None and Path(self.init).is_file()
+
+    def _task_and_model(self) -> tuple[str, str | None]:
+        """(task, model name): a checkpoint file has no architecture, so it trains the named or the default model."""
+        if self.init is not None and not Path(self.init).exists():
+            raise FileNotFoundError(f"init {self.init} not found: expected a model directory or a checkpoint file")
+        return resolve_task(self.model, None if self.init_is_file else self.init, self.data)
+
+    @property
     def task(self) -> str:
         """ "classification" or "detection": what the model and the data train (`vitkit.train.recipe.resolve_task`)."""
-        return resolve_task(self.model, self.init, self.data)[0]
+        return self._task_and_model()[0]
+
+    def _own_split(self, task: str) -> str | None:
+        """Why `val_fraction` does not apply to this run's data (None when it does)."""
+        if task != CLASSIFICATION:
+            return f"{self.data} is detection data, with its own train and val splits"
+        return own_split(self.data)
+
+    def ignored(self) -> list[str]:
+        """Messages for the options given that the run does not use (`fit` logs them as warnings)."""
+        if self.val_fraction is None:
+            return []
+        why = self._own_split(self.task)
+        return [f"val_fraction {self.val_fraction} is ignored: {why}"] if why is not None else []
 
     def resolved(self) -> TrainConfig:
         """The same run with every None default filled in from its task and recipe, as written to config.json;
-        ValueError for a model that does not fit the data, or an option the task does not have."""
-        task, model = resolve_task(self.model, self.init, self.data)
+        ValueError for a model that does not fit the data, or an option the task does not have.
+
+        Paths (`data`, `init`) become absolute, so the saved run and its models work from any folder; a
+        `val_fraction` the data does not use (see `ignored`) becomes None."""
+        task, model = self._task_and_model()
         recipe = recipe_for(task, model if self.init is None else None)
         unused = CLASSIFICATION_ONLY if task != CLASSIFICATION else DETECTION_ONLY
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
@@ -219,7 +257,50 @@ class TrainConfig:
         if task == CLASSIFICATION:
             augment = augment_defaults(self.data)
             fill.update({k: v for k, v in augment.items() if getattr(self, k) is None})
-        return dataclasses.replace(self, model=model, model_args=dict(self.model_args), **fill)
+        if self._own_split(task) is not None:
+            fill["val_fraction"] = None
+        elif self.val_fraction is None:
+            fill["val_fraction"] = DEFAULT_VAL_FRACTION
+        return dataclasses.replace(
+            self,
+            model=model,
+            model_args=dict(self.model_args),
+            data=absolute_data(self.data),
+            init=None if self.init is None else os.path.abspath(self.init),
+            **fill,
+        )
+
+    def minimal(self) -> TrainConfig:
+        """The same run with the options that resolution would fill in with the same values left unset (a resumed
+        run's saved settings hold every resolved value): what `command` of a hint shows."""
+        target = self.resolved()
+        optional = [f.name for f in dataclasses.fields(self) if f.default is None and f.name != "init"]
+        bare = dataclasses.replace(self, **dict.fromkeys(optional))
+        if bare.resolved().model != target.model:  # the model first: its recipe fills the rest
+            bare = dataclasses.replace(bare, model=self.model)
+        filled = bare.resolved()
+        keep = {k: getattr(self, k) for k in optional if getattr(filled, k) != getattr(target, k)}
+        return dataclasses.replace(bare, **keep)
+
+    def command(self, *extra: str) -> str:
+        """The `vitkit train` command line of this configuration (every option that differs from its default),
+        followed by `extra` (e.g. "--force"): what hints print, ready to paste into a shell."""
+        defaults = TrainConfig()
+        words = ["vitkit", "train"]
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "out" or value == getattr(defaults, f.name):
+                continue
+            flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+            if isinstance(value, bool):
+                words.append(flag)
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    words += [flag, f"{key}={_assigned_word(item)}"]
+            else:
+                words += [flag, str(value)]
+        words += ["--out", self.out, *extra]
+        return shlex.join(words)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values (tuples become lists)."""
@@ -255,6 +336,22 @@ class TrainConfig:
         if (Path(out) / CONFIG_NAME).is_file():
             return dataclasses.replace(cls.load(out), out=os.fspath(out), **changes)
         return cls(out=os.fspath(out), **changes)
+
+
+def _assigned_word(value: Any) -> str:
+    """A value as `--model-arg KEY=VALUE` reads it back (`vitkit.cli.options.parse_assignment`): JSON without
+    spaces (tuples as lists), a string bare unless it would read as JSON or as True / False / None."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            return value if value not in ("True", "False", "None") else json.dumps(value)
+    return json.dumps(value, separators=(",", ":"))
+
+
+def absolute_data(data: str) -> str:
+    """A `data` value with a folder path made absolute (builtin:NAME unchanged)."""
+    return data if data.startswith(BUILTIN_PREFIX) else os.path.abspath(data)
 
 
 def current_model_name(values: Mapping[str, Any]) -> dict[str, Any]:

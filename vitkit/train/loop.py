@@ -2,17 +2,28 @@
 loses work. One loop serves both tasks; what differs (data, loss, evaluation, the metric that picks the best
 model) comes from the run's task (`vitkit.train.task`).
 
-OUT (config.out) receives:
+OUT (config.out, created if missing) receives:
 - config.json: the resolved configuration;
 - metrics.jsonl: one JSON line per epoch: epoch, train_loss, then for a classifier val_loss, val_acc, for a
   detector the loss parts loss_ce, loss_bbox, loss_giou (last decoder layer) and COCO's ap, ap50, ap75, ap_small,
   ap_medium, ap_large (null where there is nothing to score); then lr, seconds, images_per_second, skipped;
+- curves.png: the loss and the validation metric against epoch (`vitkit.viz.write_curves`), redrawn every epoch;
 - checkpoint.pt: model, optimizer, schedule, EMA, every process's RNG states and the position in the run, written
   atomically at the end of every epoch and when the run is interrupted (SIGINT / SIGTERM stop after the current
   step); `fit(..., resume=True)` continues from it exactly;
-- best/ and final/: save_pretrained directories (EMA weights when EMA is on) with dataset.json (class names,
-  normalisation) beside the model, and a detector's postprocess.json; best/ holds the epoch of the highest val_acc
-  (classifier) or ap (detector).
+- best/ and final/: save_pretrained directories (EMA weights when EMA is on; class names and normalisation in
+  their config.json) with dataset.json (the data's description) beside the model, and a detector's
+  postprocess.json; best/ holds the epoch of the highest val_acc (classifier) or ap (detector).
+
+Resuming (`resume=True`) needs OUT's checkpoint and the settings it was written with, except `RESUME_MAY_CHANGE`:
+the output folder, loader workers, device, gradient checkpointing (none changes the model, the data or the
+arithmetic of a step) and a larger number of epochs. With more epochs the schedule becomes the one a run of the new
+length has (`warmup_cosine` over epochs * steps per epoch, its warmup clipped to that total only), from the step
+reached on: the next step's learning rate is the longer schedule's at that step, so where the old cosine had decayed
+further the rate rises at once (a finished run goes from min_lr back up to the longer cosine's value there) and then
+decays to min_lr at the new last step. The epochs already run and their metrics stay as they were. Starting afresh
+in a used OUT (`force=True`) moves the earlier run's outputs aside to OUT.old-<time> and deletes them only once the
+new run has written its first checkpoint.
 
 Under torchrun every process trains its shard of each batch (DistributedDataParallel); only rank 0 writes and logs.
 """
@@ -25,6 +36,7 @@ import logging
 import math
 import os
 import random
+import shlex
 import shutil
 import signal
 import sys
@@ -40,21 +52,29 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from vitkit.data import Unreadable, summarize_unreadable
+from vitkit.layers import to_2tuple
 from vitkit.models.registry import create_model
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from vitkit.train.config import CONFIG_NAME, TrainConfig, current_model_name
+from vitkit.train.config import CONFIG_NAME, TrainConfig, absolute_data, current_model_name
 from vitkit.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, gather_objects, setup
 from vitkit.train.ema import ModelEma
 from vitkit.train.model import enable_grad_checkpointing, load_for_finetune
-from vitkit.train.optim import create_optimizer, warmup_cosine
+from vitkit.train.optim import apply_schedule, create_optimizer, warmup_cosine
+from vitkit.train.recipe import CLASSIFICATION
 from vitkit.train.task import Task, create_task
+from vitkit.viz.curves import write_curves
 from vitkit.weights.io import save_pretrained
 
 log = logging.getLogger("vitkit.train")
 
 METRICS_NAME = "metrics.jsonl"
-OUTPUTS = (CONFIG_NAME, METRICS_NAME, CHECKPOINT_NAME, "best", "final")  # what a fresh run replaces in OUT
-RESUME_MAY_CHANGE = ("out", "workers", "device")  # options a resumed run may set differently
+CURVES_NAME = "curves.png"
+OUTPUTS = (CONFIG_NAME, METRICS_NAME, CURVES_NAME, CHECKPOINT_NAME, "best", "final")  # what a fresh run replaces
+# Options a resumed run may set differently: none changes the model, the data or a step's arithmetic. `epochs` may
+# only grow (the schedule is recomputed over the new total, see the module docstring).
+RESUME_MAY_CHANGE = ("out", "epochs", "workers", "device", "grad_checkpointing")
+PROGRESS_DELAY = 3.0  # seconds an epoch runs before its progress bar appears (short epochs show none)
 
 
 @dataclass(frozen=True)
@@ -100,21 +120,63 @@ class StopOnSignal:
 
 
 def build_training_model(config: TrainConfig, num_classes: int) -> nn.Module:
-    """The model a (resolved) config trains: fine-tuned from `config.init`, or fresh from the registry."""
+    """The model a (resolved) config trains: fresh from the registry, or fine-tuned from `config.init` (the model
+    saved in that directory, or the registry model `config.model` loaded from it; `load_for_finetune`)."""
     overrides = dict(config.model_args)
     if config.img_size is not None:
         overrides["img_size"] = config.img_size
     if config.init is not None:
-        return load_for_finetune(config.init, num_classes, **overrides)
+        return load_for_finetune(config.init, num_classes, model=config.model, **overrides)
     return create_model(config.model, num_classes=num_classes, **overrides)
 
 
-def _check_resume(saved: dict[str, Any], config: TrainConfig) -> None:
-    saved, current = current_model_name(saved), current_model_name(config.to_dict())
-    changed = sorted(k for k in current if k not in RESUME_MAY_CHANGE and saved.get(k) != current[k])
+def resume_command(out: str | os.PathLike, *extra: str) -> str:
+    """The command that continues the run in `out` with its saved settings."""
+    return shlex.join(["vitkit", "train", "--out", os.fspath(out), "--resume", *extra])
+
+
+def _new_folder(out: Path) -> Path:
+    """A sibling of `out` that does not exist yet: OUT-2, OUT-3, ..."""
+    n = 2
+    while (candidate := out.with_name(f"{out.name}-{n}")).exists():
+        n += 1
+    return candidate
+
+
+def _comparable(values: dict[str, Any]) -> dict[str, Any]:
+    """Resolved settings as a resumed run compares them: the default model under its current name, and a data or
+    init path (relative in runs written before paths were stored absolute) made absolute."""
+    values = current_model_name(values)
+    if isinstance(values.get("data"), str):
+        values["data"] = absolute_data(values["data"])
+    if isinstance(values.get("init"), str):
+        values["init"] = os.path.abspath(values["init"])
+    return values
+
+
+def _check_resume(saved: dict[str, Any], config: TrainConfig, given: TrainConfig) -> None:
+    """ValueError unless the resolved `config` continues the run whose resolved settings the checkpoint saved:
+    only `RESUME_MAY_CHANGE` may differ, and epochs only grow. A setting the run does not use (a `val_fraction`
+    resolved to None) cannot differ. `given`: the configuration as the caller gave it, for the hints."""
+    saved, current = _comparable(saved), _comparable(config.to_dict())
+    unused = {"val_fraction"} if current.get("val_fraction") is None else set()
+    changed = sorted(
+        k for k in current if k not in RESUME_MAY_CHANGE and k not in unused and saved.get(k) != current[k]
+    )
+    out = config.out
     if changed:
         details = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in changed)
-        raise ValueError(f"cannot resume with different settings ({details}); start a new run in another folder")
+        fresh = dataclasses.replace(given.minimal(), out=os.fspath(_new_folder(Path(out)))).command()
+        raise ValueError(
+            f"cannot resume the run in {out} with different settings ({details}); only "
+            f"{', '.join(RESUME_MAY_CHANGE[1:])} may change. Continue it with its own settings: "
+            f"{resume_command(out)}  or train the new settings in a new folder: {fresh}"
+        )
+    if saved.get("epochs") is not None and config.epochs < saved["epochs"]:
+        raise ValueError(
+            f"the run in {out} trains {saved['epochs']} epochs and resuming can extend it, not shorten it (epochs "
+            f"{config.epochs}); continue it with: {resume_command(out)}  (its best model so far is in {out}/best)"
+        )
 
 
 def _progress_enabled(env: DistEnv) -> bool:
@@ -151,8 +213,9 @@ class _Run:
         self.epoch, self.step = 0, 0  # the next epoch to run (0-based) and steps already done in it
         self.best_value, self.best_epoch = -math.inf, 0  # the best value of task.best_metric, and its epoch
         self.partial = self._fresh_partial()  # this epoch's train statistics so far
-        self.warned: set[str] = set()
-        self.skipped: list[str] = []  # unreadable samples met by this process in this epoch
+        self.skipped: list[Unreadable] = []  # unreadable samples met by this process in this epoch
+        self.replaced: Path | None = None  # an earlier run's outputs moved aside, deleted at the first checkpoint
+        self.curves = True  # whether curves.png is drawn (off after matplotlib failed once)
 
     def _fresh_partial(self) -> dict[str, float]:
         """Sums over this epoch's steps so far: of train_loss (`loss_sum`) and of each loss part, per image."""
@@ -166,6 +229,33 @@ class _Run:
     def info_line(self, message: str) -> None:
         if self.env.is_main:
             log.info(message)
+
+    def summary(self) -> str:
+        """What the run trains, on what, where: printed once at its start."""
+        config, env, task = self.config, self.env, self.task
+        name = config.model or f"the model in {config.init}"
+        source = f", initialised from {config.init}" if config.init is not None and config.model else ""
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        classes = task.info.classes
+        shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+        channels, height, width = task.image_shape
+        if task.name == CLASSIFICATION:
+            seen = f"seen as {channels}x{height}x{width}"
+        else:
+            side = config.img_size or min(to_2tuple(self.model.config.img_size))
+            seen = f"{channels} channel(s), resized to a shorter side of {side} px"
+        processes = f" x {env.world_size} processes" if env.world_size > 1 else ""
+        lines = [
+            f"training {name} ({task.name}){source}: {trainable:,} trainable parameters",
+            f"  data    {config.data}: {len(classes)} classes ({shown}), {len(task.train_loader.dataset)} train / "
+            f"{len(task.val_loader.dataset)} val images, {seen}",
+            f"  run     {config.epochs} epochs of {self.steps_per_epoch} steps, batch {config.batch_size}"
+            f"{processes}, lr {config.lr:g}",
+            f"  device  {env.device}, {config.precision}, {torch.get_num_threads()} threads, "
+            f"{config.workers} loader workers",
+            f"  output  {self.out.resolve()}",
+        ]
+        return "\n".join(lines)
 
     def state(self) -> dict[str, Any]:
         rng = gather_objects(rng_state(), self.env)
@@ -190,6 +280,10 @@ class _Run:
         state = self.state()  # every process takes part in gathering the RNG states
         if self.env.is_main:
             save_checkpoint(state, self.out / CHECKPOINT_NAME)
+            if self.replaced is not None:  # the new run has a checkpoint: the earlier run is no longer needed
+                shutil.rmtree(self.replaced)
+                log.info(f"deleted the earlier run's outputs in {self.replaced}")
+                self.replaced = None
 
     def restore(self, state: dict[str, Any]) -> None:
         if state["world_size"] != self.env.world_size:
@@ -199,6 +293,15 @@ class _Run:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        saved_epochs = json.loads(state["config"])["epochs"]
+        if saved_epochs != self.config.epochs:
+            before = self.optimizer.param_groups[0]["lr"]
+            after = apply_schedule(self.scheduler)[0]  # the step reached, on the schedule of the new total
+            self.info_line(
+                f"extending the run from {saved_epochs} to {self.config.epochs} epochs: the cosine schedule is "
+                f"recomputed over {self.config.epochs} epochs, so the learning rate at step "
+                f"{self.scheduler.last_epoch} becomes {after:.3g} (was {before:.3g})"
+            )
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
         self.task.load_state_dict(state.get("task", {}))
@@ -238,11 +341,12 @@ class _Run:
             initial=self.step,
             desc=f"epoch {self.epoch + 1}/{config.epochs}",
             leave=False,
+            delay=PROGRESS_DELAY,
             disable=not _progress_enabled(env),
         )
         started = time.perf_counter()
         for batch in task.train_loader:
-            self.skipped += [s.name for s in batch.skipped]
+            self.skipped += batch.skipped
             loss, parts, count = task.train_loss(self.trained, batch)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -260,7 +364,7 @@ class _Run:
             self.partial["images"] += count
             self.step += 1
             bar.update()
-            bar.set_postfix(loss=f"{values['train_loss']:.3f}")
+            bar.set_postfix(loss=f"{values['train_loss']:.3f}", refresh=False)  # shown with the next update
             if self._sync_stop(stop):
                 self.partial["seconds"] += time.perf_counter() - started
                 bar.close()
@@ -271,7 +375,7 @@ class _Run:
         return True
 
     def end_epoch(self) -> dict[str, Any]:
-        """Validate, log, write the metrics line and the best model, then the checkpoint."""
+        """Validate, log, then write the metrics line, the curves, the best model and the checkpoint."""
         env, config, task = self.env, self.config, self.task
         started = time.perf_counter()
         validation, val_skipped = task.evaluate(self.eval_model)
@@ -279,11 +383,9 @@ class _Run:
         totals = torch.tensor([self.partial[name] for name in sums], dtype=torch.float64)
         totals = dict(zip(sums, all_reduce_sum(totals.to(env.device), env).tolist(), strict=True))
         images = totals["images"]
-        skipped = sorted({name for names in gather_objects(self.skipped, env) for name in names} | set(val_skipped))
-        for name in skipped:
-            if name not in self.warned and env.is_main:
-                log.warning(f"skipped unreadable image {name}")
-            self.warned.add(name)
+        met = [item for items in gather_objects(self.skipped, env) for item in items]
+        met += val_skipped  # the evaluation's, with their reasons (`vitkit.data.Unreadable`)
+        skipped = {item.name for item in met}
         train_seconds = self.partial["seconds"]
         metrics = {
             "epoch": self.epoch + 1,
@@ -298,50 +400,104 @@ class _Run:
         self.epoch, self.step = self.epoch + 1, 0
         self.partial = self._fresh_partial()
         self.skipped = []
-        if env.is_main:
-            with open(self.out / METRICS_NAME, "a") as handle:
-                handle.write(json.dumps(metrics) + "\n")
-        value = validation[task.best_metric]
-        if value > self.best_value:
-            self.best_value, self.best_epoch = value, self.epoch
-            if env.is_main:
-                self.write_model("best")
-        self.save()
         self.info_line(
             f"epoch {metrics['epoch']}/{config.epochs}  train_loss {metrics['train_loss']:.4f}  "
             f"{task.describe(validation)}  lr {metrics['lr']:.2e}  "
             f"{metrics['seconds']:.1f}s  {metrics['images_per_second']:.0f} img/s"
             + (f"  skipped {len(skipped)} unreadable" if skipped else "")
         )
+        if met and env.is_main:
+            log.warning(summarize_unreadable(met))
+        if env.is_main:
+            with open(self.out / METRICS_NAME, "a") as handle:
+                handle.write(json.dumps(metrics) + "\n")
+            self.draw_curves()
+        value = validation[task.best_metric]
+        if value > self.best_value:
+            self.best_value, self.best_epoch = value, self.epoch
+            if env.is_main:
+                self.write_model("best")
+        self.save()
         return metrics
+
+    def draw_curves(self) -> None:
+        """Redraw curves.png from metrics.jsonl; a failure to draw is a warning, never the end of the run."""
+        if not self.curves:
+            return
+        lines = (self.out / METRICS_NAME).read_text().splitlines()
+        try:
+            write_curves([json.loads(line) for line in lines if line.strip()], self.out / CURVES_NAME)
+        except OSError as err:
+            log.warning(f"{CURVES_NAME} is not drawn: {err}")
+            self.curves = False
 
     def result(self, last: dict[str, Any] | None, interrupted: bool) -> FitResult:
         metric = self.task.best_metric
         return FitResult(self.out, self.epoch, metric, self.best_value, self.best_epoch, last, interrupted)
 
     def write_model(self, name: str) -> Path:
-        directory = save_pretrained(self.eval_model, self.out / name)
+        """Save the evaluated model (EMA weights with EMA) as OUT/name, with the class names and normalisation of
+        the data in its config.json and the task's files beside it."""
+        info = self.task.info
+        directory = save_pretrained(
+            self.eval_model, self.out / name, class_names=info.classes, mean=info.mean, std=info.std
+        )
         self.task.save_beside(directory)
         return directory
 
 
-def _prepare_out(out: Path, resume: bool, force: bool, env: DistEnv) -> dict[str, Any] | None:
-    """The checkpoint to resume from, or None after clearing earlier outputs for a fresh run."""
+def _check_out(out: Path, resume: bool, force: bool, given: TrainConfig) -> dict[str, Any] | None:
+    """The checkpoint to resume from, or None for a fresh run; ValueError, with the commands that work, when OUT
+    does not hold what `resume` / `force` expect. Changes nothing."""
     checkpoint = out / CHECKPOINT_NAME
-    if resume and checkpoint.is_file():
-        return load_checkpoint(checkpoint)
-    if out.is_dir() and any(out.iterdir()) and not (resume or force):
-        raise ValueError(f"{out} is not empty: pass --resume to continue the run there, or --force to start over")
-    barrier(env)  # every process has looked at OUT before rank 0 changes it
-    if env.is_main:
-        for name in OUTPUTS:
-            path = out / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
-        out.mkdir(parents=True, exist_ok=True)
+    if resume and force:
+        raise ValueError(
+            f"--resume continues the run in {out} and --force replaces it: pass one. Continue: {resume_command(out)}"
+            f"  or start over: {given.minimal().command('--force')}"
+        )
+    used = out.is_dir() and any(out.iterdir())
+    if resume:
+        if checkpoint.is_file():
+            return load_checkpoint(checkpoint)
+        where = "does not exist" if not out.exists() else "holds no checkpoint" if used else "is empty"
+        given = given.minimal()
+        start = given.command("--force") if used else given.command()
+        raise ValueError(
+            f"nothing to resume: {out} {where} ({checkpoint.name} not found); start a new run with: {start}"
+        )
+    if used and not force:
+        given = given.minimal()
+        if checkpoint.is_file():
+            ways = f"continue the run there with: {resume_command(out)}  or start over with: {given.command('--force')}"
+        else:
+            ways = f"start there anyway with: {given.command('--force')}"
+        new = dataclasses.replace(given, out=os.fspath(_new_folder(out))).command()
+        raise ValueError(
+            f"{out} is not empty: {ways}  (--force moves vitkit's earlier outputs aside until the new run's first "
+            f"checkpoint), or use a new folder: {new}"
+        )
     return None
+
+
+def _clear_out(out: Path, env: DistEnv) -> Path | None:
+    """Make OUT ready for a fresh run: created, with an earlier run's outputs (`OUTPUTS`) moved to a sibling
+    OUT.old-<time>, which is returned (None when there was nothing to move). Other files in OUT stay."""
+    barrier(env)  # every process has looked at OUT before rank 0 changes it
+    aside = None
+    if env.is_main:
+        found = [out / name for name in OUTPUTS if (out / name).exists()]
+        if found:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            aside = out.resolve().with_name(f"{out.resolve().name}.old-{stamp}")
+            n = 1
+            while aside.exists():
+                aside, n = aside.with_name(f"{out.resolve().name}.old-{stamp}-{n}"), n + 1
+            aside.mkdir()
+            for path in found:
+                shutil.move(path, aside / path.name)
+            log.info(f"moved the earlier run's outputs in {out} to {aside}; deleted once this run writes a checkpoint")
+        out.mkdir(parents=True, exist_ok=True)
+    return aside
 
 
 def fit(config: TrainConfig, resume: bool = False, force: bool = False) -> FitResult:
@@ -349,31 +505,41 @@ def fit(config: TrainConfig, resume: bool = False, force: bool = False) -> FitRe
 
     Args:
         config: the run; None defaults are resolved (`TrainConfig.resolved`) and written to config.json.
-        resume: continue from OUT/checkpoint.pt when there is one (else start afresh); the options must match
+        resume: continue from OUT/checkpoint.pt (ValueError when there is none); the resolved options must match
             the checkpoint's except `RESUME_MAY_CHANGE`. A resumed run ends with the weights an uninterrupted
             run would have had. `TrainConfig.for_resume(out, **changes)` gives the saved options with `changes`
             applied, as `vitkit train --out OUT --resume` uses them.
-        force: start afresh even when OUT already holds a run (its outputs are replaced).
+        force: start afresh even when OUT already holds a run: its outputs are moved to OUT.old-<time> and
+            deleted once the new run has written its first checkpoint. Not together with `resume`.
     """
     env = setup(config.device)
+    run = None
     try:
+        given = config
         config = dataclasses.replace(config.resolved(), device=env.device.type)
-        state = _prepare_out(Path(config.out), resume, force, env)
+        if env.is_main:
+            for message in given.ignored():
+                log.warning(message)
+        state = _check_out(Path(config.out), resume, force, given)
         if state is not None:
-            _check_resume(json.loads(state["config"]), config)
-        run = _Run(config, env)
-        if state is not None:
+            _check_resume(json.loads(state["config"]), config, given)
+        run = _Run(config, env)  # reads the data and builds the model before OUT changes
+        if state is None:
+            run.replaced = _clear_out(run.out, env)
+        else:
             run.restore(state)
         if env.is_main:
             config.save(run.out)
+            log.info(run.summary())
         barrier(env)
         last = None
         with StopOnSignal() as stop:
             while run.epoch < config.epochs:
                 if not run.train_epoch(stop):
+                    torchrun = f" (under torchrun with {env.world_size} processes)" if env.world_size > 1 else ""
                     run.info_line(
-                        f"stopped in epoch {run.epoch + 1} after step {run.step}; checkpoint saved, continue with "
-                        "resume (vitkit train --resume)"
+                        f"stopped in epoch {run.epoch + 1} after step {run.step}; checkpoint saved, continue with: "
+                        f"{resume_command(run.out)}{torchrun}"
                     )
                     return run.result(last, interrupted=True)
                 last = run.end_epoch()
@@ -385,4 +551,6 @@ def fit(config: TrainConfig, resume: bool = False, force: bool = False) -> FitRe
         barrier(env)
         return run.result(last, interrupted=False)
     finally:
+        if run is not None and run.replaced is not None and env.is_main:
+            log.warning(f"the run ended before its first checkpoint; the earlier run's outputs are in {run.replaced}")
         cleanup(env)

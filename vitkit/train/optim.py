@@ -91,3 +91,17 @@ def warmup_cosine(
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine_factor(step, total_steps, warmup_steps, min_factor)
     )
+
+
+def apply_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR) -> list[float]:
+    """Set every parameter group's learning rate to the schedule's value at its current step, and return them.
+
+    A schedule's state (`state_dict`) holds its step, not its function: a run resumed with more epochs loads the
+    step into a scheduler built for the new total, and this puts the optimizer on the new schedule at once
+    (otherwise the step after the resume would still use the old schedule's rate).
+    """
+    step = scheduler.last_epoch
+    rates = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    return rates

@@ -10,6 +10,7 @@ from vitkit.viz.attention import (
     model_view,
     overlay,
 )
+from vitkit.viz.curves import write_curves
 from vitkit.viz.detection import draw_detections, enlarge, object_attention_figure
 from vitkit.viz.plots import confusion_image, plot_scaling
 
@@ -26,4 +27,5 @@ __all__ = [
     "object_attention_figure",
     "overlay",
     "plot_scaling",
+    "write_curves",
 ]
