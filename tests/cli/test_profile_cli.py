@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from vitkit.analysis import profile
+from vitkit.analysis import estimate_memory, profile
 from vitkit.cli import main
 
 
@@ -61,3 +61,33 @@ def test_dtype_and_device_pick_the_attention_path_counted(capsys):
     assert {"q_copy", "k_copy", "v_copy"} <= {op["op"] for op in cpu["ops"]}  # the explicit path runs on CPU
     assert not {"q_copy", "k_copy", "v_copy"} & {op["op"] for op in gpu["ops"]}  # the fused kernel on GPUs
     assert cpu["matmul_flops"] == gpu["matmul_flops"]
+
+
+@pytest.fixture
+def one_mebibyte(monkeypatch):
+    """The machine seen with 1 MiB available: too little for any measured forward pass."""
+    monkeypatch.setattr("vitkit.analysis.preflight.available_memory", lambda device="cpu": 2**20)
+
+
+def test_measure_is_refused_when_the_estimate_exceeds_the_memory_available(one_mebibyte, capsys):
+    assert main(["profile", "vit_tiny_patch16_224", "--batch", "4", "--measure"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vitkit profile: error: vit_tiny_patch16_224 inference at batch 4, 224x224, fp32 needs about")
+    assert "but only 1 MiB is available" in err and "To run anyway, pass --ignore-memory-check." in err
+    assert "--grad-checkpointing" not in err and "Traceback" not in err
+    assert err.count("\n") == 1  # one paragraph
+
+
+def test_the_memory_check_names_the_commands_flags(monkeypatch, capsys):
+    room = int(estimate_memory("vit_tiny_patch16_224", 448, 3, training=False).needed_bytes / 0.9) + 16  # batch 3 fits
+    monkeypatch.setattr("vitkit.analysis.preflight.available_memory", lambda device="cpu": room)
+    assert main(["profile", "vit_tiny_patch16_224", "--img-size", "448", "--batch", "8", "--measure"]) == 2
+    err = capsys.readouterr().err
+    assert "Ways out: --batch 3 (the largest batch that fits); --img-size 224 (the model's own size)." in err
+
+
+def test_ignore_memory_check_measures_anyway_and_the_analytic_report_needs_no_check(one_mebibyte, capsys):
+    with pytest.warns(UserWarning, match=r"needs about .* Running anyway \(--ignore-memory-check\)"):
+        assert main(["profile", "vit_tiny_patch16_224", "--measure", "--ignore-memory-check"]) == 0
+    assert "measured peak activation memory" in capsys.readouterr().out
+    assert main(["profile", "vit_tiny_patch16_224"]) == 0  # nothing runs: nothing to check

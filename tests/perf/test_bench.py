@@ -5,9 +5,19 @@ import json
 import pytest
 import torch
 
-from vitkit.analysis import profile
+from vitkit.analysis import MemoryWarning, NotEnoughMemory, estimate_memory, profile
 from vitkit.cli import main
-from vitkit.perf.bench import SPLIT, _category, adamw, bench, build_candidates, gemm_rate, time_candidates, time_split
+from vitkit.perf.bench import (
+    SPLIT,
+    _category,
+    adamw,
+    bench,
+    bench_memory,
+    build_candidates,
+    gemm_rate,
+    time_candidates,
+    time_split,
+)
 from vitkit.train import create_optimizer
 
 
@@ -141,3 +151,50 @@ def test_time_split_categories():
     assert _category("aten::native_layer_norm", False) == "norms and elementwise"
     assert _category("aten::gelu", False) == "norms and elementwise" and _category("aten::view", False) == "other"
     assert _category("aten::add_", True) == "optimizer" and _category("Optimizer.step#AdamW.step", False) == "optimizer"
+
+
+@pytest.fixture
+def one_mebibyte(monkeypatch):
+    """The machine seen with 1 MiB available; building a candidate fails the test."""
+    monkeypatch.setattr("vitkit.analysis.preflight.available_memory", lambda device="cpu": 2**20)
+
+    def built(*args, **kwargs):
+        raise AssertionError("a candidate was built before the memory check")
+
+    monkeypatch.setattr("vitkit.perf.bench.build_candidates", built)
+
+
+def test_a_run_that_does_not_fit_is_refused_before_any_model_is_built(one_mebibyte):
+    with pytest.raises(NotEnoughMemory, match=r"needs about .* To run anyway, pass allow_memory=True\.") as caught:
+        bench("vit_tiny_patch16_224", batch=8, img_size=448, train=True)
+    assert caught.value.estimate.training and caught.value.estimate.batch == 8
+    assert "grad_checkpointing" not in str(caught.value)  # bench has no such setting
+
+
+def test_allow_memory_runs_anyway(monkeypatch):
+    monkeypatch.setattr("vitkit.analysis.preflight.available_memory", lambda device="cpu": 2**20)
+    with pytest.warns(MemoryWarning, match="Running anyway"):
+        report = bench("vit_tiny_patch16_224", batch=1, img_size=32, rounds=1, warmup=0, allow_memory=True)
+    assert [r.name for r in report.results] == ["vitkit fp32"]
+
+
+def test_the_command_refuses_with_its_flags(one_mebibyte, capsys):
+    assert main(["bench", "vit_tiny_patch16_224", "--batch", "8", "--img-size", "448", "--train"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vitkit bench: error: vit_tiny_patch16_224 training at batch 8, 448x448, fp32")
+    assert "a smaller --img-size" in err and "pass --ignore-memory-check" in err and "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_the_estimate_holds_every_candidates_model_at_once():
+    alone = bench_memory("vit_tiny_patch16_224", (224, 224), "fp32", True, None)(4)
+    single = estimate_memory("vit_tiny_patch16_224", 224, 4, training=True)
+    assert alone == single
+    with_timm = bench_memory("vit_tiny_patch16_224", (224, 224), "fp32", True, "timm")(4)
+    assert (
+        with_timm.weights_bytes == 2 * single.weights_bytes and with_timm.optimizer_bytes == 2 * single.optimizer_bytes
+    )
+    assert with_timm.step_bytes == single.step_bytes  # the steps run one at a time
+    bf16 = bench_memory("vit_tiny_patch16_224", (224, 224), "bf16", True, "timm")(4)
+    assert bf16.weights_bytes == 3 * single.weights_bytes  # timm's autocast training builds a model of its own
+    assert bf16.step_bytes == single.step_bytes  # the fp32 reference step is the largest

@@ -1,19 +1,40 @@
-"""Cost reports: analytic per-operator FLOPs, parameters and activation memory, checked against measurement."""
+"""Cost reports: analytic per-operator FLOPs, parameters and activation memory, checked against measurement; the
+memory preflight that refuses a run that would not fit."""
 
 from vitkit.analysis.memory import (
     PeakMemory,
     inference_peak_bytes,
     measure_saved_bytes,
     saved_for_backward_bytes,
+    training_peak_bytes,
+)
+from vitkit.analysis.preflight import (
+    MemoryEstimate,
+    MemoryEstimator,
+    MemoryWarning,
+    NotEnoughMemory,
+    SettingNames,
+    available_memory,
+    check_memory,
+    estimate_memory,
 )
 from vitkit.analysis.profile import Report, measure_matmul_flops, profile
 
 __all__ = [
+    "MemoryEstimate",
+    "MemoryEstimator",
+    "MemoryWarning",
+    "NotEnoughMemory",
     "PeakMemory",
     "Report",
+    "SettingNames",
+    "available_memory",
+    "check_memory",
+    "estimate_memory",
     "inference_peak_bytes",
     "measure_matmul_flops",
     "measure_saved_bytes",
     "profile",
     "saved_for_backward_bytes",
+    "training_peak_bytes",
 ]

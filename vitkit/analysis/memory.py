@@ -12,7 +12,7 @@ the input) are not counted, so the figure is the extra memory a forward (or trai
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -100,12 +100,17 @@ def _release(ops: Sequence[OpCost]) -> dict[Storage, tuple[int, int]]:
     return span
 
 
-def inference_peak_bytes(ops: Sequence[OpCost]) -> int:
-    """Peak activation bytes alive at once while the operators run without grad (see `_release` for lifetimes)."""
+def inference_peak_bytes(ops: Sequence[OpCost], retained: Mapping[int, int] | None = None) -> int:
+    """Peak activation bytes alive at once while the operators run without grad (see `_release` for lifetimes).
+
+    `retained`: operator index -> bytes that operator also keeps until the pass ends (`capture_attention`'s
+    copies of the attention weights)."""
     change = [0] * (len(ops) + 1)
     for storage, (first, last) in _release(ops).items():
         change[first] += storage.nbytes
         change[last + 1] -= storage.nbytes
+    for i, nbytes in (retained or {}).items():
+        change[i] += nbytes
     peak = live = 0
     for delta in change[:-1]:
         live += delta
@@ -134,3 +139,122 @@ def measure_saved_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(x)
     return sum(sizes.values())
+
+
+def _under(module: str, prefix: str) -> bool:
+    """Whether the operator module `module` lies in the module `prefix` (itself or below it)."""
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _recompute_peak(
+    ops: Sequence[OpCost],
+    spans: dict[Storage, tuple[int, int]],
+    block: list[str | None],
+    end: int,
+    saved: Mapping[Storage, int],
+) -> int:
+    """Peak bytes while a checkpointed block whose last operator is `end` runs its forward again: the tensors its
+    backward needs (`saved`) stay, the others live as in the forward."""
+    start = end
+    while start > 0 and block[start - 1] == block[end]:
+        start -= 1
+    change = [0] * (end - start + 2)
+    for storage, (first, last) in spans.items():
+        if start <= first <= end:
+            change[first - start] += storage.nbytes
+            if storage not in saved:
+                change[min(last, end) + 1 - start] -= storage.nbytes
+    peak = live = 0
+    for delta in change[:-1]:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def training_peak_bytes(
+    ops: Sequence[OpCost],
+    grad_bytes: Mapping[str, int] | None = None,
+    copy_bytes: Mapping[str, int] | None = None,
+    checkpointed: Sequence[str] = (),
+) -> int:
+    """Peak bytes one training step allocates beyond the weights, optimizer state and input, as `vitkit train` runs
+    it: the forward with the previous step's gradients still alive, `zero_grad(set_to_none=True)`, the backward.
+
+    Forward: what each operator saves stays until backward, the rest lives as in `inference_peak_bytes`. Backward
+    walks the operators in reverse: each holds the gradient of its output and of its main input while it runs, the
+    gradients of a module's parameters appear at its last operator, and a saved tensor is freed after the backward
+    of the first operator that saved it. A checkpointed block keeps only its inputs through the forward and saves
+    its tensors again when its backward begins (the recomputation).
+
+    Args:
+        ops: the operators of the forward, in order (a model's `cost()`).
+        grad_bytes: operator module name -> bytes of the gradients of the parameters it owns.
+        copy_bytes: operator module name -> bytes of the low-precision weight copies autocast makes in its forward
+            and autograd keeps until its backward.
+        checkpointed: names of the modules whose forward is recomputed in backward (`set_grad_checkpointing`).
+    """
+    grad_bytes, copy_bytes = grad_bytes or {}, copy_bytes or {}
+    spans = _release(ops)
+    block = [next((b for b in checkpointed if _under(op.module, b)), None) for op in ops]
+    # kept storage -> index of the first operator that keeps it (its backward frees it)
+    kept: dict[Storage, int] = {}
+    inner: dict[str, dict[Storage, int]] = {b: {} for b in checkpointed}  # what a block's backward saves again
+    for i, op in enumerate(ops):
+        b = block[i]
+        for x in op.saved:
+            if x.nbytes > 0 and x.storage in spans:
+                target = inner[b] if b is not None else kept
+                target.setdefault(x.storage, i)
+        if b is not None:  # the block's inputs: tensors made before the block that its operators read
+            for x in op.inputs:
+                made = spans.get(x.storage)
+                if made is not None and block[made[0]] != b:
+                    kept.setdefault(x.storage, i)
+    for saved in inner.values():
+        for storage in list(saved):
+            if storage in kept:
+                del saved[storage]  # a block input, kept anyway
+    # forward: live activations, every kept one to the end, plus the weight copies of the modules reached so far
+    change = [0] * (len(ops) + 1)
+    for storage, (first, last) in spans.items():
+        change[first] += storage.nbytes
+        if storage not in kept:
+            change[last + 1] -= storage.nbytes
+    seen: set[str] = set()
+    live = copies = forward_peak = 0
+    for i, op in enumerate(ops):
+        if op.module not in seen:
+            seen.add(op.module)
+            copies += copy_bytes.get(op.module, 0)
+        live += change[i]
+        forward_peak = max(forward_peak, live + copies)
+    forward_peak += sum(grad_bytes.values())  # the previous step's gradients, freed by zero_grad after the forward
+    # backward, in reverse
+    freed_at: dict[int, int] = {}
+    for storage, i in kept.items():
+        freed_at[i] = freed_at.get(i, 0) + storage.nbytes
+    for saved in inner.values():
+        for storage, i in saved.items():
+            freed_at[i] = freed_at.get(i, 0) + storage.nbytes
+    live = sum(storage.nbytes for storage in kept) + copies
+    if ops and ops[-1].output.storage not in kept:
+        live += ops[-1].output.nbytes  # the result the loss reads
+    first_op = {}
+    for i, op in enumerate(ops):
+        first_op.setdefault(op.module, i)
+    done: set[str] = set()
+    backward_peak = live
+    for i in range(len(ops) - 1, -1, -1):
+        op, b = ops[i], block[i]
+        if b is not None and (i == len(ops) - 1 or block[i + 1] != b):  # the block's backward begins: recompute
+            backward_peak = max(backward_peak, live + _recompute_peak(ops, spans, block, i, inner[b]))
+            live += sum(storage.nbytes for storage in inner[b])
+        if op.module not in done:
+            done.add(op.module)
+            live += grad_bytes.get(op.module, 0)
+        work = op.output.nbytes + (op.inputs[0].nbytes if op.inputs else 0)  # gradients of output and input
+        backward_peak = max(backward_peak, live + work)
+        if first_op[op.module] == i:
+            live -= copy_bytes.get(op.module, 0)  # the module's first operator: its weight copies are done
+        live -= freed_at.get(i, 0)
+    return max(forward_peak, backward_peak)

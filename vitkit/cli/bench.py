@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vitkit.cli.options import parse_size
+from vitkit.cli.options import add_memory_option, memory_flags, parse_size
 from vitkit.perf.bench import Report, bench
 from vitkit.train import create_optimizer
 
@@ -29,6 +29,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per candidate first (default 2)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_memory_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         device=args.device,
         optimizer=create_optimizer,
+        allow_memory=args.ignore_memory_check,
+        memory_names=memory_flags(batch="--batch", grad_checkpointing=None),
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

@@ -9,6 +9,8 @@ import types
 import typing
 from typing import Any
 
+from vitkit.analysis.preflight import SettingNames
+
 _PYTHON_WORDS = {"True": True, "False": False, "None": None}
 
 
@@ -91,3 +93,26 @@ def add_config_options(parser: argparse.ArgumentParser, config_cls: type) -> Non
         elif kind is not str:
             raise TypeError(f"{config_cls.__name__}.{f.name}: no command-line form for {hints[f.name]}")
         parser.add_argument(f.metadata.get("flag", "--" + f.name.replace("_", "-")), **kwargs)
+
+
+IGNORE_MEMORY_CHECK = "--ignore-memory-check"
+
+
+def add_memory_option(parser: argparse.ArgumentParser) -> None:
+    """--ignore-memory-check (dest `ignore_memory_check`): run even when the estimated peak memory exceeds what is
+    available (`vitkit.analysis.check_memory` then warns instead of refusing)."""
+    parser.add_argument(
+        IGNORE_MEMORY_CHECK,
+        action="store_true",
+        help="run even when the estimated peak memory exceeds the memory available",
+    )
+
+
+def memory_flags(
+    batch: str | None = "--batch-size",
+    img_size: str | None = "--img-size",
+    grad_checkpointing: str | None = "--grad-checkpointing",
+) -> SettingNames:
+    """The flags a command's memory refusal names as ways out (`vitkit.analysis.check_memory(..., names=...)`):
+    None for a setting the command does not have; the override is always --ignore-memory-check."""
+    return SettingNames(batch, img_size, grad_checkpointing, IGNORE_MEMORY_CHECK)

@@ -7,9 +7,10 @@ import json
 
 import torch
 
+from vitkit.analysis.preflight import check_memory
 from vitkit.analysis.profile import Report, profile
 from vitkit.analysis.report import crossover, grouped, scaling, shape_flow, shares
-from vitkit.cli.options import parse_size
+from vitkit.cli.options import add_memory_option, memory_flags, parse_size
 from vitkit.viz import plot_scaling
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -33,11 +34,24 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--measure", action="store_true", help="run one forward pass and report the measured FLOPs")
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
     parser.add_argument("--plot", metavar="PNG", help="draw cost and activation memory against image size")
+    add_memory_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     overrides = {"attn_backend": args.backend}
     dtype = DTYPES[args.dtype]
+    if args.measure:  # the forward pass runs for real: refuse it if it would not fit
+        check_memory(
+            args.model,
+            args.img_size,
+            args.batch,
+            training=False,
+            precision=args.dtype,
+            device=args.device,
+            allow=args.ignore_memory_check,
+            names=memory_flags(batch="--batch", grad_checkpointing=None),
+            overrides=overrides,
+        )
     report = profile(args.model, args.img_size, args.batch, args.measure, dtype, args.device, overrides)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

@@ -11,12 +11,13 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
 
 from vitkit.analysis.memory import PeakMemory
+from vitkit.analysis.preflight import MemoryEstimate, MemoryEstimator, SettingNames, enforce
 from vitkit.analysis.profile import profile
 from vitkit.layers.helpers import to_2tuple
 from vitkit.models.registry import create_model, model_entry
@@ -24,6 +25,8 @@ from vitkit.perf.optimize import PRECISIONS, optimize
 from vitkit.weights.convert import export_weights
 
 COMPARE = (None, "timm", "transformers")  # what a model can be benchmarked against
+# How a refusal of `bench` for memory names its settings (`vitkit bench` passes its flags).
+MEMORY_NAMES = SettingNames(batch="batch", img_size="img_size", grad_checkpointing=None, allow="allow_memory=True")
 
 
 @dataclass
@@ -233,6 +236,55 @@ def adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=device in ("cpu", "cuda"))
 
 
+def _check_setting(model_name: str, train: bool, compare: str | None) -> bool:
+    """Refuse what `bench` cannot time for this model; whether it is a detector."""
+    detector = model_entry(model_name).family == "detr"
+    if detector and train:
+        raise ValueError(f"bench --train times classifiers; {model_name} is a detector: time `vitkit train` instead")
+    if compare == "transformers" and not detector:
+        raise ValueError(f"--compare transformers covers the DETR models; compare {model_name} with timm")
+    return detector
+
+
+def bench_memory(
+    model_name: str,
+    size: tuple[int, int],
+    precision: str,
+    train: bool,
+    compare: str | None,
+    device: str = "cpu",
+) -> Callable[[int], MemoryEstimate]:
+    """The estimated peak memory of `bench`'s run, as a function of the batch: every candidate's model (and, when
+    training, its AdamW state) is held at once, and the candidates' steps run one at a time.
+
+    The vitkit candidate is estimated in `precision` (for bf16 inference: its fp32 weights and the bf16 copy
+    `optimize` makes); a reference model (timm's, transformers') like vitkit's model in fp32, and under bf16
+    autocast like the vitkit bf16 step, a second reference model when it trains in bf16.
+    """
+    ours = MemoryEstimator(model_name, size, training=train, precision=precision, device=device)
+    theirs = MemoryEstimator(model_name, size, training=train, device=device) if compare is not None else None
+
+    def at(batch: int) -> MemoryEstimate:
+        vitkit_run = ours(batch)
+        held, steps = [vitkit_run], [vitkit_run.step_bytes]
+        if theirs is not None:
+            reference = theirs(batch)
+            held.append(reference)
+            steps.append(reference.step_bytes)
+            if precision == "bf16":
+                steps.append(vitkit_run.step_bytes)  # the reference under autocast
+                if train:
+                    held.append(reference)  # its own model and optimizer for autocast training
+        return replace(
+            vitkit_run,
+            weights_bytes=sum(r.weights_bytes for r in held),
+            optimizer_bytes=sum(r.optimizer_bytes for r in held),
+            step_bytes=max(steps),
+        )
+
+    return at
+
+
 def build_candidates(
     model_name: str,
     batch: int,
@@ -246,12 +298,8 @@ def build_candidates(
 ) -> dict[str, Candidate]:
     """The steps to time, by candidate name, all on one random batch (see `bench` for the candidates)."""
     config = model_entry(model_name).config
-    detector = model_entry(model_name).family == "detr"
+    detector = _check_setting(model_name, train, compare)
     dynamic = size != to_2tuple(config.img_size) and not detector  # detectors take any size as they are
-    if detector and train:
-        raise ValueError(f"bench --train times classifiers; {model_name} is a detector: time `vitkit train` instead")
-    if compare == "transformers" and not detector:
-        raise ValueError(f"--compare transformers covers the DETR models; compare {model_name} with timm")
     torch.manual_seed(0)
     model = create_model(model_name, **({"dynamic_img_size": True} if dynamic else {})).to(dev).eval()
     x = torch.randn(batch, config.in_chans, *size, device=dev)
@@ -335,6 +383,8 @@ def bench(
     warmup: int = 2,
     device: str = "cpu",
     optimizer: OptimizerFactory = adamw,
+    allow_memory: bool = False,
+    memory_names: SettingNames = MEMORY_NAMES,
 ) -> Report:
     """Benchmark a registered model, optionally against timm's model of the same name (transformers' for DETR).
 
@@ -357,6 +407,10 @@ def bench(
         device: "cpu" or "cuda".
         optimizer: builds the vitkit training candidate's optimizer, called as
             ``optimizer(model, lr=..., weight_decay=...)``; `vitkit bench` passes `vitkit.train.create_optimizer`.
+        allow_memory: run even when the estimated peak memory of all candidates (`bench_memory`) exceeds the
+            memory available; without it that is refused (`vitkit.analysis.NotEnoughMemory`) before any model
+            is built.
+        memory_names: how a refusal names the settings to change (`vitkit bench` passes its flags).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
@@ -369,6 +423,9 @@ def bench(
         raise ValueError("device 'cuda' asked for, but torch sees no CUDA device")
     config = model_entry(model_name).config
     size = to_2tuple(img_size if img_size is not None else config.img_size)
+    _check_setting(model_name, train, compare)
+    estimate_at = bench_memory(model_name, size, precision, train, compare, device)
+    enforce(estimate_at, batch, allow=allow_memory, names=memory_names)
     candidates = build_candidates(model_name, batch, size, precision, compile, train, compare, dev, optimizer)
     flops = profile(model_name, size, batch).matmul_flops * (3 if train else 1)
     results, rates = time_candidates(candidates, batch, flops, rounds, warmup, dev)

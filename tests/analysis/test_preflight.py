@@ -1,0 +1,286 @@
+"""The memory preflight: estimates against the memory a real step takes, the refusal and its ways out, the
+override, and the available memory read from /proc and the cgroup files."""
+
+import dataclasses
+import os
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import vitkit
+from vitkit.analysis import (
+    MemoryWarning,
+    NotEnoughMemory,
+    PeakMemory,
+    SettingNames,
+    available_memory,
+    check_memory,
+    estimate_memory,
+    preflight,
+)
+from vitkit.train import create_optimizer
+
+GiB = 2**30
+
+
+def loss_of(outputs):
+    """A scalar that every output takes part in: logits, or a detector's predictions and auxiliary outputs."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.float().logsumexp(-1).mean()
+    parts = [outputs["pred_logits"], outputs["pred_boxes"]]
+    parts += [t for aux in outputs["aux_outputs"] for t in aux.values()]
+    return sum(t.float().mean() for t in parts)
+
+
+def measured_training_peak(model, batch, size, precision):
+    """Peak extra memory of two training steps in `vitkit train`'s order (forward, zero_grad, backward, AdamW):
+    the second step runs with the optimizer state the first one made and the first one's gradients."""
+    optimizer = create_optimizer(model, lr=1e-4, weight_decay=0.05)
+    x = torch.randn(batch, model.config.in_chans, size, size)
+
+    def step():
+        with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
+            loss = loss_of(model(x))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    with PeakMemory() as memory:
+        step()
+        step()
+    return memory.peak
+
+
+VIT = ("vit_small_patch16_224", {"depth": 2}, 96, 4)
+SWIN = ("swin_tiny_patch4_window7_224", {"depths": (2, 2, 2, 2)}, 224, 1)
+BOTNET = ("botnet26t_256", {}, 128, 2)
+DETR = ("detr_tiny", {"drop_rate": 0.0, "attn_drop_rate": 0.0}, 96, 2)  # dropout is in no operator list
+
+
+@pytest.mark.parametrize(
+    ("case", "precision", "checkpointing", "tolerance"),
+    [
+        (VIT, "fp32", False, 0.01),
+        ((VIT[0], {**VIT[1], "attn_backend": "math"}, *VIT[2:]), "fp32", False, 0.01),
+        (VIT, "bf16", False, 0.03),
+        (VIT, "fp32", True, 0.01),
+        (SWIN, "fp32", False, 0.05),
+        (SWIN, "fp32", True, 0.06),
+        (BOTNET, "fp32", False, 0.03),
+        (DETR, "fp32", False, 0.03),
+        (DETR, "fp32", True, 0.03),
+    ],
+    ids=lambda v: v[0].split("_")[0] + ("-math" if "attn_backend" in v[1] else "") if isinstance(v, tuple) else None,
+)
+def test_training_estimate_against_measured_peak(case, precision, checkpointing, tolerance):
+    name, overrides, size, batch = case
+    torch.manual_seed(0)
+    model = vitkit.create_model(name, img_size=size, **overrides).train()
+    if checkpointing:
+        model.set_grad_checkpointing(True)
+    estimate = estimate_memory(model, size, batch, training=True, precision=precision, grad_checkpointing=checkpointing)
+    measured = measured_training_peak(model, batch, size, precision)
+    # weights and input existed before the measurement; the optimizer state and one step's allocations did not
+    assert estimate.resident_bytes == estimate.weights_bytes
+    assert abs(estimate.optimizer_bytes + estimate.step_bytes - measured) <= tolerance * measured
+
+
+def test_checkpointing_lowers_the_estimate_and_ema_adds_a_copy_of_the_weights():
+    plain = estimate_memory("vit_base_patch16_224", 384, 8, training=True)
+    checkpointed = estimate_memory("vit_base_patch16_224", 384, 8, training=True, grad_checkpointing=True)
+    assert checkpointed.step_bytes < plain.step_bytes / 3  # 12 blocks: their inputs and one block recomputed
+    assert checkpointed.weights_bytes == plain.weights_bytes and checkpointed.optimizer_bytes == plain.optimizer_bytes
+    assert plain.optimizer_bytes == 2 * plain.weights_bytes  # AdamW's two moments (ViT has no buffers)
+    ema = estimate_memory("vit_base_patch16_224", 384, 8, training=True, ema=True)
+    assert ema.optimizer_bytes == 3 * plain.weights_bytes
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "precision", "tolerance"),
+    [
+        ("vit_small_patch16_224", 224, "fp32", 0.0),  # the activation peak (the other families: test_profile.py)
+        ("vit_small_patch16_224", 224, "bf16", 0.01),  # autocast under no_grad keeps bf16 copies of the weights
+    ],
+)
+def test_inference_estimate_against_measured_peak(name, size, precision, tolerance):
+    torch.manual_seed(0)
+    model = vitkit.create_model(name).eval()
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"), PeakMemory() as memory:
+        model(x)
+    estimate = estimate_memory(model, size, 2, training=False, precision=precision)
+    assert estimate.optimizer_bytes == 0
+    assert abs(estimate.step_bytes - memory.peak) <= tolerance * memory.peak
+
+
+@pytest.mark.parametrize("name", vitkit.list_models())
+def test_every_model_is_estimated_without_allocating(name):
+    """Any family, detectors included: a name is estimated on the meta device, the built model the same way."""
+    with PeakMemory() as memory:  # counts every tensor with storage made here (meta tensors have none)
+        one = estimate_memory(name, None, 1, training=True)
+        two = estimate_memory(name, None, 2, training=True)
+        checkpointed = estimate_memory(name, None, 2, training=True, grad_checkpointing=True)
+    assert memory.peak == 0
+    with torch.device("meta"):
+        model = vitkit.create_model(name)
+    assert estimate_memory(model, None, 2, training=True) == dataclasses.replace(two, model=type(model).__name__)
+    assert one.weights_bytes == sum(p.numel() * 4 for p in model.parameters()) + sum(
+        b.numel() * b.element_size() for b in model.buffers()
+    )
+    assert one.resident_bytes == 0  # nothing of a named model is loaded yet
+    assert 0 < one.step_bytes < two.step_bytes
+    assert checkpointed.step_bytes < two.step_bytes
+    inference = estimate_memory(name, None, 2, training=False)
+    assert 0 < inference.step_bytes < two.step_bytes and inference.optimizer_bytes == 0
+
+
+def test_estimating_leaves_the_models_checkpointing_as_it_was():
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=2)
+    estimate_memory(model, None, 2, training=True, grad_checkpointing=True)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    model.set_grad_checkpointing(True)
+    estimate_memory(model, None, 2, training=True, grad_checkpointing=True)
+    assert all("forward" in block.__dict__ for block in model.blocks)
+
+
+@pytest.fixture
+def little_memory(monkeypatch):
+    """The machine seen with 2 GiB available."""
+    monkeypatch.setattr(preflight, "available_memory", lambda device="cpu": 2 * GiB)
+    return 2 * GiB
+
+
+def test_huge_training_run_is_refused_with_the_figures_and_the_ways_out(little_memory):
+    with pytest.raises(NotEnoughMemory) as caught:
+        check_memory("vit_base_patch16_224", 4096, 64, training=True)
+    message, estimate = str(caught.value), caught.value.estimate
+    assert isinstance(caught.value, ValueError)  # the commands report it as one, with exit code 2
+    assert estimate.available_bytes == little_memory and not estimate.fits
+    assert estimate.total_bytes > 1000 * GiB
+    assert f"needs about {estimate.total_bytes / GiB:.1f} GiB of cpu memory" in message
+    assert f"activations, gradients and backward {estimate.step_bytes / GiB:.1f} GiB" in message
+    assert "but only 2.0 GiB is available" in message
+    # not even one 4096x4096 image fits in 2 GiB, checkpointed or not: only the image size is left to change
+    assert "Ways out: a smaller img_size" in message
+    assert "batch=" not in message and "grad_checkpointing" not in message
+    assert message.endswith("To run anyway, pass allow=True.")
+    assert "\n" not in message
+
+
+def fits(name, size, batch, available, **kwargs):
+    return estimate_memory(name, size, batch, **kwargs).needed_bytes <= preflight.SAFETY * available
+
+
+def test_the_largest_batch_that_fits_is_computed(little_memory):
+    with pytest.raises(NotEnoughMemory) as caught:
+        check_memory("vit_base_patch16_224", 224, 64, training=True, names=SettingNames("--batch-size"))
+    message = str(caught.value)
+    largest = int(message.split("--batch-size ")[1].split()[0])
+    assert fits("vit_base_patch16_224", 224, largest, little_memory, training=True)
+    assert not fits("vit_base_patch16_224", 224, largest + 1, little_memory, training=True)
+    assert f"--batch-size {largest} (the largest batch that fits)" in message
+    # checkpointing: a larger batch fits, computed the same way
+    checkpointed = int(re.search(r"grad_checkpointing=True with --batch-size (\d+)", message).group(1))
+    assert checkpointed > largest
+    assert fits("vit_base_patch16_224", 224, checkpointed, little_memory, training=True, grad_checkpointing=True)
+    assert not fits(
+        "vit_base_patch16_224", 224, checkpointed + 1, little_memory, training=True, grad_checkpointing=True
+    )
+    with pytest.raises(NotEnoughMemory) as caught:
+        check_memory("vit_base_patch16_224", 1024, 64, training=False)
+    assert "grad_checkpointing" not in str(caught.value)  # not a way out for inference
+
+
+def test_the_models_own_size_is_offered_when_it_fits(monkeypatch):
+    own = estimate_memory("vit_base_patch16_224", 224, 16, training=False)
+    monkeypatch.setattr(preflight, "available_memory", lambda device="cpu": int(own.needed_bytes / 0.9 * 1.5))
+    with pytest.raises(NotEnoughMemory, match=r"--img-size 224 \(the model's own size\)"):
+        check_memory("vit_base_patch16_224", 1024, 16, training=False, names=SettingNames(img_size="--img-size"))
+
+
+def test_allow_only_warns(little_memory):
+    with pytest.warns(MemoryWarning, match=r"needs about .* Running anyway \(allow=True\)"):
+        estimate = check_memory("vit_base_patch16_224", 4096, 64, training=True, allow=True)
+    assert not estimate.fits
+
+
+def test_a_run_that_fits_passes_quietly(little_memory, recwarn):
+    estimate = check_memory("vit_tiny_patch16_224", None, 8, training=True)
+    assert estimate.fits and estimate.available_bytes == little_memory
+    assert not recwarn.list
+
+
+def test_weights_already_loaded_are_not_asked_for_again(monkeypatch):
+    model = vitkit.create_model("vit_base_patch16_224", depth=2)
+    estimate = estimate_memory(model, None, 1, training=False)
+    assert estimate.resident_bytes == estimate.weights_bytes > 0
+    assert estimate.needed_bytes == estimate.total_bytes - estimate.weights_bytes
+    # between the two totals: refused by name (weights to load), accepted for the loaded model
+    available = int((estimate.total_bytes - estimate.weights_bytes / 2) / 0.9)
+    monkeypatch.setattr(preflight, "available_memory", lambda device="cpu": available)
+    check_memory(model, None, 1, training=False)
+    with pytest.raises(NotEnoughMemory):
+        check_memory("vit_base_patch16_224", None, 1, training=False, overrides={"depth": 2})
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_available_memory_is_the_smaller_of_meminfo_and_the_cgroup_room(tmp_path, monkeypatch, version):
+    write(tmp_path / "meminfo", "MemTotal:  16000000 kB\nMemAvailable:  8000000 kB\n")
+    if version == "v2":
+        write(tmp_path / "self", "0::/job\n")
+        group = tmp_path / "fs" / "job"
+        write(group / "memory.max", f"{4 * GiB}\n")
+        write(group / "memory.current", f"{3 * GiB}\n")
+        write(group / "memory.stat", f"anon 1\ninactive_file {GiB // 2}\n")
+    else:
+        write(tmp_path / "self", "5:memory:/job\n4:cpu:/\n")
+        group = tmp_path / "fs" / "memory" / "job"
+        write(group / "memory.limit_in_bytes", f"{4 * GiB}\n")
+        write(group / "memory.usage_in_bytes", f"{3 * GiB}\n")
+        write(group / "memory.stat", f"inactive_file 1\ntotal_inactive_file {GiB // 2}\n")
+    monkeypatch.setattr(preflight, "MEMINFO", tmp_path / "meminfo")
+    monkeypatch.setattr(preflight, "SELF_CGROUP", tmp_path / "self")
+    monkeypatch.setattr(preflight, "CGROUP_ROOT", tmp_path / "fs")
+    assert available_memory("cpu") == GiB + GiB // 2  # 4 GiB limit - 3 GiB used + 0.5 GiB reclaimable cache
+    write(group / ("memory.max" if version == "v2" else "memory.limit_in_bytes"), "max\n")  # no limit
+    assert available_memory("cpu") == 8000000 * 1024
+
+
+def test_available_memory_of_this_machine():
+    available = available_memory("cpu")
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert 0 < available <= total
+    if not torch.cuda.is_available():
+        assert available_memory("cuda") is None  # unknown: nothing is refused
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
+        check_memory("vit_tiny_patch16_224", None, 0, training=True)
+    with pytest.raises(ValueError, match=r"precision must be one of \['bf16', 'fp32'\], got 'fp16'"):
+        estimate_memory("vit_tiny_patch16_224", None, 1, training=True, precision="fp16")
+    with pytest.raises(ValueError, match="a memory estimate needs a vitkit model"):
+        estimate_memory(nn.Linear(2, 2), None, 1, training=False)
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "swin_tiny_patch4_window7_224", "botnet26t_256"])
+def test_captured_attention_maps_are_counted(name):
+    """`vitkit attention`'s pass: every layer's weights kept to the end, each from the operator that forms it."""
+    torch.manual_seed(0)
+    model = vitkit.create_model(name).eval()
+    size = model.config.img_size
+    x = torch.randn(1, 3, size, size)
+    with vitkit.capture_attention(model) as maps, torch.no_grad(), PeakMemory() as memory:
+        model(x)
+    estimate = estimate_memory(model, size, 1, training=False, capture_attention=True)
+    plain = estimate_memory(model, size, 1, training=False)
+    captured = sum(m.numel() * m.element_size() for m in maps.values())
+    assert plain.step_bytes <= estimate.step_bytes <= plain.step_bytes + captured  # the peak may come earlier
+    assert abs(estimate.step_bytes - memory.peak) <= 0.01 * memory.peak
