@@ -14,11 +14,13 @@ from vitkit import from_pretrained
 from vitkit.cli import main
 from vitkit.data import DetectionInfo, load_digits_detect, write_coco_folder
 from vitkit.detection import COCO_METRICS
-from vitkit.train import TrainConfig, detect_files
+from vitkit.train import TrainConfig, detect_files, detection_attention
+from vitkit.train.detect import load_detection_settings
 from vitkit.viz import enlarge
 
 TINY = ["--model", "detr_digits", "--model-arg", "backbone_width=8", "--model-arg", "hidden_dim=16"]
 TINY += ["--model-arg", "num_heads=2", "--model-arg", "dim_feedforward=32", "--model-arg", "num_queries=6"]
+TINY += ["--model-arg", "dec_layers=2"]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,10 @@ def test_predict_draws_and_lists_the_detections_of_a_folder(trained, capsys, tmp
     rows = json.loads(capsys.readouterr().out)
     images = sorted((data / "val").glob("*.png"))
     assert [row["image"] for row in rows] == [str(p) for p in images]
-    expected = detect_files(from_pretrained(out / "final"), DetectionInfo.load(out / "final"), images, 0.05)
+    model, info = from_pretrained(out / "final"), DetectionInfo.load(out / "final")
+    settings = load_detection_settings(out / "final")  # the recipe's top-k pairs and NMS
+    assert settings.nms_iou == 0.7
+    expected = detect_files(model, info, images, 0.05, settings)
     assert rows == [found.to_dict() for found in expected]
     listing = json.loads((tmp_path / "pred" / "detections.json").read_text())
     assert [row["picture"] for row in listing] == [str(tmp_path / "pred" / p.name) for p in images]
@@ -88,9 +93,18 @@ def test_predict_skips_unreadable_images_of_folders_and_patterns(trained, capsys
     assert main([*args, "--out", str(tmp_path / "pred"), "--json", str(listing)]) == 0
     captured = capsys.readouterr()
     readable = [folder / "inner" / "first.png", *sorted((data / "val").glob("*[23].png"))]
-    expected = detect_files(from_pretrained(out / "final"), DetectionInfo.load(out / "final"), readable, 0.0)
+    expected = detect_files(
+        from_pretrained(out / "final"),
+        DetectionInfo.load(out / "final"),
+        readable,
+        0.0,
+        load_detection_settings(out / "final"),
+    )
     assert json.loads(listing.read_text()) == [found.to_dict() for found in expected]
-    assert captured.out.splitlines()[0] == f"{readable[0]}: 6 objects" and f"JSON written to {listing}" in captured.out
+    assert (
+        captured.out.splitlines()[0] == f"{readable[0]}: {len(expected[0].detections)} objects"
+        and f"JSON written to {listing}" in captured.out
+    )
     broken = folder / "inner" / "broken.png"
     assert captured.err.startswith(f"vitkit predict: warning: cannot read image {broken}: ")
     assert "skipped 1 unreadable image:" in captured.err
@@ -140,9 +154,13 @@ def test_attention_draws_each_detection_with_its_map(trained, capsys, tmp_path):
     target = tmp_path / "attention.png"
     args = ["attention", "--model-dir", str(out / "final"), image, "--out", str(target), "--threshold", "0"]
     assert main(args) == 0
-    assert "6 objects" in capsys.readouterr().out
-    # every query is shown: the detections, then one panel per query, five panels a row with 8-pixel gaps
-    assert Image.open(target).size == (5 * 288 + 4 * 8, 2 * 288 + 8)
+    model, info = from_pretrained(out / "final"), DetectionInfo.load(out / "final")
+    shown, _ = detection_attention(model, info, Image.open(image), 0.0, load_detection_settings(out / "final"))
+    assert 1 <= len(shown) <= 6 and f"{len(shown)} objects" in capsys.readouterr().out
+    # every query left by NMS is shown: the detections, then one panel per query, five a row with 8-pixel gaps
+    panels = 1 + len(shown)
+    columns, rows = min(panels, 5), -(-panels // 5)
+    assert Image.open(target).size == (columns * 288 + (columns - 1) * 8, rows * 288 + (rows - 1) * 8)
     assert main([*args[:-2], "--rollout"]) == 2
     assert "a detector's figure shows each object" in capsys.readouterr().err
 

@@ -102,3 +102,64 @@ def test_postprocess_of_a_focal_model_scores_each_class_by_sigmoid():
     assert all(torch.equal(a["scores"], b["scores"]) for a, b in zip(ours, again, strict=True))
     with pytest.raises(ValueError, match="classification must be 'ce' or 'focal'"):
         postprocess(outputs, sizes, classification="sigmoid")
+
+
+@pytest.mark.parametrize(("top_k", "threshold"), [(100, 0.0), (7, 0.0), (50, 0.3)])
+def test_top_k_equals_deformable_detr(top_k, threshold):
+    # Deformable DETR scores the sigmoid of every real class; transformers' processor takes those K logits.
+    outputs = random_outputs()
+    sizes = [(480, 640), (300, 200), (17, 33)]
+    ours = postprocess(outputs, sizes, threshold=threshold, classification="focal", top_k=top_k)
+    theirs = transformers.DeformableDetrImageProcessor().post_process_object_detection(
+        types.SimpleNamespace(logits=outputs["pred_logits"][..., :-1], pred_boxes=outputs["pred_boxes"]),
+        threshold=threshold,
+        target_sizes=torch.tensor(sizes),
+        top_k=top_k,
+    )
+    for mine, ref in zip(ours, theirs, strict=True):
+        assert len(mine["scores"]) == len(ref["scores"]) <= min(top_k, 20 * 6)
+        torch.testing.assert_close(mine["boxes"], ref["boxes"])
+        torch.testing.assert_close(mine["scores"], ref["scores"])
+        assert torch.equal(mine["labels"], ref["labels"])
+
+
+def test_top_k_offers_a_second_class_of_an_unsure_query():
+    # Query 0 is torn between classes 0 and 1; query 1 is sure of class 2. DETR keeps one class per query.
+    logits = torch.tensor([[[2.0, 1.9, -5.0, -5.0], [-5.0, -5.0, 4.0, -5.0]]])
+    boxes = torch.tensor([[[0.5, 0.5, 0.2, 0.2], [0.2, 0.2, 0.1, 0.1]]])
+    outputs = {"pred_logits": logits, "pred_boxes": boxes}
+    (one,) = postprocess(outputs, [(10, 10)], threshold=0.0)
+    assert one["labels"].tolist() == [0, 2]
+    (pairs,) = postprocess(outputs, [(10, 10)], threshold=0.0, top_k=3)
+    probs = logits.softmax(-1)[0, :, :-1]
+    assert pairs["labels"].tolist() == [2, 0, 1]  # most probable first
+    torch.testing.assert_close(pairs["scores"], torch.stack([probs[1, 2], probs[0, 0], probs[0, 1]]))
+    torch.testing.assert_close(pairs["boxes"][1], pairs["boxes"][2])  # both pairs of query 0 carry its box
+    torch.testing.assert_close(pairs["boxes"][1], torch.tensor([4.0, 4.0, 6.0, 6.0]))
+
+
+def test_nms_drops_a_less_probable_duplicate_of_the_same_class():
+    # Queries 0 and 1 predict the same digit box (IoU 0.81); query 2 the same box as another class; query 3 a box
+    # of the same class elsewhere. Only query 1, the less probable duplicate, goes.
+    boxes = torch.tensor([[[0.5, 0.5, 0.4, 0.4], [0.5, 0.5, 0.36, 0.36], [0.5, 0.5, 0.4, 0.4], [0.1, 0.1, 0.1, 0.1]]])
+    logits = torch.full((1, 4, 4), -5.0)
+    logits[0, 0, 1], logits[0, 1, 1], logits[0, 2, 0], logits[0, 3, 1] = 5.0, 3.0, 2.0, 1.0
+    outputs = {"pred_logits": logits, "pred_boxes": boxes}
+    (plain,) = postprocess(outputs, [(100, 100)], threshold=0.0)
+    assert plain["labels"].tolist() == [1, 1, 0, 1]
+    (kept,) = postprocess(outputs, [(100, 100)], threshold=0.0, nms_iou=0.8)
+    scores = plain["scores"]
+    torch.testing.assert_close(kept["scores"], scores[[0, 2, 3]])
+    assert kept["labels"].tolist() == [1, 0, 1]
+    (loose,) = postprocess(outputs, [(100, 100)], threshold=0.0, nms_iou=0.85)  # 0.81 is below: both stay
+    assert len(loose["scores"]) == 4
+
+
+def test_top_k_and_nms_errors():
+    outputs = random_outputs(batch=1)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="top_k must be a positive integer or None"):
+            postprocess(outputs, [(1, 1)], top_k=bad)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="nms_iou must be in \\(0, 1\\] or None"):
+            postprocess(outputs, [(1, 1)], nms_iou=bad)

@@ -55,7 +55,14 @@ def train_command():
 
 
 # detr_digits' layout small enough that an epoch on 24 canvases takes a fraction of a second.
-TINY_DETR = {"backbone_width": 8, "hidden_dim": 16, "num_heads": 2, "dim_feedforward": 32, "num_queries": 6}
+TINY_DETR = {
+    "backbone_width": 8,
+    "hidden_dim": 16,
+    "num_heads": 2,
+    "dim_feedforward": 32,
+    "num_queries": 6,
+    "dec_layers": 2,
+}
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from pycocotools.cocoeval import COCOeval
 import vitkit
 from vitkit import from_pretrained
 from vitkit.data import DetectionInfo
-from vitkit.detection import COCO_METRICS
+from vitkit.detection import COCO_METRICS, Postprocessing
 from vitkit.train import (
     DEFAULT_DETECTOR,
     TrainConfig,
@@ -49,21 +49,40 @@ def _explicit_outputs(model_dir: Path, path: Path) -> dict[str, torch.Tensor]:
     return {"logits": out["pred_logits"][0], "boxes": out["pred_boxes"][0]}  # (Q, K + 1), (Q, 4)
 
 
+def _iou(a: list[float], b: list[float]) -> float:
+    """IoU of two (x, y, w, h) boxes."""
+    w = max(0.0, min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0]))
+    h = max(0.0, min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1]))
+    return w * h / (a[2] * a[3] + b[2] * b[3] - w * h)
+
+
 def _explicit_map(model_dir: Path, coco_root: Path) -> list[float]:
     """pycocotools' six box metrics of the model on the val split, from the instances file and the image files,
-    every query a detection scored by its softmax probability (DETR's PostProcess)."""
+    read as the model's postprocess.json says: every query a detection of its most probable class (DETR's
+    PostProcess), or the top_k most probable (query, class) pairs (Deformable DETR's); then, with nms_iou, each
+    detection dropped that overlaps a more probable kept one of its class above that IoU."""
+    settings = json.loads((model_dir / "postprocess.json").read_text())
     annotations = coco_root / "annotations" / "instances_val.json"
     with contextlib.redirect_stdout(io.StringIO()):
         truth = COCO(str(annotations))
     results = []
     for image in truth.dataset["images"]:
         out = _explicit_outputs(model_dir, coco_root / "val" / image["file_name"])
-        probs = out["logits"].softmax(-1)[:, :-1]  # (Q, K)
-        scores, labels = probs.max(-1)
-        for (cx, cy, w, h), score, label in zip(out["boxes"].tolist(), scores.tolist(), labels.tolist(), strict=True):
-            W, H = image["width"], image["height"]
+        probs = out["logits"].softmax(-1)[:, :-1].tolist()  # (Q, K)
+        if settings["top_k"] is None:
+            pairs = [(max(p), q, p.index(max(p))) for q, p in enumerate(probs)]
+        else:
+            pairs = sorted(((p[k], q, k) for q, p in enumerate(probs) for k in range(len(p))), reverse=True)
+            pairs = pairs[: settings["top_k"]]
+        W, H = image["width"], image["height"]
+        found = []
+        for score, q, label in sorted(pairs, reverse=True):
+            cx, cy, w, h = out["boxes"][q].tolist()
             box = [(cx - w / 2) * W, (cy - h / 2) * H, w * W, h * H]
-            results.append({"image_id": image["id"], "category_id": label, "bbox": box, "score": score})
+            iou = settings["nms_iou"]
+            if iou is None or all(f[0] != label or _iou(f[1], box) <= iou for f in found):
+                found.append((label, box, score))
+        results += [{"image_id": image["id"], "category_id": c, "bbox": b, "score": s} for c, b, s in found]
     with contextlib.redirect_stdout(io.StringIO()):
         evaluation = COCOeval(truth, truth.loadRes(results), iouType="bbox")
         evaluation.evaluate()
@@ -85,7 +104,7 @@ def test_fit_trains_a_detector_and_logs_what_pycocotools_finds(tmp_path, tiny_de
     assert saved["clip_grad"] == 0.1 and saved["label_smoothing"] is None and saved["detection_loss"] == "ce"
     for name in ("best", "final"):
         assert DetectionInfo.load(tmp_path / name).classes == tuple("0123456789")
-        assert load_detection_settings(tmp_path / name) == "ce"
+        assert load_detection_settings(tmp_path / name) == Postprocessing("ce", top_k=100, nms_iou=0.7)
     final = from_pretrained(tmp_path / "final")
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     assert all(torch.equal(v, state["model"][k]) for k, v in final.state_dict().items())
@@ -143,7 +162,7 @@ def test_every_detection_option_runs(tmp_path, tiny_detector_config):
     )  # fmt: skip
     result = fit(config)
     assert all(np.isfinite(result.last[k]) for k in ("train_loss", "loss_ce", "ap"))
-    assert load_detection_settings(tmp_path / "final") == "focal"
+    assert load_detection_settings(tmp_path / "final").classification == "focal"
     final = from_pretrained(tmp_path / "final")
     assert final.config.img_size == 64
     state = load_checkpoint(tmp_path / "checkpoint.pt")
@@ -228,3 +247,31 @@ def test_each_detection_comes_with_its_querys_cross_attention(detector, digits_c
     torch.testing.assert_close(first_head, maps["decoder.layers.0.cross_attn"][0, 1][order].reshape(6, 6, 6))
     with pytest.raises(ValueError, match="layer 2 is out of range for a decoder of 2 layers"):
         detection_attention(model, info, Image.open(path), layer=2)
+
+
+def test_how_a_run_reads_detections(tmp_path, digits_coco):
+    """The small DETRs' recipe scores (query, class) pairs and suppresses duplicates; DETR keeps the paper's
+    PostProcess; either can be changed, and neither option exists for a classifier."""
+    small = TrainConfig(data=str(digits_coco), out=str(tmp_path)).resolved()
+    assert (small.model, small.detection_top_k, small.nms_iou) == ("detr_digits", 100, 0.7)
+    detr = TrainConfig(data=str(digits_coco), model="detr_resnet50", out=str(tmp_path)).resolved()
+    assert (detr.detection_top_k, detr.nms_iou) == (0, 0.0)
+    plain = TrainConfig(data=str(digits_coco), nms_iou=0.0, detection_top_k=0, out=str(tmp_path)).resolved()
+    assert (plain.detection_top_k, plain.nms_iou) == (0, 0.0)
+    with pytest.raises(ValueError, match=r"option\(s\) \['nms_iou'\] do not apply to classification"):
+        TrainConfig(data="builtin:mnist5k", nms_iou=0.5, out=str(tmp_path)).resolved()
+    with pytest.raises(ValueError, match=r"nms_iou must be in \[0, 1\] \(0 is off\), got 1.5"):
+        TrainConfig(data=str(digits_coco), nms_iou=1.5)
+    with pytest.raises(ValueError, match="detection_top_k must be >= 0, got -1"):
+        TrainConfig(data=str(digits_coco), detection_top_k=-1)
+
+
+def test_a_damaged_postprocess_file_is_named(tmp_path):
+    (tmp_path / "postprocess.json").write_text('{"classification": "ce", "nms": 0.5}')
+    with pytest.raises(ValueError, match=r"postprocess.json is not a vitkit postprocess description: .*\['nms'\]"):
+        load_detection_settings(tmp_path)
+    (tmp_path / "postprocess.json").write_text('["ce"]')
+    with pytest.raises(ValueError, match="expected a JSON object, got list"):
+        load_detection_settings(tmp_path)
+    (tmp_path / "postprocess.json").write_text('{"classification": "ce", "top_k": 100}')
+    assert load_detection_settings(tmp_path) == Postprocessing("ce", top_k=100)  # the other keys: DETR's

@@ -76,10 +76,10 @@ def _run_detector(args: argparse.Namespace) -> int:
     head = None if args.head in (None, "mean") else args.head
     layer = -1 if args.layer is None else args.layer
     threshold = 0.5 if args.threshold is None else args.threshold
-    model, info, classification = load_detector(args.model_dir, args.device)
+    model, info, postprocessing = load_detector(args.model_dir, args.device)
     _note(missing_info_note(args.model_dir))
     figure, detections = detection_attention_figure(
-        model, info, open_image(args.image), threshold, classification, layer, head, args.alpha
+        model, info, open_image(args.image), threshold, postprocessing, layer, head, args.alpha
     )
     which = "mean of heads" if head is None else f"head {head}"
     print(f"{len(detections)} objects and their decoder layer {layer} cross-attention ({which})")

@@ -117,11 +117,11 @@ def _finish(skipped: list[Unreadable], total: int, read: int) -> int:
 
 def _run_detector(args: argparse.Namespace) -> int:
     paths = image_paths(args.images)
-    model, info, classification = load_detector(args.model_dir, args.device)
+    model, info, postprocessing = load_detector(args.model_dir, args.device)
     note = missing_info_note(args.model_dir)
     if note:
         print(f"vitkit predict: note: {note}", file=sys.stderr)
-    found, skipped = detect_paths(model, info, paths, args.threshold, classification, args.workers, on_unreadable=_warn)
+    found, skipped = detect_paths(model, info, paths, args.threshold, postprocessing, args.workers, on_unreadable=_warn)
     rows = [item.to_dict() for item in found]
     notes = sys.stdout
     if found:

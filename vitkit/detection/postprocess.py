@@ -4,7 +4,10 @@
 the largest height and width, with a mask of the real pixels. `postprocess` is DETR's `PostProcess`: class
 probabilities by softmax (or by sigmoid for a model trained with the focal loss), the best real class of each
 query (the last class, "no object", dropped), boxes from (cx, cy, w, h) relative to the unpadded image to
-(x0, y0, x1, y1) pixels.
+(x0, y0, x1, y1) pixels. Two options, off by default, serve detectors trained briefly: Deformable DETR's
+`PostProcess` (its `top_k`: the k most probable (query, class) pairs, so that a query unsure between two classes
+offers both) and per-class non-maximum suppression (`nms_iou`), which removes the duplicate boxes that a DETR with
+few decoder layers still predicts (the DETR paper, section 4.2, measures NMS helping its early layers).
 
 Letters: B images, C channels, Q queries, K classes.
 """
@@ -12,9 +15,11 @@ Letters: B images, C channels, Q queries, K classes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
-from torchvision.ops import box_convert
+from torchvision.ops import batched_nms, box_convert
 
 
 def pad_images(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,6 +58,8 @@ def postprocess(
     image_sizes: torch.Tensor | Sequence[tuple[int, int]],
     threshold: float = 0.5,
     classification: str = "ce",
+    top_k: int | None = None,
+    nms_iou: float | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """DETR's predictions as detections in pixels, one dict per image.
 
@@ -65,10 +72,14 @@ def postprocess(
         classification: how the model was trained to score classes: "ce", softmax over the K + 1 logits (DETR), or
             "focal", a sigmoid of each of the K real-class logits (Deformable DETR's focal loss; the "no object"
             logit is unused); either way each query yields its best real class.
+        top_k: None, each query's best class (DETR); or the `top_k` most probable (query, class) pairs of each
+            image across all queries and classes (Deformable DETR), most probable first.
+        nms_iou: None, or drop each box that overlaps a more probable box of the same class with IoU above it
+            (per-class non-maximum suppression, `torchvision.ops.batched_nms`), after the threshold.
 
     Returns:
-        per image, in query order: `boxes` (n, 4) as (x0, y0, x1, y1) pixels, `scores` (n,) the probability of
-        `labels` (n,), each query's most probable class in [0, K).
+        per image, in query order (most probable first with `top_k` or `nms_iou`): `boxes` (n, 4) as (x0, y0, x1,
+        y1) pixels, `scores` (n,) the probability of `labels` (n,), the class in [0, K).
     """
     for key in ("pred_logits", "pred_boxes"):
         if key not in outputs:
@@ -88,18 +99,67 @@ def postprocess(
         )
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold must be in [0, 1), got {threshold}")
+    Postprocessing(classification, top_k, nms_iou)  # checks the options
     if classification == "ce":
         probs = logits.softmax(-1)[..., :-1]  # (B, Q, K): the classes that are objects
-    elif classification == "focal":
+    else:  # "focal"
         probs = logits[..., :-1].sigmoid()  # (B, Q, K)
-    else:
-        raise ValueError(f"classification must be 'ce' or 'focal', got {classification!r}")
-    scores, labels = probs.max(-1)  # (B, Q): each query's best class
     height, width = sizes.unbind(1)  # (B,) each
     scale = torch.stack([width, height, width, height], dim=1)  # (B, 4)
     corners = box_convert(boxes, "cxcywh", "xyxy") * scale[:, None, :]  # (B, Q, 4) in pixels
+    if top_k is None:
+        scores, labels = probs.max(-1)  # (B, Q): each query's best class
+    else:
+        K = probs.shape[-1]
+        scores, pairs = probs.flatten(1).topk(min(top_k, probs[0].numel()), dim=1)  # (B, k): over Q * K pairs
+        labels = pairs % K  # (B, k) class of each pair
+        corners = corners.gather(1, (pairs // K)[..., None].expand(-1, -1, 4))  # (B, k, 4) its query's box
     results = []
     for score, label, box in zip(scores, labels, corners, strict=True):
         keep = score > threshold
-        results.append({"boxes": box[keep], "scores": score[keep], "labels": label[keep]})
+        score, label, box = score[keep], label[keep], box[keep]
+        if nms_iou is not None:
+            kept = batched_nms(box, score, label, nms_iou)  # indices, most probable first
+            score, label, box = score[kept], label[kept], box[kept]
+        results.append({"boxes": box, "scores": score, "labels": label})
     return results
+
+
+@dataclass(frozen=True)
+class Postprocessing:
+    """How a detector's outputs become detections: `postprocess`'s options, saved beside a trained detector
+    (postprocess.json). The default is DETR's: softmax, each query's best class, no suppression."""
+
+    classification: str = "ce"  # "ce" (softmax with "no object", DETR) or "focal" (a sigmoid per class)
+    top_k: int | None = None  # None: each query's best class; k: the k most probable (query, class) pairs
+    nms_iou: float | None = None  # None: no suppression; IoU of per-class non-maximum suppression
+
+    def __post_init__(self) -> None:
+        if self.classification not in ("ce", "focal"):
+            raise ValueError(f"classification must be 'ce' or 'focal', got {self.classification!r}")
+        if self.top_k is not None and (
+            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
+        ):
+            raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
+        if self.nms_iou is not None and not 0 < self.nms_iou <= 1:
+            raise ValueError(f"nms_iou must be in (0, 1] or None, got {self.nms_iou}")
+
+    def __call__(
+        self,
+        outputs: Mapping[str, torch.Tensor],
+        image_sizes: torch.Tensor | Sequence[tuple[int, int]],
+        threshold: float,
+    ) -> list[dict[str, torch.Tensor]]:
+        """`postprocess` with these options."""
+        return postprocess(outputs, image_sizes, threshold, self.classification, self.top_k, self.nms_iou)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Postprocessing:
+        """The settings of a saved dict; keys it lacks take DETR's defaults, unknown keys are an error."""
+        unknown = sorted(set(values) - {"classification", "top_k", "nms_iou"})
+        if unknown:
+            raise ValueError(f"unknown postprocess setting(s) {unknown}; known: classification, top_k, nms_iou")
+        return cls(**values)

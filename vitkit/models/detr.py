@@ -743,11 +743,20 @@ DETR_TINY = DetrConfig(
 register_model("detr_tiny", "detr", DETR_TINY, DETR_PAPER)
 # detr_tiny sized for builtin:digits-detect (96x96 canvases of 1-4 digits of 20-40 px), vitkit's default detector:
 # the last stage dilated (DC5) so that a 96x96 image gives a 6x6 map of 16-pixel cells, about one per digit side,
-# where stride 32 would leave 3x3; 12 queries (three times the most digits of a canvas); no dropout (runs of
-# minutes).
+# where stride 32 would leave 3x3; 12 queries (three times the most digits of a canvas); 4 decoder layers (2 left
+# more duplicate and looser boxes: AP 0.45 against 0.50 after the same 20 epochs, BENCHMARKS.md); no dropout (runs
+# of minutes).
 register_model(
     "detr_digits",
     "detr",
-    dataclasses.replace(DETR_TINY, img_size=(96, 96), dilation=True, drop_rate=0.0, attn_drop_rate=0.0, num_queries=12),
+    dataclasses.replace(
+        DETR_TINY,
+        img_size=(96, 96),
+        dilation=True,
+        dec_layers=4,
+        drop_rate=0.0,
+        attn_drop_rate=0.0,
+        num_queries=12,
+    ),
     DETR_PAPER,
 )

@@ -29,7 +29,7 @@ DEFAULT_OUT = "runs/train"
 PRECISIONS = ("fp32", "bf16")  # fp32, or bfloat16 autocast of the forward pass
 DETECTION_LOSSES = ("ce", "focal")  # DETR's softmax cross-entropy, Deformable DETR's sigmoid focal loss
 CLASSIFICATION_ONLY = ("label_smoothing", "mixup", "cutmix", "randaugment", "min_scale", "hflip")
-DETECTION_ONLY = ("backbone_lr", "detection_loss", "box_cls_loss")
+DETECTION_ONLY = ("backbone_lr", "detection_loss", "box_cls_loss", "detection_top_k", "nms_iou")
 
 # Runs written before the digits model had a name saved it as this model with these fields replaced: the same
 # architecture, which a resumed run accepts under either spelling (`current_model_name`).
@@ -151,6 +151,18 @@ class TrainConfig:
         help="weight of a detector's auxiliary loss classifying each ground-truth box from its backbone's features "
         f"({recipe_defaults('box_cls_loss')}; 0: off)",
     )
+    # >= 0; how validation and the saved detector read detections (`vitkit.detection.Postprocessing`)
+    detection_top_k: int | None = option(
+        None,
+        help="score a detector's k most probable (query, class) pairs per image, as Deformable DETR does "
+        f"({recipe_defaults('detection_top_k')}; 0: each query's best class, as DETR does)",
+    )
+    # in [0, 1]; 0 is off
+    nms_iou: float | None = option(
+        None,
+        help="drop a detection overlapping a more probable one of its class above this IoU "
+        f"({recipe_defaults('nms_iou')}; 0: off)",
+    )
     # the global norm
     clip_grad: float | None = option(
         None, help=f"clip the gradient norm to this value, 0: off ({recipe_defaults('clip_grad')})"
@@ -191,6 +203,7 @@ class TrainConfig:
             "weight_decay": self.weight_decay,
             "clip_grad": self.clip_grad,
             "box_cls_loss": self.box_cls_loss,
+            "detection_top_k": self.detection_top_k,
             "workers": self.workers,
             "mixup": self.mixup,
             "cutmix": self.cutmix,
@@ -206,6 +219,8 @@ class TrainConfig:
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.detection_loss is not None and self.detection_loss not in DETECTION_LOSSES:
             raise ValueError(f"detection_loss must be 'ce' or 'focal', got {self.detection_loss!r}")
+        if self.nms_iou is not None and not 0.0 <= self.nms_iou <= 1.0:
+            raise ValueError(f"nms_iou must be in [0, 1] (0 is off), got {self.nms_iou}")
         if self.val_fraction is not None and not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.img_size is not None and self.img_size <= 0:

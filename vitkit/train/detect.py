@@ -2,9 +2,11 @@
 each detection (DETR's figure 6).
 
 A detector's model directory, as `vitkit train` writes it, holds the model (config.json, model.safetensors), the
-data description (dataset.json, a `vitkit.data.DetectionInfo`) and postprocess.json, how its class scores are read:
-{"classification": "ce"} (softmax over the classes and "no object", DETR) or "focal" (a sigmoid per class,
-Deformable DETR). A directory without postprocess.json is read as DETR's "ce". A directory without dataset.json
+data description (dataset.json, a `vitkit.data.DetectionInfo`) and postprocess.json, how its outputs become
+detections (`vitkit.detection.Postprocessing`): {"classification": "ce" (softmax over the classes and "no object",
+DETR) or "focal" (a sigmoid per class, Deformable DETR), "top_k": null or the number of (query, class) pairs scored,
+"nms_iou": null or the IoU of per-class non-maximum suppression}. A directory without postprocess.json is read as
+DETR's (softmax, each query's best class, no suppression). A directory without dataset.json
 (`save_pretrained`, `vitkit convert`) is a detector when its model is one, and is used with what its config holds,
 as `vitkit.train.evaluate` describes for classifiers; each class index is then its category id.
 
@@ -26,10 +28,11 @@ import torch
 from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader
+from torchvision.ops import batched_nms
 
 from vitkit.data import DetectionInfo, EpochSampler, Unreadable, image_mode, load_detection, normalize, open_image
 from vitkit.data.sources import INFO_NAME
-from vitkit.detection import CocoEvaluator, collate_detection, pad_images, postprocess
+from vitkit.detection import CocoEvaluator, Postprocessing, collate_detection, pad_images, postprocess
 from vitkit.layers import capture_attention, to_2tuple
 from vitkit.layers.attention import attention_layers
 from vitkit.train.distributed import DistEnv, resolve_device
@@ -45,6 +48,7 @@ from vitkit.viz import draw_detections, object_attention_figure
 from vitkit.weights import from_pretrained, model_info
 
 SETTINGS_NAME = "postprocess.json"
+DETR_POSTPROCESSING = Postprocessing()  # softmax, each query's best class, no suppression
 MAX_SIZE = 1333  # the longer side of a detector's input is at most this (DETR's resize, as CocoDetection's)
 # The focal loss as Deformable DETR uses it: the matcher's class cost and the loss weighted 2, the class biases of
 # a fresh model set so that every class starts at probability FOCAL_PRIOR.
@@ -92,25 +96,25 @@ class ImageDetections:
         }
 
 
-def save_detection_settings(directory: str | os.PathLike, classification: str) -> Path:
-    """Write postprocess.json: how the detector's class scores are read ("ce" or "focal")."""
+def save_detection_settings(directory: str | os.PathLike, postprocessing: Postprocessing) -> Path:
+    """Write postprocess.json: how the detector's outputs become detections (`vitkit.detection.Postprocessing`)."""
     path = Path(directory) / SETTINGS_NAME
-    path.write_text(json.dumps({"classification": classification}, indent=2) + "\n")
+    path.write_text(json.dumps(postprocessing.to_dict(), indent=2) + "\n")
     return path
 
 
-def load_detection_settings(directory: str | os.PathLike) -> str:
-    """The classification ("ce" or "focal") postprocess.json in `directory` names; "ce" without the file."""
+def load_detection_settings(directory: str | os.PathLike) -> Postprocessing:
+    """The `Postprocessing` postprocess.json in `directory` describes; DETR's without the file."""
     path = Path(directory) / SETTINGS_NAME
     if not path.is_file():
-        return "ce"
+        return Postprocessing()
     try:
-        classification = json.loads(path.read_text())["classification"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        values = json.loads(path.read_text())
+        if not isinstance(values, dict):
+            raise TypeError(f"expected a JSON object, got {type(values).__name__}")
+        return Postprocessing.from_dict(values)
+    except (json.JSONDecodeError, TypeError, ValueError) as err:
         raise ValueError(f"{path} is not a vitkit postprocess description: {err}") from err
-    if classification not in ("ce", "focal"):
-        raise ValueError(f"{path}: classification must be 'ce' or 'focal', got {classification!r}")
-    return classification
 
 
 def is_detector_dir(directory: str | os.PathLike) -> bool:
@@ -125,8 +129,10 @@ def is_detector_dir(directory: str | os.PathLike) -> bool:
         raise ValueError(f"{path} is not a vitkit dataset description: {err}") from err
 
 
-def load_detector(directory: str | os.PathLike, device: str | None = None) -> tuple[nn.Module, DetectionInfo, str]:
-    """(model on `device`, data description, classification) of a detector's model directory.
+def load_detector(
+    directory: str | os.PathLike, device: str | None = None
+) -> tuple[nn.Module, DetectionInfo, Postprocessing]:
+    """(model on `device`, data description, postprocessing) of a detector's model directory.
 
     The description is its dataset.json, or without one what the model's config holds
     (`vitkit.train.evaluate.model_dir_classes`; category id = class index) with an empty `source`.
@@ -152,7 +158,7 @@ def evaluate_detector(
     model: nn.Module,
     loader: DataLoader,
     info: DetectionInfo,
-    classification: str = "ce",
+    postprocessing: Postprocessing = DETR_POSTPROCESSING,
     env: DistEnv | None = None,
     precision: str = "fp32",
 ) -> DetectionResult:
@@ -170,7 +176,7 @@ def evaluate_detector(
         batch = batch.to(device)
         outputs = _outputs(model, batch.images, batch.pixel_mask, precision)
         sizes = torch.stack([t["orig_size"] for t in batch.targets])  # (B, 2): boxes in pixels of the stored image
-        evaluator.update(postprocess(outputs, sizes, threshold=0.0, classification=classification), batch.targets)
+        evaluator.update(postprocessing(outputs, sizes, 0.0), batch.targets)
     if env is not None and env.world_size > 1:
         evaluator.gather()
     if len(evaluator) == 0:
@@ -189,7 +195,7 @@ def evaluate_detector_dir(
     category ids are taken, in class-index order, as the model's (`vitkit.train.evaluate.missing_info_note` words
     what stood in). Returns the result and the data description used.
     """
-    model, info, classification = load_detector(model_dir, device)
+    model, info, postprocessing = load_detector(model_dir, device)
     if not info.source and data is None:
         raise ValueError(
             f"{model_dir} has no {INFO_NAME}, so the data it was trained on is unknown: name the data to evaluate "
@@ -205,7 +211,7 @@ def evaluate_detector_dir(
         raise ValueError(f"{data} has classes {list(found.classes)}, the model knows {list(info.classes)}")
     sampler = EpochSampler(len(val), shuffle=False, pad=False)
     loader = DataLoader(val, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate_detection)
-    return evaluate_detector(model, loader, info, classification), info
+    return evaluate_detector(model, loader, info, postprocessing), info
 
 
 def detection_input(
@@ -250,14 +256,14 @@ def detect(
     info: DetectionInfo,
     images: Sequence[Image.Image],
     threshold: float = 0.5,
-    classification: str = "ce",
+    postprocessing: Postprocessing = DETR_POSTPROCESSING,
 ) -> list[list[Detection]]:
     """The objects a detector finds in each image: its queries whose class probability is above `threshold`,
     boxes in pixels of the image given, most probable first."""
     if not images:
         return []
     outputs, sizes = _run(model, info, images)
-    results = postprocess(outputs, sizes, threshold, classification)
+    results = postprocessing(outputs, sizes, threshold)
     return [_detections(result, info) for result in results]
 
 
@@ -266,14 +272,14 @@ def detect_files(
     info: DetectionInfo,
     paths: Sequence[str | os.PathLike],
     threshold: float = 0.5,
-    classification: str = "ce",
+    postprocessing: Postprocessing = DETR_POSTPROCESSING,
 ) -> list[ImageDetections]:
     """`detect` for image files, one at a time (each at its own size), in the order given. An unreadable file raises
     `vitkit.data.UnreadableImageError`; `detect_paths` skips it instead."""
     found = []
     for path in paths:
         image = open_image(path)
-        (detections,) = detect(model, info, [image], threshold, classification)
+        (detections,) = detect(model, info, [image], threshold, postprocessing)
         found.append(ImageDetections(os.fspath(path), (image.height, image.width), detections))
     return found
 
@@ -288,7 +294,7 @@ def detect_paths(
     info: DetectionInfo,
     paths: Sequence[str | os.PathLike],
     threshold: float = 0.5,
-    classification: str = "ce",
+    postprocessing: Postprocessing = DETR_POSTPROCESSING,
     workers: int = 0,
     progress: bool | None = None,
     on_unreadable: Callable[[Unreadable], None] | None = None,
@@ -313,7 +319,7 @@ def detect_paths(
                     on_unreadable(sample)
             else:
                 image, index = sample
-                (detections,) = detect(model, info, [image], threshold, classification)
+                (detections,) = detect(model, info, [image], threshold, postprocessing)
                 found.append(ImageDetections(os.fspath(paths[index]), (image.height, image.width), detections))
             bar.update()
     return found, skipped
@@ -325,12 +331,14 @@ def detection_attention(
     info: DetectionInfo,
     image: Image.Image,
     threshold: float = 0.5,
-    classification: str = "ce",
+    postprocessing: Postprocessing = DETR_POSTPROCESSING,
     layer: int = -1,
     head: int | None = None,
 ) -> tuple[list[Detection], torch.Tensor]:
     """Each detection of `image` with the decoder cross-attention of its query over the feature map (DETR's
-    figure 6): (detections most probable first, maps (n, h, w) in the same order, each summing to one).
+    figure 6): (detections most probable first, maps (n, h, w) in the same order, each summing to one). Each map
+    belongs to one query, so each query gives its best class (`postprocessing.top_k` does not apply); duplicates are
+    suppressed as `postprocessing.nms_iou` says.
 
     Args:
         layer: the decoder layer (an index into its cross-attention layers, negative from the end).
@@ -353,10 +361,17 @@ def detection_attention(
         raise ValueError(f"head {head} is out of range for {attn.shape[0]} heads")
     attn = attn.mean(0) if head is None else attn[head]  # (Q, h * w)
     probs = outputs["pred_logits"][0]
-    scores = probs.softmax(-1)[:, :-1] if classification == "ce" else probs[:, :-1].sigmoid()  # (Q, K)
+    focal = postprocessing.classification == "focal"
+    scores = probs[:, :-1].sigmoid() if focal else probs.softmax(-1)[:, :-1]  # (Q, K)
     best = scores.max(-1).values  # (Q,)
     queries = [q for q in best.argsort(descending=True).tolist() if best[q] > threshold]
-    (result,) = postprocess(outputs, sizes, 0.0, classification)  # every query, in query order
+    (result,) = postprocess(outputs, sizes, 0.0, postprocessing.classification)  # every query, in query order
+    if queries and postprocessing.nms_iou is not None:
+        index = torch.tensor(queries)
+        kept = batched_nms(
+            result["boxes"][index], result["scores"][index], result["labels"][index], postprocessing.nms_iou
+        )
+        queries = [queries[i] for i in kept.tolist()]  # most probable first
     detections = _detections({k: v[queries] for k, v in result.items()}, info) if queries else []
     h, w = grid[-1]
     heat = attn[queries].reshape(len(queries), h, w) if queries else attn.new_zeros(0, h, w)  # (n, h, w)
@@ -399,14 +414,14 @@ def detection_attention_figure(
     info: DetectionInfo,
     image: Image.Image,
     threshold: float = 0.5,
-    classification: str = "ce",
+    postprocessing: Postprocessing = DETR_POSTPROCESSING,
     layer: int = -1,
     head: int | None = None,
     alpha: float = 0.6,
 ) -> tuple[Image.Image, list[Detection]]:
     """DETR's figure 6 for `image`: the detections, then each beside its query's cross-attention over the image
     (`detection_attention`, `vitkit.viz.object_attention_figure`); returns (figure, detections)."""
-    detections, heats = detection_attention(model, info, image, threshold, classification, layer, head)
+    detections, heats = detection_attention(model, info, image, threshold, postprocessing, layer, head)
     figure = object_attention_figure(
         image,
         [d.box for d in detections],

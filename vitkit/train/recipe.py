@@ -43,6 +43,8 @@ class Recipe:
     backbone_lr: float | None = None  # detection only: peak learning rate of the backbone
     detection_loss: str | None = None  # detection only: "ce" (DETR) or "focal" (Deformable DETR)
     box_cls_loss: float | None = None  # detection only: weight of the backbone's box classification (0: off)
+    detection_top_k: int | None = None  # detection only: (query, class) pairs scored per image (0: each query's best)
+    nms_iou: float | None = None  # detection only: IoU of per-class non-maximum suppression of detections (0: off)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,16 +60,19 @@ CLASSIFIER_RECIPE = Recipe(
 # cosine decay ends at the same tenth (min_lr).
 DETR_RECIPE = Recipe(
     epochs=50, batch_size=4, lr=1e-4, min_lr=1e-5, warmup_epochs=0.0, weight_decay=1e-4, clip_grad=0.1,
-    backbone_lr=1e-5, detection_loss="ce", box_cls_loss=0.0,
+    backbone_lr=1e-5, detection_loss="ce", box_cls_loss=0.0, detection_top_k=0, nms_iou=0.0,
 )  # fmt: skip
 # The small DETRs (detr_digits, detr_tiny), tuned on builtin:digits-detect for two CPU cores: trained from scratch,
-# so the backbone learns as fast as the rest (3e-4, cosine to 1% over 20 epochs, about 12 minutes for detr_digits),
+# so the backbone learns as fast as the rest (3e-4, cosine to 1% over 24 epochs, about 14 minutes for detr_digits),
 # and from the first step on it also classifies the ground-truth boxes (`box_cls_loss`, see
 # `vitkit.train.task.BoxClassification`): a backbone trained on digit classification, the aid that turned minutes
-# of no progress into a detector (BENCHMARKS.md).
+# of no progress into a detector (BENCHMARKS.md). Their detections are read as Deformable DETR reads its own (the
+# 100 most probable (query, class) pairs, arXiv:2010.04159) with per-class NMS at IoU 0.7, which removes the
+# duplicates that a DETR trained for minutes still predicts (the DETR paper, section 4.2, finds NMS helping its
+# early decoder layers).
 SMALL_DETR_RECIPE = Recipe(
-    epochs=20, batch_size=16, lr=3e-4, min_lr=3e-6, warmup_epochs=0.5, weight_decay=1e-4, clip_grad=0.1,
-    backbone_lr=3e-4, detection_loss="ce", box_cls_loss=1.0,
+    epochs=24, batch_size=16, lr=3e-4, min_lr=3e-6, warmup_epochs=0.5, weight_decay=1e-4, clip_grad=0.1,
+    backbone_lr=3e-4, detection_loss="ce", box_cls_loss=1.0, detection_top_k=100, nms_iou=0.7,
 )  # fmt: skip
 RECIPES = {"detr_digits": SMALL_DETR_RECIPE, "detr_tiny": SMALL_DETR_RECIPE}  # models with a recipe of their own
 

@@ -31,6 +31,7 @@ from vitkit.data import (
 )
 from vitkit.detection import (
     HungarianMatcher,
+    Postprocessing,
     SetCriterion,
     average_num_boxes,
     collate_detection,
@@ -356,7 +357,7 @@ class DetectionTask(Task):
 
     def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[str, ...]]:
         config = self.config
-        result = evaluate_detector(model, self.val_loader, self.info, config.detection_loss, self.env, config.precision)
+        result = evaluate_detector(model, self.val_loader, self.info, self.postprocessing, self.env, config.precision)
         return result.metrics, result.skipped
 
     def describe(self, metrics: dict[str, Any]) -> str:
@@ -364,7 +365,13 @@ class DetectionTask(Task):
 
     def save_beside(self, directory: str) -> None:
         super().save_beside(directory)
-        save_detection_settings(directory, self.config.detection_loss)
+        save_detection_settings(directory, self.postprocessing)
+
+    @property
+    def postprocessing(self) -> Postprocessing:
+        """How validation and the saved model read detections: the config's loss, top-k and NMS (0: off)."""
+        config = self.config
+        return Postprocessing(config.detection_loss, config.detection_top_k or None, config.nms_iou or None)
 
 
 def create_task(config: TrainConfig, env: DistEnv) -> Task:
