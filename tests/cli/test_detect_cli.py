@@ -168,7 +168,7 @@ def test_attention_draws_each_detection_with_its_map(trained, capsys, tmp_path):
 def test_train_alone_on_detection_data_trains_the_default_detector(monkeypatch, tmp_path):
     seen = {}
 
-    def fake_fit(config: TrainConfig, resume: bool, force: bool):
+    def fake_fit(config: TrainConfig, resume: bool, force: bool, **memory):
         seen.update(config=config.resolved())
         return type("Result", (), {"interrupted": False})()
 

@@ -130,7 +130,7 @@ def test_resume_needs_only_the_folder(trained, capsys):
 def test_every_option_reaches_the_configuration(monkeypatch, tmp_path):
     seen = {}
 
-    def fake_fit(config: TrainConfig, resume: bool, force: bool):
+    def fake_fit(config: TrainConfig, resume: bool, force: bool, **memory):
         seen.update(config=config, resume=resume, force=force)
         return type("Result", (), {"interrupted": False})()
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from torch import nn
+
+from vitkit.analysis import check_memory
+from vitkit.cli.options import add_memory_option, memory_flags
 from vitkit.data import open_image
 from vitkit.train import detection_attention_figure, is_detector_dir, load_detector
 from vitkit.train.evaluate import load_classifier, missing_info_note
@@ -59,11 +63,28 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--alpha", type=float, default=0.5, help="weight of the heat map in the blend (default: 0.5)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    add_memory_option(parser)
 
 
 def _note(note: str | None) -> None:
     if note:
         print(f"vitkit attention: note: {note}", file=sys.stderr)
+
+
+def _check_memory(model: nn.Module, args: argparse.Namespace) -> None:
+    """Refuse (or with --ignore-memory-check, warn) before a forward whose kept attention maps would exhaust memory."""
+    device = next(model.parameters()).device
+    names = memory_flags(batch=None, img_size=None, grad_checkpointing=None)
+    check_memory(
+        model,
+        None,
+        1,
+        training=False,
+        device=device,
+        capture_attention=True,
+        allow=args.ignore_memory_check,
+        names=names,
+    )
 
 
 def _run_detector(args: argparse.Namespace) -> int:
@@ -77,6 +98,7 @@ def _run_detector(args: argparse.Namespace) -> int:
     layer = -1 if args.layer is None else args.layer
     threshold = 0.5 if args.threshold is None else args.threshold
     model, info, postprocessing = load_detector(args.model_dir, args.device)
+    _check_memory(model, args)
     _note(missing_info_note(args.model_dir))
     figure, detections = detection_attention_figure(
         model, info, open_image(args.image), threshold, postprocessing, layer, head, args.alpha
@@ -95,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threshold is not None:
         raise ValueError(f"--threshold is a detector's smallest class probability; {args.model_dir} holds a classifier")
     model, info = load_classifier(args.model_dir, args.device)
+    _check_memory(model, args)
     _note(missing_info_note(args.model_dir))
     figure, maps = attention_figure(
         model,

@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import sys
 
-from vitkit.cli.options import add_config_options
+from vitkit.cli.options import add_config_options, add_memory_option, memory_flags
 from vitkit.train import TrainConfig, fit
 
 HELP = (
@@ -34,6 +34,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         help="start afresh even if --out holds a run (its outputs are moved to OUT.old-<time> and deleted once the "
         "new run has written its first checkpoint)",
     )
+    add_memory_option(parser)
 
 
 class _Stdout(logging.StreamHandler):
@@ -63,5 +64,7 @@ def run(args: argparse.Namespace) -> int:
     given = {k: v for k, v in vars(args).items() if k in fields}
     config = TrainConfig.for_resume(**given) if args.resume else TrainConfig(**given)
     _setup_logging()
-    result = fit(config, resume=args.resume, force=args.force)
+    result = fit(
+        config, resume=args.resume, force=args.force, allow_memory=args.ignore_memory_check, memory_names=memory_flags()
+    )
     return 130 if result.interrupted else 0

@@ -52,6 +52,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from vitkit.analysis.preflight import SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.layers import to_2tuple
 from vitkit.models.registry import create_model
@@ -186,7 +187,9 @@ def _progress_enabled(env: DistEnv) -> bool:
 class _Run:
     """One training run's state; `fit` drives it."""
 
-    def __init__(self, config: TrainConfig, env: DistEnv) -> None:
+    def __init__(
+        self, config: TrainConfig, env: DistEnv, allow_memory: bool = False, memory_names: SettingNames | None = None
+    ) -> None:
         self.config, self.env = config, env
         self.out = Path(config.out)
         self.task: Task = create_task(config, env)
@@ -195,6 +198,18 @@ class _Run:
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.model = build_training_model(config, self.task.num_classes).to(env.device)
+        check_memory(  # before the optimizer state and the first batch: refuse a run that would exhaust memory
+            self.model,
+            config.img_size,
+            config.batch_size,
+            training=True,
+            precision=config.precision,
+            grad_checkpointing=config.grad_checkpointing,
+            ema=config.ema_decay > 0,
+            device=env.device,
+            allow=allow_memory,
+            names=memory_names or SettingNames(),
+        )
         net = self.task.prepare(self.model)  # the model, or the model with the task's training-only parts
         torch.manual_seed(config.seed + env.rank)  # dropout and mixing differ between processes
         if config.grad_checkpointing:
@@ -500,7 +515,13 @@ def _clear_out(out: Path, env: DistEnv) -> Path | None:
     return aside
 
 
-def fit(config: TrainConfig, resume: bool = False, force: bool = False) -> FitResult:
+def fit(
+    config: TrainConfig,
+    resume: bool = False,
+    force: bool = False,
+    allow_memory: bool = False,
+    memory_names: SettingNames | None = None,
+) -> FitResult:
     """Train as `config` says, writing everything to `config.out` (see the module docstring).
 
     Args:
@@ -511,6 +532,10 @@ def fit(config: TrainConfig, resume: bool = False, force: bool = False) -> FitRe
             applied, as `vitkit train --out OUT --resume` uses them.
         force: start afresh even when OUT already holds a run: its outputs are moved to OUT.old-<time> and
             deleted once the new run has written its first checkpoint. Not together with `resume`.
+        allow_memory: run even when the estimated peak memory of a step exceeds the memory available
+            (`vitkit.analysis.check_memory` warns instead of refusing before anything is allocated).
+        memory_names: how a refusal names the ways out (`vitkit.cli.options.memory_flags` for the command line;
+            None: the library's argument names).
     """
     env = setup(config.device)
     run = None
@@ -523,7 +548,7 @@ def fit(config: TrainConfig, resume: bool = False, force: bool = False) -> FitRe
         state = _check_out(Path(config.out), resume, force, given)
         if state is not None:
             _check_resume(json.loads(state["config"]), config, given)
-        run = _Run(config, env)  # reads the data and builds the model before OUT changes
+        run = _Run(config, env, allow_memory, memory_names)  # data and model (memory checked) before OUT changes
         if state is None:
             run.replaced = _clear_out(run.out, env)
         else:
