@@ -295,6 +295,9 @@ class SwinBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
         self.drop_path2 = DropPath(drop_path)
         self.register_buffer("attn_mask", self._mask(resolution), persistent=False)
+        order = self._window_order(resolution)
+        self.register_buffer("window_order", order, persistent=False)
+        self.register_buffer("token_order", None if order is None else order.argsort(), persistent=False)
 
     def _padded(self, H: int, W: int) -> tuple[int, int]:
         """(H, W) rounded up to whole windows."""
@@ -309,10 +312,34 @@ class SwinBlock(nn.Module):
             return None
         return shift_mask(self._padded(*size), self.window_size, self.shift_size, device, dtype)
 
+    def _window_order(self, size: tuple[int, int], device: torch.device | None = None) -> torch.Tensor | None:
+        """For a map of `size` that splits into whole windows: the token index (into the map's H * W tokens,
+        row-major) at each position of the rolled and partitioned map, (H * W,) int64, so that one gather does the
+        roll and the partition (and its inverse permutation, `argsort`, the merge and the roll back); None when
+        padding is needed."""
+        H, W = size
+        if self._padded(H, W) != (H, W):
+            return None
+        tokens = torch.arange(H * W, device=device).view(1, H, W, 1)  # (1, H, W, 1): each token's index
+        tokens = torch.roll(tokens, shifts=(-self.shift_size[0], -self.shift_size[1]), dims=(1, 2))
+        return window_partition(tokens, self.window_size).reshape(-1)  # (H * W,) in window order
+
     def _attention(self, x: torch.Tensor) -> torch.Tensor:
-        """Window attention over a map x (B, H, W, C): roll, pad, partition, attend, merge, crop, roll back."""
+        """Window attention over a map x (B, H, W, C): roll, pad, partition, attend, merge, crop, roll back.
+
+        On a map of whole windows, roll and partition are one gather of the tokens in window order, and merge and
+        roll back one gather by the inverse order: two copies instead of four (the same values as the steps)."""
         B, H, W, C = x.shape
         Wh, Ww = self.window_size
+        if (H, W) == self.resolution:
+            order, inverse, mask = self.window_order, self.token_order, self.attn_mask
+        else:
+            order = self._window_order((H, W), x.device)
+            inverse, mask = None if order is None else order.argsort(), self._mask((H, W), x.device, x.dtype)
+        if order is not None:
+            windows = x.reshape(B, H * W, C).index_select(1, order).view(-1, Wh * Ww, C)  # (B * nW, N, C)
+            windows = self.attn(windows, mask)  # (B * nW, N, C)
+            return windows.reshape(B, H * W, C).index_select(1, inverse).view(B, H, W, C)  # each token back
         sh, sw = self.shift_size
         if sh or sw:
             x = torch.roll(x, shifts=(-sh, -sw), dims=(1, 2))
@@ -321,10 +348,6 @@ class SwinBlock(nn.Module):
             x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H))  # zero rows at the bottom, columns at the right: (B, Hp, Wp, C)
         # reshape, not view: with B = 1 and one row of several windows, window_partition returns a strided view.
         windows = window_partition(x, self.window_size).reshape(-1, Wh * Ww, C)  # (B * nW, N, C)
-        if (H, W) == self.resolution:
-            mask = self.attn_mask
-        else:
-            mask = self._mask((H, W), x.device, x.dtype)
         windows = self.attn(windows, mask)  # (B * nW, N, C)
         x = window_reverse(windows.view(-1, Wh, Ww, C), self.window_size, Hp, Wp)  # (B, Hp, Wp, C)
         x = x[:, :H, :W]  # (B, H, W, C)
@@ -350,6 +373,11 @@ class SwinBlock(nn.Module):
         # The window permute keeps the memory order (a view) when one window spans the width or is one row tall.
         permuted = Wp // Ww > 1 and Wh > 1
         ops = [layer_norm_op(f"{name}.norm1", x, ctx)]  # 8BHWC
+        if (Hp, Wp) == (H, W):  # roll and partition are one gather, merge and roll back one scatter
+            ops.append(copy_op(name, "window_partition", ops[-1].output, (B * nW, Wh * Ww, C), ctx))  # BHWC moved
+            ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx, nW if shifted else 0)
+            ops.append(copy_op(name, "window_reverse", ops[-1].output, x.shape, ctx))  # BHWC moved
+            return self._cost_rest(name, x, ops[-1].output, ops, ctx)
         if shifted:
             ops.append(copy_op(name, "roll", ops[-1].output, x.shape, ctx))  # BHWC moved
         if (Hp, Wp) != (H, W):
@@ -362,6 +390,10 @@ class SwinBlock(nn.Module):
         if shifted:
             ops.append(copy_op(name, "roll", attended, x.shape, ctx))  # rolling back copies: BHWC moved
             attended = ops[-1].output
+        return self._cost_rest(name, x, attended, ops, ctx)
+
+    def _cost_rest(self, name: str, x: Value, attended: Value, ops: list[OpCost], ctx: CostContext) -> list[OpCost]:
+        """`cost` after the attention branch: the residual add, then the MLP branch."""
         ops.append(elementwise_op(name, "residual_add", (x, attended), 1, ctx))  # BHWC
         x = ops[-1].output
         ops.append(layer_norm_op(f"{name}.norm2", x, ctx))  # 8BHWC
