@@ -31,6 +31,8 @@ from vitkit.train import (
     load_checkpoint,
     recipe_for,
 )
+from vitkit.train.checkpoint import save_checkpoint
+from vitkit.train.config import older_detector_settings
 from vitkit.train.detect import load_detection_settings
 
 METRICS = {"epoch", "train_loss", "loss_ce", "loss_bbox", "loss_giou", "loss_box_cls", *COCO_METRICS}
@@ -275,3 +277,31 @@ def test_a_damaged_postprocess_file_is_named(tmp_path):
         load_detection_settings(tmp_path)
     (tmp_path / "postprocess.json").write_text('{"classification": "ce", "top_k": 100}')
     assert load_detection_settings(tmp_path) == Postprocessing("ce", top_k=100)  # the other keys: DETR's
+
+
+def test_older_detection_settings_are_the_ones_it_trained_with():
+    older = {"model": "detr_digits", "detection_loss": "ce", "model_args": {"hidden_dim": 16}}
+    assert older_detector_settings(older) == {
+        **older,
+        "detection_top_k": 0,
+        "nms_iou": 0.0,
+        "model_args": {"dec_layers": 2, "hidden_dim": 16},
+    }
+    assert older_detector_settings({**older, "model_args": {"dec_layers": 3}})["model_args"] == {"dec_layers": 3}
+    current = {**older, "detection_top_k": 100, "nms_iou": 0.7}
+    assert older_detector_settings(current) == current
+    classifier = {"model": "vit_digits_patch7_28", "detection_loss": None}
+    assert older_detector_settings(classifier) == classifier
+
+
+def test_a_detection_run_saved_before_top_k_and_nms_resumes_as_it_was(tmp_path, tiny_detector_config):
+    fit(tiny_detector_config(tmp_path, epochs=1))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    older = {k: v for k, v in saved.items() if k not in ("detection_top_k", "nms_iou")}
+    (tmp_path / "config.json").write_text(json.dumps(older))
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    state["config"] = json.dumps(older)
+    save_checkpoint(state, tmp_path / "checkpoint.pt")
+    result = fit(TrainConfig.for_resume(tmp_path, epochs=2), resume=True)
+    assert result.last["epoch"] == 2
+    assert load_detection_settings(tmp_path / "final") == Postprocessing()  # DETR's, as the run evaluated before

@@ -335,7 +335,7 @@ class TrainConfig:
         unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ValueError(f"{path}: unknown training option(s) {unknown}")
-        return cls(**values)
+        return cls(**older_detector_settings(values))
 
     @classmethod
     def for_resume(cls, out: str | os.PathLike = DEFAULT_OUT, **changes: Any) -> TrainConfig:
@@ -367,6 +367,25 @@ def _assigned_word(value: Any) -> str:
 def absolute_data(data: str) -> str:
     """A `data` value with a folder path made absolute (builtin:NAME unchanged)."""
     return data if data.startswith(BUILTIN_PREFIX) else os.path.abspath(data)
+
+
+# Detection runs saved before `detection_top_k` and `nms_iou` existed read detections as DETR does, and their
+# detr_digits had 2 decoder layers: what `older_detector_settings` fills in so that such a run resumes as it was.
+OLDER_DETECTOR_SETTINGS: dict[str, Any] = {"detection_top_k": 0, "nms_iou": 0.0}
+OLDER_DETR_DIGITS_ARGS: dict[str, Any] = {"dec_layers": 2}
+
+
+def older_detector_settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Config values (as in config.json) of a detection run saved before `detection_top_k` and `nms_iou` existed
+    with the settings it trained with (`OLDER_DETECTOR_SETTINGS`, and 2 decoder layers for detr_digits); other
+    values unchanged."""
+    values = dict(values)
+    if values.get("detection_loss") is None or any(k in values for k in OLDER_DETECTOR_SETTINGS):
+        return values  # a classifier's settings, or a detector's saved by this version
+    values.update(OLDER_DETECTOR_SETTINGS)
+    if values.get("model") == "detr_digits":
+        values["model_args"] = {**OLDER_DETR_DIGITS_ARGS, **(values.get("model_args") or {})}
+    return values
 
 
 def current_model_name(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ reached on: the next step's learning rate is the longer schedule's at that step,
 further the rate rises at once (a finished run goes from min_lr back up to the longer cosine's value there) and then
 decays to min_lr at the new last step. The epochs already run and their metrics stay as they were. Starting afresh
 in a used OUT (`force=True`) moves the earlier run's outputs aside to OUT.old-<time> and deletes them only once the
-new run has written its first checkpoint.
+new run has finished its first epoch.
 
 Under torchrun every process trains its shard of each batch (DistributedDataParallel); only rank 0 writes and logs.
 """
@@ -52,12 +52,18 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from vitkit.analysis.preflight import SettingNames, check_memory
+from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.layers import to_2tuple
 from vitkit.models.registry import create_model
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from vitkit.train.config import CONFIG_NAME, TrainConfig, absolute_data, current_model_name
+from vitkit.train.config import (
+    CONFIG_NAME,
+    TrainConfig,
+    absolute_data,
+    current_model_name,
+    older_detector_settings,
+)
 from vitkit.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, gather_objects, setup
 from vitkit.train.ema import ModelEma
 from vitkit.train.model import enable_grad_checkpointing, load_for_finetune
@@ -147,7 +153,7 @@ def _new_folder(out: Path) -> Path:
 def _comparable(values: dict[str, Any]) -> dict[str, Any]:
     """Resolved settings as a resumed run compares them: the default model under its current name, and a data or
     init path (relative in runs written before paths were stored absolute) made absolute."""
-    values = current_model_name(values)
+    values = current_model_name(older_detector_settings(values))
     if isinstance(values.get("data"), str):
         values["data"] = absolute_data(values["data"])
     if isinstance(values.get("init"), str):
@@ -198,18 +204,31 @@ class _Run:
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.model = build_training_model(config, self.task.num_classes).to(env.device)
-        check_memory(  # before the optimizer state and the first batch: refuse a run that would exhaust memory
-            self.model,
-            config.img_size,
-            config.batch_size,
-            training=True,
-            precision=config.precision,
-            grad_checkpointing=config.grad_checkpointing,
-            ema=config.ema_decay > 0,
-            device=env.device,
-            allow=allow_memory,
-            names=memory_names or SettingNames(),
-        )
+        refused = None
+        try:  # before the optimizer state and the first batch: refuse a run that would exhaust memory
+            check_memory(
+                self.model,
+                config.img_size,
+                config.batch_size,
+                training=True,
+                precision=config.precision,
+                grad_checkpointing=config.grad_checkpointing,
+                ema=config.ema_decay > 0,
+                device=env.device,
+                allow=allow_memory,
+                names=memory_names or SettingNames(),
+            )
+        except NotEnoughMemory as err:
+            refused = err
+        if env.world_size > 1:  # every process stops together, not only the one whose memory is short
+            short = all_reduce_sum(torch.tensor([float(refused is not None)], device=env.device), env)
+            if refused is None and short.item() > 0:
+                raise ValueError(
+                    f"{int(short.item())} of {env.world_size} processes have too little memory for this "
+                    "run (their message says what fits); stopped before training"
+                )
+        if refused is not None:
+            raise refused
         net = self.task.prepare(self.model)  # the model, or the model with the task's training-only parts
         torch.manual_seed(config.seed + env.rank)  # dropout and mixing differ between processes
         if config.grad_checkpointing:
@@ -229,7 +248,7 @@ class _Run:
         self.best_value, self.best_epoch = -math.inf, 0  # the best value of task.best_metric, and its epoch
         self.partial = self._fresh_partial()  # this epoch's train statistics so far
         self.skipped: list[Unreadable] = []  # unreadable samples met by this process in this epoch
-        self.replaced: Path | None = None  # an earlier run's outputs moved aside, deleted at the first checkpoint
+        self.replaced: Path | None = None  # an earlier run's outputs moved aside, deleted after the first epoch
         self.curves = True  # whether curves.png is drawn (off after matplotlib failed once)
 
     def _fresh_partial(self) -> dict[str, float]:
@@ -291,11 +310,13 @@ class _Run:
             "partial": dict(self.partial),
         }
 
-    def save(self) -> None:
+    def save(self, epoch_end: bool = True) -> None:
+        """Write the checkpoint; at an epoch's end, also delete the earlier run's outputs that `--force` moved
+        aside (a run stopped within its first epoch, e.g. by Ctrl-C on a wrong --out, leaves them)."""
         state = self.state()  # every process takes part in gathering the RNG states
         if self.env.is_main:
             save_checkpoint(state, self.out / CHECKPOINT_NAME)
-            if self.replaced is not None:  # the new run has a checkpoint: the earlier run is no longer needed
+            if epoch_end and self.replaced is not None:  # a whole epoch trained: the earlier run is not needed
                 shutil.rmtree(self.replaced)
                 log.info(f"deleted the earlier run's outputs in {self.replaced}")
                 self.replaced = None
@@ -383,7 +404,7 @@ class _Run:
             if self._sync_stop(stop):
                 self.partial["seconds"] += time.perf_counter() - started
                 bar.close()
-                self.save()
+                self.save(epoch_end=False)
                 return False
         self.partial["seconds"] += time.perf_counter() - started
         bar.close()
@@ -531,7 +552,7 @@ def fit(
             run would have had. `TrainConfig.for_resume(out, **changes)` gives the saved options with `changes`
             applied, as `vitkit train --out OUT --resume` uses them.
         force: start afresh even when OUT already holds a run: its outputs are moved to OUT.old-<time> and
-            deleted once the new run has written its first checkpoint. Not together with `resume`.
+            deleted once the new run has finished its first epoch. Not together with `resume`.
         allow_memory: run even when the estimated peak memory of a step exceeds the memory available
             (`vitkit.analysis.check_memory` warns instead of refusing before anything is allocated).
         memory_names: how a refusal names the ways out (`vitkit.cli.options.memory_flags` for the command line;
@@ -577,5 +598,5 @@ def fit(
         return run.result(last, interrupted=False)
     finally:
         if run is not None and run.replaced is not None and env.is_main:
-            log.warning(f"the run ended before its first checkpoint; the earlier run's outputs are in {run.replaced}")
+            log.warning(f"the run ended within its first epoch; the earlier run's outputs are in {run.replaced}")
         cleanup(env)
