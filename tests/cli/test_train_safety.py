@@ -136,3 +136,17 @@ def test_init_with_a_checkpoint_that_does_not_fit_is_a_one_line_error(data, tmp_
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "is a ViT with embed_dim 32, the model has 16: pass --model-arg embed_dim=32" in err
+
+
+def test_a_forced_run_stopped_in_its_first_epoch_keeps_the_earlier_run(data, tmp_path, monkeypatch, capsys):
+    """Ctrl-C moments after `--force` (a wrong --out, say) saves the new run's checkpoint but leaves the earlier
+    run's outputs where --force moved them, and says where."""
+    out = tmp_path / "run"
+    assert main(_train(data, out)) == 0
+    earlier = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    monkeypatch.setattr("vitkit.train.loop._Run._sync_stop", lambda self, stop: True)  # Ctrl-C at the first step
+    assert main(_train(data, out, "--force")) == 130
+    (aside,) = tmp_path.glob("run.old-*")
+    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == earlier
+    assert (out / "checkpoint.pt").is_file()
+    assert f"the run ended within its first epoch; the earlier run's outputs are in {aside}" in capsys.readouterr().out

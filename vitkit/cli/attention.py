@@ -7,10 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torch import nn
-
-from vitkit.analysis import check_memory
-from vitkit.cli.options import add_memory_option, memory_flags
+from vitkit.cli.options import add_memory_option, check_inference_memory
 from vitkit.data import open_image
 from vitkit.train import detection_attention_figure, is_detector_dir, load_detector
 from vitkit.train.evaluate import load_classifier, missing_info_note
@@ -71,22 +68,6 @@ def _note(note: str | None) -> None:
         print(f"vitkit attention: note: {note}", file=sys.stderr)
 
 
-def _check_memory(model: nn.Module, args: argparse.Namespace) -> None:
-    """Refuse (or with --ignore-memory-check, warn) before a forward whose kept attention maps would exhaust memory."""
-    device = next(model.parameters()).device
-    names = memory_flags(batch=None, img_size=None, grad_checkpointing=None)
-    check_memory(
-        model,
-        None,
-        1,
-        training=False,
-        device=device,
-        capture_attention=True,
-        allow=args.ignore_memory_check,
-        names=names,
-    )
-
-
 def _run_detector(args: argparse.Namespace) -> int:
     if args.rollout:
         raise ValueError("--rollout follows a class token through the layers; a detector's figure shows each object")
@@ -98,7 +79,7 @@ def _run_detector(args: argparse.Namespace) -> int:
     layer = -1 if args.layer is None else args.layer
     threshold = 0.5 if args.threshold is None else args.threshold
     model, info, postprocessing = load_detector(args.model_dir, args.device)
-    _check_memory(model, args)
+    check_inference_memory(model, args, capture=True)
     _note(missing_info_note(args.model_dir))
     figure, detections = detection_attention_figure(
         model, info, open_image(args.image), threshold, postprocessing, layer, head, args.alpha
@@ -117,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threshold is not None:
         raise ValueError(f"--threshold is a detector's smallest class probability; {args.model_dir} holds a classifier")
     model, info = load_classifier(args.model_dir, args.device)
-    _check_memory(model, args)
+    check_inference_memory(model, args, capture=True)
     _note(missing_info_note(args.model_dir))
     figure, maps = attention_figure(
         model,

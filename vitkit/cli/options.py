@@ -9,7 +9,9 @@ import types
 import typing
 from typing import Any
 
-from vitkit.analysis.preflight import SettingNames
+from torch import nn
+
+from vitkit.analysis.preflight import SettingNames, check_memory
 
 _PYTHON_WORDS = {"True": True, "False": False, "None": None}
 
@@ -116,3 +118,15 @@ def memory_flags(
     """The flags a command's memory refusal names as ways out (`vitkit.analysis.check_memory(..., names=...)`):
     None for a setting the command does not have; the override is always --ignore-memory-check."""
     return SettingNames(batch, img_size, grad_checkpointing, IGNORE_MEMORY_CHECK)
+
+
+def check_inference_memory(
+    model: nn.Module, args: argparse.Namespace, batch: int = 1, batch_flag: str | None = None, capture: bool = False
+) -> None:
+    """Before a command's forward pass: refuse (or with --ignore-memory-check, warn) when `model` at `batch` (with
+    every attention map kept, `capture`) would not fit in its device's memory; the refusal names `batch_flag` (or
+    no batch) and --ignore-memory-check as the ways out (`vitkit.analysis.check_memory`)."""
+    names = memory_flags(batch=batch_flag, img_size=None, grad_checkpointing=None)
+    device = next(model.parameters()).device
+    allow = args.ignore_memory_check
+    check_memory(model, None, batch, training=False, device=device, capture_attention=capture, allow=allow, names=names)

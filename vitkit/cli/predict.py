@@ -13,11 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from torch import nn
 from tqdm import tqdm
 
-from vitkit.analysis import check_memory
-from vitkit.cli.options import add_memory_option, memory_flags
+from vitkit.cli.options import add_memory_option, check_inference_memory
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.sources import IMAGE_EXTENSIONS
 from vitkit.train import image_paths, is_detector_dir, load_detector, write_detections
@@ -119,17 +117,10 @@ def _finish(skipped: list[Unreadable], total: int, read: int) -> int:
     return 0
 
 
-def _check_memory(model: nn.Module, batch: int, args: argparse.Namespace, batch_flag: str | None) -> None:
-    """Refuse (or with --ignore-memory-check, warn) before a forward that would exhaust memory."""
-    device = next(model.parameters()).device
-    names = memory_flags(batch=batch_flag, img_size=None, grad_checkpointing=None)
-    check_memory(model, None, batch, training=False, device=device, allow=args.ignore_memory_check, names=names)
-
-
 def _run_detector(args: argparse.Namespace) -> int:
     paths = image_paths(args.images)
     model, info, postprocessing = load_detector(args.model_dir, args.device)
-    _check_memory(model, 1, args, batch_flag=None)  # one image at a time
+    check_inference_memory(model, args)  # one image at a time
     note = missing_info_note(args.model_dir)
     if note:
         print(f"vitkit predict: note: {note}", file=sys.stderr)
@@ -160,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_detector(args)
     paths = image_paths(args.images)
     model, info = load_classifier(args.model_dir, args.device)
-    _check_memory(model, args.batch_size, args, batch_flag="--batch-size")
+    check_inference_memory(model, args, args.batch_size, "--batch-size")
     note = missing_info_note(args.model_dir)
     if note:
         print(f"vitkit predict: note: {note}", file=sys.stderr)

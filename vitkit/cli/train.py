@@ -32,7 +32,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         "--force",
         action="store_true",
         help="start afresh even if --out holds a run (its outputs are moved to OUT.old-<time> and deleted once the "
-        "new run has written its first checkpoint)",
+        "new run has finished its first epoch)",
     )
     add_memory_option(parser)
 

@@ -63,7 +63,7 @@ DETR_RECIPE = Recipe(
     backbone_lr=1e-5, detection_loss="ce", box_cls_loss=0.0, detection_top_k=0, nms_iou=0.0,
 )  # fmt: skip
 # The small DETRs (detr_digits, detr_tiny), tuned on builtin:digits-detect for two CPU cores: trained from scratch,
-# so the backbone learns as fast as the rest (3e-4, cosine to 1% over 24 epochs, about 14 minutes for detr_digits),
+# so the backbone learns as fast as the rest (3e-4, cosine to 1% over 24 epochs, about 17 minutes for detr_digits),
 # and from the first step on it also classifies the ground-truth boxes (`box_cls_loss`, see
 # `vitkit.train.task.BoxClassification`): a backbone trained on digit classification, the aid that turned minutes
 # of no progress into a detector (BENCHMARKS.md). Their detections are read as Deformable DETR reads its own (the

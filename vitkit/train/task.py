@@ -22,6 +22,7 @@ from torchvision.transforms import v2
 from vitkit.data import (
     EpochSampler,
     TransformedImages,
+    Unreadable,
     eval_transform,
     load_data,
     load_detection,
@@ -132,7 +133,7 @@ class Task:
         """(loss to minimise, {"train_loss": loss, and each of `loss_parts`}, images it averages over)."""
         raise NotImplementedError
 
-    def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[str, ...]]:
+    def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[Unreadable, ...]]:
         """(validation metrics, unreadable samples met) of `model` on the held-out loader."""
         raise NotImplementedError
 
@@ -190,7 +191,7 @@ class ClassificationTask(Task):
             loss = _zero_loss(model(torch.zeros(1, *self.image_shape, device=device)))
         return loss, {"train_loss": loss.detach()}, len(targets)
 
-    def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[str, ...]]:
+    def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[Unreadable, ...]]:
         result = evaluate(model, self.val_loader, self.info, self.env, self.config.precision)
         return {"val_loss": result.loss, "val_acc": result.top1}, result.skipped
 
@@ -355,7 +356,7 @@ class DetectionTask(Task):
         loss = _zero_loss(outputs)
         return loss, {"train_loss": loss.detach(), **{k: loss.detach() for k in self.loss_parts}}, 0
 
-    def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[str, ...]]:
+    def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[Unreadable, ...]]:
         config = self.config
         result = evaluate_detector(model, self.val_loader, self.info, self.postprocessing, self.env, config.precision)
         return result.metrics, result.skipped
