@@ -287,3 +287,16 @@ def test_load_detection_sources(tmp_path):
     assert info.source == "builtin:digits-detect"
     with pytest.raises(ValueError, match="unknown builtin detection dataset 'mnist5k'"):
         load_detection("builtin:mnist5k")
+
+
+def test_evaluation_reads_only_the_val_annotations(tmp_path, digits):
+    """A folder whose training annotations are damaged (or absent) still loads its val split with `val_only`,
+    as `vitkit eval` loads it; training on it names the damaged file."""
+    _, val, _ = digits
+    write_coco_folder(val, tmp_path, "val2017", limit=3)
+    (tmp_path / "annotations" / "instances_train2017.json").write_text("not json")
+    train, coco_val, info = load_detection(str(tmp_path), channels=1, val_only=True)
+    assert train is None and len(coco_val) == 3 and info.category_ids == tuple(range(10))
+    assert info.source == str(tmp_path)
+    with pytest.raises(ValueError, match="instances_train2017.json"):
+        load_detection(str(tmp_path), channels=1)

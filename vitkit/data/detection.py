@@ -632,19 +632,24 @@ def _find_split(root: Path, split: str) -> tuple[Path, Path]:
     )
 
 
-def load_coco_folder(root: str | os.PathLike, **options: Any) -> tuple[CocoDetection, CocoDetection, DetectionInfo]:
+def load_coco_folder(
+    root: str | os.PathLike, val_only: bool = False, **options: Any
+) -> tuple[CocoDetection | None, CocoDetection, DetectionInfo]:
     """A COCO-format dataset folder as (train, val, info); `options` go to `CocoDetection`.
 
     Layouts: COCO's, ``root/annotations/instances_train2017.json`` with images in ``root/train2017/`` and the same
     for val (any suffix after ``instances_train`` / ``instances_val``, the folder named as the JSON without
     ``instances_``); or a ``root/train*/`` folder with the images and a single JSON, and the same for val (as
-    several annotation tools export). Both splits must list the same categories.
+    several annotation tools export). Both splits must list the same categories. With `val_only` the training
+    annotations are not read (train is None; evaluation needs only val).
     """
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory: expected a COCO-format dataset folder")
-    train = CocoDetection(*_find_split(root, "train"), **options)
+    train = None if val_only else CocoDetection(*_find_split(root, "train"), **options)
     val = CocoDetection(*_find_split(root, "val"), **options)
+    if train is None:
+        return None, val, DetectionInfo(str(root), val.classes, val.category_ids, tuple(val.mean), tuple(val.std))
     if (train.category_ids, train.classes) != (val.category_ids, val.classes):
         raise ValueError(
             f"{root}: the train and val annotations list different categories: "
@@ -656,12 +661,13 @@ def load_coco_folder(root: str | os.PathLike, **options: Any) -> tuple[CocoDetec
 
 
 def load_detection(
-    source: str, seed: int = 0, channels: int = 3, img_size: int | None = None, **options: Any
-) -> tuple[DigitsDetection | CocoDetection, DigitsDetection | CocoDetection, DetectionInfo]:
+    source: str, seed: int = 0, channels: int = 3, img_size: int | None = None, val_only: bool = False, **options: Any
+) -> tuple[DigitsDetection | CocoDetection | None, DigitsDetection | CocoDetection, DetectionInfo]:
     """(train, val, info) of ``"builtin:digits-detect"`` or a COCO-format folder (`load_coco_folder`).
 
     `img_size` is the canvas side for digits-detect and the shorter side (`short_side`) for COCO images; `seed`
-    draws the digits-detect training canvases; `options` go to `CocoDetection`.
+    draws the digits-detect training canvases; `val_only` leaves a COCO folder's training annotations unread
+    (train None); `options` go to `CocoDetection`.
     """
     if source.startswith(BUILTIN_PREFIX):
         name = source[len(BUILTIN_PREFIX) :]
@@ -670,4 +676,4 @@ def load_detection(
         return load_digits_detect(seed, channels, img_size)
     if img_size is not None:
         options["short_side"] = img_size
-    return load_coco_folder(source, channels=channels, **options)
+    return load_coco_folder(source, val_only=val_only, channels=channels, **options)

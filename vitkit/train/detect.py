@@ -202,7 +202,7 @@ def evaluate_detector_dir(
             "on (vitkit eval --data DIR)"
         )
     side = min(to_2tuple(model.config.img_size))
-    _, val, found = load_detection(data or info.source, channels=model.config.in_chans, img_size=side)
+    _, val, found = load_detection(data or info.source, channels=model.config.in_chans, img_size=side, val_only=True)
     if not info.source and model_info(model).class_names is None:
         if len(found.classes) != len(info.classes):
             raise ValueError(f"{data} has {len(found.classes)} classes, the model has {len(info.classes)}")
