@@ -51,7 +51,7 @@ def test_postprocess_equals_transformers(threshold):
     )
     assert len(ours) == 3
     for mine, ref in zip(ours, theirs, strict=True):
-        assert set(mine) == {"boxes", "scores", "labels"}
+        assert set(mine) == {"boxes", "scores", "labels", "queries"}
         torch.testing.assert_close(mine["boxes"], ref["boxes"])
         torch.testing.assert_close(mine["scores"], ref["scores"])
         assert torch.equal(mine["labels"], ref["labels"])
@@ -135,6 +135,7 @@ def test_top_k_offers_a_second_class_of_an_unsure_query():
     assert pairs["labels"].tolist() == [2, 0, 1]  # most probable first
     torch.testing.assert_close(pairs["scores"], torch.stack([probs[1, 2], probs[0, 0], probs[0, 1]]))
     torch.testing.assert_close(pairs["boxes"][1], pairs["boxes"][2])  # both pairs of query 0 carry its box
+    assert one["queries"].tolist() == [0, 1] and pairs["queries"].tolist() == [1, 0, 0]
     torch.testing.assert_close(pairs["boxes"][1], torch.tensor([4.0, 4.0, 6.0, 6.0]))
 
 
@@ -150,7 +151,7 @@ def test_nms_drops_a_less_probable_duplicate_of_the_same_class():
     (kept,) = postprocess(outputs, [(100, 100)], threshold=0.0, nms_iou=0.8)
     scores = plain["scores"]
     torch.testing.assert_close(kept["scores"], scores[[0, 2, 3]])
-    assert kept["labels"].tolist() == [1, 0, 1]
+    assert kept["labels"].tolist() == [1, 0, 1] and kept["queries"].tolist() == [0, 2, 3]
     (loose,) = postprocess(outputs, [(100, 100)], threshold=0.0, nms_iou=0.85)  # 0.81 is below: both stay
     assert len(loose["scores"]) == 4
 

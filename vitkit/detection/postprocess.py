@@ -79,7 +79,8 @@ def postprocess(
 
     Returns:
         per image, in query order (most probable first with `top_k` or `nms_iou`): `boxes` (n, 4) as (x0, y0, x1,
-        y1) pixels, `scores` (n,) the probability of `labels` (n,), the class in [0, K).
+        y1) pixels, `scores` (n,) the probability of `labels` (n,), the class in [0, K), and `queries` (n,) the
+        query each detection comes from (to find its attention map, say).
     """
     for key in ("pred_logits", "pred_boxes"):
         if key not in outputs:
@@ -109,19 +110,20 @@ def postprocess(
     corners = box_convert(boxes, "cxcywh", "xyxy") * scale[:, None, :]  # (B, Q, 4) in pixels
     if top_k is None:
         scores, labels = probs.max(-1)  # (B, Q): each query's best class
+        queries = torch.arange(probs.shape[1], device=probs.device).expand(probs.shape[0], -1)  # (B, Q)
     else:
         K = probs.shape[-1]
         scores, pairs = probs.flatten(1).topk(min(top_k, probs[0].numel()), dim=1)  # (B, k): over Q * K pairs
-        labels = pairs % K  # (B, k) class of each pair
-        corners = corners.gather(1, (pairs // K)[..., None].expand(-1, -1, 4))  # (B, k, 4) its query's box
+        labels, queries = pairs % K, pairs // K  # (B, k) each: the class and the query of each pair
+        corners = corners.gather(1, queries[..., None].expand(-1, -1, 4))  # (B, k, 4) its query's box
     results = []
-    for score, label, box in zip(scores, labels, corners, strict=True):
+    for score, label, box, query in zip(scores, labels, corners, queries, strict=True):
         keep = score > threshold
-        score, label, box = score[keep], label[keep], box[keep]
+        score, label, box, query = score[keep], label[keep], box[keep], query[keep]
         if nms_iou is not None:
             kept = batched_nms(box, score, label, nms_iou)  # indices, most probable first
-            score, label, box = score[kept], label[kept], box[kept]
-        results.append({"boxes": box, "scores": score, "labels": label})
+            score, label, box, query = score[kept], label[kept], box[kept], query[kept]
+        results.append({"boxes": box, "scores": score, "labels": label, "queries": query})
     return results
 
 

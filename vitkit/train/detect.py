@@ -28,11 +28,10 @@ import torch
 from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader
-from torchvision.ops import batched_nms
 
 from vitkit.data import DetectionInfo, EpochSampler, Unreadable, image_mode, load_detection, normalize, open_image
 from vitkit.data.sources import INFO_NAME
-from vitkit.detection import CocoEvaluator, Postprocessing, collate_detection, pad_images, postprocess
+from vitkit.detection import CocoEvaluator, Postprocessing, collate_detection, pad_images
 from vitkit.layers import capture_attention, to_2tuple
 from vitkit.layers.attention import attention_layers
 from vitkit.train.distributed import DistEnv, resolve_device
@@ -360,19 +359,12 @@ def detection_attention(
     if head is not None and not -attn.shape[0] <= head < attn.shape[0]:
         raise ValueError(f"head {head} is out of range for {attn.shape[0]} heads")
     attn = attn.mean(0) if head is None else attn[head]  # (Q, h * w)
-    probs = outputs["pred_logits"][0]
-    focal = postprocessing.classification == "focal"
-    scores = probs[:, :-1].sigmoid() if focal else probs.softmax(-1)[:, :-1]  # (Q, K)
-    best = scores.max(-1).values  # (Q,)
-    queries = [q for q in best.argsort(descending=True).tolist() if best[q] > threshold]
-    (result,) = postprocess(outputs, sizes, 0.0, postprocessing.classification)  # every query, in query order
-    if queries and postprocessing.nms_iou is not None:
-        index = torch.tensor(queries)
-        kept = batched_nms(
-            result["boxes"][index], result["scores"][index], result["labels"][index], postprocessing.nms_iou
-        )
-        queries = [queries[i] for i in kept.tolist()]  # most probable first
-    detections = _detections({k: v[queries] for k, v in result.items()}, info) if queries else []
+    # each query its best class, so that each detection has its own query's map; NMS as the model's settings say
+    one_per_query = replace(postprocessing, top_k=None)
+    (result,) = one_per_query(outputs, sizes, threshold)
+    order = result["scores"].argsort(descending=True, stable=True)  # as `_detections` orders them
+    queries = result["queries"][order].tolist()
+    detections = _detections(result, info)
     h, w = grid[-1]
     heat = attn[queries].reshape(len(queries), h, w) if queries else attn.new_zeros(0, h, w)  # (n, h, w)
     return detections, heat
