@@ -215,10 +215,14 @@ class WindowAttention(Attention):
         self.register_buffer("relative_position_index", relative_position_index(window_size), persistent=False)
 
     def relative_position_bias(self) -> torch.Tensor:
-        """The bias (h, N, N) added to every window's logits."""
+        """The bias (h, N, N) added to every window's logits, contiguous.
+
+        One gather from the transposed table, so the bias comes out (h, N * N) in memory order: adding a permuted
+        (strided) bias to bf16 logits on CPU took 10x the time of a contiguous one (8.6 against 0.8 ms for Swin-T's
+        first stage at batch 16)."""
         N = self.window_size[0] * self.window_size[1]
-        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]  # (N * N, h)
-        return bias.view(N, N, -1).permute(2, 0, 1)  # (N, N, h) -> (h, N, N)
+        table = self.relative_position_bias_table.t()  # (h, R): a view
+        return table.index_select(1, self.relative_position_index.view(-1)).view(-1, N, N)  # (h, N * N) -> (h, N, N)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Attend within windows x (B * nW, N, C); `mask` (nW, N, N) is the shift mask or None."""
