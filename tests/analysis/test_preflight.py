@@ -56,7 +56,17 @@ def measured_training_peak(model, batch, size, precision):
 VIT = ("vit_small_patch16_224", {"depth": 2}, 96, 4)
 SWIN = ("swin_tiny_patch4_window7_224", {"depths": (2, 2, 2, 2)}, 224, 1)
 BOTNET = ("botnet26t_256", {}, 128, 2)
-DETR = ("detr_tiny", {"drop_rate": 0.0, "attn_drop_rate": 0.0}, 96, 2)  # dropout is in no operator list
+DETR = ("detr_tiny", {}, 96, 2)  # DETR's dropout (0.1) after attention, in the feed-forward and on the weights
+# every kind of dropout: on the tokens after the position embedding, on the weights, after the projections and in
+# the MLP, stochastic depth, before the head
+DROPOUT = {"drop_rate": 0.1, "attn_drop_rate": 0.1, "drop_path_rate": 0.1}
+VIT_DROPOUT = ("vit_small_patch16_224", {"depth": 2, **DROPOUT}, 96, 4)
+SWIN_DROPOUT = ("swin_tiny_patch4_window7_224", {"depths": (2, 2, 2, 2), **DROPOUT}, 224, 1)
+
+
+def case_id(name, overrides):
+    extra = "-math" if "attn_backend" in overrides else "-dropout" if "drop_rate" in overrides else ""
+    return name.split("_")[0] + extra
 
 
 @pytest.mark.parametrize(
@@ -71,8 +81,12 @@ DETR = ("detr_tiny", {"drop_rate": 0.0, "attn_drop_rate": 0.0}, 96, 2)  # dropou
         (BOTNET, "fp32", False, 0.03),
         (DETR, "fp32", False, 0.03),
         (DETR, "fp32", True, 0.03),
+        (DETR, "bf16", False, 0.05),
+        (VIT_DROPOUT, "fp32", False, 0.01),
+        (VIT_DROPOUT, "bf16", False, 0.03),
+        (SWIN_DROPOUT, "fp32", False, 0.02),
     ],
-    ids=lambda v: v[0].split("_")[0] + ("-math" if "attn_backend" in v[1] else "") if isinstance(v, tuple) else None,
+    ids=lambda v: case_id(*v[:2]) if isinstance(v, tuple) else None,
 )
 def test_training_estimate_against_measured_peak(case, precision, checkpointing, tolerance):
     name, overrides, size, batch = case

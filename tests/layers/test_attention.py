@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from vitkit.layers import Attention, attention_layers, capture_attention, set_attention_backend
 
@@ -152,6 +153,29 @@ def test_auto_forms_weights_only_for_small_bf16_calls_on_cpu(monkeypatch):
     set_attention_backend(layer, "auto", explicit_max_bytes=2 * 4 * 10 * 10 * 2)
     assert layer.path(torch.device("cpu"), torch.bfloat16, 2 * 4 * 10 * 10 * 2) == "explicit"
     assert layer.path(torch.device("cuda"), torch.bfloat16, 2 * 4 * 10 * 10 * 2) == "fused"  # no device needed
+
+
+def test_attention_dropout_on_cpu_takes_the_explicit_path(monkeypatch):
+    # torch's fused CPU kernel has no dropout (sdpa would fall back to its math kernel): the explicit path drops
+    calls = count_fused_calls(monkeypatch)
+    torch.manual_seed(0)
+    layer = Attention(32, num_heads=4, attn_drop=0.5).train()
+    x = torch.randn(2, 10, 32)
+    torch.manual_seed(1)
+    out = layer(x)
+    assert calls == []
+    # the formula with the same draws: the weights' dropout is the only random step
+    torch.manual_seed(1)
+    q, k, v = layer.qkv(x).reshape(2, 10, 3, 4, 8).permute(2, 0, 3, 1, 4)
+    weights = F.dropout((q @ k.transpose(-2, -1) * layer.scale).softmax(-1), 0.5)
+    assert (weights == 0).any()
+    expected = layer.proj((weights @ v).transpose(1, 2).reshape(2, 10, 32))
+    torch.testing.assert_close(out, expected)
+    assert layer.path(torch.device("cpu"), torch.float32, 0, dropout=0.5) == "explicit"
+    assert layer.path(torch.device("cuda"), torch.float32, 0, dropout=0.5) == "fused"  # its kernels drop
+    with torch.no_grad():
+        layer.eval()(x)
+    assert calls == [1]  # no dropout in eval: the fused kernel again
 
 
 def test_auto_in_bf16_matches_the_fused_kernel_forward_and_backward():

@@ -385,16 +385,24 @@ def test_cost_rows_follow_forward_with_padded_windows():
     assert rows[:2] == [("patch_embed", "patch_embed"), ("patch_embed.norm", "layer_norm")]
     assert rows[-3:] == [("norm", "layer_norm"), ("head", "mean"), ("head", "head")]
 
-    def block_rows(name, shifted, padded):
+    def block_rows(name, shifted, padded, drop_path=False):
         expected = [(f"{name}.{m}" if m else name, op) for m, op in BLOCK_OPS]
         before = [(name, "roll")] if shifted else []
         before += [(name, "pad")] if padded else []
         after = [(name, "roll")] if shifted else []
         mask = [(f"{name}.attn", "gather_bias")]
         mask += [(f"{name}.attn", "+mask"), (f"{name}.attn", "expand_mask")] if shifted else []
-        return expected[:1] + before + expected[1:2] + mask + expected[2:11] + after + expected[11:]
 
-    stage0 = block_rows("layers.0.blocks.0", False, True) + block_rows("layers.0.blocks.1", True, True)
+        def dropped(branch):  # stochastic depth on a residual branch, in a training forward only
+            module = f"{name}.drop_path{branch}"
+            return [(module, "drop_path_mask"), (module, "drop_path"), (module, "drop_path_scale")] if drop_path else []
+
+        rest = dropped(1) + expected[11:16] + dropped(2) + expected[16:]
+        return expected[:1] + before + expected[1:2] + mask + expected[2:11] + after + rest
+
+    # in training mode (as built), the second block's branches have stochastic depth (the first's rate is 0)
+    assert model.layers[0].blocks[0].drop_path1.drop_prob == 0 < model.layers[0].blocks[1].drop_path1.drop_prob
+    stage0 = block_rows("layers.0.blocks.0", False, True) + block_rows("layers.0.blocks.1", True, True, True)
     merging = [
         ("layers.1.downsample", "patch_merging"),
         ("layers.1.downsample.norm", "layer_norm"),

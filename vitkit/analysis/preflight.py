@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -190,6 +191,19 @@ def _owner(name: str, modules: list[str]) -> str | None:
     return best
 
 
+@contextmanager
+def _mode(model: nn.Module, training: bool) -> Iterator[nn.Module]:
+    """The model in training or eval mode for the block (what its `cost()` lists depends on it: dropout runs only in
+    training), every module's own mode restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.train(training)
+    try:
+        yield model
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
 def _checkpointed_blocks(model: nn.Module) -> list[str]:
     """Names of the modules `set_grad_checkpointing(True)` checkpoints, the model left as it was: each gets its
     `forward` rebound on the instance (`vitkit.models.interface.checkpoint_blocks`)."""
@@ -239,7 +253,8 @@ class MemoryEstimator:
         trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad] if training else []
         self.optimizer = ADAMW_STATES * sum(p.numel() * p.element_size() for _, p in trainable)
         self.optimizer += self.weights if ema and training else 0
-        ops = self.model.cost(self.size, 1, self.dtype, self.device)
+        with _mode(self.model, training):
+            ops = self.model.cost(self.size, 1, self.dtype, self.device)
         modules = sorted({op.module for op in ops})
         self.grads: dict[str, int] = {}  # operator module -> bytes of its parameters' gradients
         for n, p in trainable:
@@ -258,7 +273,8 @@ class MemoryEstimator:
     def __call__(self, batch: int) -> MemoryEstimate:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
-        ops = self.model.cost(self.size, batch, self.dtype, self.device)
+        with _mode(self.model, self.training):
+            ops = self.model.cost(self.size, batch, self.dtype, self.device)
         if self.training:
             step = training_peak_bytes(ops, self.grads, self.copies, self.blocks)
         else:

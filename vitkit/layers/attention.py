@@ -32,6 +32,7 @@ from vitkit.layers.cost import (
     OpCost,
     Value,
     copy_op,
+    dropout_ops,
     elementwise_op,
     linear_op,
     matmul_op,
@@ -226,18 +227,21 @@ class Attention(nn.Module):
                 "must share the batch, and key and value the tokens"
             )
 
-    def path(self, device: torch.device, dtype: torch.dtype, weights_bytes: int) -> str:
-        """Which of `PATHS` computes a call on `device` in `dtype` whose N x N weights take `weights_bytes`.
+    def path(self, device: torch.device, dtype: torch.dtype, weights_bytes: int, dropout: float = 0.0) -> str:
+        """Which of `PATHS` computes a call on `device` in `dtype` whose N x N weights take `weights_bytes`, with
+        dropout at rate `dropout` on the weights.
 
         "math" always runs the reference. Capturing needs the weights, so it takes the explicit path, which forms
-        them with the least memory. "auto" takes the explicit path on CPU in bf16 while the weights fit in
-        `explicit_max_bytes`: there torch's fused kernel runs its blocks far below the bf16 GEMM rate (it was
-        slower at every size measured, up to 4,097 tokens). In fp32 on CPU the two are within a few percent and
-        the fused kernel, which needs no N x N memory, is used; on GPUs the fused kernels are the fast path.
+        them with the least memory. So does dropout on CPU, where torch's fused kernel has none and
+        `scaled_dot_product_attention` falls back to its math kernel (which keeps more for backward). "auto" takes
+        the explicit path on CPU in bf16 while the weights fit in `explicit_max_bytes`: there torch's fused kernel
+        runs its blocks far below the bf16 GEMM rate (it was slower at every size measured, up to 4,097 tokens).
+        In fp32 on CPU the two are within a few percent and the fused kernel, which needs no N x N memory, is used;
+        on GPUs the fused kernels are the fast path.
         """
         if self.backend == "math":
             return "reference"
-        if self.capture_hook is not None:
+        if self.capture_hook is not None or (dropout > 0 and device.type == "cpu"):
             return "explicit"
         small_cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and weights_bytes <= self.explicit_max_bytes
         return "explicit" if self.backend == "auto" and small_cpu_bf16 else "fused"
@@ -252,7 +256,7 @@ class Attention(nn.Module):
         """
         dropout = self.attn_drop if self.training else 0.0
         weights_bytes = math.prod(q.shape[:-1]) * k.shape[-2] * q.element_size()  # (B, h, Nq) x Nk in q's dtype
-        path = self.path(q.device, q.dtype, weights_bytes)
+        path = self.path(q.device, q.dtype, weights_bytes, dropout)
         if path == "fused":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=self.scale)
         attention = reference_attention if path == "reference" else explicit_attention
@@ -281,7 +285,8 @@ class Attention(nn.Module):
         ops += self.cost_attend(name, q, k, v, ctx, bias)
         merged = self.cost_merge_heads(name, q, k, ops[-1].output, ctx)  # (B, h, Nq, d) -> (B, Nq, C)
         proj = linear_op(name, "proj", merged.output, x.shape[-1], self.proj.bias is not None, ctx)  # BNqC^2 MACs
-        return [*ops, merged, proj]
+        drop = self.proj_drop
+        return [*ops, merged, proj, *dropout_ops(f"{name}.proj_drop", proj.output, drop.p, drop.training, ctx)]
 
     def cost_project(
         self, name: str, query: Value, key: Value, value: Value, ctx: CostContext
@@ -302,8 +307,9 @@ class Attention(nn.Module):
         return ops, heads
 
     def cost_path(self, q: Value, k: Value, ctx: CostContext) -> str:
-        """`path` for queries q (B, h, Nq, d) and keys k (B, h, Nk, d) in `ctx`."""
-        return self.path(ctx.device, ctx.dtype, numel(q.shape[:-1]) * k.shape[-2] * ctx.itemsize)
+        """`path` for queries q (B, h, Nq, d) and keys k (B, h, Nk, d) in `ctx`, in this layer's mode."""
+        dropout = self.attn_drop if self.training else 0.0
+        return self.path(ctx.device, ctx.dtype, numel(q.shape[:-1]) * k.shape[-2] * ctx.itemsize, dropout)
 
     def cost_merge_heads(self, name: str, q: Value, k: Value, out: Value, ctx: CostContext) -> OpCost:
         """(B, h, N, d) -> transpose (B, N, h, d) -> reshape (B, N, C): a copy, except after the fused kernel,
@@ -349,8 +355,10 @@ class Attention(nn.Module):
         if bias is not None:
             ops.append(elementwise_op(name, "+bias", (ops[-1].output, bias), 1, ctx, in_place))  # BhN^2
         ops.append(elementwise_op(name, "softmax", ops[-1].output, SOFTMAX_FLOPS, ctx, in_place, saves_output=True))
+        ops += dropout_ops(name, ops[-1].output, self.attn_drop, self.training, ctx)  # on the weights, training only
+        weights = ops[-1].output
         ops.append(copy_op(name, "v_copy", v, v.shape, ctx))  # (n, Nk, dv) copy of the strided heads
-        ops.append(matmul_op(name, "attn@v", (ops[-2].output, ops[-1].output), (*lead, Nq, dv), heads_v, ctx))
+        ops.append(matmul_op(name, "attn@v", (weights, ops[-1].output), (*lead, Nq, dv), heads_v, ctx))
         return ops
 
 

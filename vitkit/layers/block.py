@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from vitkit.layers.attention import Attention
-from vitkit.layers.cost import CostContext, OpCost, Value, elementwise_op, layer_norm_op
+from vitkit.layers.cost import CostContext, OpCost, Value, drop_path_ops, elementwise_op, layer_norm_op
 from vitkit.layers.drop import DropPath
 from vitkit.layers.mlp import Mlp
 
@@ -75,11 +75,15 @@ class Block(nn.Module):
         ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx)
         if isinstance(self.ls1, LayerScale):
             ops.append(elementwise_op(f"{name}.ls1", "layer_scale", ops[-1].output, 1, ctx, saves=(ops[-1].output,)))
+        drop = self.drop_path1
+        ops += drop_path_ops(f"{name}.drop_path1", ops[-1].output, drop.drop_prob, drop.training, ctx)
         ops.append(elementwise_op(name, "residual_add", (x, ops[-1].output), 1, ctx))  # BNC
         x = ops[-1].output
         ops.append(layer_norm_op(f"{name}.norm2", x, ctx))  # 8BNC
         ops += self.mlp.cost(f"{name}.mlp", ops[-1].output, ctx)
         if isinstance(self.ls2, LayerScale):
             ops.append(elementwise_op(f"{name}.ls2", "layer_scale", ops[-1].output, 1, ctx, saves=(ops[-1].output,)))
+        drop = self.drop_path2
+        ops += drop_path_ops(f"{name}.drop_path2", ops[-1].output, drop.drop_prob, drop.training, ctx)
         ops.append(elementwise_op(name, "residual_add", (x, ops[-1].output), 1, ctx))  # BNC
         return ops

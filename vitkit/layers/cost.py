@@ -191,6 +191,31 @@ def layer_norm_op(module: str, x: Value, ctx: CostContext) -> OpCost:
     return elementwise_op(module, "layer_norm", x, LAYER_NORM_FLOPS, ctx, saves=(x,))
 
 
+def dropout_ops(module: str, x: Value, p: float, training: bool, ctx: CostContext) -> list[OpCost]:
+    """Dropout at rate `p` on x in a `training` forward; nothing in eval or at p = 0, where torch returns x itself.
+
+    On CPU torch draws a mask in x's dtype (bernoulli, scaled by 1 / (1 - p)) and multiplies x by it; on CUDA one
+    kernel writes the output and a one-byte mask. Either way autograd keeps the mask for the backward pass.
+    """
+    if not training or p == 0:
+        return []
+    itemsize = 1 if ctx.device.type == "cuda" else ctx.itemsize
+    mask = Value(x.shape, Storage(numel(x.shape) * itemsize))
+    draw = OpCost(module, "dropout_mask", (x,), mask, 0, 2 * numel(x.shape))  # bernoulli and scale: 2 per element
+    return [draw, elementwise_op(module, "dropout", (x, mask), 1, ctx, saves=(mask,))]  # x * mask: 1 per element
+
+
+def drop_path_ops(module: str, x: Value, p: float, training: bool, ctx: CostContext) -> list[OpCost]:
+    """Stochastic depth (`drop_path`) at rate `p` on x (B, ...) in a `training` forward: x * mask / (1 - p) with one
+    draw per sample, two new tensors of x's shape; autograd keeps only the (B, 1, ...) mask."""
+    if not training or p == 0:
+        return []
+    mask = new_value((x.shape[0],) + (1,) * (len(x.shape) - 1), ctx)
+    draw = OpCost(module, "drop_path_mask", (x,), mask, 0, x.shape[0])  # one bernoulli draw per sample
+    kept = elementwise_op(module, "drop_path", (x, mask), 1, ctx, saves=(mask,))  # x * mask: 1 per element
+    return [draw, kept, elementwise_op(module, "drop_path_scale", kept.output, 1, ctx)]  # / (1 - p)
+
+
 def reduce_op(module: str, op: str, x: Value, out_shape: tuple[int, ...], flops: int, ctx: CostContext) -> OpCost:
     """A reduction or pooling (mean, average or max pool) to `out_shape`, `flops` as counted beside the call."""
     return OpCost(module, op, (x,), new_value(out_shape, ctx), 0, flops)

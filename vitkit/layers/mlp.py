@@ -5,7 +5,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitkit.layers.cost import GELU_FLOPS, RELU_FLOPS, CostContext, OpCost, Value, elementwise_op, linear_op
+from vitkit.layers.cost import (
+    GELU_FLOPS,
+    RELU_FLOPS,
+    CostContext,
+    OpCost,
+    Value,
+    dropout_ops,
+    elementwise_op,
+    linear_op,
+)
 
 ACTIVATIONS = ("gelu", "relu")
 
@@ -50,5 +59,6 @@ class Mlp(nn.Module):
             act = elementwise_op(name, "gelu", fc1.output, GELU_FLOPS, ctx, saves=(fc1.output,))  # 8TH
         else:
             act = elementwise_op(name, "relu", fc1.output, RELU_FLOPS, ctx, saves_output=True)  # TH
-        fc2 = linear_op(name, "fc2", act.output, self.fc2.out_features, self.fc2.bias is not None, ctx)  # THC MACs
-        return [fc1, act, fc2]
+        ops = [fc1, act, *dropout_ops(f"{name}.drop1", act.output, self.drop1.p, self.drop1.training, ctx)]
+        fc2 = linear_op(name, "fc2", ops[-1].output, self.fc2.out_features, self.fc2.bias is not None, ctx)  # THC MACs
+        return [*ops, fc2, *dropout_ops(f"{name}.drop2", fc2.output, self.drop2.p, self.drop2.training, ctx)]

@@ -38,6 +38,8 @@ from vitkit.layers import (
 )
 from vitkit.layers.cost import (
     copy_op,
+    drop_path_ops,
+    dropout_ops,
     elementwise_op,
     given,
     layer_norm_op,
@@ -397,11 +399,15 @@ class SwinBlock(nn.Module):
         return self._cost_rest(name, x, attended, ops, ctx)
 
     def _cost_rest(self, name: str, x: Value, attended: Value, ops: list[OpCost], ctx: CostContext) -> list[OpCost]:
-        """`cost` after the attention branch: the residual add, then the MLP branch."""
-        ops.append(elementwise_op(name, "residual_add", (x, attended), 1, ctx))  # BHWC
+        """`cost` after the attention branch: its drop path and the residual add, then the MLP branch."""
+        drop1, drop2 = self.drop_path1, self.drop_path2
+        dropped = drop_path_ops(f"{name}.drop_path1", attended, drop1.drop_prob, drop1.training, ctx)
+        ops += dropped
+        ops.append(elementwise_op(name, "residual_add", (x, dropped[-1].output if dropped else attended), 1, ctx))
         x = ops[-1].output
         ops.append(layer_norm_op(f"{name}.norm2", x, ctx))  # 8BHWC
         ops += self.mlp.cost(f"{name}.mlp", ops[-1].output, ctx)
+        ops += drop_path_ops(f"{name}.drop_path2", ops[-1].output, drop2.drop_prob, drop2.training, ctx)
         ops.append(elementwise_op(name, "residual_add", (x, ops[-1].output), 1, ctx))  # BHWC
         return ops
 
@@ -515,6 +521,7 @@ class ClassifierHead(nn.Module):
         """The operators of `forward` on a map x (B, H, W, C), in forward order."""
         B, _, _, C = x.shape
         ops = [reduce_op(name, "mean", x, (B, C), numel(x.shape), ctx)]  # BHWC: one add per element
+        ops += dropout_ops(f"{name}.drop", ops[-1].output, self.drop.p, self.drop.training, ctx)
         if isinstance(self.fc, nn.Linear):
             ops.append(linear_op(name, "head", ops[-1].output, self.fc.out_features, True, ctx))  # B*C*classes
         return ops

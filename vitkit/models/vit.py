@@ -31,7 +31,17 @@ from vitkit.layers import (
     sincos_2d_pos_embed,
     to_2tuple,
 )
-from vitkit.layers.cost import copy_op, elementwise_op, given, layer_norm_op, linear_op, numel, reduce_op, view
+from vitkit.layers.cost import (
+    copy_op,
+    dropout_ops,
+    elementwise_op,
+    given,
+    layer_norm_op,
+    linear_op,
+    numel,
+    reduce_op,
+    view,
+)
 from vitkit.layers.helpers import take_indices
 from vitkit.models.interface import checkpoint_blocks
 from vitkit.models.registry import (
@@ -245,6 +255,7 @@ class VisionTransformer(nn.Module):
         if self.num_prefix_tokens:
             ops.append(copy_op("pos_embed", "cat_prefix", ops[-1].output, tokens, ctx))  # (B, P + N, D) written
         ops.append(elementwise_op("pos_embed", "+pos", ops[-1].output, 1, ctx))  # + pos: BND
+        ops += dropout_ops("pos_drop", ops[-1].output, self.pos_drop.p, self.pos_drop.training, ctx)
         for i, block in enumerate(self.blocks):
             ops += block.cost(f"blocks.{i}", ops[-1].output, ctx)
         if isinstance(self.norm, nn.LayerNorm):
@@ -258,11 +269,16 @@ class VisionTransformer(nn.Module):
             ops += self.pool.cost("pool", patches, ctx)  # (B, N, D) -> (B, r * r)
         features = ops[-1].output if c.global_pool != "token" else view(ops[-1].output, pooled)  # x[:, i]: views
         heads = [("head", self.head)] + ([("head_dist", self.head_dist)] if c.distilled else [])
-        for name, head in heads:
+        logits = []
+        for name, head in heads:  # head_drop before each head (training only)
+            dropped = dropout_ops("head_drop", features, self.head_drop.p, self.head_drop.training, ctx)
+            ops += dropped
             if isinstance(head, nn.Linear):
-                ops.append(linear_op(name, "head", features, c.num_classes, True, ctx))  # B*features*classes
+                x = dropped[-1].output if dropped else features
+                ops.append(linear_op(name, "head", x, c.num_classes, True, ctx))  # B*features*classes
+                logits.append(ops[-1].output)
         if c.distilled and c.num_classes > 0:
-            ops.append(elementwise_op("head", "mean_heads", (ops[-2].output, ops[-1].output), 2, ctx))  # (cls+dist)/2
+            ops.append(elementwise_op("head", "mean_heads", tuple(logits), 2, ctx))  # (cls + dist) / 2
         return ops
 
     def forward_intermediates(
