@@ -95,3 +95,9 @@ def test_a_model_without_class_names_takes_the_datas(model, data, capsys, tmp_pa
         Image.new("RGB", (28, 28)).save(two / name / "0.png")
     assert main(["eval", "--model-dir", str(plain), "--data", str(two)]) == 2
     assert f"{two} has 2 classes ['circle', 'square'], the model has 3" in capsys.readouterr().err
+    # a folder holding only train/ is read as `vitkit.data.eval_split` reads it, not as class folders named "train"
+    only_train = tmp_path / "only_train"
+    (only_train / "train" / "circle").mkdir(parents=True)
+    Image.new("RGB", (28, 28)).save(only_train / "train" / "circle" / "0.png")
+    assert main(["eval", "--model-dir", str(plain), "--data", str(only_train)]) == 2
+    assert f"{only_train} holds train/ but no val/: evaluate on a folder of class folders" in capsys.readouterr().err

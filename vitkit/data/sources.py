@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from importlib.resources import files
 from pathlib import Path
@@ -378,28 +379,39 @@ def load_data(
     return load_folder(source, val_fraction, seed)
 
 
+def eval_split(source: str) -> tuple[ImageSource, tuple[str, ...]]:
+    """The images of `source` to evaluate on and their class names in label order: the test split of a bundled
+    dataset, the val/ folder of a train/val tree, or every image of a folder of class folders. A folder with train/
+    and no val/ is an error that says what to give instead."""
+    if source.startswith(BUILTIN_PREFIX) or (Path(source) / "val").is_dir():
+        _, held, found = load_data(source)
+        return held, found.classes
+    if (Path(source) / "train").is_dir():
+        raise ValueError(
+            f"{source} holds train/ but no val/: evaluate on a folder of class folders (e.g. {source}/train), or "
+            "leave the data out to evaluate on the images held out in training"
+        )
+    classes = tuple(_class_folders(Path(source)))
+    return ImageFiles(*_scan(Path(source), list(classes))), classes
+
+
 def load_eval_split(source: str | None, info: DataInfo) -> ImageSource:
     """The images to evaluate a model trained on the data `info` describes.
 
-    With `source` None: the held-out part of the training data, split as in training. Otherwise the test split
-    of a bundled dataset, the val/ folder of a train/val tree, or every image of a folder of class folders. The
-    class names must be the model's.
+    With `source` None: the held-out part of the training data, split as in training. Otherwise `eval_split`'s
+    images of `source`, whose class names must be the model's.
     """
     if source is None:
         # A fixed split is saved as fraction 0, which means "none given" here.
         _, held, found = load_data(info.source, info.val_fraction or None, info.split_seed)
         classes = found.classes
-    elif source.startswith(BUILTIN_PREFIX) or (Path(source) / "val").is_dir():
-        _, held, found = load_data(source)
-        classes = found.classes
-    elif (Path(source) / "train").is_dir():
-        raise ValueError(
-            f"{source} holds train/ but no val/: evaluate on a folder of class folders (e.g. {source}/train), or "
-            "leave the data out to evaluate on the images held out in training"
-        )
     else:
-        classes = tuple(_class_folders(Path(source)))
-        held = ImageFiles(*_scan(Path(source), list(classes)))
-    if classes != info.classes:
-        raise ValueError(f"{source or info.source} has classes {list(classes)}, the model knows {list(info.classes)}")
+        held, classes = eval_split(source)
+    check_eval_classes(source or info.source, classes, info.classes)
     return held
+
+
+def check_eval_classes(source: str, found: Sequence[str], expected: Sequence[str]) -> None:
+    """ValueError unless the class names `found` in `source` are the model's (`expected`), in the same order."""
+    if tuple(found) != tuple(expected):
+        raise ValueError(f"{source} has classes {list(found)}, the model knows {list(expected)}")

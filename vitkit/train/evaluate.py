@@ -32,14 +32,14 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from vitkit.data import (
-    BUILTIN_PREFIX,
     DataInfo,
     EpochSampler,
     ImageFiles,
     TransformedImages,
     Unreadable,
+    check_eval_classes,
+    eval_split,
     eval_transform,
-    load_data,
     load_eval_split,
     make_loader,
     normalize,
@@ -211,17 +211,6 @@ def load_classifier(directory: str | os.PathLike, device: str | None = None) -> 
     return model, info
 
 
-def _data_classes(data: str) -> tuple[str, ...]:
-    """The class names `vitkit.data.load_eval_split` finds in `data`: a bundled set's, a train/val tree's, or the
-    class folders (sorted) of a folder."""
-    if data.startswith(BUILTIN_PREFIX) or (Path(data) / "val").is_dir():
-        return load_data(data)[2].classes
-    root = Path(data)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root} is not a directory: expected a folder of class folders")
-    return tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")))
-
-
 def evaluate_model_dir(
     model_dir: str, data: str | None = None, batch_size: int = 256, device: str | None = None, workers: int = 0
 ) -> tuple[EvalResult, DataInfo]:
@@ -233,19 +222,22 @@ def evaluate_model_dir(
     Returns the result and the data description used.
     """
     model, info = load_classifier(model_dir, device)
-    if not info.source:
-        if data is None:
+    if data is None:
+        if not info.source:
             raise ValueError(
                 f"{model_dir} has no {INFO_NAME}, so the data it was trained on is unknown: name the data to "
                 "evaluate on (vitkit eval --data DIR)"
             )
-        if model_info(model).class_names is None:
-            found = _data_classes(data)
+        held = load_eval_split(None, info)
+    else:
+        held, found = eval_split(data)
+        if not info.source and model_info(model).class_names is None:
             if len(found) != len(info.classes):
                 raise ValueError(f"{data} has {len(found)} classes {list(found)}, the model has {len(info.classes)}")
             info = replace(info, classes=found)
+        check_eval_classes(data, found, info.classes)
     transform = eval_transform(to_2tuple(model.config.img_size), model.config.in_chans)
-    images = TransformedImages(load_eval_split(data, info), transform)
+    images = TransformedImages(held, transform)
     loader = make_loader(images, EpochSampler(len(images), shuffle=False, pad=False), batch_size, workers)
     return evaluate(model, loader, info), info
 
