@@ -207,6 +207,21 @@ def test_the_largest_batch_that_fits_is_computed(little_memory):
     assert "grad_checkpointing" not in str(caught.value)  # not a way out for inference
 
 
+def test_processes_sharing_the_machine_must_fit_together(monkeypatch):
+    one = estimate_memory("vit_base_patch16_224", 224, 16, training=True)
+    room = int(one.needed_bytes / preflight.SAFETY * 2.5)  # two runs fit, three do not
+    monkeypatch.setattr(preflight, "available_memory", lambda device="cpu": room)
+    assert check_memory("vit_base_patch16_224", 224, 16, training=True, processes=2).processes == 2
+    with pytest.raises(NotEnoughMemory) as caught:
+        check_memory("vit_base_patch16_224", 224, 16, training=True, processes=3, names=SettingNames("--batch-size"))
+    message = str(caught.value)
+    assert f"in each of 3 processes on this machine, {3 * one.needed_bytes / GiB:.1f} GiB more in all" in message
+    largest = int(message.split("--batch-size ")[1].split()[0])
+    plan = preflight.SAFETY * room
+    assert 3 * estimate_memory("vit_base_patch16_224", 224, largest, training=True).needed_bytes <= plan
+    assert 3 * estimate_memory("vit_base_patch16_224", 224, largest + 1, training=True).needed_bytes > plan
+
+
 def test_the_models_own_size_is_offered_when_it_fits(monkeypatch):
     own = estimate_memory("vit_base_patch16_224", 224, 16, training=False)
     monkeypatch.setattr(preflight, "available_memory", lambda device="cpu": int(own.needed_bytes / 0.9 * 1.5))

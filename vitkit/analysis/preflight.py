@@ -83,6 +83,7 @@ class MemoryEstimate:
     step_bytes: int  # peak of one step's own allocations: activations, bf16 weight copies, gradients, backward work
     resident_bytes: int = 0  # of the weights, what is already allocated on the device (a built model's)
     available_bytes: int | None = None  # free memory on the device when checked; None: unknown, or not checked
+    processes: int = 1  # processes on this machine each running this (torchrun on CPU), sharing its memory
 
     @property
     def total_bytes(self) -> int:
@@ -95,8 +96,9 @@ class MemoryEstimate:
 
     @property
     def fits(self) -> bool:
-        """Whether the run needs at most `SAFETY` of the available memory (True when that is unknown)."""
-        return self.available_bytes is None or self.needed_bytes <= SAFETY * self.available_bytes
+        """Whether the run (all its `processes`) needs at most `SAFETY` of the available memory (True when that is
+        unknown)."""
+        return self.available_bytes is None or self.processes * self.needed_bytes <= SAFETY * self.available_bytes
 
 
 def _read_int(path: Path) -> int | None:
@@ -232,10 +234,14 @@ class MemoryEstimator:
         overrides: dict[str, Any] | None = None,
         capture_attention: bool = False,
         name: str | None = None,
+        processes: int = 1,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+        if processes < 1:
+            raise ValueError(f"processes must be >= 1, got {processes}")
         self.name = name or (model if isinstance(model, str) else type(model).__name__)
+        self.processes = processes
         self.model = require_model(_resolve(model, img_size, False, overrides or {}), "a memory estimate")
         self.size = to_2tuple(img_size if img_size is not None else self.model.config.img_size)
         self.training, self.precision, self.ema = training, precision, ema
@@ -294,6 +300,7 @@ class MemoryEstimator:
             input_bytes=batch * self.model.config.in_chans * self.size[0] * self.size[1] * 4,
             step_bytes=step,
             resident_bytes=self.resident,
+            processes=self.processes,
         )
 
     def variant(
@@ -310,6 +317,7 @@ class MemoryEstimator:
             device=self.device,
             capture_attention=self.capture,
             name=self.name,
+            processes=self.processes,
         )
 
 
@@ -409,9 +417,13 @@ def refusal(
     parts.append(f"{step} {_size(e.step_bytes)}")
     parts.append(f"input {_size(e.input_bytes)}")
     resident = f", {_size(e.resident_bytes)} of it already loaded" if e.resident_bytes else ""
+    shared = ""
+    if e.processes > 1:
+        together = _size(e.processes * e.needed_bytes)
+        shared = f" in each of {e.processes} processes on this machine, {together} more in all"
     message = (
-        f"{run} needs about {_size(e.total_bytes)} of {e.device} memory ({', '.join(parts)}{resident}), but only "
-        f"{_size(available)} is available and a run may plan to use {SAFETY:.0%} of it."
+        f"{run} needs about {_size(e.total_bytes)} of {e.device} memory ({', '.join(parts)}{resident}){shared}, but "
+        f"only {_size(available)} is available and a run may plan to use {SAFETY:.0%} of it."
     )
     ways = []
     if names.batch is not None:
@@ -473,9 +485,12 @@ def check_memory(
     names: SettingNames = SettingNames(),
     overrides: dict[str, Any] | None = None,
     capture_attention: bool = False,
+    processes: int = 1,
 ) -> MemoryEstimate:
     """Estimate the run's peak memory (`estimate_memory`, same arguments) and compare it with what `device` has
-    available (`available_memory`); call it before allocating the batch.
+    available (`available_memory`); call it before allocating the batch. `processes`: how many processes on this
+    machine run the same thing at once and share that memory (torchrun's `LOCAL_WORLD_SIZE` on CPU); together they
+    must fit.
 
     Returns the estimate, `available_bytes` filled in. Raises `NotEnoughMemory` (a ValueError) when the memory
     still to allocate exceeds `SAFETY` of what is available; its message gives the estimate, the memory available
@@ -496,6 +511,7 @@ def check_memory(
         device=device,
         overrides=overrides,
         capture_attention=capture_attention,
+        processes=processes,
     )
     checkpointed_at = at.variant(grad_checkpointing=True) if training and not grad_checkpointing else None
     own = to_2tuple(at.model.config.img_size)

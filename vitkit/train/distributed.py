@@ -22,6 +22,7 @@ class DistEnv:
     local_rank: int  # rank on this machine (selects the GPU)
     device: torch.device  # where this process computes
     owns_group: bool  # whether `setup` created the process group (and `cleanup` should destroy it)
+    local_world_size: int = 1  # processes on this machine (torchrun's LOCAL_WORLD_SIZE; 1 when not given)
 
     @property
     def is_main(self) -> bool:
@@ -60,7 +61,8 @@ def setup(device: str | None = None) -> DistEnv:
     owns = not joined and world_size > 1
     if owns:
         dist.init_process_group(backend="nccl" if kind == "cuda" else "gloo")
-    return DistEnv(rank, world_size, local_rank, target, owns)
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if world_size > 1 else 1
+    return DistEnv(rank, world_size, local_rank, target, owns, local_world_size)
 
 
 def cleanup(env: DistEnv) -> None:

@@ -217,6 +217,8 @@ class _Run:
                 device=env.device,
                 allow=allow_memory,
                 names=memory_names or SettingNames(),
+                # CPU processes on one machine share its memory; each GPU process has its own device
+                processes=env.local_world_size if env.device.type == "cpu" else 1,
             )
         except NotEnoughMemory as err:
             refused = err
