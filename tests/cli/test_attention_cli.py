@@ -167,7 +167,8 @@ def test_the_detector_figure(detector, capsys, tmp_path):
     args = ["attention", "--model-dir", str(directory), str(canvas), "--out", str(target), "--threshold", "0"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert out.startswith("6 objects and their decoder layer -1 cross-attention (mean of heads)")
+    title = "decoder layer 3 (of 0..3) cross-attention of each object's query, mean of 2 heads  ·  6 objects above 0.00"
+    assert out.startswith(f"{title}\n")  # the figure's title says the same
     assert out.splitlines()[-1] == f"figure written to {target}" and target.is_file()
     for extra, message in [
         (["--rollout"], "a detector's figure shows each object"),
@@ -180,4 +181,4 @@ def test_the_detector_figure(detector, capsys, tmp_path):
     bare = ["attention", "--model-dir", str(directory.parent / "bare"), str(canvas), "--out", str(tmp_path / "b.png")]
     assert main([*bare, "--threshold", "0"]) == 0
     out, err = capsys.readouterr()
-    assert out.startswith("6 objects") and err.count("has no dataset.json") == 1
+    assert out.startswith(f"{title}\n") and err.count("has no dataset.json") == 1

@@ -14,9 +14,10 @@ from vitkit import from_pretrained
 from vitkit.cli import main
 from vitkit.data import DetectionInfo, load_digits_detect, write_coco_folder
 from vitkit.detection import COCO_METRICS
-from vitkit.train import TrainConfig, detect_files, detection_attention
+from vitkit.train import TrainConfig, detect_files, detection_attention, detection_attention_figure
 from vitkit.train.detect import load_detection_settings
 from vitkit.viz import enlarge
+from vitkit.viz.attention import figure_image
 
 TINY = ["--model", "detr_digits", "--model-arg", "backbone_width=8", "--model-arg", "hidden_dim=16"]
 TINY += ["--model-arg", "num_heads=2", "--model-arg", "dim_feedforward=32", "--model-arg", "num_queries=6"]
@@ -155,12 +156,14 @@ def test_attention_draws_each_detection_with_its_map(trained, capsys, tmp_path):
     args = ["attention", "--model-dir", str(out / "final"), image, "--out", str(target), "--threshold", "0"]
     assert main(args) == 0
     model, info = from_pretrained(out / "final"), DetectionInfo.load(out / "final")
-    shown, _ = detection_attention(model, info, Image.open(image), 0.0, load_detection_settings(out / "final"))
-    assert 1 <= len(shown) <= 6 and f"{len(shown)} objects" in capsys.readouterr().out
-    # every query left by NMS is shown: the detections, then one panel per query, five a row with 8-pixel gaps
-    panels = 1 + len(shown)
-    columns, rows = min(panels, 5), -(-panels // 5)
-    assert Image.open(target).size == (columns * 288 + (columns - 1) * 8, rows * 288 + (rows - 1) * 8)
+    settings = load_detection_settings(out / "final")
+    shown, _ = detection_attention(model, info, Image.open(image), 0.0, settings)
+    objects = f"{len(shown)} object{'' if len(shown) == 1 else 's'} above 0.00"
+    assert 1 <= len(shown) <= 6 and objects in capsys.readouterr().out
+    # every query left by NMS is shown, one panel each after the picture of them all: the library's figure
+    figure, found = detection_attention_figure(model, info, Image.open(image), 0.0, settings)
+    assert found == shown and len(figure.axes) == 1 + len(shown) + 1  # and the colour bar
+    assert Image.open(target).size == figure_image(figure).size
     assert main([*args[:-2], "--rollout"]) == 2
     assert "a detector's figure shows each object" in capsys.readouterr().err
 

@@ -1,4 +1,4 @@
-"""Pictures of detections: boxes where the coordinates say, in their class colour; the attention panels."""
+"""Pictures of detections: boxes where the coordinates say, in their class colour; the attention figure."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from PIL import Image
 
 from vitkit.viz import draw_detections, enlarge, object_attention_figure
-from vitkit.viz.attention import COLORMAP
-from vitkit.viz.detection import BOX_COLOURS
+from vitkit.viz.attention import COLORMAP, figure_image
+from vitkit.viz.detection import BOX_COLOURS, object_attention_maps
 
 
 def test_enlarge_by_whole_factors_keeps_pixels():
@@ -34,20 +34,30 @@ def test_boxes_are_drawn_at_their_coordinates_in_their_class_colour():
         draw_detections(image, [(0, 0, 1, 1)], ["1", "2"], [0.5])
 
 
-def test_attention_panels_show_each_map_over_the_image():
-    image = Image.new("L", (96, 96))
+def test_attention_panels_show_each_map_under_its_box():
+    image = Image.new("L", (96, 96))  # black, drawn 3 times larger
     heats = torch.zeros(2, 6, 6)
-    heats[0, 1, 4] = 1.0  # first object's query looks at row 1, column 4 of the 6x6 map
+    heats[0, 1, 4] = 0.5  # first object's query looks at row 1, column 4 of the 6x6 map
     heats[1, 5, 0] = 1.0
-    figure = object_attention_figure(image, [(0, 0, 10, 10), (50, 50, 90, 90)], ["1", "2"], [0.9, 0.8], heats)
-    assert figure.size == (3 * 288 + 2 * 8, 288)
-    pixels = np.asarray(figure).astype(int)
-    top = np.array(COLORMAP[-1]) * 0.6  # the map's maximum, blended over black with alpha 0.6
-    cell = 288 // 6
-    first = pixels[:, 288 + 8 : 2 * 288 + 8]
-    np.testing.assert_allclose(first[1 * cell + cell // 2, 4 * cell + cell // 2], top, atol=6)
-    assert first[5 * cell + cell // 2, 0 * cell + cell // 2].sum() < top.sum() / 2  # the other object's cell
-    second = pixels[:, 2 * (288 + 8) :]
-    np.testing.assert_allclose(second[5 * cell + cell // 2, 0 * cell + cell // 2], top, atol=6)
+    boxes, labels, scores = [(0, 0, 10, 10), (50, 50, 90, 90)], ["1", "2"], [0.9, 0.8]
+    maps = object_attention_maps(image, boxes, labels, scores, heats, model="detr", what="layer 5")
+    torch.testing.assert_close(maps.heats, heats)
+    assert maps.titles == ("1 0.90", "2 0.80") and maps.view_title == "2 detections"
+    assert np.array_equal(np.asarray(maps.view), np.asarray(draw_detections(image, boxes, labels, scores)))
+    assert all(np.asarray(panel).max() == 0 and panel.size == (288, 288) for panel in maps.panels)  # the plain image
+    second = np.asarray(maps.marks[1])  # RGBA: its box only, at 3x its coordinates, in its class's colour
+    assert tuple(second[200, 150]) == (*BOX_COLOURS[1], 255)  # left edge, x = 50 * 3
+    assert second[200, 200, 3] == 0 and second[20, 20, 3] == 0  # inside the box, the other box: transparent
+    figure = object_attention_figure(image, boxes, labels, scores, heats, model="detr", what="layer 5")
+    *panels, bar = figure.axes
+    assert [ax.get_title() for ax in panels] == ["2 detections", "1 0.90", "2 0.80"]
+    assert [len(ax.get_images()) for ax in panels] == [1, 3, 3]  # image, map, box
+    assert bar.get_ylim() == pytest.approx((0.0, 1.0)) and bar.get_ylabel() == "attention of the object's query"
+    assert figure.get_suptitle() == "detr\nlayer 5"
+    pixels = np.asarray(figure_image(figure).convert("RGB")).reshape(-1, 3).astype(int)
+    top = np.array(COLORMAP[-1]) * 0.6  # the largest value, blended over black with alpha 0.6
+    assert (np.abs(pixels - top).max(axis=1) <= 6).any()
+    nothing = object_attention_figure(image, [], [], [], torch.zeros(0, 6, 6))
+    assert len(nothing.axes) == 1 and nothing.axes[0].get_title() == "0 detections"  # no maps, no colour bar
     with pytest.raises(ValueError, match="one \\(h, w\\) map per box"):
         object_attention_figure(image, [(0, 0, 1, 1)], ["1"], [0.5], heats)

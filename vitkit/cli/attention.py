@@ -82,10 +82,9 @@ def _run_detector(args: argparse.Namespace) -> int:
     check_inference_memory(model, args, capture=True)
     _note(missing_info_note(args.model_dir))
     figure, detections = detection_attention_figure(
-        model, info, open_image(args.image), threshold, postprocessing, layer, head, args.alpha
+        model, info, open_image(args.image), threshold, postprocessing, layer, head, args.alpha, args.model_dir
     )
-    which = "mean of heads" if head is None else f"head {head}"
-    print(f"{len(detections)} objects and their decoder layer {layer} cross-attention ({which})")
+    print(figure.get_suptitle().splitlines()[-1])  # the layer, the heads and the objects, as the figure says
     for d in detections:
         print(f"  {d.label}  {d.score:.4f}")
     print(f"figure written to {save_picture(figure, args.out)}")

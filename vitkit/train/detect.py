@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from vitkit.data.sources import INFO_NAME
 from vitkit.detection import CocoEvaluator, Postprocessing, collate_detection, pad_images
 from vitkit.layers import capture_attention, to_2tuple
 from vitkit.layers.attention import attention_layers
+from vitkit.models.registry import family_of
 from vitkit.train.distributed import DistEnv, resolve_device
 from vitkit.train.evaluate import (
     autocast,
@@ -45,6 +46,9 @@ from vitkit.train.evaluate import (
 from vitkit.train.recipe import DETECTION, model_task
 from vitkit.viz import draw_detections, object_attention_figure
 from vitkit.weights import from_pretrained, model_info
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SETTINGS_NAME = "postprocess.json"
 DETR_POSTPROCESSING = Postprocessing()  # softmax, each query's best class, no suppression
@@ -410,10 +414,17 @@ def detection_attention_figure(
     layer: int = -1,
     head: int | None = None,
     alpha: float = 0.6,
-) -> tuple[Image.Image, list[Detection]]:
+    name: str | None = None,
+) -> tuple[Figure, list[Detection]]:
     """DETR's figure 6 for `image`: the detections, then each beside its query's cross-attention over the image
-    (`detection_attention`, `vitkit.viz.object_attention_figure`); returns (figure, detections)."""
+    (`detection_attention`, `vitkit.viz.object_attention_figure`: one colour bar, a title naming the model, the
+    layer and the heads); `name` is the model in the title (default: its family). Returns (figure, detections)."""
     detections, heats = detection_attention(model, info, image, threshold, postprocessing, layer, head)
+    cross = [m for n, m in attention_layers(model) if n.endswith("cross_attn")]
+    L, h = len(cross), cross[0].num_heads
+    which = f"mean of {h} heads" if head is None else f"head {head % h} of {h}"
+    described = f"{family_of(model).name}, {L} decoder layers x {h} heads"
+    above = f"{len(detections)} object{'' if len(detections) == 1 else 's'} above {threshold:.2f}"
     figure = object_attention_figure(
         image,
         [d.box for d in detections],
@@ -422,5 +433,7 @@ def detection_attention_figure(
         heats,
         info.classes,
         alpha,
+        model=f"{name}: {described}" if name else described,
+        what=f"decoder layer {layer % L} (of 0..{L - 1}) cross-attention of each object's query, {which}  ·  {above}",
     )
     return figure, detections

@@ -222,6 +222,9 @@ class AttentionMaps:
     what: str  # the maps in words: "layer 1 (of 0..1), mean of 2 heads", "attention rollout over 2 layers", ...
     values: str  # what a map's values are (the colour bar's label)
     prediction: tuple[str, float] | None  # (class, probability) of a classifier; None for a model without one
+    panels: tuple[Image.Image, ...] | None = None  # the picture under each map (default: `view` under every one)
+    marks: tuple[Image.Image, ...] | None = None  # RGBA pictures drawn over each map (a detection's box), or None
+    view_title: str = "input (as the model sees it)"  # the first panel's title
 
 
 def _check_options(layer: int | None, head: int | str | None, rollout: bool, grid: bool) -> None:
@@ -322,15 +325,17 @@ def attention_maps(
 
 
 def draw_attention(maps: AttentionMaps, alpha: float = 0.5) -> Figure:
-    """`maps` as a matplotlib figure: the image as the model sees it, then each map blended over it with weight
-    `alpha` (titled, `maps.columns` a row), one colour bar for all of them (one scale, from the smallest to the
-    largest value shown), and a title naming the model, the maps and the prediction."""
+    """`maps` as a matplotlib figure: the image as the model sees it, then each map blended over it (or over its
+    own picture, `maps.panels`) with weight `alpha` and `maps.marks` on top (titled, `maps.columns` a row), one
+    colour bar for all of them
+    (one scale, from the smallest to the largest value shown), and a title naming the model, the maps and the
+    prediction. Without maps (a detector that found nothing) the figure is the first panel and the title."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
     _check_alpha(alpha)
     n, columns = len(maps.heats), maps.columns
-    rows = math.ceil(n / columns)
+    rows = max(1, math.ceil(n / columns))
     title = f"{maps.model}\n{maps.what}"
     if maps.prediction is not None:
         title += f"  ·  predicted {maps.prediction[0]} ({maps.prediction[1]:.1%})"
@@ -339,24 +344,27 @@ def draw_attention(maps: AttentionMaps, alpha: float = 0.5) -> Figure:
     cell = max(1.4, min(3.0, 20 / (columns + 1)))  # inches per map: larger when few, never below legibility
     figure = new_figure((columns + 1) * cell + 1.2, rows * cell + 1.0)
     layout = figure.add_gridspec(rows, columns + 1)
-    low, high = float(maps.heats.min()), float(maps.heats.max())
+    low, high = (float(maps.heats.min()), float(maps.heats.max())) if n else (0.0, 1.0)
     norm, cmap = Normalize(low, high if high > low else low + 1e-6), colormap()
     size = 9 if cell >= 2 else 7
     view = figure.add_subplot(layout[0, 0])
     view.imshow(maps.view)
-    view.set_title("input (as the model sees it)", fontsize=size, fontfamily=fonts)
+    view.set_title(maps.view_title, fontsize=size, fontfamily=fonts)
     view.set_axis_off()
     panels = [view]
-    H, W = maps.view.height, maps.view.width
     for k, (heat, text) in enumerate(zip(maps.heats, maps.titles, strict=True)):
         ax = figure.add_subplot(layout[k // columns, 1 + k % columns])
-        ax.imshow(maps.view)
-        ax.imshow(_upsample(heat, (H, W)).numpy(), cmap=cmap, norm=norm, alpha=alpha)
+        under = maps.view if maps.panels is None else maps.panels[k]
+        ax.imshow(under)
+        ax.imshow(_upsample(heat, (under.height, under.width)).numpy(), cmap=cmap, norm=norm, alpha=alpha)
+        if maps.marks is not None:
+            ax.imshow(maps.marks[k])  # transparent but for the marks: drawn unblended over the map
         ax.set_title(text, fontsize=size, fontfamily=fonts, parse_math=False)
         ax.set_axis_off()
         panels.append(ax)
-    bar = figure.colorbar(ScalarMappable(norm, cmap), ax=panels, shrink=0.9 if rows > 1 else 0.8, aspect=25)
-    bar.set_label(maps.values, fontsize=size)
+    if n:
+        bar = figure.colorbar(ScalarMappable(norm, cmap), ax=panels, shrink=0.9 if rows > 1 else 0.8, aspect=25)
+        bar.set_label(maps.values, fontsize=size)
     figure.suptitle(title, fontsize=10 if cell >= 2 else 9, fontfamily=fonts, parse_math=False)
     return figure
 

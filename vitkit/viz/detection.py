@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from vitkit.viz.attention import overlay
+from vitkit.viz.attention import AttentionMaps, draw_attention
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # Distinct, saturated box colours (Tableau 10), one per class index modulo its length.
 BOX_COLOURS = (
@@ -21,7 +25,7 @@ BOX_COLOURS = (
     (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207),
 )  # fmt: skip
 MIN_SIDE = 224  # images whose shorter side is below this are drawn enlarged by a whole factor
-PANELS_PER_ROW = 5
+PANELS_PER_ROW = 4  # detections a row of the attention figure, after the picture of them all
 
 
 def enlarge(image: Image.Image, min_side: int = MIN_SIDE) -> tuple[Image.Image, int]:
@@ -85,6 +89,49 @@ def _colour(label: str, palette: list[str]) -> tuple[int, int, int]:
     return BOX_COLOURS[palette.index(label) % len(BOX_COLOURS)] if label in palette else BOX_COLOURS[0]
 
 
+def object_attention_maps(
+    image: Image.Image,
+    boxes: Sequence[Sequence[float]],
+    labels: Sequence[str],
+    scores: Sequence[float],
+    heats: torch.Tensor,
+    classes: Sequence[str] | None = None,
+    model: str = "a detector",
+    what: str = "each object's query: decoder cross-attention over the image",
+) -> AttentionMaps:
+    """DETR's figure 6 as `AttentionMaps` for `draw_attention`: first the image with every detection, then one panel
+    per detection, its box drawn on the image under its query's attention map.
+
+    Args:
+        boxes, labels, scores, classes: as for `draw_detections`.
+        heats: (n, h, w) attention of each detection's query over the feature map of the whole image.
+        model, what: the model and the maps in words, for the title.
+    """
+    if heats.ndim != 3 or len(heats) != len(boxes):
+        raise ValueError(f"expected one (h, w) map per box: {len(boxes)} boxes, maps of shape {tuple(heats.shape)}")
+    base, factor = enlarge(image)
+    palette = list(classes) if classes is not None else list(dict.fromkeys(labels))
+    marks = []
+    for box, label, score in zip(boxes, labels, scores, strict=True):
+        mark = Image.new("RGBA", base.size, (0, 0, 0, 0))  # the box and its label only, over the map
+        text, colour = f"{label} {score:.2f}", _colour(label, palette)
+        _draw_box(ImageDraw.Draw(mark), [v * factor for v in box], text, colour, _font(mark))
+        marks.append(mark)
+    return AttentionMaps(
+        view=draw_detections(image, boxes, labels, scores, classes),
+        heats=heats.float().cpu(),
+        titles=tuple(f"{label} {score:.2f}" for label, score in zip(labels, scores, strict=True)),
+        columns=min(max(len(boxes), 1), PANELS_PER_ROW),
+        model=model,
+        what=what,
+        values="attention of the object's query",
+        prediction=None,
+        panels=(base,) * len(boxes),
+        marks=tuple(marks),
+        view_title=f"{len(boxes)} detection{'' if len(boxes) == 1 else 's'}",
+    )
+
+
 def object_attention_figure(
     image: Image.Image,
     boxes: Sequence[Sequence[float]],
@@ -93,28 +140,10 @@ def object_attention_figure(
     heats: torch.Tensor,
     classes: Sequence[str] | None = None,
     alpha: float = 0.6,
-) -> Image.Image:
-    """DETR's figure 6: the image with every detection, then one panel per detection with its query's attention
-    map (h, w) over the image (upsampled, coloured, blended with weight `alpha`) and its box.
-
-    Args:
-        boxes, labels, scores, classes: as for `draw_detections`.
-        heats: (n, h, w) attention of each detection's query over the feature map of the whole image.
-    """
-    if heats.ndim != 3 or len(heats) != len(boxes):
-        raise ValueError(f"expected one (h, w) map per box: {len(boxes)} boxes, maps of shape {tuple(heats.shape)}")
-    panels = [draw_detections(image, boxes, labels, scores, classes)]
-    base, factor = enlarge(image)
-    palette = list(classes) if classes is not None else list(dict.fromkeys(labels))
-    for box, label, score, heat in zip(boxes, labels, scores, heats, strict=True):
-        panel = overlay(base, heat, alpha)  # coloured from the map's minimum to its maximum
-        text, colour = f"{label} {score:.2f}", _colour(label, palette)
-        _draw_box(ImageDraw.Draw(panel), [v * factor for v in box], text, colour, _font(panel))
-        panels.append(panel)
-    columns = min(len(panels), PANELS_PER_ROW)
-    rows = math.ceil(len(panels) / columns)
-    width, height, gap = panels[0].width, panels[0].height, 8
-    figure = Image.new("RGB", (columns * width + (columns - 1) * gap, rows * height + (rows - 1) * gap), "white")
-    for k, panel in enumerate(panels):
-        figure.paste(panel, ((k % columns) * (width + gap), (k // columns) * (height + gap)))
-    return figure
+    model: str = "a detector",
+    what: str = "each object's query: decoder cross-attention over the image",
+) -> Figure:
+    """`draw_attention(object_attention_maps(...), alpha)`: the detections, then each beside its query's map (one
+    colour scale and bar for all, a title naming the model and the maps). Save it with `vitkit.viz.save_picture`
+    (or its `savefig`)."""
+    return draw_attention(object_attention_maps(image, boxes, labels, scores, heats, classes, model, what), alpha)
