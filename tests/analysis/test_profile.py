@@ -141,7 +141,8 @@ def test_json_fields_are_the_stable_interface():
     [
         ("vit_small_patch16_224", 224, 0.0),
         ("deit_tiny_distilled_patch16_224", 320, 0.0),
-        ("swin_tiny_patch4_window7_224", 224, 0.1),  # math: the window pass keeps norm1's output 8% longer
+        ("swin_tiny_patch4_window7_224", 224, 0.0),
+        ("swin_tiny_patch4_window7_224", 256, 0.02),  # maps padded to whole windows
         ("botnet26t_256", 256, 0.0),
     ],
 )

@@ -17,7 +17,7 @@ nW windows per image.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -257,8 +257,16 @@ class WindowAttention(Attention):
             per_window = (mask_windows, h, N, N)
             ops.append(OpCost(name, "+mask", (ops[-1].output, mask), new_value(per_window, ctx), 0, numel(per_window)))
             ops.append(copy_op(name, "expand_mask", ops[-1].output, (B_, h, N, N), ctx))  # B copies: B nW h N^2 moved
+        # forward holds the bias in a variable until the attention returns, past its last reader on the math path
+        ops[-1] = replace(ops[-1], named=True)
         # "+bias": the table bias (with the mask when shifted) added to the logits (B nW h N^2)
         return ops + super().cost(name, x, ctx, bias=ops[-1].output)
+
+
+def _holding(op: OpCost, *held: Value) -> OpCost:
+    """`op` with `held` among its inputs: tensors that forward keeps in a variable (or an argument) up to this
+    operator without reading them, so the memory accounting keeps them alive until it runs."""
+    return replace(op, inputs=(*op.inputs, *held))
 
 
 class SwinBlock(nn.Module):
@@ -379,19 +387,22 @@ class SwinBlock(nn.Module):
         # The window permute keeps the memory order (a view) when one window spans the width or is one row tall.
         permuted = Wp // Ww > 1 and Wh > 1
         ops = [layer_norm_op(f"{name}.norm1", x, ctx)]  # 8BHWC
+        normed = ops[-1].output  # `_attention`'s x: held until the branch returns unless rolled or padded
         if (Hp, Wp) == (H, W):  # roll and partition are one gather, merge and roll back one scatter
-            ops.append(copy_op(name, "window_partition", ops[-1].output, (B * nW, Wh * Ww, C), ctx))  # BHWC moved
+            ops.append(copy_op(name, "window_partition", normed, (B * nW, Wh * Ww, C), ctx))  # BHWC moved
             ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx, nW if shifted else 0)
-            ops.append(copy_op(name, "window_reverse", ops[-1].output, x.shape, ctx))  # BHWC moved
+            ops.append(_holding(copy_op(name, "window_reverse", ops[-1].output, x.shape, ctx), normed))  # BHWC
             return self._cost_rest(name, x, ops[-1].output, ops, ctx)
         if shifted:
             ops.append(copy_op(name, "roll", ops[-1].output, x.shape, ctx))  # BHWC moved
         if (Hp, Wp) != (H, W):
             ops.append(copy_op(name, "pad", ops[-1].output, (B, Hp, Wp, C), ctx))  # B Hp Wp C written
+        rolled = ops[-1].output  # `_attention`'s x from here until the merge replaces it
         windows = (B * nW, Wh * Ww, C)
-        ops.append(copy_op(name, "window_partition", ops[-1].output, windows, ctx, permuted))  # (B * nW, N, C)
+        ops.append(copy_op(name, "window_partition", rolled, windows, ctx, permuted))  # (B * nW, N, C)
         ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx, nW if shifted else 0)
-        ops.append(copy_op(name, "window_reverse", ops[-1].output, (B, Hp, Wp, C), ctx, permuted))  # (B, Hp, Wp, C)
+        reverse = copy_op(name, "window_reverse", ops[-1].output, (B, Hp, Wp, C), ctx, permuted)  # (B, Hp, Wp, C)
+        ops.append(_holding(reverse, rolled))
         attended = view(ops[-1].output, x.shape)  # cropped to (B, H, W, C): a view
         if shifted:
             ops.append(copy_op(name, "roll", attended, x.shape, ctx))  # rolling back copies: BHWC moved
