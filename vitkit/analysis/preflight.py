@@ -433,7 +433,8 @@ def refusal(
     if checkpointed_at is not None and names.grad_checkpointing is not None:
         with_checkpoints = replace(checkpointed_at(e.batch), available_bytes=available)
         if with_checkpoints.fits:
-            ways.append(f"{names.grad_checkpointing} (about {_size(with_checkpoints.total_bytes)} in all)")
+            each = " a process" if e.processes > 1 else " in all"
+            ways.append(f"{names.grad_checkpointing} (about {_size(with_checkpoints.total_bytes)}{each})")
         elif names.batch is not None and (largest := _largest_batch(checkpointed_at, e.batch, available)):
             ways.append(f"{names.grad_checkpointing} with {_setting(names.batch, largest)}")
     if names.img_size is not None:

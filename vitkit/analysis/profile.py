@@ -99,7 +99,8 @@ def profile(
     """The analytic cost report of one forward pass.
 
     Args:
-        model_or_name: a vitkit model or a registry name.
+        model_or_name: a vitkit model, costed in the mode it is in (in training mode its dropout counts), or a
+            registry name (built in eval mode).
         img_size: input size, an int or (H, W); default the model's training size.
         batch: batch size B.
         measure: also run one forward pass under a FLOP counter that knows the attention kernels and a

@@ -100,7 +100,7 @@ def scaling(model_name: str, sides: list[int], batch: int = 1) -> list[ScalePoin
     models = {}
     for backend in ("sdpa", "math"):
         with torch.device("meta"):
-            models[backend] = create_model(model_name, dynamic_img_size=True, attn_backend=backend)
+            models[backend] = create_model(model_name, dynamic_img_size=True, attn_backend=backend).eval()
     points = []
     for side in sides:
         fused, explicit = (profile(models[b], side, batch) for b in ("sdpa", "math"))

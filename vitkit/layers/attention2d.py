@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from vitkit.layers.attention import Attention
-from vitkit.layers.cost import CostContext, OpCost, Value, copy_op, elementwise_op, linear_op, view
+from vitkit.layers.cost import CostContext, OpCost, Value, copy_op, dropout_ops, elementwise_op, linear_op, view
 from vitkit.layers.helpers import to_2tuple
 from vitkit.layers.rel_pos import FactorizedPosEmbed2d, RelPosEmbed2d
 
@@ -142,4 +142,5 @@ class Attention2d(Attention):
     def cost_output(self, name: str, merged: Value, shape: tuple[int, ...], ctx: CostContext) -> list[OpCost]:
         """After the heads are merged (B, N, C): the output projection, folded back to the map `shape`."""
         proj = linear_op(name, "proj", merged, shape[1], self.proj.bias is not None, ctx)  # BNC^2 MACs
-        return [proj, copy_op(name, "to_map", proj.output, shape, ctx, copies=False)]  # (B, C, H, W): a view
+        ops = [proj, *dropout_ops(f"{name}.proj_drop", proj.output, self.proj_drop.p, self.proj_drop.training, ctx)]
+        return [*ops, copy_op(name, "to_map", ops[-1].output, shape, ctx, copies=False)]  # (B, C, H, W): a view

@@ -269,16 +269,17 @@ class VisionTransformer(nn.Module):
             ops += self.pool.cost("pool", patches, ctx)  # (B, N, D) -> (B, r * r)
         features = ops[-1].output if c.global_pool != "token" else view(ops[-1].output, pooled)  # x[:, i]: views
         heads = [("head", self.head)] + ([("head_dist", self.head_dist)] if c.distilled else [])
-        logits = []
+        outputs = []
         for name, head in heads:  # head_drop before each head (training only)
             dropped = dropout_ops("head_drop", features, self.head_drop.p, self.head_drop.training, ctx)
             ops += dropped
+            x = dropped[-1].output if dropped else features
             if isinstance(head, nn.Linear):
-                x = dropped[-1].output if dropped else features
                 ops.append(linear_op(name, "head", x, c.num_classes, True, ctx))  # B*features*classes
-                logits.append(ops[-1].output)
-        if c.distilled and c.num_classes > 0:
-            ops.append(elementwise_op("head", "mean_heads", tuple(logits), 2, ctx))  # (cls + dist) / 2
+                x = ops[-1].output
+            outputs.append(x)
+        if c.distilled:  # (cls + dist) / 2, of the logits (or of the features when the heads are Identity)
+            ops.append(elementwise_op("head", "mean_heads", tuple(outputs), 2, ctx))
         return ops
 
     def forward_intermediates(
