@@ -398,7 +398,8 @@ def test_cost_rows_follow_forward_with_padded_windows():
             return [(module, "drop_path_mask"), (module, "drop_path"), (module, "drop_path_scale")] if drop_path else []
 
         rest = dropped(1) + expected[11:16] + dropped(2) + expected[16:]
-        return expected[:1] + before + expected[1:2] + mask + expected[2:11] + after + rest
+        made = [(name, "shift_mask")] if shifted else []  # at a size other than the training size: made in forward
+        return expected[:1] + made + before + expected[1:2] + mask + expected[2:11] + after + rest
 
     # in training mode (as built), the second block's branches have stochastic depth (the first's rate is 0)
     assert model.layers[0].blocks[0].drop_path1.drop_prob == 0 < model.layers[0].blocks[1].drop_path1.drop_prob

@@ -239,23 +239,26 @@ class WindowAttention(Attention):
             bias = bias.reshape(x.shape[0], *bias.shape[2:])  # (B * nW, h, N, N)
         return super().forward(x, bias)
 
-    def cost(self, name: str, x: Value, ctx: CostContext, mask_windows: int = 0) -> list[OpCost]:
+    def cost(self, name: str, x: Value, ctx: CostContext, mask: Value | None = None) -> list[OpCost]:
         """The operators of `forward` on windows x (B * nW, N, C), in forward order.
 
         Args:
             name: this layer's qualified module name.
             x: the windows (B * nW, N, C).
             ctx: the device and dtype the forward runs in.
-            mask_windows: nW when a shift mask (nW, N, N) is passed, 0 without a mask.
+            mask: the shift mask (nW, N, N) when one is passed (the block's buffer, or one made for another size).
         """
         B_, N, C = x.shape
         h = self.num_heads
         table = given(self.relative_position_bias_table.shape)
         ops = [copy_op(name, "gather_bias", table, (1, h, N, N), ctx)]  # table rows by offset: h N^2 moved
-        if mask_windows:
-            mask = given((mask_windows, 1, N, N))  # the block's buffer
-            per_window = (mask_windows, h, N, N)
-            ops.append(OpCost(name, "+mask", (ops[-1].output, mask), new_value(per_window, ctx), 0, numel(per_window)))
+        if mask is not None:
+            per_window = (mask.shape[0], h, N, N)
+            windows_mask = view(mask, (mask.shape[0], 1, N, N))  # unsqueezed: a view
+            plus = OpCost(
+                name, "+mask", (ops[-1].output, windows_mask), new_value(per_window, ctx), 0, numel(per_window)
+            )
+            ops.append(plus)
             ops.append(copy_op(name, "expand_mask", ops[-1].output, (B_, h, N, N), ctx))  # B copies: B nW h N^2 moved
         # forward holds the bias in a variable until the attention returns, past its last reader on the math path
         ops[-1] = replace(ops[-1], named=True)
@@ -388,10 +391,18 @@ class SwinBlock(nn.Module):
         permuted = Wp // Ww > 1 and Wh > 1
         ops = [layer_norm_op(f"{name}.norm1", x, ctx)]  # 8BHWC
         normed = ops[-1].output  # `_attention`'s x: held until the branch returns unless rolled or padded
+        mask = None
+        if shifted and (H, W) == self.resolution:
+            mask = given((nW, Wh * Ww, Wh * Ww))  # the block's buffer
+        elif shifted:  # made for this size (`shift_mask`), held until the branch returns
+            N = Wh * Ww
+            ops.append(OpCost(name, "shift_mask", (given((H, W)),), new_value((nW, N, N), ctx), 0, nW * N * N))
+            mask = ops[-1].output
+        held = (normed,) if mask is None or (H, W) == self.resolution else (normed, mask)
         if (Hp, Wp) == (H, W):  # roll and partition are one gather, merge and roll back one scatter
             ops.append(copy_op(name, "window_partition", normed, (B * nW, Wh * Ww, C), ctx))  # BHWC moved
-            ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx, nW if shifted else 0)
-            ops.append(_holding(copy_op(name, "window_reverse", ops[-1].output, x.shape, ctx), normed))  # BHWC
+            ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx, mask)
+            ops.append(_holding(copy_op(name, "window_reverse", ops[-1].output, x.shape, ctx), *held))  # BHWC
             return self._cost_rest(name, x, ops[-1].output, ops, ctx)
         if shifted:
             ops.append(copy_op(name, "roll", ops[-1].output, x.shape, ctx))  # BHWC moved
@@ -400,13 +411,15 @@ class SwinBlock(nn.Module):
         rolled = ops[-1].output  # `_attention`'s x from here until the merge replaces it
         windows = (B * nW, Wh * Ww, C)
         ops.append(copy_op(name, "window_partition", rolled, windows, ctx, permuted))  # (B * nW, N, C)
-        ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx, nW if shifted else 0)
+        ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx, mask)
         reverse = copy_op(name, "window_reverse", ops[-1].output, (B, Hp, Wp, C), ctx, permuted)  # (B, Hp, Wp, C)
         ops.append(_holding(reverse, rolled))
         attended = view(ops[-1].output, x.shape)  # cropped to (B, H, W, C): a view
         if shifted:
             ops.append(copy_op(name, "roll", attended, x.shape, ctx))  # rolling back copies: BHWC moved
             attended = ops[-1].output
+        if mask is not None:
+            ops[-1] = _holding(ops[-1], mask)
         return self._cost_rest(name, x, attended, ops, ctx)
 
     def _cost_rest(self, name: str, x: Value, attended: Value, ops: list[OpCost], ctx: CostContext) -> list[OpCost]:
