@@ -15,6 +15,7 @@ Conventions (the same as torch's FlopCounterMode for matrix work, so the two can
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -189,6 +190,12 @@ def elementwise_op(
 def layer_norm_op(module: str, x: Value, ctx: CostContext) -> OpCost:
     """LayerNorm over the last dim: LAYER_NORM_FLOPS per element; keeps its input (and per-row statistics)."""
     return elementwise_op(module, "layer_norm", x, LAYER_NORM_FLOPS, ctx, saves=(x,))
+
+
+def holding(op: OpCost, *held: Value) -> OpCost:
+    """`op` with `held` among its inputs: tensors that forward keeps in a variable (or an argument) up to this
+    operator without reading them, so the memory accounting keeps them alive until it runs."""
+    return dataclasses.replace(op, inputs=(*op.inputs, *held))
 
 
 def dropout_ops(module: str, x: Value, p: float, training: bool, ctx: CostContext) -> list[OpCost]:

@@ -42,6 +42,7 @@ from vitkit.layers.cost import (
     dropout_ops,
     elementwise_op,
     given,
+    holding,
     layer_norm_op,
     linear_op,
     new_value,
@@ -266,12 +267,6 @@ class WindowAttention(Attention):
         return ops + super().cost(name, x, ctx, bias=ops[-1].output)
 
 
-def _holding(op: OpCost, *held: Value) -> OpCost:
-    """`op` with `held` among its inputs: tensors that forward keeps in a variable (or an argument) up to this
-    operator without reading them, so the memory accounting keeps them alive until it runs."""
-    return replace(op, inputs=(*op.inputs, *held))
-
-
 class SwinBlock(nn.Module):
     """Pre-norm block with (shifted) window attention on a map (B, H, W, C) -> (B, H, W, C).
 
@@ -402,7 +397,7 @@ class SwinBlock(nn.Module):
         if (Hp, Wp) == (H, W):  # roll and partition are one gather, merge and roll back one scatter
             ops.append(copy_op(name, "window_partition", normed, (B * nW, Wh * Ww, C), ctx))  # BHWC moved
             ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx, mask)
-            ops.append(_holding(copy_op(name, "window_reverse", ops[-1].output, x.shape, ctx), *held))  # BHWC
+            ops.append(holding(copy_op(name, "window_reverse", ops[-1].output, x.shape, ctx), *held))  # BHWC
             return self._cost_rest(name, x, ops[-1].output, ops, ctx)
         if shifted:
             ops.append(copy_op(name, "roll", ops[-1].output, x.shape, ctx))  # BHWC moved
@@ -413,13 +408,13 @@ class SwinBlock(nn.Module):
         ops.append(copy_op(name, "window_partition", rolled, windows, ctx, permuted))  # (B * nW, N, C)
         ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx, mask)
         reverse = copy_op(name, "window_reverse", ops[-1].output, (B, Hp, Wp, C), ctx, permuted)  # (B, Hp, Wp, C)
-        ops.append(_holding(reverse, rolled))
+        ops.append(holding(reverse, rolled))
         attended = view(ops[-1].output, x.shape)  # cropped to (B, H, W, C): a view
         if shifted:
             ops.append(copy_op(name, "roll", attended, x.shape, ctx))  # rolling back copies: BHWC moved
             attended = ops[-1].output
         if mask is not None:
-            ops[-1] = _holding(ops[-1], mask)
+            ops[-1] = holding(ops[-1], mask)
         return self._cost_rest(name, x, attended, ops, ctx)
 
     def _cost_rest(self, name: str, x: Value, attended: Value, ops: list[OpCost], ctx: CostContext) -> list[OpCost]:

@@ -287,10 +287,6 @@ def detect_files(
     return found
 
 
-def _keep_image(image: Image.Image) -> Image.Image:
-    return image
-
-
 @torch.no_grad()
 def detect_paths(
     model: nn.Module,
@@ -315,7 +311,7 @@ def detect_paths(
     found: list[ImageDetections] = []
     skipped: list[Unreadable] = []
     with progress_bar(len(paths), progress) as bar:
-        for sample in image_loader(paths, _keep_image, batch_size=None, workers=workers):
+        for sample in image_loader(paths, None, batch_size=None, workers=workers):
             if isinstance(sample, Unreadable):
                 skipped.append(sample)
                 if on_unreadable is not None:

@@ -310,7 +310,7 @@ def progress_bar(total: int, progress: bool | None, unit: str = "image") -> Iter
 
 def image_loader(
     paths: Sequence[str | os.PathLike],
-    transform: Callable[[Image.Image], Any],
+    transform: Callable[[Image.Image], Any] | None,
     batch_size: int | None,
     workers: int = 0,
 ) -> DataLoader:
@@ -318,11 +318,11 @@ def image_loader(
     for a file that cannot be read, a `vitkit.data.Unreadable` (file and reason), which does not stop the rest.
 
     Batches are `vitkit.data.Batch`es (the indices as labels, the unreadable files in `skipped`); `batch_size`
-    None gives the samples one by one, unbatched (e.g. with `transform` keeping the PIL image).
+    None gives the samples one by one, unbatched (with `transform` None, the PIL images themselves).
     """
     if not paths:
         raise ValueError("no image files given")
-    images = TransformedImages(ImageFiles([Path(p) for p in paths], list(range(len(paths)))), transform)
+    images = TransformedImages(ImageFiles([Path(p) for p in paths], list(range(len(paths)))), transform or _as_is)
     sampler = EpochSampler(len(paths), shuffle=False, pad=False)
     if batch_size is not None:
         return make_loader(images, sampler, batch_size, workers)
