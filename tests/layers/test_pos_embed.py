@@ -1,4 +1,5 @@
-"""Position-embedding resampling against timm, and the 2-D sin-cos table against its definition."""
+"""Position-embedding resampling against timm; the 2-D sin-cos table and DETR's sine encoding against their
+definitions."""
 
 import math
 
@@ -7,6 +8,7 @@ import torch
 from timm.layers import resample_abs_pos_embed as timm_resample
 
 from vitkit.layers import resample_abs_pos_embed, sincos_2d_pos_embed
+from vitkit.layers.pos_embed import SinePositionEmbedding
 
 
 @pytest.mark.parametrize(
@@ -48,3 +50,22 @@ def test_sincos_matches_its_definition():
 def test_sincos_needs_dim_divisible_by_four():
     with pytest.raises(ValueError, match="divisible by 4, got 18"):
         sincos_2d_pos_embed(18, (2, 2))
+
+
+def test_sine_position_embedding_follows_the_formula():
+    F = 8
+    mask = torch.zeros(1, 4, 5, dtype=torch.bool)
+    mask[0, :3, :4] = True  # a 3 x 4 real image padded to 4 x 5
+    pos = SinePositionEmbedding(F)(mask).reshape(4, 5, 2 * F)  # (B, N, 2F) -> (h, w, 2F)
+
+    def expected(i: int, j: int) -> torch.Tensor:
+        y, x = (i + 1) / 3 * 2 * math.pi, (j + 1) / 4 * 2 * math.pi  # normalised by the real height and width
+        features = []
+        for t in (y, x):  # y's F features first
+            for k in range(F):
+                angle = t / 10000 ** (2 * (k // 2) / F)
+                features.append(math.sin(angle) if k % 2 == 0 else math.cos(angle))
+        return torch.tensor(features)
+
+    for i, j in ((0, 0), (2, 3), (1, 2)):
+        torch.testing.assert_close(pos[i, j], expected(i, j), atol=1e-5, rtol=0)

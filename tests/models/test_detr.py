@@ -1,16 +1,14 @@
-"""DETR: the paper's variants and parameter count, the output dict, padding masks, the position encoding, frozen
-BatchNorm, attention maps, input checks. Equality with transformers' DETR is in tests/weights/test_convert_detr.py."""
+"""DETR: the paper's variants and parameter count, the output dict, padding masks, attention maps, input checks (its
+position encoding and frozen BatchNorm are tested in tests/layers). Equality with transformers' DETR is in
+tests/weights/test_convert_detr.py."""
 
-import math
 
 import pytest
 import torch
-import torchvision
 
 import vitkit
 from vitkit.detection import pad_images
 from vitkit.layers import set_attention_backend
-from vitkit.models.detr import FrozenBatchNorm2d, SinePositionEmbedding
 from vitkit.models.registry import model_entry
 
 # detr_tiny's layout at a size that runs in milliseconds: ResNet-18 blocks 16 wide, D = 32, 2 + 2 layers.
@@ -55,7 +53,7 @@ def test_dc5_halves_the_backbone_stride():
     for name, stride in (("detr_resnet50", 32), ("detr_resnet50_dc5", 16)):
         with torch.device("meta"):
             model = vitkit.create_model(name)
-            assert model.backbone(torch.empty(1, 3, 128, 192)).shape == (1, 2048, 128 // stride, 192 // stride)
+            assert model.backbone(torch.empty(1, 3, 128, 192))[-1].shape == (1, 2048, 128 // stride, 192 // stride)
     with torch.device("meta"):
         layer4 = vitkit.create_model("detr_resnet50_dc5", backbone_depths=(1, 1, 1, 2)).backbone.layer4
     # the first block keeps the previous dilation (and does not stride), the next ones dilate by 2
@@ -126,41 +124,6 @@ def test_cross_attention_maps_are_per_object_and_ignore_padding():
         model(images, mask)
     assert {name.rsplit(".", 1)[-1] for name in every} == {"self_attn", "cross_attn"}
     assert model.token_grid((96, 128)) is None
-
-
-def test_frozen_batchnorm_puts_eps_inside_the_rsqrt():
-    g = torch.Generator().manual_seed(0)
-    ours, reference = FrozenBatchNorm2d(5), torchvision.ops.FrozenBatchNorm2d(5, eps=1e-5)
-    for name in ("weight", "bias", "running_mean"):
-        value = torch.randn(5, generator=g)
-        getattr(ours, name).copy_(value)
-        getattr(reference, name).copy_(value)
-    var = torch.tensor([0.0, 1e-6, 0.5, 1.0, 2.0])  # a zero variance stays finite
-    ours.running_var.copy_(var)
-    reference.running_var.copy_(var)
-    x = torch.randn(2, 5, 3, 3, generator=g)
-    torch.testing.assert_close(ours(x), reference(x))
-    assert list(dict(ours.named_parameters())) == []
-    assert sorted(ours.state_dict()) == ["bias", "running_mean", "running_var", "weight"]
-
-
-def test_sine_position_embedding_follows_the_formula():
-    F = 8
-    mask = torch.zeros(1, 4, 5, dtype=torch.bool)
-    mask[0, :3, :4] = True  # a 3 x 4 real image padded to 4 x 5
-    pos = SinePositionEmbedding(F)(mask).reshape(4, 5, 2 * F)  # (B, N, 2F) -> (h, w, 2F)
-
-    def expected(i: int, j: int) -> torch.Tensor:
-        y, x = (i + 1) / 3 * 2 * math.pi, (j + 1) / 4 * 2 * math.pi  # normalised by the real height and width
-        features = []
-        for t in (y, x):  # y's F features first
-            for k in range(F):
-                angle = t / 10000 ** (2 * (k // 2) / F)
-                features.append(math.sin(angle) if k % 2 == 0 else math.cos(angle))
-        return torch.tensor(features)
-
-    for i, j in ((0, 0), (2, 3), (1, 2)):
-        torch.testing.assert_close(pos[i, j], expected(i, j), atol=1e-5, rtol=0)
 
 
 def test_frozen_stem_gets_no_gradient_and_training_reaches_the_rest():

@@ -15,7 +15,7 @@ import vitkit
 from vitkit.cli import main
 from vitkit.detection import pad_images
 from vitkit.layers import attention_layers
-from vitkit.models.detr import nearest_mask
+from vitkit.layers.pos_embed import nearest_mask
 from vitkit.perf.export import CHECK_BATCHES, EXPORT_BATCH, export_model
 
 # detr_tiny's layout at a size that runs in milliseconds: ResNet-18 blocks 16 wide, D = 32, 2 + 2 layers.

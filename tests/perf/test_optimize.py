@@ -9,7 +9,7 @@ import torch
 import vitkit
 from vitkit.detection import pad_images
 from vitkit.layers import Mlp
-from vitkit.models.detr import FrozenBatchNorm2d
+from vitkit.layers.norm import FrozenBatchNorm2d
 from vitkit.perf import optimize
 from vitkit.perf.optimize import PackedLinear, packed_linear_supported
 

@@ -30,10 +30,13 @@ from vitkit.layers.cost import (
     SOFTMAX_FLOPS,
     CostContext,
     OpCost,
+    Ops,
     Value,
     copy_op,
+    cost_of,
     dropout_ops,
     elementwise_op,
+    linear,
     linear_op,
     matmul_op,
     new_value,
@@ -282,25 +285,24 @@ class Attention(nn.Module):
         key = x if key is None else key
         value = key if value is None else value
         ops, (q, k, v) = self.cost_project(name, x, key, value, ctx)
-        ops += self.cost_attend(name, q, k, v, ctx, bias)
-        merged = self.cost_merge_heads(name, q, k, ops[-1].output, ctx)  # (B, h, Nq, d) -> (B, Nq, C)
-        proj = linear_op(name, "proj", merged.output, x.shape[-1], self.proj.bias is not None, ctx)  # BNqC^2 MACs
-        drop = self.proj_drop
-        return [*ops, merged, proj, *dropout_ops(f"{name}.proj_drop", proj.output, drop.p, drop.training, ctx)]
+        ops(self.cost_attend(name, q, k, v, ctx, bias))
+        ops(self.cost_merge_heads(name, q, k, ops.out, ctx))  # (B, h, Nq, d) -> (B, Nq, C)
+        ops(linear(name, "proj", ops.out, self.proj, ctx))  # BNqC^2 MACs
+        return ops + cost_of(f"{name}.proj_drop", self.proj_drop, ops.out, ctx)
 
     def cost_project(
         self, name: str, query: Value, key: Value, value: Value, ctx: CostContext
-    ) -> tuple[list[OpCost], list[Value]]:
+    ) -> tuple[Ops, list[Value]]:
         """The projection GEMMs of `forward` (one per run of neighbouring q, k, v made from one input, as in
         `project`) and q (B, h, Nq, d), k, v (B, h, Nk, d): views of them, kept until forward returns."""
-        inputs, ops, heads, start = (query, key, value), [], [], 0
+        inputs, ops, heads, start = (query, key, value), Ops(query), [], 0
         while start < 3:
             stop = start + 1
             while stop < 3 and inputs[stop] is inputs[start]:
                 stop += 1
             x, n = inputs[start], stop - start
-            gemm = linear_op(name, "qkv"[start:stop], x, n * x.shape[-1], self.qkv.bias is not None, ctx)  # nBNC^2
-            ops.append(dataclasses.replace(gemm, named=True))
+            gemm = linear_op(name, "qkv"[start:stop], x, n * x.shape[-1], ctx, bias=self.qkv.bias is not None)  # nBNC^2
+            ops(dataclasses.replace(gemm, named=True))
             B, N, _ = x.shape
             heads += [view(gemm.output, (B, self.num_heads, N, self.head_dim))] * n  # (B, h, N, d) of (B, N, nC)
             start = stop
@@ -315,7 +317,7 @@ class Attention(nn.Module):
         """(B, h, N, d) -> transpose (B, N, h, d) -> reshape (B, N, C): a copy, except after the fused kernel,
         which writes its output in (B, N, h, d) order so that the reshape is a view."""
         B, h, N, d = out.shape
-        return copy_op(name, "merge_heads", out, (B, N, h * d), ctx, self.cost_path(q, k, ctx) != "fused")
+        return copy_op(name, "merge_heads", out, (B, N, h * d), ctx, copies=self.cost_path(q, k, ctx) != "fused")
 
     def cost_attend(
         self, name: str, q: Value, k: Value, v: Value, ctx: CostContext, bias: Value | None = None
@@ -327,38 +329,35 @@ class Attention(nn.Module):
         path = self.cost_path(q, k, ctx)
         heads_qk = numel(logits) * d  # B*h*Nq*Nk*d multiply-adds, = BN^2C for self-attention
         heads_v = numel(logits) * dv
-        ops: list[OpCost] = []
+        ops = Ops(q)
         if path == "fused":  # one kernel: nothing N x N is written; autograd keeps q, k, v (and the output)
-            scaled = elementwise_op(name, "q*scale", q, 1, ctx, stored=False)  # BNC (inside the kernel)
-            ops.append(scaled)
-            ops.append(matmul_op(name, "q@k^T", (scaled.output, k), logits, heads_qk, ctx, stored=False))
+            scaled = ops(elementwise_op(name, "q*scale", q, 1, ctx, stored=False))  # BNC (inside the kernel)
+            ops(matmul_op(name, "q@k^T", (scaled, k), logits, heads_qk, ctx, stored=False))
             if bias is not None:
-                ops.append(elementwise_op(name, "+bias", (ops[-1].output, bias), 1, ctx, stored=False))  # BhN^2
-            ops.append(elementwise_op(name, "softmax", ops[-1].output, SOFTMAX_FLOPS, ctx, stored=False))  # 5BhN^2
-            out = matmul_op(name, "attn@v", (ops[-1].output, v), (*lead, Nq, dv), heads_v, ctx)
+                ops(elementwise_op(name, "+bias", (ops.out, bias), 1, ctx, stored=False))  # BhN^2
+            ops(elementwise_op(name, "softmax", ops.out, SOFTMAX_FLOPS, ctx, stored=False))  # 5BhN^2
+            out = matmul_op(name, "attn@v", (ops.out, v), (*lead, Nq, dv), heads_v, ctx)
             # torch's fused kernels take no gradient for a bias: with one (a trained table) it runs its math path,
             # which keeps the N x N weights for backward
             weights = (new_value(logits, ctx),) if bias is not None else ()
             return [*ops, dataclasses.replace(out, saved=(q, k, v, out.output, *weights))]
         if path == "reference":  # q * scale and the 4-D matmuls' copies of q, k and v are written out
-            ops.append(elementwise_op(name, "q*scale", q, 1, ctx))  # BNC, laid out as q: (B, N, h, d)
-            ops.append(copy_op(name, "q_copy", ops[-1].output, q.shape, ctx))  # reshaped to (n, Nq, d): a copy
-            ops.append(copy_op(name, "k_copy", k, k.shape, ctx))  # k^T reshaped to (n, d, Nk) copies the heads
-            copies = (ops[-2].output, ops[-1].output)  # made inside the matmul, which still holds q * scale
-            ops.append(matmul_op(name, "q@k^T", (ops[-3].output, *copies), logits, heads_qk, ctx, saves=copies))
-        else:  # explicit: q's and k's copies, the scale folded into baddbmm, freed after it
-            ops.append(copy_op(name, "q_copy", q, q.shape, ctx))  # q reshaped to (n, Nq, d) copies the heads
-            ops.append(copy_op(name, "k_copy", k, k.shape, ctx))  # k reshaped to (n, Nk, d) copies the heads
-            ops.append(elementwise_op(name, "q*scale", q, 1, ctx, stored=False))  # BNC, in baddbmm's alpha
-            ops.append(matmul_op(name, "q@k^T", (ops[-3].output, ops[-2].output), logits, heads_qk, ctx))
+            scaled = ops(elementwise_op(name, "q*scale", q, 1, ctx))  # BNC, laid out as q: (B, N, h, d)
+            copies = (ops(copy_op(name, "q_copy", scaled, q.shape, ctx)), ops(copy_op(name, "k_copy", k, k.shape, ctx)))
+            # q's and k's copies (reshaped to (n, Nq, d), k^T to (n, d, Nk)) are made inside the matmul, which still
+            # holds q * scale
+            ops(matmul_op(name, "q@k^T", (scaled, *copies), logits, heads_qk, ctx, saves=copies))
+        else:  # explicit: q's and k's copies (reshaped to (n, N, d)), the scale folded into baddbmm, freed after it
+            copies = (ops(copy_op(name, "q_copy", q, q.shape, ctx)), ops(copy_op(name, "k_copy", k, k.shape, ctx)))
+            ops(elementwise_op(name, "q*scale", q, 1, ctx, stored=False))  # BNC, in baddbmm's alpha
+            ops(matmul_op(name, "q@k^T", copies, logits, heads_qk, ctx))
         in_place = path == "explicit"  # without grad the explicit path adds and normalises in its one buffer
         if bias is not None:
-            ops.append(elementwise_op(name, "+bias", (ops[-1].output, bias), 1, ctx, in_place))  # BhN^2
-        ops.append(elementwise_op(name, "softmax", ops[-1].output, SOFTMAX_FLOPS, ctx, in_place, saves_output=True))
-        ops += dropout_ops(name, ops[-1].output, self.attn_drop, self.training, ctx)  # on the weights, training only
-        weights = ops[-1].output
-        ops.append(copy_op(name, "v_copy", v, v.shape, ctx))  # (n, Nk, dv) copy of the strided heads
-        ops.append(matmul_op(name, "attn@v", (weights, ops[-1].output), (*lead, Nq, dv), heads_v, ctx))
+            ops(elementwise_op(name, "+bias", (ops.out, bias), 1, ctx, in_place=in_place))  # BhN^2
+        ops(elementwise_op(name, "softmax", ops.out, SOFTMAX_FLOPS, ctx, in_place=in_place, saves_output=True))
+        weights = ops(dropout_ops(name, ops.out, self.attn_drop, self.training, ctx))  # on the weights, training only
+        v_copy = ops(copy_op(name, "v_copy", v, v.shape, ctx))  # (n, Nk, dv) copy of the strided heads
+        ops(matmul_op(name, "attn@v", (weights, v_copy), (*lead, Nq, dv), heads_v, ctx))
         return ops
 
 

@@ -15,7 +15,18 @@ import torch
 from torch import nn
 
 from vitkit.layers.attention import Attention
-from vitkit.layers.cost import CostContext, OpCost, Value, copy_op, dropout_ops, elementwise_op, linear_op, view
+from vitkit.layers.cost import (
+    CostContext,
+    OpCost,
+    Ops,
+    Value,
+    copy_op,
+    cost_of,
+    elementwise_op,
+    linear,
+    linear_op,
+    view,
+)
 from vitkit.layers.helpers import to_2tuple
 from vitkit.layers.rel_pos import FactorizedPosEmbed2d, RelPosEmbed2d
 
@@ -120,27 +131,25 @@ class Attention2d(Attention):
             bias: an additive bias passed besides the position logits, if any.
         """
         B, C, H, W = x.shape
-        h, d = self.num_heads, self.head_dim
-        ops = self.cost_qkv(name, x, ctx)
-        ops[-1] = dataclasses.replace(ops[-1], named=True)  # q, k, v: views kept until forward returns
-        q = k = v = view(ops[-1].output, (B, h, H * W, d))  # (B, h, N, d) views of the projection
+        ops = Ops(x)
+        projected = ops(dataclasses.replace(self.cost_qkv(name, x, ctx), named=True))  # q, k, v kept to the end
+        q = k = v = view(projected, (B, self.num_heads, H * W, self.head_dim))  # (B, h, N, d) views of it
         if self.pos_embed is not None:
-            ops += self.pos_embed.cost(f"{name}.pos_embed", q, ctx)  # formed from q, before the attention
-            if bias is not None:
-                ops.append(elementwise_op(name, "bias+pos", (ops[-1].output, bias), 1, ctx))  # BhN^2
-            bias = ops[-1].output
-        ops += self.cost_attend(name, q, k, v, ctx, bias)
-        ops.append(self.cost_merge_heads(name, q, k, ops[-1].output, ctx))  # (B, h, N, d) -> (B, N, C)
-        return ops + self.cost_output(name, ops[-1].output, x.shape, ctx)
+            pos = ops(self.pos_embed.cost(f"{name}.pos_embed", q, ctx))  # formed from q, before the attention
+            bias = pos if bias is None else ops(elementwise_op(name, "bias+pos", (pos, bias), 1, ctx))  # BhN^2
+        ops(self.cost_attend(name, q, k, v, ctx, bias))
+        ops(self.cost_merge_heads(name, q, k, ops.out, ctx))  # (B, h, N, d) -> (B, N, C)
+        return ops + self.cost_output(name, ops.out, x.shape, ctx)
 
-    def cost_qkv(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+    def cost_qkv(self, name: str, x: Value, ctx: CostContext) -> OpCost:
         """The projection of `qkv_heads`: the map seen as tokens (B, N, C), one linear layer to (B, N, 3C)."""
         B, C, H, W = x.shape
         tokens = view(x, (B, H * W, C))  # (B, C, H, W) -> (B, C, N) -> (B, N, C)
-        return [linear_op(name, "qkv", tokens, 3 * C, self.qkv.bias is not None, ctx)]  # 3BNC^2 MACs
+        return linear_op(name, "qkv", tokens, 3 * C, ctx, bias=self.qkv.bias is not None)  # 3BNC^2 MACs
 
     def cost_output(self, name: str, merged: Value, shape: tuple[int, ...], ctx: CostContext) -> list[OpCost]:
         """After the heads are merged (B, N, C): the output projection, folded back to the map `shape`."""
-        proj = linear_op(name, "proj", merged, shape[1], self.proj.bias is not None, ctx)  # BNC^2 MACs
-        ops = [proj, *dropout_ops(f"{name}.proj_drop", proj.output, self.proj_drop.p, self.proj_drop.training, ctx)]
-        return [*ops, copy_op(name, "to_map", ops[-1].output, shape, ctx, copies=False)]  # (B, C, H, W): a view
+        ops = Ops(merged)
+        ops(linear(name, "proj", merged, self.proj, ctx))  # BNC^2 MACs
+        ops(cost_of(f"{name}.proj_drop", self.proj_drop, ops.out, ctx))
+        return [*ops, copy_op(name, "to_map", ops.out, shape, ctx, copies=False)]  # (B, C, H, W): a view

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers.cost import CostContext, OpCost, Value, elementwise_op, linear_op, matmul_op, view
+from vitkit.layers.cost import CostContext, OpCost, Ops, Value, elementwise_op, linear, matmul_op, view
 
 RSQRT_ABS_FLOPS = 3  # per element: abs, + eps, reciprocal square root
 L2_NORMALIZE_FLOPS = 3  # per element: square and add for the norm, divide
@@ -92,25 +92,20 @@ class BilinearPool(nn.Module):
 
     def cost(self, name: str, fa: Value, ctx: CostContext, fb: Value | None = None) -> list[OpCost]:
         """The operators of `forward` on fA (B, T, M) and fB (B, T, N) (default: fA), in forward order."""
-        ops: list[OpCost] = []
+        ops = Ops(fa)
         if self.reduce_a is not None:
-            ops.append(linear_op(name, "reduce_a", fa, self.reduce_a.out_features, True, ctx))  # BTMr MACs
-            fa = ops[-1].output
+            fa = ops(linear(name, "reduce_a", fa, self.reduce_a, ctx))  # BTMr MACs
         if fb is None:
             fb = fa
         elif self.reduce_b is not None:
-            ops.append(linear_op(name, "reduce_b", fb, self.reduce_b.out_features, True, ctx))  # BTNr MACs
-            fb = ops[-1].output
+            fb = ops(linear(name, "reduce_b", fb, self.reduce_b, ctx))  # BTNr MACs
         (B, T, M), N = fa.shape, fb.shape[-1]
-        ops.append(matmul_op(name, "fA^T@fB", (fa, fb), (B, M, N), B * T * M * N, ctx))  # BTMN MACs
-        x = view(ops[-1].output, (B, M * N))  # vec
+        x = view(ops(matmul_op(name, "fA^T@fB", (fa, fb), (B, M, N), B * T * M * N, ctx)), (B, M * N))  # BTMN; vec
         # x / sqrt(|x| + eps): the reciprocal root (3BMN, autograd keeps x for abs and the root), then the product
         # (BMN, keeps both); y / ||y|| (3BMN) keeps its input (and the (B, 1) norms)
-        ops.append(elementwise_op(name, "rsqrt_abs", x, RSQRT_ABS_FLOPS, ctx, saves=(x,), saves_output=True))
-        root = ops[-1].output
-        ops.append(elementwise_op(name, "signed_sqrt", (x, root), 1, ctx, saves=(x, root)))
-        y = ops[-1].output
-        ops.append(elementwise_op(name, "l2_normalize", y, L2_NORMALIZE_FLOPS, ctx, saves=(y,)))
+        root = ops(elementwise_op(name, "rsqrt_abs", x, RSQRT_ABS_FLOPS, ctx, saves=(x,), saves_output=True))
+        y = ops(elementwise_op(name, "signed_sqrt", (x, root), 1, ctx, saves=(x, root)))
+        ops(elementwise_op(name, "l2_normalize", y, L2_NORMALIZE_FLOPS, ctx, saves=(y,)))
         return ops
 
     def extra_repr(self) -> str:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from vitkit.layers.attention import Attention
-from vitkit.layers.cost import CostContext, OpCost, Value, drop_path_ops, elementwise_op, layer_norm_op
+from vitkit.layers.cost import CostContext, OpCost, Ops, Value, elementwise_op, residual, sequence
 from vitkit.layers.drop import DropPath
 from vitkit.layers.mlp import Mlp
 
@@ -23,6 +23,10 @@ class LayerScale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.gamma
+
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """x * gamma: one product per element; backward keeps x."""
+        return [elementwise_op(name, "layer_scale", x, 1, ctx, saves=(x,))]
 
 
 class Block(nn.Module):
@@ -71,19 +75,7 @@ class Block(nn.Module):
 
     def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
         """The operators of `forward` on tokens x (B, N, C), in forward order."""
-        ops = [layer_norm_op(f"{name}.norm1", x, ctx)]  # 8BNC
-        ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx)
-        if isinstance(self.ls1, LayerScale):
-            ops.append(elementwise_op(f"{name}.ls1", "layer_scale", ops[-1].output, 1, ctx, saves=(ops[-1].output,)))
-        drop = self.drop_path1
-        ops += drop_path_ops(f"{name}.drop_path1", ops[-1].output, drop.drop_prob, drop.training, ctx)
-        ops.append(elementwise_op(name, "residual_add", (x, ops[-1].output), 1, ctx))  # BNC
-        x = ops[-1].output
-        ops.append(layer_norm_op(f"{name}.norm2", x, ctx))  # 8BNC
-        ops += self.mlp.cost(f"{name}.mlp", ops[-1].output, ctx)
-        if isinstance(self.ls2, LayerScale):
-            ops.append(elementwise_op(f"{name}.ls2", "layer_scale", ops[-1].output, 1, ctx, saves=(ops[-1].output,)))
-        drop = self.drop_path2
-        ops += drop_path_ops(f"{name}.drop_path2", ops[-1].output, drop.drop_prob, drop.training, ctx)
-        ops.append(elementwise_op(name, "residual_add", (x, ops[-1].output), 1, ctx))  # BNC
+        ops = Ops(x)
+        for branch in (("norm1", "attn", "ls1", "drop_path1"), ("norm2", "mlp", "ls2", "drop_path2")):
+            ops(residual(name, ops.out, ctx, sequence(name, ops.out, ctx, self, *branch)))  # x + branch(x)
         return ops

@@ -5,16 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitkit.layers.cost import (
-    GELU_FLOPS,
-    RELU_FLOPS,
-    CostContext,
-    OpCost,
-    Value,
-    dropout_ops,
-    elementwise_op,
-    linear_op,
-)
+from vitkit.layers.cost import CostContext, OpCost, Value, sequence
 
 ACTIVATIONS = ("gelu", "relu")
 
@@ -53,12 +44,6 @@ class Mlp(nn.Module):
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
     def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on x (..., in) in forward order; T tokens, H hidden, C channels."""
-        fc1 = linear_op(name, "fc1", x, self.fc1.out_features, self.fc1.bias is not None, ctx)  # TCH MACs
-        if isinstance(self.act, nn.GELU):
-            act = elementwise_op(name, "gelu", fc1.output, GELU_FLOPS, ctx, saves=(fc1.output,))  # 8TH
-        else:
-            act = elementwise_op(name, "relu", fc1.output, RELU_FLOPS, ctx, saves_output=True)  # TH
-        ops = [fc1, act, *dropout_ops(f"{name}.drop1", act.output, self.drop1.p, self.drop1.training, ctx)]
-        fc2 = linear_op(name, "fc2", ops[-1].output, self.fc2.out_features, self.fc2.bias is not None, ctx)  # THC MACs
-        return [*ops, fc2, *dropout_ops(f"{name}.drop2", fc2.output, self.drop2.p, self.drop2.training, ctx)]
+        """The operators of `forward` on x (..., in) in forward order: fc1 (T in H MACs for T tokens, H hidden), the
+        activation (8TH for GELU, TH for ReLU), fc2 (T H out MACs), the dropouts in training."""
+        return sequence(name, x, ctx, self)

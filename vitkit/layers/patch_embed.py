@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitkit.layers.cost import CostContext, OpCost, Value, layer_norm_op, matmul_op
+from vitkit.layers.cost import CostContext, OpCost, Value, cost_of, matmul_op
 from vitkit.layers.helpers import to_2tuple
 
 
@@ -100,7 +100,5 @@ class PatchEmbed(nn.Module):
         D, (ph, pw) = self.proj.out_channels, self.patch_size
         # conv with kernel = stride = p: every output element takes C * ph * pw multiply-adds: B*Hp*Wp*D*C*ph*pw MACs
         tokens = (B, Hp * Wp, D) if self.flatten else (B, Hp, Wp, D)  # a channels-last view of (B, D, Hp, Wp)
-        ops = [matmul_op(name, "patch_embed", (x,), tokens, B * Hp * Wp * D * C * ph * pw, ctx, bias=True)]
-        if isinstance(self.norm, nn.LayerNorm):
-            ops.append(layer_norm_op(f"{name}.norm", ops[-1].output, ctx))
-        return ops
+        conv = matmul_op(name, "patch_embed", (x,), tokens, B * Hp * Wp * D * C * ph * pw, ctx, bias=True)
+        return [conv, *cost_of(f"{name}.norm", self.norm, conv.output, ctx)]

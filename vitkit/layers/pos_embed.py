@@ -1,12 +1,23 @@
-"""Position embeddings: resampling a learned absolute table to another grid, and fixed 2-D sin-cos tables.
+"""Position embeddings: resampling a learned absolute table to another grid, fixed 2-D sin-cos tables, and DETR's
+sine encoding of the real pixels of a padded feature map (with the pixel mask resampled to the map).
 
-Letters: P prefix tokens (class, distillation), D embedding dim, (H, W) the token grid.
+Letters: P prefix tokens (class, distillation), D embedding dim, (H, W) the token grid; for DETR's encoding B batch,
+(h, w) the feature map, N = h * w, F = D / 2 features per axis.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from vitkit.layers.cost import CostContext, OpCost, Value, new_value, numel
+
+POS_TEMPERATURE = 10000  # the sine encoding's wavelengths grow geometrically up to 2 pi * this
+POS_SCALE = 2 * math.pi  # normalised positions run over (0, 2 pi]
+POS_EPS = 1e-6  # keeps the normalisation finite in all-padding columns
 
 
 def resample_abs_pos_embed(
@@ -61,3 +72,56 @@ def sincos_2d_pos_embed(
     table = torch.cat([out_h.sin(), out_h.cos(), out_w.sin(), out_w.cos()], dim=1)  # (H*W, D)
     table = torch.cat([torch.zeros(num_prefix_tokens, embed_dim, dtype=torch.float64), table], dim=0)
     return table.float().unsqueeze(0)
+
+
+def nearest_indices(n_in: int, n_out: int, device: torch.device) -> torch.Tensor:
+    """The input positions nearest-neighbour resampling reads for n_out outputs from n_in inputs: floor(i * n_in /
+    n_out) with the ratio and the product rounded to float32, as `F.interpolate(mode="nearest")` computes them."""
+    i = torch.arange(n_out, dtype=torch.float32, device=device)
+    return (i * (n_in / n_out)).floor().long().clamp(max=n_in - 1)  # (n_out,)
+
+
+def nearest_mask(mask: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """A pixel mask (B, H, W) at the feature map's size (B, h, w), nearest-neighbour as DETR's
+    `F.interpolate(mask[None].float(), size)`, written as index arithmetic: the same pixels in PyTorch and in an
+    ONNX export (ONNX's Resize divides by h / H instead of multiplying by H / h, and at some sizes reads the row or
+    column next to PyTorch's, moving the padding edge)."""
+    _, H, W = mask.shape
+    h, w = size
+    rows = nearest_indices(H, h, mask.device)  # (h,)
+    cols = nearest_indices(W, w, mask.device)  # (w,)
+    return mask.index_select(1, rows).index_select(2, cols)  # (B, H, W) -> (B, h, W) -> (B, h, w)
+
+
+class SinePositionEmbedding(nn.Module):
+    """DETR's 2-D sine position encoding of the real pixels of a padded feature map (no parameters).
+
+    A position's row y and column x count the real positions up to it, normalised by the image's real height and
+    width to (0, 2 pi]; each gives F = D / 2 features sin(y / t_0), cos(y / t_0), sin(y / t_1), ... with wavelengths
+    t_i = 10000^(2 floor(i / 2) / F); the y features come first.
+    """
+
+    def __init__(self, num_features: int) -> None:
+        super().__init__()
+        self.num_features = num_features  # F
+
+    def forward(self, mask: torch.Tensor) -> torch.Tensor:
+        """mask (B, h, w), True where the map is real -> encoding (B, h * w, 2F), float32."""
+        y = mask.cumsum(1, dtype=torch.float32)  # (B, h, w): real rows up to here, 1-based
+        x = mask.cumsum(2, dtype=torch.float32)  # (B, h, w): real columns up to here
+        y = y / (y[:, -1:, :] + POS_EPS) * POS_SCALE  # the last row holds each column's real height
+        x = x / (x[:, :, -1:] + POS_EPS) * POS_SCALE
+        i = torch.arange(self.num_features, device=mask.device)
+        wavelengths = POS_TEMPERATURE ** (2 * (i // 2) / self.num_features)  # (F,), pairs share a wavelength
+        pos_y = y[..., None] / wavelengths  # (B, h, w, F)
+        pos_x = x[..., None] / wavelengths
+        pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), dim=4).flatten(3)  # (B, h, w, F/2, 2) ->
+        pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=4).flatten(3)  # (B, h, w, F)
+        return torch.cat((pos_y, pos_x), dim=3).flatten(1, 2)  # (B, h, w, 2F) -> (B, N, 2F)
+
+    def cost(self, name: str, mask: Value, ctx: CostContext) -> list[OpCost]:
+        """The encoding of a mask (B, h, w): a divide and a sine or cosine per output element (the cumulative
+        sums and normalisation, per position, are left out)."""
+        B, h, w = mask.shape
+        out = new_value((B, h * w, 2 * self.num_features), ctx)
+        return [OpCost(name, "sine", (mask,), out, 0, 2 * numel(out.shape))]

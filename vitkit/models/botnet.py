@@ -22,28 +22,35 @@ Letters: B batch, C channels, H, W feature-map height and width, N = H * W posit
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers import Attention2d, BilinearPool, CostContext, Device, OpCost, Value, check_backend, to_2tuple
+from vitkit.layers import Attention2d, BilinearPool, CostContext, OpCost, Value, check_backend, to_2tuple
 from vitkit.layers.cost import (
     BATCH_NORM_FLOPS,
-    RELU_FLOPS,
+    Ops,
     copy_op,
     elementwise_op,
-    given,
-    linear_op,
-    matmul_op,
+    linear,
     numel,
     reduce_op,
+    relu_op,
     view,
 )
-from vitkit.models.interface import checkpoint_blocks
+from vitkit.models.interface import CostFromImages, checkpoint_blocks
 from vitkit.models.registry import check_field_types, check_positive, register_family, register_model
+from vitkit.models.resnet import (
+    Bottleneck,
+    ConvNormAct,
+    ResidualBlock,
+    ResNet,
+    make_shortcut,
+    make_stem,
+    stage_plan,
+)
 
 BOTNET_PAPER = "Bottleneck Transformers for Visual Recognition (Srinivas et al., arXiv:2101.11605)"
 STEM_TYPES = ("7x7", "tiered")
@@ -112,28 +119,6 @@ def inner_width(width: int, ratio: float, divisor: int = 8) -> int:
     return rounded + divisor if rounded < 0.9 * value else rounded
 
 
-class ConvNormAct(nn.Sequential):
-    """Conv (no bias) -> BatchNorm -> ReLU (or no activation); "same" padding for odd kernels."""
-
-    def __init__(self, in_chs: int, out_chs: int, kernel_size: int, stride: int = 1, act: bool = True) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(in_chs, out_chs, kernel_size, stride, padding=kernel_size // 2, bias=False)
-        self.bn = nn.BatchNorm2d(out_chs)
-        self.act = nn.ReLU(inplace=True) if act else nn.Identity()
-
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, C, H, W), in forward order."""
-        B, C, H, W = x.shape
-        (k, _), (s, _), (p, _) = self.conv.kernel_size, self.conv.stride, self.conv.padding
-        out = (B, self.conv.out_channels, (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1)
-        conv = matmul_op(f"{name}.conv", "conv", (x,), out, numel(out) * C * k * k, ctx)  # out elements x C k k MACs
-        norm = elementwise_op(f"{name}.bn", "batch_norm", conv.output, BATCH_NORM_FLOPS, ctx, saves=(conv.output,))
-        ops = [conv, norm]
-        if isinstance(self.act, nn.ReLU):  # in place: nothing new stored
-            ops.append(elementwise_op(f"{name}.act", "relu", ops[-1].output, RELU_FLOPS, ctx, True, saves_output=True))
-        return ops
-
-
 class BatchNormReLU(nn.BatchNorm2d):
     """BatchNorm followed by ReLU in one module (parameter names of the BatchNorm alone, as in timm)."""
 
@@ -143,53 +128,7 @@ class BatchNormReLU(nn.BatchNorm2d):
     def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
         """The operators of `forward` on a map x (B, C, H, W): the normalisation, then ReLU (a new tensor)."""
         norm = elementwise_op(name, "batch_norm", x, BATCH_NORM_FLOPS, ctx, saves=(x,))
-        return [norm, elementwise_op(name, "relu", norm.output, RELU_FLOPS, ctx, saves_output=True)]
-
-
-def make_shortcut(in_chs: int, out_chs: int, stride: int) -> nn.Module:
-    """1x1 conv + BatchNorm where the block changes width or strides, else the identity."""
-    if in_chs != out_chs or stride != 1:
-        return ConvNormAct(in_chs, out_chs, 1, stride, act=False)
-    return nn.Identity()
-
-
-def residual_cost(name: str, block: Bottleneck | BotBlock, x: Value, ctx: CostContext) -> list[OpCost]:
-    """The operators of a residual block whose branch modules `block.branch()` lists: branch, shortcut, add, ReLU."""
-    ops: list[OpCost] = []
-    for child, module in block.branch():
-        ops += module.cost(f"{name}.{child}", ops[-1].output if ops else x, ctx)
-    branch = ops[-1].output
-    if isinstance(block.shortcut, ConvNormAct):
-        ops += block.shortcut.cost(f"{name}.shortcut", x, ctx)
-    shortcut = ops[-1].output if isinstance(block.shortcut, ConvNormAct) else x
-    ops.append(elementwise_op(name, "residual_add", (branch, shortcut), 1, ctx))  # one add per element
-    ops.append(elementwise_op(name, "relu", ops[-1].output, RELU_FLOPS, ctx, True, saves_output=True))  # in place
-    return ops
-
-
-class Bottleneck(nn.Module):
-    """ResNet bottleneck (stride on the 3x3): 1x1 -> 3x3 -> 1x1, plus the shortcut, then ReLU."""
-
-    def __init__(self, in_chs: int, out_chs: int, stride: int, bottle_ratio: float) -> None:
-        super().__init__()
-        mid = inner_width(out_chs, bottle_ratio)
-        self.shortcut = make_shortcut(in_chs, out_chs, stride)
-        self.conv1_1x1 = ConvNormAct(in_chs, mid, 1)
-        self.conv2_kxk = ConvNormAct(mid, mid, 3, stride)
-        self.conv3_1x1 = ConvNormAct(mid, out_chs, 1, act=False)
-        self.act = nn.ReLU(inplace=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.conv3_1x1(self.conv2_kxk(self.conv1_1x1(x)))
-        return self.act(out + self.shortcut(x))
-
-    def branch(self) -> list[tuple[str, nn.Module]]:
-        """The residual branch's modules in forward order, as (child name, module)."""
-        return [("conv1_1x1", self.conv1_1x1), ("conv2_kxk", self.conv2_kxk), ("conv3_1x1", self.conv3_1x1)]
-
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, C, H, W), in forward order."""
-        return residual_cost(name, self, x, ctx)
+        return [norm, relu_op(name, norm.output, ctx)]
 
 
 class BottleneckAttn(Attention2d):
@@ -231,27 +170,20 @@ class BottleneckAttn(Attention2d):
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self.pool(super().forward(x, bias))
 
-    def cost_qkv(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The 1x1 qkv convolution: the same multiply-adds as a linear layer on the N tokens, (B, C, H, W) ->
-        (B, 3C, H, W)."""
-        B, C, H, W = x.shape
-        return [linear_op(name, "qkv", view(x, (B, H * W, C)), 3 * C, False, ctx)]  # 3BNC^2 MACs
-
     def cost_output(self, name: str, merged: Value, shape: tuple[int, ...], ctx: CostContext) -> list[OpCost]:
         """After the heads are merged (B, N, C): seen as the map (no output projection), then the 2x2 pool."""
         B, C, H, W = shape
-        ops = [copy_op(name, "to_map", merged, shape, ctx, copies=False)]  # (B, C, H, W): a view
-        if isinstance(self.pool, nn.AvgPool2d):
-            pooled = (B, C, H // 2, W // 2)
-            ops.append(reduce_op(name, "avg_pool", ops[-1].output, pooled, numel(shape), ctx))  # one add per input
-        return ops
+        to_map = copy_op(name, "to_map", merged, shape, ctx, copies=False)  # (B, C, H, W): a view
+        if isinstance(self.pool, nn.Identity):
+            return [to_map]
+        return [to_map, reduce_op(name, "avg_pool", to_map.output, (B, C, H // 2, W // 2), numel(shape), ctx)]
 
 
-class BotBlock(nn.Module):
-    """Bottleneck transformer block: 1x1 -> BoT attention (then 2x2 avg pool if strided) -> BN + ReLU -> 1x1.
+class BotBlock(ResidualBlock):
+    """Bottleneck transformer block: 1x1 -> BoT attention (then 2x2 avg pool if strided) -> BN + ReLU -> 1x1, plus
+    the shortcut, then ReLU: a ResNet bottleneck (timm's layout) whose 3x3 convolution is the attention."""
 
-    As in `Bottleneck`, the shortcut is added and ReLU applied; the attention replaces the 3x3 convolution.
-    """
+    branch = ("conv1_1x1", "self_attn", "post_attn", "conv3_1x1")
 
     def __init__(
         self,
@@ -265,57 +197,12 @@ class BotBlock(nn.Module):
     ) -> None:
         super().__init__()
         mid = inner_width(out_chs, bottle_ratio)
-        self.shortcut = make_shortcut(in_chs, out_chs, stride)
+        self.shortcut = make_shortcut(in_chs, out_chs, stride, "timm")
         self.conv1_1x1 = ConvNormAct(in_chs, mid, 1)
         self.self_attn = BottleneckAttn(mid, num_heads, feat_size, stride, backend)
         self.post_attn = BatchNormReLU(mid)
         self.conv3_1x1 = ConvNormAct(mid, out_chs, 1, act=False)
         self.act = nn.ReLU(inplace=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.conv3_1x1(self.post_attn(self.self_attn(self.conv1_1x1(x))))
-        return self.act(out + self.shortcut(x))
-
-    def branch(self) -> list[tuple[str, nn.Module]]:
-        """The residual branch's modules in forward order, as (child name, module)."""
-        return [
-            ("conv1_1x1", self.conv1_1x1),
-            ("self_attn", self.self_attn),
-            ("post_attn", self.post_attn),
-            ("conv3_1x1", self.conv3_1x1),
-        ]
-
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, C, H, W), in forward order."""
-        return residual_cost(name, self, x, ctx)
-
-
-def make_stem(stem_type: str, in_chans: int, out_chs: int) -> nn.Sequential:
-    """Stride-4 stem: convs with BN + ReLU (stride 2 on the first), then a 3x3 stride-2 max pool."""
-    if stem_type == "7x7":
-        convs = [ConvNormAct(in_chans, out_chs, 7, stride=2)]
-    else:
-        chs = (3 * out_chs // 8, out_chs // 2, out_chs)  # 24, 32, 64 for stem_chs 64
-        convs = [
-            ConvNormAct(in_chans, chs[0], 3, stride=2),
-            ConvNormAct(chs[0], chs[1], 3),
-            ConvNormAct(chs[1], chs[2], 3),
-        ]
-    layers = OrderedDict((f"conv{i + 1}", conv) for i, conv in enumerate(convs))
-    layers["pool"] = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-    return nn.Sequential(layers)
-
-
-def stem_cost(stem: nn.Sequential, x: Value, ctx: CostContext) -> list[OpCost]:
-    """The operators of the stem on images x (B, C, H, W): its convs, then the 3x3 stride-2 max pool."""
-    ops: list[OpCost] = []
-    for child, module in stem.named_children():
-        if isinstance(module, ConvNormAct):
-            ops += module.cost(f"stem.{child}", ops[-1].output if ops else x, ctx)
-    B, C, H, W = ops[-1].out_shape
-    out = (B, C, (H - 1) // 2 + 1, (W - 1) // 2 + 1)  # kernel 3, stride 2, padding 1
-    ops.append(reduce_op("stem.pool", "max_pool", ops[-1].output, out, 8 * numel(out), ctx))  # 8 compares per output
-    return ops
 
 
 class ClassifierHead(nn.Module):
@@ -339,43 +226,42 @@ class ClassifierHead(nn.Module):
 
     def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
         """The operators of `forward` on a map x (B, C, H, W): the pool (the mean: one add per element), the fc."""
+        B, C, H, W = x.shape
+        ops = Ops(x)
         if self.pool is not None:
-            B, C, H, W = x.shape
-            ops = self.pool.cost(f"{name}.pool", view(x, (B, H * W, C)), ctx)  # the cells as tokens: a view
+            ops(self.pool.cost(f"{name}.pool", view(x, (B, H * W, C)), ctx))  # the cells as tokens: a view
         else:
-            ops = [reduce_op(name, "mean", x, x.shape[:2], numel(x.shape), ctx)]
+            ops(reduce_op(name, "mean", x, (B, C), numel(x.shape), ctx))
         if isinstance(self.fc, nn.Linear):
-            ops.append(linear_op(f"{name}.fc", "fc", ops[-1].output, self.fc.out_features, True, ctx))  # B*C*classes
+            ops(linear(f"{name}.fc", "fc", ops.out, self.fc, ctx))  # B*C*classes
         return ops
 
 
-class BotNet(nn.Module):
-    """BoTNet built from a `BotNetConfig`: images (B, in_chans, H, W) of size `img_size` -> logits."""
+class BotNet(CostFromImages, ResNet):
+    """BoTNet built from a `BotNetConfig`: images (B, in_chans, H, W) of size `img_size` -> logits. A `ResNet` in
+    timm's layout whose last blocks are `BotBlock`s, with a classifier head."""
 
     def __init__(self, config: BotNetConfig) -> None:
-        super().__init__()
-        self.config = c = config
-        self.stem = make_stem(c.stem_type, c.in_chans, c.stem_chs)
+        c = config
+        stem = make_stem(c.in_chans, c.stem_chs, "timm", c.stem_type)
         H, W = to_2tuple(c.img_size)
         feat = (H // 4, W // 4)  # after the stem
-        self.attn_feat_size: tuple[int, int] | None = None  # feature map at the first BoT block, set below
-        in_chs = c.stem_chs
-        stages = []
-        for stage, (depth, bot, width) in enumerate(zip(c.depths, c.bot_depths, c.widths, strict=True)):
+        attn_feat_size = None  # the feature map at the first BoT block
+        stages, in_chs = [], c.stem_chs
+        for plan, bot, width in zip(stage_plan(c.depths), c.bot_depths, c.widths, strict=True):
             blocks = []
-            for i in range(depth):
-                stride = 2 if stage > 0 and i == 0 else 1
-                if i >= depth - bot:
-                    # The attention runs before the block's pooling, on the map as it enters the block.
-                    self.attn_feat_size = self.attn_feat_size or feat
+            for i, (stride, _, _) in enumerate(plan):
+                if i >= len(plan) - bot:  # the attention runs before the block's pooling, on the map entering it
+                    attn_feat_size = attn_feat_size or feat
                     block = BotBlock(in_chs, width, stride, c.bottle_ratio, c.num_heads, feat, c.attn_backend)
                 else:
-                    block = Bottleneck(in_chs, width, stride, c.bottle_ratio)
+                    block = Bottleneck(in_chs, width, inner_width(width, c.bottle_ratio), stride, layout="timm")
                 blocks.append(block)
-                feat = (feat[0] // stride, feat[1] // stride)
-                in_chs = width
-            stages.append(nn.Sequential(*blocks))
-        self.stages = nn.Sequential(*stages)
+                feat, in_chs = (feat[0] // stride, feat[1] // stride), width
+            stages.append(blocks)
+        super().__init__(stem, stages, layout="timm")
+        self.config = c
+        self.attn_feat_size: tuple[int, int] = attn_feat_size
         self.head = ClassifierHead(in_chs, c.num_classes, c.global_pool, c.bilinear_dim)
         self.init_weights()
 
@@ -425,7 +311,7 @@ class BotNet(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> feature map (B, num_features, H / 32, W / 32)."""
         self.check_input(x)
-        return self.stages(self.stem(x))
+        return self.forward_stages(x)[-1]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Feature map (B, C, H', W') -> logits (B, num_classes), or pooled features (B, C) with `pre_logits`."""
@@ -437,27 +323,32 @@ class BotNet(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> int:
         """Recompute each bottleneck and BoT block of every stage in backward (`vitkit.models.interface.VitkitModel`;
         the stem is not checkpointed; BatchNorm statistics move once per step); the blocks now checkpointed."""
-        return checkpoint_blocks((block for stage in self.stages for block in stage), enable)
+        return checkpoint_blocks(self.blocks(), enable)
 
     def token_grid(self, img_size: tuple[int, int]) -> None:
         """None: a BoT block attends over its whole feature map, but the map shrinks between BoT blocks (and the
         convolutional blocks mix positions), so no one token grid serves every attention layer."""
         return None
 
-    def cost(
-        self, img_size: tuple[int, int], batch: int = 1, dtype: torch.dtype = torch.float32, device: Device = "cpu"
-    ) -> list[OpCost]:
-        """The operators of `forward` on a (batch, C, H, W) input in `dtype` on `device`, in forward order."""
-        ctx = CostContext(dtype, device)
-        self.check_input(torch.empty(batch, self.config.in_chans, *img_size, device="meta"))
-        ops = stem_cost(self.stem, given((batch, self.config.in_chans, *img_size)), ctx)
-        for s, stage in enumerate(self.stages):
-            for i, block in enumerate(stage):
-                ops += block.cost(f"stages.{s}.{i}", ops[-1].output, ctx)
-        return ops + self.head.cost("head", ops[-1].output, ctx)
+    def no_weight_decay(self) -> set[str]:
+        """None besides the parameters of ndim <= 1: the relative position tables decay, as in timm."""
+        return set()
+
+    def cost_images(self, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on images x (B, C, H, W), in forward order."""
+        ops = Ops(x)
+        ops(self.cost_stages("", ops.out, ctx)[0])
+        return ops + self.head.cost("head", ops.out, ctx)
 
 
-register_family("botnet", BotNetConfig, BotNet)
+register_family(
+    "botnet",
+    BotNetConfig,
+    BotNet,
+    display_name="BoTNet",
+    weights="vitkit.weights.botnet",
+    cost_parts={"stem": "embedding"},
+)
 
 register_model("botnet50", "botnet", BotNetConfig(), BOTNET_PAPER)
 register_model(

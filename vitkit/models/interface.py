@@ -1,7 +1,8 @@
 """The interface every vitkit model provides, declared once; the rest of the package uses it instead of attribute
 names (training checkpoints blocks through it, attention maps ask it for the token grid, analysis reads its costs).
 
-`tests/models/test_all_models.py` checks it for every registered model.
+`VitkitModel` is what every model provides; `VitkitDetector` what a detector (a family registered with task
+"detection") provides besides. `tests/models/test_all_models.py` checks both for every registered model.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from vitkit.layers.cost import Device, OpCost
+from vitkit.layers.cost import CostContext, Device, OpCost, given
 
 
 @runtime_checkable
@@ -30,6 +31,8 @@ class VitkitModel(Protocol):
     - ``set_grad_checkpointing(enable)``: recompute the model's blocks in backward instead of storing their
       activations.
     - ``token_grid(img_size)``: how attention tokens map to the image, for attention maps.
+    - ``no_weight_decay()``: parameters that take no weight decay besides every one of ndim <= 1 (timm's
+      convention: learned tokens, position tables).
 
     A detector (DETR) reads the same methods its way: ``forward(images, pixel_mask=None)`` returns a dict of
     predictions, always with the same keys; ``forward_features`` the decoder's outputs (L, B, Q, D),
@@ -71,9 +74,77 @@ class VitkitModel(Protocol):
         attention layers do not (windows, or maps that change size between layers)."""
         ...
 
+    def no_weight_decay(self) -> set[str]:
+        """Qualified names of the parameters of ndim > 1 that take no weight decay (learned tokens, position
+        tables); parameters of ndim <= 1 (biases, norm scales) take none either way."""
+        ...
 
-# The protocol's methods, which `register_family` checks a family's module class for.
-METHODS = ("forward_features", "forward_head", "forward", "cost", "set_grad_checkpointing", "token_grid")
+
+@runtime_checkable
+class VitkitDetector(VitkitModel, Protocol):
+    """What a detector provides besides `VitkitModel` (read its way, see there). Training, evaluation, export and
+    the attention figures use these, never a detector's attribute names.
+
+    - ``config``: besides the classifier's fields, ``num_queries`` (Q, the most objects an image yields) and
+      ``aux_loss`` (whether `aux_outputs` holds the earlier decoder layers' predictions).
+    - ``forward(images, pixel_mask=None)``: images (B, C, H, W) and pixel_mask (B, H, W) (True / 1 where a pixel
+      is real, False / 0 where it pads the image; None: all real) -> a dict, always with the same keys:
+      ``pred_logits`` (B, Q, K + 1), the class logits with "no object" last; ``pred_boxes`` (B, Q, 4), boxes
+      (cx, cy, w, h) relative to each image's unpadded size; ``aux_outputs``, a list of such dicts (without
+      `aux_outputs`), one per earlier decoder layer, for the auxiliary losses.
+    - ``backbone``: the module whose output is the feature map the transformer reads (B, backbone.out_channels,
+      h, w); training may give it a learning rate of its own and read its output.
+    """
+
+    backbone: nn.Module
+
+    def predict(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The last decoder layer's predictions only, ``pred_logits`` and ``pred_boxes`` as in `forward`: what
+        inference, evaluation and export read (no auxiliary outputs are computed)."""
+        ...
+
+    def reset_classifier(self, num_classes: int, prior: float | None = None) -> None:
+        """A fresh class head for `num_classes` classes (the config follows); with `prior`, its biases make every
+        class start at that probability (the focal loss's initialisation)."""
+        ...
+
+    def object_attention_layers(self) -> list[str]:
+        """Qualified names of the attention layers whose weights have one row per object query (the decoder's
+        cross-attention, first layer to last): `capture_attention` on them gives (B, heads, Q, h * w) over the
+        `feature_grid` map."""
+        ...
+
+    def feature_grid(self, img_size: tuple[int, int]) -> tuple[int, int]:
+        """The (h, w) feature map that the encoder and the object attention attend over, for images (padded) of
+        `img_size` (H, W)."""
+        ...
+
+
+# The protocols' methods, which `register_family` checks a family's module class for.
+METHODS = (
+    "forward_features",
+    "forward_head",
+    "forward",
+    "cost",
+    "set_grad_checkpointing",
+    "token_grid",
+    "no_weight_decay",
+)
+DETECTOR_METHODS = ("predict", "reset_classifier", "object_attention_layers", "feature_grid")
+
+
+class CostFromImages:
+    """`VitkitModel.cost` written once, for a model that checks its images with `check_input(x)` and lists its
+    operators on an image batch with `cost_images(x, ctx)`."""
+
+    def cost(
+        self, img_size: tuple[int, int], batch: int = 1, dtype: torch.dtype = torch.float32, device: Device = "cpu"
+    ) -> list[OpCost]:
+        """The operators of `forward` on a (batch, C, H, W) input in `dtype` on `device`, in forward order (a size
+        `forward` refuses raises its ValueError)."""
+        shape = (batch, self.config.in_chans, *img_size)
+        self.check_input(torch.empty(shape, device="meta"))
+        return self.cost_images(given(shape), CostContext(dtype, device))
 
 
 def require_model(model: object, purpose: str) -> VitkitModel:

@@ -1,8 +1,14 @@
-"""The model registry: one place that builds every vitkit model.
+"""The model registry: one place that builds every vitkit model, and where each family declares itself.
 
-A family (``vit``, ``swin``, ...) pairs a frozen config dataclass with the module built from it. A named
-variant is a registry entry holding a filled config; `create_model(name, **overrides)` replaces config
-fields with `dataclasses.replace` and builds the module.
+A family (``vit``, ``swin``, ...) pairs a frozen config dataclass with the module built from it, and declares once
+what the rest of vitkit needs to know about it (`register_family`): its task, the module holding its weight formats,
+its training-recipe defaults, and how its top-level modules read in cost reports. Everything else a family provides
+is a method of its model (`vitkit.models.interface`). A named variant is a registry entry holding a filled config;
+`create_model(name, **overrides)` replaces config fields with `dataclasses.replace` and builds the module.
+
+A new family is its model file (config, modules, `register_family`, `register_model` rows), its weights file
+(`vitkit.weights.<family>`, see `vitkit.weights.family`) and one row in the registry-wide test table
+(`tests/models/test_all_models.py`); docs/architecture.md lists what each must provide.
 """
 
 from __future__ import annotations
@@ -10,12 +16,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-from vitkit.models.interface import METHODS
+from vitkit.models.interface import DETECTOR_METHODS, METHODS
+
+CLASSIFICATION, DETECTION = "classification", "detection"
+TASKS = (CLASSIFICATION, DETECTION)
+COST_PARTS = ("embedding", "backbone", "heads")  # what a family's top-level modules can be in cost reports
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,13 @@ class Family:
     name: str  # short family name stored in saved configs, e.g. "vit"
     config_cls: type  # the frozen config dataclass
     model_cls: type[nn.Module]  # built as model_cls(config)
+    task: str = CLASSIFICATION  # what its models do: "classification" (VitkitModel) or "detection" (VitkitDetector)
+    display_name: str = ""  # how people write the family in messages, e.g. "ViT"
+    weights: str | None = None  # the module declaring its weight formats (a `WEIGHTS` = vitkit.weights.FamilyWeights),
+    # imported when weights are read or written; None: vitkit's own (timm's) names only
+    recipe: Mapping[str, Any] = field(default_factory=dict)  # training-option defaults (vitkit.train.Recipe fields)
+    cost_parts: Mapping[str, str] = field(default_factory=dict)  # top-level module -> one of COST_PARTS, for the
+    # cost reports' split (attention and MLP layers are found by their type)
 
 
 @dataclass(frozen=True)
@@ -31,32 +49,71 @@ class ModelEntry:
     family: str  # Family.name
     config: Any  # the family's config dataclass, filled
     paper: str  # the paper that defines the variant (title, arXiv id)
+    recipe: Mapping[str, Any] = field(default_factory=dict)  # training-option defaults of this variant, over the
+    # family's
 
 
 _FAMILIES: dict[str, Family] = {}
 _MODELS: dict[str, ModelEntry] = {}
 
 
-def register_family(name: str, config_cls: type, model_cls: type[nn.Module]) -> None:
+def register_family(
+    name: str,
+    config_cls: type,
+    model_cls: type[nn.Module],
+    *,
+    task: str = CLASSIFICATION,
+    display_name: str | None = None,
+    weights: str | None = None,
+    recipe: Mapping[str, Any] | None = None,
+    cost_parts: Mapping[str, str] | None = None,
+) -> None:
     """Declare a model family; `model_cls(config)` must build the model, keep it as `model.config` and provide
-    the methods of `vitkit.models.interface.VitkitModel`."""
+    the methods of `vitkit.models.interface.VitkitModel` (and of `VitkitDetector` for task "detection").
+
+    Args:
+        name: the family's short name, stored in saved configs.
+        config_cls: its frozen config dataclass.
+        model_cls: its module class.
+        task: "classification" or "detection".
+        display_name: how people write it in messages (default: `name`).
+        weights: the module declaring its weight formats, e.g. "vitkit.weights.vit".
+        recipe: defaults of `vitkit.train.TrainConfig` options for its models (`vitkit.train.Recipe` fields).
+        cost_parts: top-level module name -> "embedding", "backbone" or "heads", for cost reports.
+    """
     if name in _FAMILIES:
         raise ValueError(f"model family {name!r} is already registered")
-    missing = [method for method in METHODS if not callable(getattr(model_cls, method, None))]
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    methods = METHODS + (DETECTOR_METHODS if task == DETECTION else ())
+    missing = [method for method in methods if not callable(getattr(model_cls, method, None))]
     if missing:
         raise TypeError(f"{model_cls.__name__} lacks {missing} of the vitkit model interface (models/interface.py)")
-    _FAMILIES[name] = Family(name, config_cls, model_cls)
+    unknown = sorted(set((cost_parts or {}).values()) - set(COST_PARTS))
+    if unknown:
+        raise ValueError(f"cost_parts values must be among {COST_PARTS}, got {unknown}")
+    _FAMILIES[name] = Family(
+        name, config_cls, model_cls, task, display_name or name, weights, dict(recipe or {}), dict(cost_parts or {})
+    )
 
 
-def register_model(name: str, family: str, config: Any, paper: str = "") -> None:
-    """Register a named variant: a filled config of a registered family."""
+def register_model(
+    name: str, family: str, config: Any, paper: str = "", *, recipe: Mapping[str, Any] | None = None
+) -> None:
+    """Register a named variant: a filled config of a registered family, with training-recipe defaults of its own
+    over the family's (`recipe`)."""
     if name in _MODELS:
         raise ValueError(f"model {name!r} is already registered")
     if family not in _FAMILIES:
         raise ValueError(f"unknown model family {family!r}; families are {sorted(_FAMILIES)}")
     if not isinstance(config, _FAMILIES[family].config_cls):
         raise TypeError(f"{name}: config must be a {_FAMILIES[family].config_cls.__name__}")
-    _MODELS[name] = ModelEntry(name, family, config, paper)
+    _MODELS[name] = ModelEntry(name, family, config, paper, dict(recipe or {}))
+
+
+def families() -> list[Family]:
+    """Every registered family, in registration order."""
+    return list(_FAMILIES.values())
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -74,6 +131,7 @@ def model_entry(name: str) -> ModelEntry:
 
 
 def family(name: str) -> Family:
+    """The registered family `name`; ValueError listing the families if there is none."""
     if name not in _FAMILIES:
         raise ValueError(f"unknown model family {name!r}; families are {sorted(_FAMILIES)}")
     return _FAMILIES[name]

@@ -27,7 +27,6 @@ from torch import nn
 from vitkit.layers import (
     Attention,
     CostContext,
-    Device,
     DropPath,
     Mlp,
     OpCost,
@@ -37,21 +36,23 @@ from vitkit.layers import (
     to_2tuple,
 )
 from vitkit.layers.cost import (
+    Ops,
+    add_op,
     copy_op,
-    drop_path_ops,
-    dropout_ops,
-    elementwise_op,
+    cost_of,
     given,
     holding,
     layer_norm_op,
-    linear_op,
+    linear,
     new_value,
     numel,
     reduce_op,
+    residual,
+    sequence,
     view,
 )
 from vitkit.layers.helpers import take_indices
-from vitkit.models.interface import checkpoint_blocks
+from vitkit.models.interface import CostFromImages, checkpoint_blocks
 from vitkit.models.registry import (
     check_field_types,
     check_positive,
@@ -251,20 +252,18 @@ class WindowAttention(Attention):
         """
         B_, N, C = x.shape
         h = self.num_heads
+        ops = Ops(x)
         table = given(self.relative_position_bias_table.shape)
-        ops = [copy_op(name, "gather_bias", table, (1, h, N, N), ctx)]  # table rows by offset: h N^2 moved
+        bias = ops(copy_op(name, "gather_bias", table, (1, h, N, N), ctx))  # table rows by offset: h N^2 moved
         if mask is not None:
             per_window = (mask.shape[0], h, N, N)
             windows_mask = view(mask, (mask.shape[0], 1, N, N))  # unsqueezed: a view
-            plus = OpCost(
-                name, "+mask", (ops[-1].output, windows_mask), new_value(per_window, ctx), 0, numel(per_window)
-            )
-            ops.append(plus)
-            ops.append(copy_op(name, "expand_mask", ops[-1].output, (B_, h, N, N), ctx))  # B copies: B nW h N^2 moved
+            ops(OpCost(name, "+mask", (bias, windows_mask), new_value(per_window, ctx), 0, numel(per_window)))
+            ops(copy_op(name, "expand_mask", ops.out, (B_, h, N, N), ctx))  # B copies: B nW h N^2 moved
         # forward holds the bias in a variable until the attention returns, past its last reader on the math path
         ops[-1] = replace(ops[-1], named=True)
         # "+bias": the table bias (with the mask when shifted) added to the logits (B nW h N^2)
-        return ops + super().cost(name, x, ctx, bias=ops[-1].output)
+        return ops + super().cost(name, x, ctx, bias=ops.out)
 
 
 class SwinBlock(nn.Module):
@@ -377,58 +376,42 @@ class SwinBlock(nn.Module):
 
         Attention is counted over the windows of the map padded to whole windows, as forward runs it.
         """
+        rows, attended = self._cost_attention(name, x, ctx)
+        dropped = cost_of(f"{name}.drop_path1", self.drop_path1, attended, ctx)
+        ops = Ops(x)
+        ops(rows, dropped, add_op(name, x, dropped[-1].output if dropped else attended, ctx))  # x + branch(x)
+        return ops + residual(name, ops.out, ctx, sequence(name, ops.out, ctx, self, "norm2", "mlp", "drop_path2"))
+
+    def _cost_attention(self, name: str, x: Value, ctx: CostContext) -> tuple[list[OpCost], Value]:
+        """The operators of norm1 and `_attention` on a map x (B, H, W, C), and the attended map (B, H, W, C)."""
         B, H, W, C = x.shape
-        Wh, Ww = self.window_size
-        Hp, Wp = self._padded(H, W)
-        nW = (Hp // Wh) * (Wp // Ww)
-        shifted = any(self.shift_size)
+        (Wh, Ww), (Hp, Wp) = self.window_size, self._padded(H, W)
+        nW, N = (Hp // Wh) * (Wp // Ww), Wh * Ww
+        own_size = (H, W) == self.resolution
+        ops = Ops(x)
+        normed = ops(layer_norm_op(f"{name}.norm1", x, ctx))  # 8BHWC: `_attention`'s x, held until it returns
+        mask = None
+        if any(self.shift_size):  # the block's buffer, or made for this size (`shift_mask`) and held to the end
+            shift = OpCost(name, "shift_mask", (given((H, W)),), new_value((nW, N, N), ctx), 0, nW * N * N)
+            mask = given((nW, N, N)) if own_size else ops(shift)
+        if (Hp, Wp) == (H, W):  # roll and partition are one gather, merge and roll back one scatter
+            windows = ops(copy_op(name, "window_partition", normed, (B * nW, N, C), ctx))  # BHWC moved
+            ops(self.attn.cost(f"{name}.attn", windows, ctx, mask))
+            held = (normed,) if mask is None or own_size else (normed, mask)
+            reverse = holding(copy_op(name, "window_reverse", ops.out, x.shape, ctx), *held)  # BHWC moved
+            return [*ops, reverse], reverse.output
+        if mask is not None:
+            ops(copy_op(name, "roll", normed, x.shape, ctx))  # BHWC moved
+        padded = ops(copy_op(name, "pad", ops.out, (B, Hp, Wp, C), ctx))  # `_attention`'s x until the merge
         # The window permute keeps the memory order (a view) when one window spans the width or is one row tall.
         permuted = Wp // Ww > 1 and Wh > 1
-        ops = [layer_norm_op(f"{name}.norm1", x, ctx)]  # 8BHWC
-        normed = ops[-1].output  # `_attention`'s x: held until the branch returns unless rolled or padded
-        mask = None
-        if shifted and (H, W) == self.resolution:
-            mask = given((nW, Wh * Ww, Wh * Ww))  # the block's buffer
-        elif shifted:  # made for this size (`shift_mask`), held until the branch returns
-            N = Wh * Ww
-            ops.append(OpCost(name, "shift_mask", (given((H, W)),), new_value((nW, N, N), ctx), 0, nW * N * N))
-            mask = ops[-1].output
-        held = (normed,) if mask is None or (H, W) == self.resolution else (normed, mask)
-        if (Hp, Wp) == (H, W):  # roll and partition are one gather, merge and roll back one scatter
-            ops.append(copy_op(name, "window_partition", normed, (B * nW, Wh * Ww, C), ctx))  # BHWC moved
-            ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx, mask)
-            ops.append(holding(copy_op(name, "window_reverse", ops[-1].output, x.shape, ctx), *held))  # BHWC
-            return self._cost_rest(name, x, ops[-1].output, ops, ctx)
-        if shifted:
-            ops.append(copy_op(name, "roll", ops[-1].output, x.shape, ctx))  # BHWC moved
-        if (Hp, Wp) != (H, W):
-            ops.append(copy_op(name, "pad", ops[-1].output, (B, Hp, Wp, C), ctx))  # B Hp Wp C written
-        rolled = ops[-1].output  # `_attention`'s x from here until the merge replaces it
-        windows = (B * nW, Wh * Ww, C)
-        ops.append(copy_op(name, "window_partition", rolled, windows, ctx, permuted))  # (B * nW, N, C)
-        ops += self.attn.cost(f"{name}.attn", ops[-1].output, ctx, mask)
-        reverse = copy_op(name, "window_reverse", ops[-1].output, (B, Hp, Wp, C), ctx, permuted)  # (B, Hp, Wp, C)
-        ops.append(holding(reverse, rolled))
-        attended = view(ops[-1].output, x.shape)  # cropped to (B, H, W, C): a view
-        if shifted:
-            ops.append(copy_op(name, "roll", attended, x.shape, ctx))  # rolling back copies: BHWC moved
-            attended = ops[-1].output
-        if mask is not None:
-            ops[-1] = holding(ops[-1], mask)
-        return self._cost_rest(name, x, attended, ops, ctx)
-
-    def _cost_rest(self, name: str, x: Value, attended: Value, ops: list[OpCost], ctx: CostContext) -> list[OpCost]:
-        """`cost` after the attention branch: its drop path and the residual add, then the MLP branch."""
-        drop1, drop2 = self.drop_path1, self.drop_path2
-        dropped = drop_path_ops(f"{name}.drop_path1", attended, drop1.drop_prob, drop1.training, ctx)
-        ops += dropped
-        ops.append(elementwise_op(name, "residual_add", (x, dropped[-1].output if dropped else attended), 1, ctx))
-        x = ops[-1].output
-        ops.append(layer_norm_op(f"{name}.norm2", x, ctx))  # 8BHWC
-        ops += self.mlp.cost(f"{name}.mlp", ops[-1].output, ctx)
-        ops += drop_path_ops(f"{name}.drop_path2", ops[-1].output, drop2.drop_prob, drop2.training, ctx)
-        ops.append(elementwise_op(name, "residual_add", (x, ops[-1].output), 1, ctx))  # BHWC
-        return ops
+        windows = ops(copy_op(name, "window_partition", padded, (B * nW, N, C), ctx, copies=permuted))
+        ops(self.attn.cost(f"{name}.attn", windows, ctx, mask))
+        reverse = copy_op(name, "window_reverse", ops.out, (B, Hp, Wp, C), ctx, copies=permuted)  # (B, Hp, Wp, C)
+        attended = view(ops(holding(reverse, padded)), x.shape)  # cropped to (B, H, W, C): a view
+        if mask is not None:  # rolling back copies (BHWC moved); the mask is held until then
+            attended = ops(holding(copy_op(name, "roll", attended, x.shape, ctx), mask))
+        return ops, attended
 
 
 class PatchMerging(nn.Module):
@@ -457,8 +440,7 @@ class PatchMerging(nn.Module):
         B, H, W, C = x.shape
         merge = copy_op(name, "patch_merging", x, (B, H // 2, W // 2, 4 * C), ctx)  # BHWC moved
         norm = layer_norm_op(f"{name}.norm", merge.output, ctx)  # 8BHWC
-        out_dim = self.reduction.out_features
-        return [merge, norm, linear_op(name, "reduction", norm.output, out_dim, False, ctx)]  # (BHW/4) * 4C * out MACs
+        return [merge, norm, linear(name, "reduction", norm.output, self.reduction, ctx)]  # (BHW/4) * 4C * out MACs
 
 
 class SwinStage(nn.Module):
@@ -517,11 +499,8 @@ class SwinStage(nn.Module):
         return self.blocks(self.downsample(x))
 
     def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, H, W, C), in forward order."""
-        ops = self.downsample.cost(f"{name}.downsample", x, ctx) if isinstance(self.downsample, PatchMerging) else []
-        for i, block in enumerate(self.blocks):
-            ops += block.cost(f"{name}.blocks.{i}", ops[-1].output if ops else x, ctx)
-        return ops
+        """The operators of `forward` on a map x (B, H, W, C): the patch merging (if any), then the blocks."""
+        return sequence(name, x, ctx, self)
 
 
 class ClassifierHead(nn.Module):
@@ -539,14 +518,13 @@ class ClassifierHead(nn.Module):
     def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
         """The operators of `forward` on a map x (B, H, W, C), in forward order."""
         B, _, _, C = x.shape
-        ops = [reduce_op(name, "mean", x, (B, C), numel(x.shape), ctx)]  # BHWC: one add per element
-        ops += dropout_ops(f"{name}.drop", ops[-1].output, self.drop.p, self.drop.training, ctx)
-        if isinstance(self.fc, nn.Linear):
-            ops.append(linear_op(name, "head", ops[-1].output, self.fc.out_features, True, ctx))  # B*C*classes
-        return ops
+        ops = Ops(x)
+        ops(reduce_op(name, "mean", x, (B, C), numel(x.shape), ctx))  # BHWC: one add per element
+        ops(cost_of(f"{name}.drop", self.drop, ops.out, ctx))
+        return ops + ([linear(name, "head", ops.out, self.fc, ctx)] if isinstance(self.fc, nn.Linear) else [])
 
 
-class SwinTransformer(nn.Module):
+class SwinTransformer(CostFromImages, nn.Module):
     """Swin Transformer built from a `SwinConfig`; `forward` returns logits (B, num_classes)."""
 
     def __init__(self, config: SwinConfig) -> None:
@@ -643,22 +621,14 @@ class SwinTransformer(nn.Module):
         """None: each block attends within (shifted) windows of its stage's map, never over the whole image."""
         return None
 
-    def cost(
-        self, img_size: tuple[int, int], batch: int = 1, dtype: torch.dtype = torch.float32, device: Device = "cpu"
-    ) -> list[OpCost]:
-        """The operators of `forward` on a (batch, C, H, W) input in `dtype` on `device`, in forward order.
+    def no_weight_decay(self) -> set[str]:
+        """Every block's relative position bias table (timm's `no_weight_decay_keywords`)."""
+        return {name for name, _ in self.named_parameters() if name.endswith("relative_position_bias_table")}
 
-        Accepts the sizes forward accepts (and raises its ValueError for others); attention is counted over the
-        windows of each map padded to whole windows.
-        """
-        c, ctx = self.config, CostContext(dtype, device)
-        images = (batch, c.in_chans, *img_size)
-        self.check_input(torch.empty(images, device="meta"))
-        ops = self.patch_embed.cost("patch_embed", given(images), ctx)  # conv + LayerNorm
-        for s, stage in enumerate(self.layers):
-            ops += stage.cost(f"layers.{s}", ops[-1].output, ctx)
-        ops.append(layer_norm_op("norm", ops[-1].output, ctx))  # 8BHWC
-        return ops + self.head.cost("head", ops[-1].output, ctx)
+    def cost_images(self, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on images x (B, C, H, W), in forward order; attention is counted over the
+        windows of each map padded to whole windows."""
+        return sequence("", x, ctx, self, "patch_embed", "layers", "norm", "head")
 
     def forward_intermediates(
         self,
@@ -689,7 +659,14 @@ class SwinTransformer(nn.Module):
         return outputs
 
 
-register_family("swin", SwinConfig, SwinTransformer)
+register_family(
+    "swin",
+    SwinConfig,
+    SwinTransformer,
+    display_name="Swin",
+    weights="vitkit.weights.swin",
+    cost_parts={"patch_embed": "embedding"},
+)
 
 
 def _swin(name: str, **fields: object) -> None:

@@ -23,27 +23,17 @@ from vitkit.layers import (
     BilinearPool,
     Block,
     CostContext,
-    Device,
     OpCost,
     PatchEmbed,
+    Value,
     check_backend,
     resample_abs_pos_embed,
     sincos_2d_pos_embed,
     to_2tuple,
 )
-from vitkit.layers.cost import (
-    copy_op,
-    dropout_ops,
-    elementwise_op,
-    given,
-    layer_norm_op,
-    linear_op,
-    numel,
-    reduce_op,
-    view,
-)
+from vitkit.layers.cost import Ops, copy_op, cost_of, elementwise_op, linear, numel, reduce_op, sequence, view
 from vitkit.layers.helpers import take_indices
-from vitkit.models.interface import checkpoint_blocks
+from vitkit.models.interface import CostFromImages, checkpoint_blocks
 from vitkit.models.registry import (
     check_field_types,
     check_positive,
@@ -104,7 +94,7 @@ class ViTConfig:
         check_backend(self.attn_backend)
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(CostFromImages, nn.Module):
     """ViT / DeiT built from a `ViTConfig`.
 
     `forward` returns logits (B, num_classes) (for distilled models: the mean of the class and
@@ -236,6 +226,10 @@ class VisionTransformer(nn.Module):
         """Every block attends over all tokens: the P prefix tokens, then the (H / p, W / p) patch grid."""
         return self.num_prefix_tokens, self.patch_embed.feat_size(img_size)
 
+    def no_weight_decay(self) -> set[str]:
+        """The position table and the learned tokens (timm's `no_weight_decay`)."""
+        return {name for name in ("pos_embed", "cls_token", "dist_token") if getattr(self, name) is not None}
+
     def forward_distill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """DeiT training: (class-head logits, distillation-head logits), each (B, num_classes)."""
         if not self.config.distilled:
@@ -243,43 +237,37 @@ class VisionTransformer(nn.Module):
         x = self.forward_features(x)
         return self.head(self.head_drop(x[:, 0])), self.head_dist(self.head_drop(x[:, 1]))
 
-    def cost(
-        self, img_size: tuple[int, int], batch: int = 1, dtype: torch.dtype = torch.float32, device: Device = "cpu"
-    ) -> list[OpCost]:
-        """The operators of `forward` on a (batch, C, H, W) input in `dtype` on `device`, in forward order."""
-        B, c, ctx = batch, self.config, CostContext(dtype, device)
-        self.patch_embed.check_input(torch.empty(B, c.in_chans, *img_size, device="meta"))
-        Hp, Wp = self.patch_embed.feat_size(img_size)
-        tokens = (B, self.num_prefix_tokens + Hp * Wp, c.embed_dim)
-        ops = self.patch_embed.cost("patch_embed", given((B, c.in_chans, *img_size)), ctx)  # the input image
-        if self.num_prefix_tokens:
-            ops.append(copy_op("pos_embed", "cat_prefix", ops[-1].output, tokens, ctx))  # (B, P + N, D) written
-        ops.append(elementwise_op("pos_embed", "+pos", ops[-1].output, 1, ctx))  # + pos: BND
-        ops += dropout_ops("pos_drop", ops[-1].output, self.pos_drop.p, self.pos_drop.training, ctx)
-        for i, block in enumerate(self.blocks):
-            ops += block.cost(f"blocks.{i}", ops[-1].output, ctx)
-        if isinstance(self.norm, nn.LayerNorm):
-            ops.append(layer_norm_op("norm", ops[-1].output, ctx))  # 8BND
-        pooled = (B, c.embed_dim)
-        patches = view(ops[-1].output, (B, Hp * Wp, c.embed_dim))  # the prefix tokens dropped: a view
+    def check_input(self, x: torch.Tensor) -> None:
+        """ValueError, saying what was expected and what came, for images (B, C, H, W) forward cannot take."""
+        self.patch_embed.check_input(x)
+
+    def cost_images(self, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on images x (B, C, H, W), in forward order."""
+        B, c = x.shape[0], self.config
+        Hp, Wp = self.patch_embed.feat_size(x.shape[-2:])
+        ops = Ops(x)
+        ops(self.patch_embed.cost("patch_embed", ops.out, ctx))
+        if self.num_prefix_tokens:  # (B, P + N, D) written
+            ops(copy_op("pos_embed", "cat_prefix", ops.out, (B, self.num_prefix_tokens + Hp * Wp, c.embed_dim), ctx))
+        ops(elementwise_op("pos_embed", "+pos", ops.out, 1, ctx))  # + pos: BND
+        ops(cost_of("pos_drop", self.pos_drop, ops.out, ctx))
+        ops(sequence("blocks", ops.out, ctx, self.blocks))
+        ops(cost_of("norm", self.norm, ops.out, ctx))  # 8BND
+        patches = view(ops.out, (B, Hp * Wp, c.embed_dim))  # the prefix tokens dropped: a view
         if c.global_pool == "avg":
-            ops.append(reduce_op("pool", "mean", patches, pooled, numel(patches.shape), ctx))  # one add per element
-            ops.append(layer_norm_op("fc_norm", ops[-1].output, ctx))  # 8BD
+            ops(reduce_op("pool", "mean", patches, (B, c.embed_dim), numel(patches.shape), ctx))  # one add per element
+            ops(cost_of("fc_norm", self.fc_norm, ops.out, ctx))  # 8BD
         elif self.pool is not None:
-            ops += self.pool.cost("pool", patches, ctx)  # (B, N, D) -> (B, r * r)
-        features = ops[-1].output if c.global_pool != "token" else view(ops[-1].output, pooled)  # x[:, i]: views
+            ops(self.pool.cost("pool", patches, ctx))  # (B, N, D) -> (B, r * r)
+        features = ops.out if c.global_pool != "token" else view(ops.out, (B, c.embed_dim))  # x[:, i]: views
         heads = [("head", self.head)] + ([("head_dist", self.head_dist)] if c.distilled else [])
         outputs = []
         for name, head in heads:  # head_drop before each head (training only)
-            dropped = dropout_ops("head_drop", features, self.head_drop.p, self.head_drop.training, ctx)
-            ops += dropped
-            x = dropped[-1].output if dropped else features
-            if isinstance(head, nn.Linear):
-                ops.append(linear_op(name, "head", x, c.num_classes, True, ctx))  # B*features*classes
-                x = ops[-1].output
-            outputs.append(x)
+            dropped = cost_of("head_drop", self.head_drop, features, ctx)
+            x = ops(dropped) if dropped else features
+            outputs.append(ops(linear(name, "head", x, head, ctx)) if isinstance(head, nn.Linear) else x)  # BFK
         if c.distilled:  # (cls + dist) / 2, of the logits (or of the features when the heads are Identity)
-            ops.append(elementwise_op("head", "mean_heads", tuple(outputs), 2, ctx))
+            ops(elementwise_op("head", "mean_heads", tuple(outputs), 2, ctx))
         return ops
 
     def forward_intermediates(
@@ -313,7 +301,14 @@ class VisionTransformer(nn.Module):
         return outputs
 
 
-register_family("vit", ViTConfig, VisionTransformer)
+register_family(
+    "vit",
+    ViTConfig,
+    VisionTransformer,
+    display_name="ViT",
+    weights="vitkit.weights.vit",
+    cost_parts={"patch_embed": "embedding", "pos_embed": "embedding"},
+)
 
 
 def _vit(name: str, paper: str = VIT_PAPER, **fields: object) -> None:
