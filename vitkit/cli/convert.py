@@ -6,22 +6,23 @@ import argparse
 from typing import Any
 
 from vitkit.cli.options import parse_assignment
-from vitkit.weights.convert import FORMATS, convert
+from vitkit.weights.convert import convert, formats
 from vitkit.weights.io import CheckpointMismatch
 
 HELP = "convert weights between vitkit, timm, torchvision, Hugging Face and facebookresearch/detr layouts"
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
+    known = formats()
     parser.add_argument(
         "src", help="a model directory (vitkit or Hugging Face) or a checkpoint file (.safetensors, .pth, .pt, .bin)"
     )
     parser.add_argument("dst", help="where to write: a directory for vitkit / hf, a file for timm / torchvision / detr")
     parser.add_argument(
-        "--from", dest="src_format", default="auto", choices=("auto", *FORMATS), help="layout of SRC (default: auto)"
+        "--from", dest="src_format", default="auto", choices=("auto", *known), help="layout of SRC (default: auto)"
     )
     parser.add_argument(
-        "--to", dest="dst_format", default="vitkit", choices=FORMATS, help="layout to write (default: vitkit)"
+        "--to", dest="dst_format", default="vitkit", choices=known, help="layout to write (default: vitkit)"
     )
     parser.add_argument(
         "--model", help="registered model to load a checkpoint file into (see `vitkit models`); not for directories"

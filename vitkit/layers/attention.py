@@ -48,7 +48,7 @@ Hook = Callable[[Tensor], None]  # what `capture_attention` installs: called wit
 
 BACKENDS = ("auto", "sdpa", "math")
 """`sdpa`: torch's fused scaled_dot_product_attention (flash / memory-efficient kernels, never keeps the
-N x N weights); `math`: the explicit softmax(q k^T * scale + bias) v, the reference; `auto` (the default): the
+N x N weights); `math`: softmax(q k^T * scale + bias) v as written, the reference; `auto` (the default): the
 fused kernel, except where the explicit path is measured faster (see `Attention.path`)."""
 
 PATHS = ("fused", "explicit", "reference")
@@ -56,7 +56,7 @@ PATHS = ("fused", "explicit", "reference")
 
 EXPLICIT_MAX_BYTES = 32 * 2**20
 """Default of `Attention(explicit_max_bytes=...)`: the largest N x N weight tensor (bytes, all batch elements and
-heads of one call) that the `auto` backend forms explicitly."""
+heads of one call) that the `auto` backend forms on the explicit path."""
 
 
 def check_backend(backend: str) -> str:
@@ -142,7 +142,7 @@ class Attention(nn.Module):
         attn_drop: dropout on the attention weights (training only).
         proj_drop: dropout after the output projection.
         backend: "auto" (the fused kernel unless the explicit path is faster for the call), "sdpa" (fused
-            kernel) or "math" (explicit reference); all give the same values.
+            kernel) or "math" (the reference formula); all give the same values.
         explicit_max_bytes: with "auto", the largest N x N weights (bytes, one call) formed explicitly: a memory
             budget, since in training each layer keeps its weights for the backward pass.
     """
@@ -388,8 +388,8 @@ def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> 
     Yields an ordered dict, filled during forward passes run inside the context, mapping each attention
     layer's qualified name (e.g. ``blocks.0.attn``) to its detached weights (B, h, Nq, Nk), whose rows sum
     to one. A layer called again replaces its entry (the last forward pass wins). Works with every backend:
-    a capturing layer forms its weights explicitly only while the context is open; outside it nothing is
-    recorded and nothing N x N is kept.
+    a capturing layer forms its weights (on the explicit path, or the reference with "math") only while the
+    context is open; outside it nothing is recorded and nothing N x N is kept.
 
     Args:
         model: any module containing vitkit `Attention` layers.

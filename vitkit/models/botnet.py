@@ -70,7 +70,7 @@ class BotNetConfig:
     widths: tuple[int, ...] = (256, 512, 1024, 2048)  # output channels per stage
     bottle_ratio: float = 0.25  # inner (bottleneck) width as a fraction of the block's output channels
     num_heads: int = 4  # attention heads of the BoT blocks; must divide their inner width
-    attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (explicit reference); see layers.attention
+    attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (the reference formula); see layers.attention
     zero_init_last: bool = False  # init: zero the last BatchNorm scale of each residual branch (timm's default)
     global_pool: str = "avg"  # "avg": mean over the final map; "bilinear": B-CNN bilinear pooling of its H'W' cells
     # (vitkit.layers.BilinearPool), the fc taking its bilinear_dim^2 features

@@ -13,12 +13,11 @@ Data path: images (B, 3, H, W) + pixel_mask (B, H, W) -> ResNet (B, C5, h, w) ->
 (B, N, D) -> encoder x enc_layers -> memory (B, N, D); query_embed (Q, D) -> decoder x dec_layers, each output
 through the shared final norm -> (L, B, Q, D) -> class_embed (B, Q, K + 1), bbox_embed (B, Q, 4).
 
-Every attention is vitkit's one `Attention` layer: the encoder's is ``attn(x + pos, mask, value=x)``, the decoder's
-self-attention ``attn(tgt + query_pos, value=tgt)`` and its cross-attention ``attn(tgt + query_pos, mask,
-key=memory + pos, value=memory)``, so backends, `capture_attention` and costs work as for every model.
+The backbone is vitkit's one ResNet (`vitkit.models.resnet`, torchvision's module names, frozen BatchNorm), the
+encoder and decoder are `vitkit.models.transformer`'s, the sine encoding `vitkit.layers.pos_embed`'s.
 
 Parameter names follow the original code where it has them (`input_proj`, `query_embed`, `class_embed`,
-`bbox_embed.layers.*`, torchvision's ResNet names under `backbone.`); `vitkit.weights.hf` converts transformers'
+`bbox_embed.layers.*`, torchvision's ResNet names under `backbone.`); `vitkit.weights.detr` converts transformers'
 `DetrForObjectDetection` checkpoints.
 
 Letters: B batch, H, W image size, h, w feature-map size, N = h * w tokens, C5 backbone channels, D model width,
@@ -71,7 +70,7 @@ class DetrConfig:
     num_queries: int = 100  # object queries Q: the most objects one image can yield
     aux_loss: bool = True  # also predict from every earlier decoder layer (`aux_outputs`, for the auxiliary losses)
     dynamic_img_size: bool = True  # accept any image size (batches of several sizes are padded); False: img_size only
-    attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (explicit reference); see layers.attention
+    attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (the reference formula); see layers.attention
 
     def __post_init__(self) -> None:
         check_field_types(self)

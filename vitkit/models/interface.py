@@ -92,8 +92,9 @@ class VitkitDetector(VitkitModel, Protocol):
       ``pred_logits`` (B, Q, K + 1), the class logits with "no object" last; ``pred_boxes`` (B, Q, 4), boxes
       (cx, cy, w, h) relative to each image's unpadded size; ``aux_outputs``, a list of such dicts (without
       `aux_outputs`), one per earlier decoder layer, for the auxiliary losses.
-    - ``backbone``: the module whose output is the feature map the transformer reads (B, backbone.out_channels,
-      h, w); training may give it a learning rate of its own and read its output.
+    - ``backbone``: the convolutional feature extractor: its output is the list of feature maps the transformer
+      reads, coarsest last, map i (B, backbone.out_channels[i], h_i, w_i); training may give it a learning rate of
+      its own and read its output.
     """
 
     backbone: nn.Module

@@ -90,7 +90,7 @@ class SwinConfig:
     drop_path_rate: float = 0.1  # stochastic depth, rising linearly over all blocks to this rate (timm's default)
     layer_norm_eps: float = 1e-5  # LayerNorm epsilon (1e-5, PyTorch's default, as in the reference code and timm)
     dynamic_img_size: bool = False  # accept other image sizes (sides multiples of p * 2**(stages - 1)); see above
-    attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (explicit reference); see layers.attention
+    attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (the reference formula); see layers.attention
 
     def __post_init__(self) -> None:
         # Lists (from JSON or users) become tuples so the frozen config stays hashable and comparable.

@@ -70,7 +70,7 @@ class ViTConfig:
     layer_norm_eps: float = 1e-6  # LayerNorm epsilon (1e-6 as in timm and the JAX reference)
     init_values: float | None = None  # LayerScale initial value; None disables LayerScale
     dynamic_img_size: bool = False  # accept any image size divisible by the patch (position table resampled)
-    attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (explicit reference); see layers.attention
+    attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (the reference formula); see layers.attention
 
     def __post_init__(self) -> None:
         check_field_types(self)

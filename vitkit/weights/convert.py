@@ -1,11 +1,11 @@
 """Loading weights from other libraries' checkpoints into vitkit models, and writing them back.
 
-Formats: "vitkit" (= "timm": vitkit keeps timm's parameter names), "torchvision", "hf" (Hugging Face
-transformers) and "detr" (facebookresearch/detr's DETR). A checkpoint is renamed by its format's table
-(`vitkit.weights.torchvision`, `vitkit.weights.hf`, `vitkit.weights.detr`), fitted to the model (position
-table resampled, classifier kept on request), its keys and shapes checked, and only then loaded. Every
-library stores Linear weights as (out, in) and convolutions as (out, in, kh, kw), so no tensor is
-transposed: conversions rename, concatenate and split.
+Formats (`formats()`): "vitkit" (= "timm": vitkit keeps timm's parameter names) and those the families declare in
+their weights files (`vitkit.weights.<family>`, `FamilyWeights.layouts`): today torchvision, hf (Hugging Face
+transformers) and facebookresearch/detr's DETR. A checkpoint is renamed by its format's table for the model's
+family, fitted to the model (e.g. a ViT's position table resampled; the classifier kept on request), its keys and
+shapes checked, and only then loaded. Every library stores Linear weights as (out, in) and convolutions as
+(out, in, kh, kw), so no tensor is transposed: conversions rename, concatenate and split.
 Whole model directories (vitkit's and Hugging Face's) are read by `from_pretrained` / `load_pretrained`;
 `convert` reads a directory or a checkpoint file in one layout and writes another.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from vitkit.layers import resample_abs_pos_embed, to_2tuple
 from vitkit.models.registry import build_model, create_model, family_of, replace_config
-from vitkit.weights import detr, hf, shapes, torchvision
+from vitkit.weights import hf, shapes
+from vitkit.weights.family import FamilyWeights, family_weights, registered_weights, source_formats
 from vitkit.weights.io import (
     CONFIG_NAME,
     INFO_ATTRIBUTE,
@@ -48,7 +48,6 @@ from vitkit.weights.io import (
 )
 from vitkit.weights.rename import Layout
 
-FORMATS = ("vitkit", "timm", "torchvision", "hf", "detr")
 # Entries that wrap the state dict in training checkpoints, tried in this order.
 WRAPPER_ENTRIES = ("state_dict", "model", "model_ema")
 # Key prefixes added by wrappers: DistributedDataParallel / DataParallel, Lightning-style modules, torch.compile.
@@ -60,7 +59,7 @@ class LoadReport:
     """What `load_weights` did."""
 
     source: str  # the file read, or "state dict"
-    format: str  # the layout the checkpoint was read as: "vitkit", "torchvision", "hf" or "detr"
+    format: str  # the layout the checkpoint was read as: "vitkit" or a format of `formats()`
     loaded: int = 0  # tensors copied into the model
     unwrapped: list[str] = field(default_factory=list)  # wrapper entries and key prefixes removed
     resampled: list[str] = field(default_factory=list)  # tensors fitted to the model's size, with old -> new
@@ -88,62 +87,10 @@ class LoadReport:
         return "\n".join(lines)
 
 
-def _resample_vit_pos_embed(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
-    """Fit a ViT checkpoint's position table to the model's token grid (bicubic, as timm does)."""
-    old, new = state.get("pos_embed"), model.state_dict().get("pos_embed")
-    if old is None or new is None or old.shape == new.shape or old.ndim != 3 or old.shape[-1] != new.shape[-1]:
-        return []  # equal, or not a resampling case: the shape check reports the rest
-    layout = model.token_grid(to_2tuple(model.config.img_size))  # the model interface: (prefix tokens, grid)
-    if layout is None:
-        return []
-    prefix, grid = layout
-    side = round((old.shape[1] - prefix) ** 0.5)
-    if old.shape[1] <= prefix or side * side != old.shape[1] - prefix:
-        raise ValueError(
-            f"position table {tuple(old.shape)} is not {prefix} prefix rows plus a square grid, so it cannot be "
-            f"resampled to the model's {grid[0]}x{grid[1]} grid; build the model at the checkpoint's image size"
-        )
-    state["pos_embed"] = resample_abs_pos_embed(old, grid, (side, side), num_prefix_tokens=prefix)
-    return [f"pos_embed: {side}x{side} -> {grid[0]}x{grid[1]} grid"]
-
-
-@dataclass(frozen=True)
-class FamilyWeights:
-    head: tuple[str, ...]  # vitkit key prefixes of the classifier(s), skipped with reset_head=True
-    adapt: Callable[[nn.Module, dict[str, torch.Tensor]], list[str]]  # fits size-dependent tensors to the
-    # model, in place, before the shape check; returns a line per tensor changed
-    extra_outputs: int = 0  # classifier rows beyond num_classes (DETR's "no object")
-
-
-def _unchanged(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
-    """For families whose tensors do not depend on the image size (Swin's windows and bias tables are fixed)."""
-    return []
-
-
-# vitkit family -> how its checkpoints are fitted; the layouts per format live in the converter modules.
-FAMILIES: dict[str, FamilyWeights] = {
-    "vit": FamilyWeights(head=("head.", "head_dist."), adapt=_resample_vit_pos_embed),
-    "swin": FamilyWeights(head=("head.fc.",), adapt=_unchanged),
-    "botnet": FamilyWeights(head=("head.fc.",), adapt=_unchanged),  # relative tables fix the size: nothing to fit
-    # the class head only: the box head predicts boxes of any class, so fine-tuning keeps it
-    "detr": FamilyWeights(head=("class_embed.",), adapt=_unchanged, extra_outputs=1),
-}
-CONVERTERS: dict[str, dict[str, Layout]] = {"torchvision": torchvision.LAYOUTS, "hf": hf.LAYOUTS, "detr": detr.LAYOUTS}
-# Formats whose files wrap the state dict in an entry (facebookresearch/detr's {"model": ...}): export writes it so.
-FILE_WRAPPERS: dict[str, str] = {"detr": detr.WRAPPER}
-# Keys whose presence (all of them) identifies vitkit's (timm's) own layout, per family.
-VITKIT_MARKERS: dict[str, tuple[str, ...]] = {
-    "vit": ("patch_embed.proj.weight", "pos_embed"),
-    "swin": ("patch_embed.proj.weight", "layers.0.blocks.0.attn.relative_position_bias_table"),
-    "botnet": ("stem.conv1.conv.weight", "stages.0.0.conv1_1x1.conv.weight"),
-    # facebookresearch/detr has the first two as well; its decoder's norm sits under `transformer.`
-    "detr": ("input_proj.weight", "query_embed.weight", "decoder.norm.weight"),
-}
-
-
-def _family_weights(name: str) -> FamilyWeights:
-    """A family without an entry keeps timm's convention: the classifier under `head.`, nothing to resample."""
-    return FAMILIES.get(name, FamilyWeights(head=("head.",), adapt=_unchanged))
+def formats() -> tuple[str, ...]:
+    """The format names weights are read and written in: "vitkit", "timm" (the same names) and every format a
+    registered family has a rename table for, e.g. ("vitkit", "timm", "torchvision", "hf", ...)."""
+    return ("vitkit", "timm", *source_formats())
 
 
 def unwrap_state_dict(obj: Mapping[str, Any], source: str) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -177,37 +124,48 @@ def unwrap_state_dict(obj: Mapping[str, Any], source: str) -> tuple[dict[str, to
 def detect_format(state: Mapping[str, torch.Tensor], family: str, source: str) -> str:
     """The format of a state dict, recognised from its keys; ValueError when it is no known layout of `family`."""
     keys = set(state)
-    if family in VITKIT_MARKERS and keys.issuperset(VITKIT_MARKERS[family]):
+    weights = family_weights(family)
+    if weights.markers and keys.issuperset(weights.markers):
         return "vitkit"
-    for fmt, layouts in CONVERTERS.items():
-        if family in layouts and layouts[family].matches(keys):
-            return fmt
-    if family not in VITKIT_MARKERS:
-        return "vitkit"  # a family with no converters: its own (timm's) names, which the key check verifies
-    others, models = [], []
-    for fmt, lays in CONVERTERS.items():
-        for fam, lay in lays.items():
-            if lay.matches(keys):
-                others.append(fam if fmt == fam else f"{fmt} {fam}")  # "detr", not "detr detr"
-                models += shapes.models_with(fam, shapes.read_fields(fam, lay.to_vitkit(dict(state))[0]))
-    for fam, markers in VITKIT_MARKERS.items():
-        if keys.issuperset(markers):
-            others.append(f"vitkit {fam}")
-            models += shapes.models_with(fam, shapes.read_fields(fam, state))
+    for layout in weights.layouts:
+        if layout.matches(keys):
+            return layout.format
+    if not weights.markers:
+        return "vitkit"  # a family without markers: its own (timm's) names, which the key check verifies
+    others, models = _lookalikes(state)
     seen = f"it looks like a {' or '.join(others)} checkpoint" if others else "its keys match no known layout"
     raise CheckpointMismatch(
-        f"{source} is not a checkpoint of a {family} model in a known format ({', '.join(FORMATS)}): {seen} "
+        f"{source} is not a checkpoint of a {family} model in a known format ({', '.join(formats())}): {seen} "
         f"(first keys: {sorted(keys)[:5]})",
-        models=list(dict.fromkeys(models)),
+        models=models,
     )
 
 
-def _layout(family: str, fmt: str) -> Layout:
-    if fmt not in CONVERTERS:
-        raise ValueError(f"format must be one of {('auto', *FORMATS)}, got {fmt!r}")
-    if family not in CONVERTERS[fmt]:
+def _lookalikes(state: Mapping[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    """The layouts of every registered family that `state` matches ("hf swin", "vitkit botnet", ...) and the
+    registered models it fits."""
+    keys, registered = set(state), registered_weights()
+    others, models = [], []
+    for fmt in source_formats():
+        for fam, weights in registered.items():
+            layout = weights.layout(fmt)
+            if layout is not None and layout.matches(keys):
+                others.append(fam if fmt == fam else f"{fmt} {fam}")  # a format named as its family: once
+                models += shapes.models_with(fam, weights.read_fields(layout.to_vitkit(dict(state))[0]))
+    for fam, weights in registered.items():
+        if weights.markers and keys.issuperset(weights.markers):
+            others.append(f"vitkit {fam}")
+            models += shapes.models_with(fam, weights.read_fields(state))
+    return others, list(dict.fromkeys(models))
+
+
+def _layout(family: str, weights: FamilyWeights, fmt: str) -> Layout:
+    if fmt not in formats():
+        raise ValueError(f"format must be one of {('auto', *formats())}, got {fmt!r}")
+    layout = weights.layout(fmt)
+    if layout is None:
         raise ValueError(f"there is no {fmt} layout for {family} models")
-    return CONVERTERS[fmt][family]
+    return layout
 
 
 def load_weights(
@@ -227,7 +185,8 @@ def load_weights(
         source: a `.safetensors`, `.pth` / `.pt` / `.bin` / `.ckpt` file (read with `torch.load(weights_only=True)`),
             a model directory, or a state dict. Training checkpoints are unwrapped (entries `state_dict`,
             `model`, `model_ema`; key prefixes `module.`, `model.`, `_orig_mod.`).
-        format: "auto" (recognised from the keys), "vitkit" / "timm", "torchvision", "hf" or "detr"
+        format: "auto" (recognised from the keys), "vitkit" / "timm", or a format of the model's family (see
+            `formats()`; its weights file `vitkit.weights.<family>` describes each): torchvision, hf, or detr
             (facebookresearch/detr's files, e.g. `detr-r50-e632da11.pth`, or the training checkpoints its
             `main.py` writes: ``{"model": ..., "optimizer": ..., "args": Namespace(...)}``).
         strict: raise ValueError for missing, unexpected and shape-mismatched keys; when False, load what
@@ -246,16 +205,16 @@ def load_weights(
 def _load(
     model: nn.Module, obj: Mapping[str, Any], name: str, format: str, strict: bool, reset_head: bool
 ) -> LoadReport:
-    if format not in ("auto", *FORMATS):
-        raise ValueError(f"format must be one of {('auto', *FORMATS)}, got {format!r}")
+    if format not in ("auto", *formats()):
+        raise ValueError(f"format must be one of {('auto', *formats())}, got {format!r}")
     fam = family_of(model).name
-    weights = _family_weights(fam)
+    weights = family_weights(fam)
     state, unwrapped = unwrap_state_dict(obj, name)
     fmt = detect_format(state, fam, name) if format == "auto" else "vitkit" if format == "timm" else format
     report = LoadReport(source=name, format=fmt, unwrapped=unwrapped)
     unmatched: list[str] = []
     if fmt != "vitkit":
-        state, report.dropped, unmatched = _layout(fam, fmt).to_vitkit(state)
+        state, report.dropped, unmatched = _layout(fam, weights, fmt).to_vitkit(state)
 
     expected = model.state_dict()
     names_note = "" if fmt == "vitkit" else " (named as in vitkit)"
@@ -294,8 +253,9 @@ def _check_architecture(
 ) -> None:
     """CheckpointMismatch when the checkpoint's tensors fix config fields (width, depth, patch size, ...) to other
     values than the model's: one line naming them, the fields to set and the registered models of that size."""
-    theirs = shapes.read_fields(family, state)
-    differ = shapes.differences(theirs, shapes.read_fields(family, expected))
+    read_fields = family_weights(family).read_fields
+    theirs = read_fields(state)
+    differ = shapes.differences(theirs, read_fields(expected))
     if not differ:
         return
     theirs_text = shapes.describe(family, {k: v for k, (v, _) in differ.items()})
@@ -381,14 +341,14 @@ def load_pretrained(
         report = load_weights(model, directory / WEIGHTS_NAME, format="vitkit", reset_head=reset_head)
         return _with_info(model.eval(), info, reset_head), report
     model_type = saved["model_type"]
-    if model_type not in hf.CONFIG_READERS:
+    readers = {t: (fam, read) for fam, w in registered_weights().items() for t, read in w.hf_model_types.items()}
+    if model_type not in readers:
         raise ValueError(
-            f"{config_path}: Hugging Face model_type {model_type!r} is not supported; "
-            f"supported: {sorted(hf.CONFIG_READERS)}"
+            f"{config_path}: Hugging Face model_type {model_type!r} is not supported; supported: {sorted(readers)}"
         )
     obj = read_checkpoint(directory)
     state, _ = unwrap_state_dict(obj, str(directory))
-    family_name, read_config = hf.CONFIG_READERS[model_type]
+    family_name, read_config = readers[model_type]
     config = replace_config(read_config(saved, set(state), str(config_path)), **overrides)
     model = build_model(family_name, config)
     report = _load(model, obj, str(directory), "hf", strict=True, reset_head=reset_head)
@@ -470,8 +430,7 @@ def convert(
         src: a model directory with its own `config.json` (vitkit or Hugging Face; see `load_pretrained`), or a
             checkpoint file (`.safetensors`, `.pth`, `.pt`, `.bin`), which carries no config: then `model_name`
             names the registered model to load it into.
-        dst: where to write (see `export_weights`): a directory for "vitkit" / "hf", a file for "timm" /
-            "torchvision" / "detr".
+        dst: where to write (see `export_weights`): a directory for "vitkit" / "hf", a file for the other formats.
         src_format: "auto" or the layout of `src`; a model directory must be in it.
         dst_format: the layout to write.
         model_name: the registered model for a checkpoint file; not for a model directory.
@@ -515,40 +474,44 @@ def export_weights(
 
     Class names and normalisation, when given, go where the layout has a place for them: "vitkit" into config.json
     (see `save_pretrained`); "hf" as `id2label` / `label2id` in config.json (transformers' default LABEL_i names
-    when none are given) and, for ViT / DeiT / Swin with a normalisation given, a `preprocessor_config.json` for
-    transformers' `ViTImageProcessor`. The single-file formats hold weights only.
+    when none are given) and, for the families whose transformers classes read images through `ViTImageProcessor`
+    (ViT, DeiT, Swin) with a normalisation given, a `preprocessor_config.json` for it. The single-file formats hold
+    weights only.
 
     Args:
         model: a vitkit model.
         path: "vitkit" and "hf" write a directory (`config.json` + `model.safetensors`, loadable by
-            `vitkit.from_pretrained` or transformers' `from_pretrained`); "timm", "torchvision" and "detr"
-            write one state-dict file, `.safetensors` or `.pth` / `.pt` / `.bin` (`torch.save`, as their users
-            load with `model.load_state_dict(torch.load(path))`). A "detr" `.pth` file holds
-            ``{"model": state_dict}``, as facebookresearch/detr's files do (its code reads
-            ``torch.load(path)["model"]``); a `.safetensors` file, which holds one flat mapping of tensors, the
-            state dict itself.
-        format: "vitkit", "timm", "torchvision", "hf" or "detr".
+            `vitkit.from_pretrained` or transformers' `from_pretrained`); the other formats (timm, torchvision,
+            detr) write one state-dict file, `.safetensors` or `.pth` / `.pt` / `.bin` (`torch.save`, as their
+            users load with `model.load_state_dict(torch.load(path))`). A format whose files wrap the state dict
+            (`Layout.wrapper`) writes its `.pth` files so: facebookresearch/detr's hold ``{"model": state_dict}``
+            (its code reads ``torch.load(path)["model"]``); a `.safetensors` file, which holds one flat mapping of
+            tensors, the state dict itself.
+        format: one of `formats()`: "vitkit", "timm", "torchvision", "hf", ...
         class_names: one name per classifier output, in label order.
         mean, std: the per-channel normalisation of images scaled to [0, 1] that the model expects.
     """
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    if format not in formats():
+        raise ValueError(f"format must be one of {formats()}, got {format!r}")
     path = Path(path)
     if format == "vitkit":
         return save_pretrained(model, path, class_names, mean, std)
     fam = family_of(model).name
+    weights = family_weights(fam)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if format == "hf":
         info = info_for(model, class_names, mean, std, source="export_weights")
-        return _write_hf_directory(model, state, path, info)
-    if format in CONVERTERS:
-        layout = _layout(fam, format)
+        return _write_hf_directory(model, weights, state, path, info)
+    wrapper = None
+    if format != "timm":  # timm's names are vitkit's
+        layout = _layout(fam, weights, format)
         if layout.check_export is not None:
             layout.check_export(model.config)
         state = layout.from_vitkit(state)
         if layout.export_buffers is not None:
             state.update(layout.export_buffers(model))
-    _write_state_dict(state, path, FILE_WRAPPERS.get(format))
+        wrapper = layout.wrapper
+    _write_state_dict(state, path, wrapper)
     return path
 
 
@@ -565,13 +528,16 @@ def _write_state_dict(state: dict[str, torch.Tensor], path: Path, wrapper: str |
         atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
-def _write_hf_directory(model: nn.Module, state: dict[str, torch.Tensor], directory: Path, info: ModelInfo) -> Path:
-    exporter = hf.EXPORTERS.get(type(model.config))
-    if exporter is None:
+def _write_hf_directory(
+    model: nn.Module, weights: FamilyWeights, state: dict[str, torch.Tensor], directory: Path, info: ModelInfo
+) -> Path:
+    if weights.hf_export is None:
         raise ValueError(f"there is no Hugging Face layout for {family_of(model).name} models")
-    renamed, config = exporter(model.config, state)
+    renamed, config = weights.hf_export(model.config, state)
     config.update(hf.labels(model.config.num_classes, info.class_names))
-    processor = hf.image_processor(model.config, info.mean, info.std)
+    processor = None
+    if weights.hf_image_processor:
+        processor = hf.image_processor(model.config.img_size, model.config.in_chans, info.mean, info.std)
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(renamed, tmp, metadata={"format": "pt"}))
     for name, content in ((CONFIG_NAME, config), (hf.PREPROCESSOR_NAME, processor)):
@@ -582,11 +548,11 @@ def _write_hf_directory(model: nn.Module, state: dict[str, torch.Tensor], direct
 
 
 __all__ = [
-    "FORMATS",
     "LoadReport",
     "convert",
     "detect_format",
     "export_weights",
+    "formats",
     "from_pretrained",
     "load_pretrained",
     "load_weights",

@@ -6,7 +6,8 @@ A vitkit `config.json` (format_version 2) holds:
   - "class_names" (optional): the class names in label order, one per classifier output;
   - "mean", "std" (optional): the per-channel normalisation of images scaled to [0, 1] that the model expects.
 Version 1 files (written before names and normalisation were kept) are read too; they may lack the config fields
-added since (`FIELDS_ADDED`), which then take their defaults. Any other missing field is an error naming it.
+added since (each family's `FamilyWeights.fields_added`), which then take their defaults. Any other missing field is
+an error naming it.
 """
 
 from __future__ import annotations
@@ -29,17 +30,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vitkit.models.registry import build_model, family, family_of
+from vitkit.weights.family import family_weights
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 2  # what save_pretrained writes
 READ_VERSIONS = (1, 2)  # the format versions this vitkit reads
-# family -> config field -> the first format version whose files always hold it; files of an older version may
-# lack the field, which then takes its default (the behaviour of the vitkit that wrote them).
-FIELDS_ADDED: dict[str, dict[str, int]] = {
-    "vit": {"bilinear_dim": 2},
-    "botnet": {"global_pool": 2, "bilinear_dim": 2},
-}
 INFO_ATTRIBUTE = "pretrained_info"  # the `ModelInfo` that from_pretrained / load_pretrained set on a model
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # files written by torch.save
 # Weight files looked for, in this order, when a checkpoint path is a directory (vitkit's and Hugging Face's names).
@@ -271,14 +267,15 @@ def _config_from_dict(
     """Rebuild a config dataclass from JSON values (lists back to tuples where the field allows a tuple).
 
     Every field must be present, except those added to the family after the file's format `version`
-    (`FIELDS_ADDED`), which take their defaults; ValueError naming missing and unknown fields.
+    (`FamilyWeights.fields_added`), which take their defaults: the behaviour of the vitkit that wrote the file.
+    ValueError naming missing and unknown fields.
     """
     where = f"{source}: " if source else ""
     names = [f.name for f in dataclasses.fields(config_cls)]
     unknown = sorted(set(fields) - set(names))
     if unknown:
         raise ValueError(f"{where}config has field(s) {unknown} that {config_cls.__name__} does not know")
-    added = FIELDS_ADDED.get(family_name, {})
+    added = family_weights(family_name).fields_added if family_name else {}
     missing = [name for name in names if name not in fields and added.get(name, 0) <= version]
     if missing:
         raise ValueError(

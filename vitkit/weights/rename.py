@@ -62,7 +62,7 @@ def _fill(template: str, indices: Indices, rest: str) -> str:
 @dataclass(frozen=True)
 class Layout:
     format: str  # the source format's name, e.g. "torchvision"
-    family: str  # the vitkit family the table fills, e.g. "vit"
+    family: str  # the vitkit family the table fills (its registered name)
     rules: tuple[Rename, ...]  # the rename table
     markers: tuple[str, ...]  # source keys (after `strip_prefixes`) whose presence, all of them, identifies the layout
     strip_prefixes: tuple[str, ...] = ()  # source prefixes removed before renaming (e.g. Hugging Face's "vit.")
@@ -71,6 +71,8 @@ class Layout:
     # config this format cannot express, called before export
     export_buffers: Callable[[nn.Module], dict[str, torch.Tensor]] | None = field(default=None, compare=False)
     # source-named tensors the format stores but vitkit recomputes (e.g. torchvision's relative position index)
+    wrapper: str | None = None  # the entry of the format's `torch.save` files that holds the state dict (e.g.
+    # facebookresearch/detr's {"model": state_dict}), written so on export; None: the state dict itself
 
     def matches(self, keys: set[str]) -> bool:
         """Whether a state dict with these keys is in this layout."""

@@ -1,0 +1,123 @@
+"""What a model family declares about its weights: one `FamilyWeights`, the `WEIGHTS` of its weights file
+`vitkit.weights.<family>` (the module its registration names as `Family.weights`).
+
+Loading, format detection, the shape and key checks, vitkit directories and Hugging Face directories read a family's
+checkpoints through this declaration only: which keys identify vitkit's (timm's) own layout, where the classifier
+is, what is fitted to the model's size, one rename table per source format, the config fields a state dict's shapes
+fix, and the translations to and from transformers' config.json. A family registered without a weights module reads
+and writes vitkit's own names only, its classifier under `head.`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitkit.models.registry import families, family
+from vitkit.weights.rename import Layout
+
+State = dict[str, torch.Tensor]
+# (transformers config.json, the checkpoint's keys, the file named in errors) -> the equal vitkit config
+ConfigReader = Callable[[dict[str, Any], set[str], str], Any]
+# (vitkit config, vitkit state dict) -> (state dict in transformers' names, transformers config.json)
+HfExporter = Callable[[Any, State], tuple[State, dict[str, Any]]]
+
+
+def unchanged(model: nn.Module, state: State) -> list[str]:
+    """For families whose tensors do not depend on the image size: nothing to fit."""
+    return []
+
+
+def no_fields(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """For families without a shape reader: the key-by-key check reports a checkpoint of another size."""
+    return {}
+
+
+@dataclass(frozen=True)
+class FamilyWeights:
+    markers: tuple[str, ...] = ()  # vitkit keys whose presence, all of them, identifies vitkit's (timm's) own layout;
+    # (): whatever none of `layouts` matches is read as vitkit's names
+    head: tuple[str, ...] = ("head.",)  # vitkit key prefixes of the classifier(s), skipped with reset_head=True
+    adapt: Callable[[nn.Module, State], list[str]] = unchanged  # fits size-dependent tensors to the model, in place,
+    # before the shape check; returns a line per tensor changed; ValueError when one cannot be fitted
+    extra_outputs: int = 0  # classifier rows beyond num_classes (DETR's "no object")
+    layouts: tuple[Layout, ...] = ()  # one rename table per source format (`Layout.format`), in the order the
+    # family lists its formats
+    read_fields: Callable[[Mapping[str, torch.Tensor]], dict[str, Any]] = no_fields  # the config fields that a state
+    # dict's shapes and key counts fix (vitkit's names; see vitkit.weights.shapes)
+    fields_added: Mapping[str, int] = field(default_factory=dict)  # config field -> the first vitkit config.json
+    # format version whose files always hold it; older files may lack it, and it takes its default
+    hf_model_types: Mapping[str, ConfigReader] = field(default_factory=dict)  # transformers model_type -> the
+    # reader of its config.json
+    hf_export: HfExporter | None = None  # writes a model as transformers' save_pretrained does; None: no such class
+    hf_image_processor: bool = False  # whether an exported Hugging Face directory gets a `preprocessor_config.json`
+    # for transformers' ViTImageProcessor (resize, rescale, normalise) when the normalisation is known
+
+    def __post_init__(self) -> None:
+        listed = [layout.format for layout in self.layouts]
+        repeated = sorted({f for f in listed if listed.count(f) > 1})
+        if repeated:
+            raise ValueError(f"one layout per format: {repeated} listed more than once")
+
+    def layout(self, format: str) -> Layout | None:
+        """The family's rename table for `format`, or None when it has none."""
+        return next((layout for layout in self.layouts if layout.format == format), None)
+
+
+OWN_NAMES_ONLY = FamilyWeights()  # a family registered without a weights module
+
+
+def family_weights(name: str) -> FamilyWeights:
+    """The weights declaration of the registered family `name` (its weights module's `WEIGHTS`)."""
+    module = family(name).weights
+    if module is None:
+        return OWN_NAMES_ONLY
+    weights = getattr(importlib.import_module(module), "WEIGHTS", None)
+    if not isinstance(weights, FamilyWeights):
+        raise TypeError(f"{module} must define WEIGHTS, a vitkit.weights.FamilyWeights, for the {name} family")
+    return weights
+
+
+def registered_weights() -> dict[str, FamilyWeights]:
+    """Every registered family's weights declaration, by family name, in registration order."""
+    return {fam.name: family_weights(fam.name) for fam in families()}
+
+
+def source_formats() -> tuple[str, ...]:
+    """The formats the registered families have rename tables for, each family's order kept (a format a family
+    lists after another comes after it), else in the order first seen."""
+    return _merge_orders([[layout.format for layout in w.layouts] for w in registered_weights().values()])
+
+
+def _merge_orders(orders: Sequence[Sequence[str]]) -> tuple[str, ...]:
+    """The union of `orders`, each name after every name some order lists before it (where the orders disagree,
+    the one seen first goes first)."""
+    seen: list[str] = []
+    before: dict[str, set[str]] = {}
+    for order in orders:
+        for i, name in enumerate(order):
+            if name not in before:
+                seen.append(name)
+            before.setdefault(name, set()).update(order[:i])
+    merged: list[str] = []
+    while len(merged) < len(seen):
+        left = [name for name in seen if name not in merged]
+        merged.append(next((name for name in left if before[name] <= set(merged)), left[0]))
+    return tuple(merged)
+
+
+__all__ = [
+    "ConfigReader",
+    "FamilyWeights",
+    "HfExporter",
+    "family_weights",
+    "no_fields",
+    "registered_weights",
+    "source_formats",
+    "unchanged",
+]
