@@ -23,6 +23,7 @@ from torch import nn
 
 import vitkit
 from vitkit.layers import set_attention_backend, to_2tuple
+from vitkit.models.registry import DETECTION, family_of
 from vitkit.train.optim import create_optimizer, param_groups
 
 
@@ -79,16 +80,10 @@ def detector_variants(model: nn.Module, x: torch.Tensor) -> dict[str, Callable[[
     return variants
 
 
-def _nchw(backbone: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The backbone's forward with its layers in NCHW: the stem, then each stage, as `ResNetBackbone.forward`."""
-
-    def forward(images: torch.Tensor) -> torch.Tensor:
-        x = backbone.maxpool(backbone.relu(backbone.bn1(backbone.conv1(images))))
-        for stage in backbone.stages():
-            x = stage(x)
-        return x
-
-    return forward
+def _nchw(backbone: nn.Module) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+    """The backbone's forward on NCHW images (the detector hands it channels-last ones)."""
+    forward = backbone.forward
+    return lambda images: forward(images.contiguous())
 
 
 def main() -> None:
@@ -103,7 +98,7 @@ def main() -> None:
     model = vitkit.create_model(args.model).eval()
     size = args.img_size.split("x") if args.img_size else to_2tuple(model.config.img_size)
     x = torch.randn(args.batch, 3, *map(int, size))
-    if hasattr(model, "backbone"):
+    if family_of(model).task == DETECTION:
         variants = detector_variants(model, x)
     else:
         variants = (train_variants if args.train else inference_variants)(model, x)

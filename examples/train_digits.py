@@ -9,8 +9,8 @@ from pathlib import Path
 
 from vitkit import from_pretrained
 from vitkit.data import DataInfo, load_builtin
-from vitkit.train import TrainConfig, evaluate_model_dir, fit, predict
-from vitkit.viz import attention_overlay
+from vitkit.infer import attention_overlay, evaluate_model_dir, predict
+from vitkit.train import TrainConfig, fit
 
 
 def main() -> None:

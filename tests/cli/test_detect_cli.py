@@ -14,8 +14,8 @@ from vitkit import from_pretrained
 from vitkit.cli import main
 from vitkit.data import DetectionInfo, load_digits_detect, write_coco_folder
 from vitkit.detection import COCO_METRICS
-from vitkit.train import TrainConfig, detect_files, detection_attention, detection_attention_figure
-from vitkit.train.detect import load_detection_settings
+from vitkit.infer import detect_files, detection_attention, detection_attention_figure, load_detection_settings
+from vitkit.train import TrainConfig
 from vitkit.viz import enlarge
 from vitkit.viz.attention import figure_image
 

@@ -1,4 +1,4 @@
-"""Padding a batch of images of different sizes, and DETR's outputs as pixel boxes (against transformers')."""
+"""DETR's outputs as pixel boxes (against transformers')."""
 
 import math
 import types
@@ -7,29 +7,7 @@ import pytest
 import torch
 import transformers
 
-from vitkit.detection import pad_images, postprocess
-
-
-def test_pad_images_keeps_each_image_top_left_and_masks_the_rest():
-    a = torch.rand(3, 5, 7)
-    b = torch.rand(3, 6, 4)
-    images, mask = pad_images([a, b])
-    assert images.shape == (2, 3, 6, 7) and mask.shape == (2, 6, 7) and mask.dtype == torch.bool
-    assert torch.equal(images[0, :, :5, :7], a) and torch.equal(images[1, :, :6, :4], b)
-    assert images[0, :, 5:].eq(0).all() and images[1, :, :, 4:].eq(0).all()
-    assert mask[0].sum() == 5 * 7 and mask[0, :5, :7].all()
-    assert mask[1].sum() == 6 * 4 and mask[1, :6, :4].all()
-
-
-def test_pad_images_errors():
-    with pytest.raises(ValueError, match="at least one image"):
-        pad_images([])
-    with pytest.raises(ValueError, match=r"takes images \(C, H, W\); image 1 is \(1, 3, 4, 4\)"):
-        pad_images([torch.rand(3, 4, 4), torch.rand(1, 3, 4, 4)])
-    with pytest.raises(ValueError, match="image 1 is \\(1 channels"):
-        pad_images([torch.rand(3, 4, 4), torch.rand(1, 4, 4)])
-    with pytest.raises(ValueError, match="image 0 has no pixels"):
-        pad_images([torch.rand(3, 0, 4)])
+from vitkit.detection import postprocess
 
 
 def random_outputs(batch: int = 3, queries: int = 20, classes: int = 6) -> dict[str, torch.Tensor]:

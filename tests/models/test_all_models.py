@@ -1,15 +1,18 @@
 """Every registered model: timm's parameter layout, forward shape, gradients to every parameter, backends agree,
-the model interface (`vitkit.models.interface.VitkitModel`), gradient checkpointing.
+the model interface (`vitkit.models.interface.VitkitModel`, and `VitkitDetector` for a detector family), gradient
+checkpointing.
 
-A family added to the registry is covered here automatically; it only needs an entry in SMALL saying how to shrink
-it for a quick forward/backward while keeping the variant's width, heads and patch, and one in BLOCKS saying how
-many blocks `set_grad_checkpointing` wraps. A family whose forward returns more than logits (a detector's dict)
-says what in OUTPUTS.
+A family added to the registry is covered here automatically; it only needs a row in FAMILIES saying how to shrink
+it for a quick forward/backward while keeping the variant's width, heads and patch, how many blocks
+`set_grad_checkpointing` wraps, and which parameters get no gradient at initialisation. What forward returns comes
+from the family's task (classifier logits, or a detector's dict as `VitkitDetector` describes it).
 """
 
 import copy
 import dataclasses
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import timm
@@ -18,48 +21,73 @@ from torch import nn
 
 import vitkit
 from vitkit.layers import capture_attention, set_attention_backend
-from vitkit.models.interface import VitkitModel
-from vitkit.models.registry import model_entry
+from vitkit.models.interface import VitkitDetector, VitkitModel
+from vitkit.models.registry import DETECTION, families, family_of, model_entry
 
-SMALL = {
-    "vit": lambda c: dict(img_size=2 * c.patch_size, depth=1),
-    "swin": lambda c: dict(img_size=c.patch_size * 8 * 2, depths=(1,) * len(c.depths)),
-    "botnet": lambda c: dict(img_size=64),
-    "detr": lambda c: dict(img_size=64, backbone_depths=(1, 1, 1, 1), enc_layers=1, dec_layers=2),
-}
-BLOCKS = {
-    "vit": lambda c: c.depth,  # the encoder blocks
-    "swin": lambda c: sum(c.depths),  # the blocks of every stage
-    "botnet": lambda c: sum(c.depths),  # the bottleneck and BoT blocks of every stage
-    "detr": lambda c: sum(c.backbone_depths) + c.enc_layers + c.dec_layers,  # residual blocks, encoder, decoder
-}
-# The shapes forward returns for 2 images and 5 classes, where that is not classifier logits (2, 5): a dict of them.
-OUTPUTS = {
-    "detr": lambda c: {
-        "pred_logits": (2, c.num_queries, 6),  # the 5 classes and "no object"
-        "pred_boxes": (2, c.num_queries, 4),
-        "aux_outputs": [{"pred_logits": (2, c.num_queries, 6), "pred_boxes": (2, c.num_queries, 4)}]
-        * (c.dec_layers - 1),
-    },
-}
-# Trainable parameters that get no gradient from a freshly initialised model, and why.
-NO_GRADIENT_AT_INIT = {
-    # DETR's decoder slots start at zero, so every value of the first decoder self-attention is its value bias: the
-    # attention weights never matter (no gradient to q and k), and with the biases' zero init (nn.MultiheadAttention's)
-    # the output projection and the norm after it see zeros until those biases move.
-    "detr": {f"decoder.layers.0.{p}.weight" for p in ("self_attn.qkv", "self_attn.proj", "norm1")},
+
+def task_outputs(model: nn.Module) -> object:
+    """The shapes forward returns for 2 images, as the model's task says: classifier logits (2, num_classes), or a
+    detector's dict (`VitkitDetector`): the last decoder layer's predictions and, with `config.aux_loss`, those of
+    every earlier decoder layer (one cross-attention layer each, `object_attention_layers`)."""
+    c = model.config
+    if family_of(model).task != DETECTION:
+        return (2, c.num_classes)
+    layer = {"pred_logits": (2, c.num_queries, c.num_classes + 1), "pred_boxes": (2, c.num_queries, 4)}  # + no object
+    earlier = len(model.object_attention_layers()) - 1 if c.aux_loss else 0
+    return {**layer, "aux_outputs": [layer] * earlier}
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyRow:
+    """How the tests below run the models of one family."""
+
+    shrink: Callable[[Any], dict]  # config -> fields that make the variant quick, keeping its width, heads and patch
+    blocks: Callable[[Any], int]  # config -> how many blocks `set_grad_checkpointing` wraps
+    outputs: Callable[[nn.Module], object] = task_outputs  # model -> the shapes forward returns for 2 images
+    no_gradient_at_init: frozenset[str] = frozenset()  # trainable parameters a fresh model gives no gradient
+
+
+FAMILIES = {
+    "vit": FamilyRow(
+        shrink=lambda c: dict(img_size=2 * c.patch_size, depth=1),
+        blocks=lambda c: c.depth,  # the encoder blocks
+    ),
+    "swin": FamilyRow(
+        shrink=lambda c: dict(img_size=c.patch_size * 8 * 2, depths=(1,) * len(c.depths)),
+        blocks=lambda c: sum(c.depths),  # the blocks of every stage
+    ),
+    "botnet": FamilyRow(
+        shrink=lambda c: dict(img_size=64),
+        blocks=lambda c: sum(c.depths),  # the bottleneck and BoT blocks of every stage
+    ),
+    "detr": FamilyRow(
+        shrink=lambda c: dict(img_size=64, backbone_depths=(1, 1, 1, 1), enc_layers=1, dec_layers=2),
+        blocks=lambda c: sum(c.backbone_depths) + c.enc_layers + c.dec_layers,  # residual blocks, encoder, decoder
+        # DETR's decoder slots start at zero, so every value of the first decoder self-attention is its value bias:
+        # the attention weights never matter (no gradient to q and k), and with the biases' zero init
+        # (nn.MultiheadAttention's) the output projection and the norm after it see zeros until those biases move.
+        no_gradient_at_init=frozenset(
+            f"decoder.layers.0.{p}.weight" for p in ("self_attn.qkv", "self_attn.proj", "norm1")
+        ),
+    ),
 }
 DROP_RATES = ("drop_rate", "attn_drop_rate", "drop_path_rate")
 
 ALL = vitkit.list_models()
 
 
-def small_model(name: str, **overrides) -> nn.Module:
-    """`name` shrunk by SMALL for 5 classes, built with seed 0."""
+def row(name: str) -> FamilyRow:
+    """The FAMILIES row of model `name`'s family."""
     entry = model_entry(name)
-    assert entry.family in SMALL, f"add shrink overrides for family {entry.family!r} to SMALL"
+    assert entry.family in FAMILIES, f"add a row for family {entry.family!r} to FAMILIES"
+    return FAMILIES[entry.family]
+
+
+def small_model(name: str, **overrides) -> nn.Module:
+    """`name` shrunk by its FAMILIES row for 5 classes, built with seed 0."""
+    shrink = row(name).shrink(model_entry(name).config)
     torch.manual_seed(0)
-    return vitkit.create_model(name, num_classes=5, **{**SMALL[entry.family](entry.config), **overrides})
+    return vitkit.create_model(name, num_classes=5, **{**shrink, **overrides})
 
 
 def output_shapes(out):
@@ -71,8 +99,8 @@ def output_shapes(out):
     return [output_shapes(value) for value in out]
 
 
-def expected_shapes(name: str, config) -> object:
-    return OUTPUTS.get(model_entry(name).family, lambda c: (2, 5))(config)
+def expected_shapes(name: str, model: nn.Module) -> object:
+    return row(name).outputs(model)
 
 
 def square_mean(out) -> torch.Tensor:
@@ -107,10 +135,10 @@ def test_small_forward_backward_reaches_every_parameter(name):
     x = images(model)
     model.train()
     out = model(x)
-    assert output_shapes(out) == expected_shapes(name, model.config)
+    assert output_shapes(out) == expected_shapes(name, model)
     square_mean(out).backward()
     no_grad = {n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())}
-    assert no_grad == NO_GRADIENT_AT_INIT.get(model_entry(name).family, set())
+    assert no_grad == row(name).no_gradient_at_init
 
     model.eval()
     with torch.no_grad():
@@ -131,7 +159,7 @@ def test_model_provides_the_interface(name):
         out = model(x)
         features = model.forward_features(x)
     torch.testing.assert_close(model.forward_head(features), out)
-    assert output_shapes(out) == expected_shapes(name, config)
+    assert output_shapes(out) == expected_shapes(name, model)
     assert model.forward_head(features, pre_logits=True).shape[0] == 2
 
     # token_grid: (P, (Hp, Wp)) exactly when every attention layer attends over the same P + Hp * Wp tokens of
@@ -143,6 +171,32 @@ def test_model_provides_the_interface(name):
     else:
         prefix, (Hp, Wp) = grid
         assert shapes == {(2, prefix + Hp * Wp, prefix + Hp * Wp)}
+
+
+def test_every_family_has_a_row():
+    assert set(FAMILIES) == {fam.name for fam in families()}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_model_provides_what_its_family_declares(name):
+    """Every model names its parameters without weight decay (`no_weight_decay`: parameters of ndim > 1); a model of
+    a detector family provides `VitkitDetector`, its `predict` being forward's last-layer predictions."""
+    model = small_model(name).eval()
+    params = dict(model.named_parameters())
+    no_decay = model.no_weight_decay()
+    assert isinstance(no_decay, set) and no_decay <= set(params)
+    assert all(params[n].ndim > 1 for n in no_decay)
+    if family_of(model).task != DETECTION:
+        return
+    assert isinstance(model, VitkitDetector)
+    assert isinstance(model.backbone, nn.Module)
+    layers = model.object_attention_layers()
+    assert layers and set(layers) <= {n for n, _ in model.named_modules()}
+    x = images(model)
+    with torch.no_grad():
+        out, predicted = model(x), model.predict(x)
+    assert set(predicted) == {"pred_logits", "pred_boxes"}
+    torch.testing.assert_close(predicted, {k: out[k] for k in predicted})
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -173,7 +227,7 @@ def test_grad_checkpointing_keeps_gradients_and_state(name):
     fields = {f.name for f in dataclasses.fields(entry.config)}
     plain = small_model(name, **{rate: 0.0 for rate in DROP_RATES if rate in fields}).train()
     wrapped = copy.deepcopy(plain)
-    assert wrapped.set_grad_checkpointing() == BLOCKS[entry.family](plain.config)
+    assert wrapped.set_grad_checkpointing() == row(name).blocks(plain.config)
     assert list(wrapped.state_dict()) == list(plain.state_dict())
     x = images(plain)
     out, saved = _forward_saving(plain, x)

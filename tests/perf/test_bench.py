@@ -1,10 +1,14 @@
 """bench(): the candidates, their fields and the CLI; no timing is asserted (timings are benchmarks)."""
 
+import functools
 import json
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
+from vitkit import create_model
 from vitkit.analysis import MemoryWarning, NotEnoughMemory, estimate_memory, profile
 from vitkit.cli import main
 from vitkit.perf.bench import (
@@ -21,26 +25,68 @@ from vitkit.perf.bench import (
 from vitkit.train import create_optimizer
 
 
-def test_inference_against_timm_reports_every_candidate():
+def counted_matmul_flops(name: str, img_size: int, batch: int, backward: bool = False) -> int:
+    """FlopCounterMode's count for the model run with explicit (math) attention, which it counts fully: one forward
+    pass, or with `backward` a forward and a backward pass (the input's gradient included). Shapes only (meta)."""
+    with torch.device("meta"):
+        model = create_model(name, attn_backend="math", dynamic_img_size=True)
+        x = torch.randn(batch, model.config.in_chans, img_size, img_size, requires_grad=backward)
+    with FlopCounterMode(display=False) as counter:
+        out = model(x)
+        if backward:
+            out.sum().backward()
+    return counter.get_total_flops()
+
+
+@pytest.fixture
+def small_gemms(monkeypatch):
+    """GEMM rates measured on 256 x 256 products: one 2048 x 2048 bf16 product takes a minute on a CPU without bf16
+    units (`gemm_rate` itself is tested on its own)."""
+    monkeypatch.setattr("vitkit.perf.bench.gemm_rate", functools.partial(gemm_rate, n=256, repeats=2))
+
+
+def test_inference_against_timm_reports_every_candidate(small_gemms):
     report = bench("vit_tiny_patch16_224", batch=2, img_size=64, precision="bf16", compare="timm", rounds=2, warmup=1)
     assert [r.name for r in report.results] == ["vitkit bf16", "timm fp32", "timm autocast-bf16"]
     assert report.img_size == (64, 64) and report.mode == "inference"
     assert set(report.gemm_flops_per_second) == {"bf16", "fp32"}
+    assert report.flops_per_step == counted_matmul_flops("vit_tiny_patch16_224", 64, 2)
     for r in report.results:
         assert len(r.times_ms) == 2 and r.latency_ms == pytest.approx(
             sorted(r.times_ms)[0] / 2 + sorted(r.times_ms)[1] / 2
         )
         assert r.images_per_second == pytest.approx(2 / (r.latency_ms / 1000))
         assert r.peak_memory_bytes > 0 and 0 < r.mfu
+        rate = report.gemm_flops_per_second[r.precision]
+        assert r.mfu == pytest.approx(report.flops_per_step / (r.latency_ms / 1000) / rate)
         assert sum(r.time_split.values()) == pytest.approx(1.0) and r.time_split["optimizer"] == 0
 
 
-def test_training_steps_update_the_weights(capsys):
+def test_training_steps_update_the_weights(capsys, monkeypatch):
+    built = {}
+
+    def recording(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+        model.pos_embed.requires_grad_(False)  # frozen: no step may move it
+        built["before"] = {k: v.clone() for k, v in model.state_dict().items()}
+        built["model"], built["optimizer"] = model, create_optimizer(model, lr, weight_decay)
+        return built["optimizer"]
+
+    monkeypatch.setattr("vitkit.cli.bench.create_optimizer", recording)
     assert main(["bench", "vit_tiny_patch16_224", "--batch", "2", "--img-size", "32", "--train", "--rounds", "1",
                  "--warmup", "0", "--json"]) == 0  # fmt: skip
     data = json.loads(capsys.readouterr().out)
     assert data["mode"] == "train" and [r["name"] for r in data["results"]] == ["vitkit fp32 train"]
     assert data["flops_per_step"] % 3 == 0
+    assert data["flops_per_step"] == counted_matmul_flops("vit_tiny_patch16_224", 32, 2, backward=True)
+    model, before, optimizer = built["model"], built["before"], built["optimizer"]
+    after = model.state_dict()
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert len(trained) == len(before) - 1 and "pos_embed" not in trained  # every parameter but the frozen one
+    assert {k for k in before if not torch.equal(before[k], after[k])} == trained
+    (steps,) = {int(optimizer.state[p]["step"]) for p in model.parameters() if p.requires_grad}
+    assert steps >= 1  # the timed step, and those run to measure its memory and its time split
+    moved = max((after[k] - before[k]).abs().max().item() for k in trained)
+    assert 0 < moved <= 3e-4 * steps  # AdamW at lr 1e-4 moves an element by about lr per step, never by 3x that
 
 
 def test_table_output(capsys):
@@ -50,8 +96,38 @@ def test_table_output(capsys):
     assert "vitkit fp32" in out and "timm fp32" in out and "vs timm fp32" in out and "1.00x" in out
 
 
-def test_gemm_rate_is_positive():
-    assert gemm_rate("fp32", torch.device("cpu"), n=128, repeats=2) > 0
+class ProductClock(TorchDispatchMode):
+    """A clock in which the k-th matrix product run under it takes `durations[k]` seconds and nothing else takes
+    any time; it stands in for the `time` module (`perf_counter`)."""
+
+    def __init__(self, durations: list[float]) -> None:
+        super().__init__()
+        self.durations = iter(durations)
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.mm.default:
+            self.now += next(self.durations)
+        return func(*args, **(kwargs or {}))
+
+
+def test_gemm_rate_is_the_flops_of_one_product_over_the_median_time(monkeypatch):
+    n, repeats = 96, 5
+    with FlopCounterMode(display=False) as counter:
+        gemm_rate("fp32", torch.device("cpu"), n=n, repeats=repeats)
+    assert counter.get_total_flops() == (2 + repeats) * 2 * n**3  # two warm-up products, then the timed ones
+    # warm-ups of 50 ms are left out; the median of 4, 1, 3, 2 and 5 ms is 3 ms
+    clock = ProductClock([0.05, 0.05, 0.004, 0.001, 0.003, 0.002, 0.005])
+    monkeypatch.setattr("vitkit.perf.bench.time", clock)
+    with clock:
+        assert gemm_rate("fp32", torch.device("cpu"), n=n, repeats=repeats) == pytest.approx(2 * n**3 / 0.003)
+    clock = ProductClock([1.0, 1.0, 0.5, 0.25])  # the median of two products is their mean
+    monkeypatch.setattr("vitkit.perf.bench.time", clock)
+    with clock:
+        assert gemm_rate("bf16", torch.device("cpu"), n=64, repeats=2) == pytest.approx(2 * 64**3 / 0.375)
 
 
 def test_errors():
@@ -112,7 +188,7 @@ def test_the_command_times_the_optimizer_vitkit_train_uses(monkeypatch):
     assert seen["optimizer"] is create_optimizer and seen["train"] is True
 
 
-def test_detector_against_transformers(capsys):
+def test_detector_against_transformers(capsys, small_gemms):
     assert main(["bench", "detr_tiny", "--batch", "1", "--img-size", "64x96", "--precision", "bf16", "--rounds", "1",
                  "--warmup", "0", "--compare", "transformers"]) == 0  # fmt: skip
     out = capsys.readouterr().out

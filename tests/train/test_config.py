@@ -16,7 +16,12 @@ from vitkit.data import DEFAULT_VAL_FRACTION
 from vitkit.models.registry import model_entry
 from vitkit.train import DEFAULT_DETECTOR, DEFAULT_MODEL, TrainConfig, fit
 from vitkit.train.config import LEGACY_DEFAULT_MODEL, LEGACY_DEFAULT_MODEL_ARGS, current_model_name
-from vitkit.train.recipe import CLASSIFIER_RECIPE, DETR_RECIPE, SMALL_DETR_RECIPE
+from vitkit.train.recipe import recipe_for
+
+# The recipes --help names: the classifiers', the small DETRs' (their registry entries' own) and DETR's.
+CLASSIFIER_RECIPE = recipe_for("classification", DEFAULT_MODEL)
+SMALL_DETR_RECIPE = recipe_for("detection", DEFAULT_DETECTOR)
+DETR_RECIPE = recipe_for("detection", "detr_resnet50")
 
 
 def test_every_field_is_a_train_option():

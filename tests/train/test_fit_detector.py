@@ -21,19 +21,10 @@ import vitkit
 from vitkit import from_pretrained
 from vitkit.data import DetectionInfo
 from vitkit.detection import COCO_METRICS, Postprocessing
-from vitkit.train import (
-    DEFAULT_DETECTOR,
-    TrainConfig,
-    detect_files,
-    detection_attention,
-    evaluate_detector_dir,
-    fit,
-    load_checkpoint,
-    recipe_for,
-)
+from vitkit.infer import detect_files, detection_attention, evaluate_detector_dir, load_detection_settings
+from vitkit.train import DEFAULT_DETECTOR, TrainConfig, fit, load_checkpoint, recipe_for
 from vitkit.train.checkpoint import save_checkpoint
 from vitkit.train.config import older_detector_settings
-from vitkit.train.detect import load_detection_settings
 
 METRICS = {"epoch", "train_loss", "loss_ce", "loss_bbox", "loss_giou", "loss_box_cls", *COCO_METRICS}
 METRICS |= {"lr", "seconds", "images_per_second", "skipped"}

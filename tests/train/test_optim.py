@@ -103,3 +103,26 @@ def test_a_detectors_backbone_learns_at_its_own_rate():
     assert factor == pytest.approx([factor[0]] * 4) and factor[0] < 1  # both rates follow one schedule
     with pytest.raises(ValueError, match="Linear has no backbone"):
         param_groups(torch.nn.Linear(2, 2), 0.0, backbone_lr=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name, fields",
+    [
+        ("vit_small_patch16_224", dict(img_size=32, patch_size=8, depth=2)),
+        ("vit_small_patch16_224", dict(img_size=32, patch_size=8, depth=2, class_token=False, global_pool="avg")),
+        ("deit_tiny_distilled_patch16_224", dict(img_size=32, patch_size=8, depth=2)),
+        ("swin_tiny_patch4_window7_224", dict(img_size=56, depths=(1, 1), num_heads=(1, 2), embed_dim=16)),
+    ],
+)
+def test_no_weight_decay_is_timms(name, fields):
+    """The parameters a model names as not decayed are those timm names for its model of the same layout
+    (`no_weight_decay()`, and `no_weight_decay_keywords()` where timm has it)."""
+    timm = pytest.importorskip("timm")
+    ours = create_model(name, **fields)
+    theirs = timm.create_model(name, pretrained=False, **fields)
+    params = {n for n, _ in theirs.named_parameters()}
+    assert {n for n, _ in ours.named_parameters()} == params  # timm's layout: the names compare
+    named = theirs.no_weight_decay()
+    keywords = theirs.no_weight_decay_keywords() if hasattr(theirs, "no_weight_decay_keywords") else set()
+    expected = {n for n in params if n in named or any(word in n for word in keywords)}
+    assert expected and ours.no_weight_decay() == expected

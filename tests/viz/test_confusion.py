@@ -28,7 +28,12 @@ def test_cells_counts_and_title_follow_the_matrix():
     figure = confusion_figure(confusion, ["cat", "dog", "bird"], title="a model")
     ax = _matrix_axes(figure)
     shares = confusion.double() / confusion.sum(1, keepdim=True).clamp(min=1)
-    np.testing.assert_allclose(ax.get_images()[0].get_array(), shares.numpy())
+    (image,) = ax.get_images()
+    np.testing.assert_allclose(image.get_array(), shares.numpy())
+    assert image.get_clim() == (0.0, 1.0)  # every row on the same scale, whatever its largest share
+    assert _matrix_axes(confusion_figure(torch.ones(2, 2), ["a", "b"])).get_images()[0].get_clim() == (0.0, 1.0)
+    assert image.colorbar.ax.get_ylabel() == "share of the true class's images"
+    assert image.colorbar.ax.get_ylim() == (0.0, 1.0)
     counts = [[None] * 3 for _ in range(3)]
     for text in ax.texts:
         x, y = text.get_position()
@@ -50,6 +55,7 @@ def test_the_figure_grows_with_the_class_count_and_stays_bounded():
     assert not ax.texts  # 200 counts do not fit their cells
     shown = [t.get_text() for t in ax.get_xticklabels()]
     assert 0 < len(shown) < 200 and shown[:2] == ["class 0", f"class {200 // len(shown)}"]  # thinned evenly
+    assert len(shown) == 100  # 14-inch matrix: 0.07-inch cells, labels of 6 points need two cells each
     assert all(t.get_rotation() == 90 for t in ax.get_xticklabels())
     assert max(figure.get_size_inches()) < MAX_MATRIX + 6
 
@@ -79,7 +85,29 @@ def test_names_no_font_draws_become_indices_with_a_legend():
     assert [t.get_text() for t in legend.texts] == ["index  class", "0  <U+732B>", "1  <U+72AC>", "2  bird"]
 
 
-def test_confusion_image_is_the_figure_at_its_size():
+def test_confusion_image_is_the_figure_at_its_size(monkeypatch):
+    from matplotlib.figure import Figure
+
+    saved = []
+    savefig = Figure.savefig
+
+    def recording(figure: Figure, *args, **kwargs) -> None:
+        saved.append(figure)
+        savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording)
     figure = confusion_figure(_confusion(5), list("abcde"))
     image = confusion_image(_confusion(5), list("abcde"))
     assert image.mode == "RGB" and image.size == tuple(round(v) for v in figure.get_size_inches() * figure.dpi)
+    # each cell of the picture has the colour of its row share, beside its count (the drawn figure's layout)
+    (drawn,) = saved
+    ax = _matrix_axes(drawn)
+    cmap = ax.get_images()[0].cmap
+    confusion = _confusion(5).double()
+    shares = confusion / confusion.sum(1, keepdim=True)
+    pixels = np.asarray(image, dtype=int)  # (H, W, 3)
+    for i in range(5):
+        for j in range(5):
+            column, row = ax.transData.transform((j - 0.3, i - 0.3))  # a cell's upper left, clear of its count
+            expected = np.array(cmap(shares[i, j].item())[:3]) * 255
+            assert np.abs(pixels[round(pixels.shape[0] - row), round(column)] - expected).max() <= 3, (i, j)

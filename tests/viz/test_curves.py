@@ -7,10 +7,13 @@ import math
 import matplotlib.image
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 from PIL import Image
 
 from vitkit.viz import write_curves
 from vitkit.viz.curves import curve_series
+
+BLUE, ORANGE = np.array([0x1F, 0x77, 0xB4]), np.array([0xFF, 0x7F, 0x0E])  # matplotlib's first two colours
 
 
 def _classifier(epochs: int) -> list[dict]:
@@ -41,15 +44,48 @@ def test_a_detectors_series_skip_epochs_with_nothing_to_score():
 
 
 @pytest.mark.parametrize("epochs", [1, 12])
-def test_write_curves_draws_a_png_in_place(tmp_path, epochs):
+def test_write_curves_draws_a_png_in_place(tmp_path, monkeypatch, epochs):
+    saved = []
+    savefig = Figure.savefig
+
+    def recording(figure: Figure, *args, **kwargs) -> None:
+        saved.append(figure)
+        savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording)
     path = tmp_path / "curves.png"
     path.write_bytes(b"an older picture")
-    assert write_curves(_classifier(epochs), path) == path
+    records = _classifier(epochs)
+    assert write_curves(records, path) == path
     assert Image.open(path).size == (1000, 400)
     assert [p.name for p in tmp_path.iterdir()] == ["curves.png"]  # no temporary file left beside it
     pixels = matplotlib.image.imread(path)[..., :3]  # (H, W, 3) in [0, 1]
-    blue = (np.abs(pixels - np.array([0x1F, 0x77, 0xB4]) / 255).sum(-1) < 0.1).sum()  # matplotlib's first colour
+    blue = (np.abs(pixels - BLUE / 255).sum(-1) < 0.1).sum()
     assert blue > 50  # the curves are drawn, not only the axes
+    (figure,) = saved
+    ax_loss, ax_metric = figure.axes
+    logged = list(range(1, epochs + 1))
+    drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax_loss.get_lines()}
+    assert drawn == {
+        "train": (logged, [r["train_loss"] for r in records]),
+        "val": (logged, [r["val_loss"] for r in records]),
+    }
+    accuracy, best = ax_metric.get_lines()
+    assert accuracy.get_label() == "val accuracy"
+    assert (list(accuracy.get_xdata()), list(accuracy.get_ydata())) == (logged, [r["val_acc"] for r in records])
+    assert (list(best.get_xdata()), list(best.get_ydata()), best.get_marker()) == ([epochs], [epochs / 10], "*")
+    assert ax_metric.get_title() == f"validation accuracy (best {epochs / 10:.3f}, epoch {epochs})"
+    assert (ax_loss.get_title(), ax_loss.get_ylabel(), ax_metric.get_ylabel()) == ("loss", "loss", "accuracy")
+    assert ax_loss.get_xlabel() == ax_metric.get_xlabel() == "epoch"
+    assert ax_loss.get_xlim() == ax_metric.get_xlim() == (0.5, epochs + 0.5)
+    assert ax_metric.get_ylim() == (-0.02, 1.02)
+    assert figure.get_suptitle() == f"training curves after {epochs} epoch{'s' if epochs > 1 else ''}"
+    # the PNG is this figure: the validation loss's points (drawn last) in matplotlib's second colour where its
+    # axes put them, the training loss's first point, clear of them, in its first
+    points = [(epoch, loss, ORANGE) for epoch, loss in zip(*drawn["val"], strict=True)]
+    for epoch, loss, colour in [*points, (1, records[0]["train_loss"], BLUE)]:
+        column, row = ax_loss.transData.transform((epoch, loss))
+        assert np.abs(pixels[round(pixels.shape[0] - row), round(column)] - colour / 255).max() <= 0.05, epoch
 
 
 def test_no_records_is_an_error(tmp_path):

@@ -8,6 +8,7 @@ from vitkit.analysis.memory import (
     saved_for_backward_bytes,
     training_peak_bytes,
 )
+from vitkit.analysis.precision import PRECISIONS, precision_dtype
 from vitkit.analysis.preflight import (
     MemoryEstimate,
     MemoryEstimator,
@@ -21,6 +22,7 @@ from vitkit.analysis.preflight import (
 from vitkit.analysis.profile import Report, measure_matmul_flops, profile
 
 __all__ = [
+    "PRECISIONS",
     "MemoryEstimate",
     "MemoryEstimator",
     "MemoryWarning",
@@ -34,6 +36,7 @@ __all__ = [
     "inference_peak_bytes",
     "measure_matmul_flops",
     "measure_saved_bytes",
+    "precision_dtype",
     "profile",
     "saved_for_backward_bytes",
     "training_peak_bytes",

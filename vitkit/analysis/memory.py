@@ -1,7 +1,8 @@
 """Activation memory: estimated from the operators each layer states, and measured at the dispatcher.
 
-`inference_peak_bytes` and `saved_for_backward_bytes` are the one place that turns the operator lists of the
-layers' `cost()` methods into memory: which tensors are alive together, and which ones training keeps.
+`inference_peak_bytes`, `training_peak_bytes` and `saved_for_backward_bytes` are the one place that turns the
+operator lists of the layers' `cost()` methods into memory: which tensors are alive together, and which ones training
+keeps, by the lifetime rules written at the top of `vitkit.layers.cost`.
 
 torch reports peak memory only for CUDA (`torch.cuda.max_memory_allocated`). `PeakMemory` watches every tensor that
 an operator returns while it is active, counts the bytes of each storage once, and subtracts them when the last
@@ -66,14 +67,9 @@ class PeakMemory(TorchDispatchMode):
 
 
 def _release(ops: Sequence[OpCost]) -> dict[Storage, tuple[int, int]]:
-    """(first, last) op index between which each storage the ops write is alive.
-
-    A tensor lives from the operator that writes it until its last reader, except that a tensor handed to a
-    module stays referenced by the caller's expression (or the callee's argument) until that module returns: the
-    read by an op of module `a.b.c` of a tensor made in `a.x` keeps it alive to the last op under `a.b`. An output
-    marked `named` lives at least until its module's last op. The last operator's output is the result and lives
-    to the end.
-    """
+    """(first, last) op index between which each storage the ops write is alive, by the lifetime rules of
+    `vitkit.layers.cost`: from its writer to its last reader, to the end of the module it was handed to, to the end
+    of its own module when `named`, to the end for the result."""
     path = [tuple(op.module.split(".")) if op.module else () for op in ops]
     last_under: dict[tuple[str, ...], int] = {}
     for i, parts in enumerate(path):
@@ -196,16 +192,30 @@ def training_peak_bytes(
     grad_bytes, copy_bytes = grad_bytes or {}, copy_bytes or {}
     spans = _release(ops)
     block = [next((b for b in checkpointed if _under(op.module, b)), None) for op in ops]
-    # kept storage -> index of the first operator that keeps it (its backward frees it)
+    kept, inner = _kept_for_backward(ops, spans, block, checkpointed)
+    forward_peak, copies = _training_forward_peak(ops, spans, kept, copy_bytes)
+    forward_peak += sum(grad_bytes.values())  # the previous step's gradients, freed by zero_grad after the forward
+    backward_peak = _backward_peak(ops, spans, block, kept, inner, grad_bytes, copy_bytes, copies)
+    return max(forward_peak, backward_peak)
+
+
+def _kept_for_backward(
+    ops: Sequence[OpCost],
+    spans: dict[Storage, tuple[int, int]],
+    block: list[str | None],
+    checkpointed: Sequence[str],
+) -> tuple[dict[Storage, int], dict[str, dict[Storage, int]]]:
+    """(what the forward keeps for backward, and what each checkpointed block saves again when its backward begins),
+    each storage -> the index of the first operator that keeps it (its backward frees it). A checkpointed block
+    keeps its inputs (tensors made before it that its operators read) instead of what it saves."""
     kept: dict[Storage, int] = {}
-    inner: dict[str, dict[Storage, int]] = {b: {} for b in checkpointed}  # what a block's backward saves again
+    inner: dict[str, dict[Storage, int]] = {b: {} for b in checkpointed}
     for i, op in enumerate(ops):
         b = block[i]
         for x in op.saved:
             if x.nbytes > 0 and x.storage in spans:
-                target = inner[b] if b is not None else kept
-                target.setdefault(x.storage, i)
-        if b is not None:  # the block's inputs: tensors made before the block that its operators read
+                (inner[b] if b is not None else kept).setdefault(x.storage, i)
+        if b is not None:
             for x in op.inputs:
                 made = spans.get(x.storage)
                 if made is not None and block[made[0]] != b:
@@ -214,47 +224,68 @@ def training_peak_bytes(
         for storage in list(saved):
             if storage in kept:
                 del saved[storage]  # a block input, kept anyway
-    # forward: live activations, every kept one to the end, plus the weight copies of the modules reached so far
+    return kept, inner
+
+
+def _training_forward_peak(
+    ops: Sequence[OpCost],
+    spans: dict[Storage, tuple[int, int]],
+    kept: Mapping[Storage, int],
+    copy_bytes: Mapping[str, int],
+) -> tuple[int, int]:
+    """(peak bytes of the training forward, bytes of the weight copies made by its end): live activations, every
+    kept one to the end, plus the weight copies of the modules reached so far."""
     change = [0] * (len(ops) + 1)
     for storage, (first, last) in spans.items():
         change[first] += storage.nbytes
         if storage not in kept:
             change[last + 1] -= storage.nbytes
     seen: set[str] = set()
-    live = copies = forward_peak = 0
+    live = copies = peak = 0
     for i, op in enumerate(ops):
         if op.module not in seen:
             seen.add(op.module)
             copies += copy_bytes.get(op.module, 0)
         live += change[i]
-        forward_peak = max(forward_peak, live + copies)
-    forward_peak += sum(grad_bytes.values())  # the previous step's gradients, freed by zero_grad after the forward
-    # backward, in reverse
+        peak = max(peak, live + copies)
+    return peak, copies
+
+
+def _backward_peak(
+    ops: Sequence[OpCost],
+    spans: dict[Storage, tuple[int, int]],
+    block: list[str | None],
+    kept: Mapping[Storage, int],
+    inner: Mapping[str, Mapping[Storage, int]],
+    grad_bytes: Mapping[str, int],
+    copy_bytes: Mapping[str, int],
+    copies: int,
+) -> int:
+    """Peak bytes of the backward: the operators in reverse, with what the forward kept (and the weight copies)
+    alive at its start, gradients appearing and saved tensors freed as `training_peak_bytes` says."""
     freed_at: dict[int, int] = {}
-    for storage, i in kept.items():
-        freed_at[i] = freed_at.get(i, 0) + storage.nbytes
-    for saved in inner.values():
+    for saved in (kept, *inner.values()):
         for storage, i in saved.items():
             freed_at[i] = freed_at.get(i, 0) + storage.nbytes
     live = sum(storage.nbytes for storage in kept) + copies
     if ops and ops[-1].output.storage not in kept:
         live += ops[-1].output.nbytes  # the result the loss reads
-    first_op = {}
+    first_op: dict[str, int] = {}
     for i, op in enumerate(ops):
         first_op.setdefault(op.module, i)
     done: set[str] = set()
-    backward_peak = live
+    peak = live
     for i in range(len(ops) - 1, -1, -1):
         op, b = ops[i], block[i]
         if b is not None and (i == len(ops) - 1 or block[i + 1] != b):  # the block's backward begins: recompute
-            backward_peak = max(backward_peak, live + _recompute_peak(ops, spans, block, i, inner[b]))
+            peak = max(peak, live + _recompute_peak(ops, spans, block, i, inner[b]))
             live += sum(storage.nbytes for storage in inner[b])
         if op.module not in done:
             done.add(op.module)
             live += grad_bytes.get(op.module, 0)
         work = op.output.nbytes + (op.inputs[0].nbytes if op.inputs else 0)  # gradients of output and input
-        backward_peak = max(backward_peak, live + work)
+        peak = max(peak, live + work)
         if first_op[op.module] == i:
             live -= copy_bytes.get(op.module, 0)  # the module's first operator: its weight copies are done
         live -= freed_at.get(i, 0)
-    return max(forward_peak, backward_peak)
+    return peak

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from vitkit.analysis.memory import inference_peak_bytes, training_peak_bytes
+from vitkit.analysis.precision import precision_dtype
 from vitkit.analysis.profile import _resolve
 from vitkit.layers.cost import numel
 from vitkit.layers.helpers import to_2tuple
@@ -33,7 +34,6 @@ from vitkit.models.interface import require_model
 
 SAFETY = 0.9  # the share of the available memory a run may plan to use; the rest is left to the allocator and OS
 ADAMW_STATES = 2  # AdamW's first and second moments, one of each per trainable parameter, in its dtype
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}  # what the activations are (bf16: autocast)
 CAST_MODULES = (nn.Linear, nn.Conv2d)  # whose weights autocast copies to bf16
 ATTENTION_WEIGHTS = "q@k^T"  # the operator row whose output has the shape of a layer's attention weights
 NO_LIMIT = 1 << 60  # a cgroup limit at or above this is "max"
@@ -236,8 +236,7 @@ class MemoryEstimator:
         name: str | None = None,
         processes: int = 1,
     ) -> None:
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+        dtype = precision_dtype(precision)  # what the activations are (bf16: autocast)
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
         self.name = name or (model if isinstance(model, str) else type(model).__name__)
@@ -248,7 +247,7 @@ class MemoryEstimator:
         self.capture = capture_attention and not training
         self.grad_checkpointing = grad_checkpointing and training
         self.device = torch.device(device)
-        self.dtype = PRECISIONS[precision]
+        self.dtype = dtype
         tensors = {id(t): t for t in (*self.model.parameters(), *self.model.buffers())}.values()
         self.weights = sum(t.numel() * t.element_size() for t in tensors)
         self.resident = sum(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +18,11 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from vitkit.analysis.memory import PeakMemory, inference_peak_bytes, saved_for_backward_bytes
-from vitkit.layers import attention_layers
+from vitkit.layers import Attention, Mlp, attention_layers
 from vitkit.layers.cost import OpCost
 from vitkit.layers.helpers import to_2tuple
 from vitkit.models.interface import require_model
-from vitkit.models.registry import create_model, model_entry
+from vitkit.models.registry import create_model, family_of, model_entry
 
 aten = torch.ops.aten
 
@@ -47,9 +48,12 @@ class Report:
     ops: list[OpCost] = field(repr=False)  # one row per operator in forward order
     measured_matmul_flops: int | None = None  # FlopCounterMode total of a real forward pass, when measured
     measured_activation_bytes: int | None = None  # peak extra memory of that pass, counted at the dispatcher
+    parts: dict[str, str] = field(default_factory=dict, repr=False)  # qualified module name -> what it is in the
+    # grouped views ("attention", "mlp", "embedding", "backbone", "heads"; `model_parts`)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
+        del out["parts"]  # how the views read the rows, not a cost
         out["img_size"] = list(self.img_size)
         out["ops"] = [
             {
@@ -142,6 +146,7 @@ def profile(
         train_flops=3 * matmul + 2 * other,
         train_activation_bytes=saved_for_backward_bytes(ops),
         ops=ops,
+        parts=model_parts(model),
     )
     if measure:
         report.measured_matmul_flops, report.measured_activation_bytes = measure_forward(model, size, batch)
@@ -175,32 +180,51 @@ def measure_matmul_flops(model: nn.Module, img_size: tuple[int, int], batch: int
     return measure_forward(model, img_size, batch)[0]
 
 
-# Prediction heads of the detectors, summed into one "heads" row.
-HEAD_MODULES = ("class_embed", "bbox_embed")
+def model_parts(model: nn.Module) -> dict[str, str]:
+    """What the parts of `model` are in the grouped views of its cost, by qualified module name: its attention layers
+    (`vitkit.layers.Attention`, self and cross) "attention", its MLPs (`vitkit.layers.Mlp`) "mlp", and the top-level
+    modules its family declares (`Family.cost_parts`: "embedding", "backbone" or "heads"; none for a model of no
+    registered family)."""
+    try:
+        parts = dict(family_of(model).cost_parts)
+    except ValueError:
+        parts = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Attention):
+            parts[name] = "attention"
+        elif isinstance(module, Mlp):
+            parts[name] = "mlp"
+    return parts
 
 
-def group_key(module: str, by: str) -> str:
+def part_of(module: str, parts: Mapping[str, str]) -> str | None:
+    """What the innermost part in `parts` holding the module `module` (a qualified name) is; None if none holds it."""
+    names = module.split(".")
+    for end in range(len(names), 0, -1):
+        part = parts.get(".".join(names[:end]))
+        if part is not None:
+            return part
+    return None
+
+
+def group_key(module: str, by: str, parts: Mapping[str, str]) -> str:
     """The row a module's operators are summed into: its block (`blocks.3`, `layers.1.blocks.0`; a detector's
-    `backbone`, `encoder`, `decoder`, `heads`), the operator, or the full module name."""
+    `backbone`, `encoder`, `decoder`), the top-level module, with every module of the "heads" part in one `heads`
+    row, or the full module name (`by` "layer")."""
     if by == "layer":
         return module
     match = re.match(r"(.*?blocks\.\d+)", module)
     if match:
         return match.group(1)
     top = module.split(".")[0]
-    return "heads" if top in HEAD_MODULES else top
+    return "heads" if parts.get(top) == "heads" else top
 
 
-def category(module: str) -> str:
-    """attention, mlp, embedding, backbone or other: what the totals' percentages are split by. Attention counts
-    every attention layer (self and cross); backbone is a detector's convolutional feature extractor."""
-    if re.search(r"(^|\.)(attn|self_attn|cross_attn)(\.|$)", module):
-        return "attention"
-    if re.search(r"(^|\.)mlp(\.|$)", module):
-        return "mlp"
-    top = module.split(".")[0]
-    if top in ("patch_embed", "pos_embed", "stem", "position_embedding", "input_proj"):
-        return "embedding"
-    if top == "backbone":
-        return "backbone"
-    return "other"
+CATEGORIES = ("attention", "mlp", "embedding", "backbone", "other")  # what the totals' percentages are split by
+
+
+def category(module: str, parts: Mapping[str, str]) -> str:
+    """The `CATEGORIES` entry of a module's operators: the part holding it (`model_parts`), with the heads and
+    whatever no part holds counted as "other"."""
+    part = part_of(module, parts)
+    return part if part in CATEGORIES else "other"

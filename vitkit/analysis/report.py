@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vitkit.analysis.profile import Report, category, group_key, profile
+from vitkit.analysis.profile import CATEGORIES, Report, category, group_key, profile
 from vitkit.layers.cost import OpCost
 from vitkit.models.registry import create_model
 
@@ -44,7 +44,7 @@ def grouped(report: Report, by: str) -> list[Row]:
         raise ValueError(f"--by must be 'block', 'op' or 'layer', got {by!r}")
     groups: dict[str, list[OpCost]] = OrderedDict()
     for op in report.ops:
-        groups.setdefault(op.op if by == "op" else group_key(op.module, by), []).append(op)
+        groups.setdefault(op.op if by == "op" else group_key(op.module, by, report.parts), []).append(op)
     return [
         Row(
             name,
@@ -60,9 +60,9 @@ def grouped(report: Report, by: str) -> list[Row]:
 def shares(report: Report) -> dict[str, float]:
     """Fraction of all FLOPs spent in attention, MLP, embedding, a detector's backbone (only when there is one) and
     everything else."""
-    totals = dict.fromkeys(("attention", "mlp", "embedding", "backbone", "other"), 0)
+    totals = dict.fromkeys(CATEGORIES, 0)
     for op in report.ops:
-        totals[category(op.module)] += op.flops
+        totals[category(op.module, report.parts)] += op.flops
     return {k: v / report.flops for k, v in totals.items() if k != "backbone" or v}
 
 
@@ -71,10 +71,10 @@ def shape_flow(report: Report) -> list[str]:
     first = next((op.module for op in report.ops if op.op == "qkv"), None)
     if first is None:
         return []
-    block = group_key(first, "block")
+    block = group_key(first, "block", report.parts)
     lines = []
     for op in report.ops:
-        if group_key(op.module, "block") != block:
+        if group_key(op.module, "block", report.parts) != block:
             continue
         numeric = f"{tuple(op.in_shape)} -> {tuple(op.out_shape)}"
         lines.append(f"{op.module:<24} {op.op:<13} {numeric:<42} {SYMBOLIC.get(op.op, '')}".rstrip())
@@ -103,12 +103,12 @@ def scaling(model_name: str, sides: list[int], batch: int = 1) -> list[ScalePoin
             models[backend] = create_model(model_name, dynamic_img_size=True, attn_backend=backend).eval()
     points = []
     for side in sides:
-        fused, explicit = (profile(models[b], side, batch) for b in ("sdpa", "math"))
+        fused, reference = (profile(models[b], side, batch) for b in ("sdpa", "math"))
         quadratic = sum(op.flops for op in fused.ops if _quadratic(op))
         tokens = next((op.in_shape[1] for op in fused.ops if op.op == "qkv"), 0)
         points.append(
             ScalePoint(
-                side, tokens, quadratic, fused.flops - quadratic, fused.activation_bytes, explicit.activation_bytes
+                side, tokens, quadratic, fused.flops - quadratic, fused.activation_bytes, reference.activation_bytes
             )
         )
     return points

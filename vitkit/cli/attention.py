@@ -9,9 +9,15 @@ import sys
 
 from vitkit.cli.options import add_memory_option, check_inference_memory
 from vitkit.data import open_image
-from vitkit.train import detection_attention_figure, is_detector_dir, load_detector
-from vitkit.train.evaluate import load_classifier, missing_info_note
-from vitkit.viz.attention import attention_figure, save_picture
+from vitkit.infer import (
+    attention_figure,
+    detection_attention_figure,
+    is_detector_dir,
+    load_classifier,
+    load_detector,
+    missing_info_note,
+)
+from vitkit.viz.attention import save_picture
 
 HELP = (
     "draw where a trained model looks in an image: the class token's attention of one layer (one head, their mean, "

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from vitkit.analysis.precision import PRECISIONS
 from vitkit.cli.options import add_memory_option, memory_flags, parse_size
-from vitkit.perf.bench import Report, bench
+from vitkit.perf.bench import COMPARE, Report, bench
 from vitkit.train import create_optimizer
 
 HELP = "benchmark a model (img/s, latency, peak memory, MFU), interleaved with timm's or transformers' with --compare"
@@ -16,12 +17,12 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="registered model name (see `vitkit models`)")
     parser.add_argument("--batch", type=int, default=16, help="images per step (default 16)")
     parser.add_argument("--img-size", type=parse_size, default=None, help="224 or HxW (default: the model's size)")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="GEMM precision")
+    parser.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32", help="GEMM precision")
     parser.add_argument("--compile", action="store_true", help="torch.compile the vitkit model")
     parser.add_argument("--train", action="store_true", help="time training steps (forward + backward + AdamW)")
     parser.add_argument(
         "--compare",
-        choices=("timm", "transformers"),
+        choices=tuple(c for c in COMPARE if c is not None),
         default=None,
         help="run timm's model of the same name too (transformers' DetrForObjectDetection for the DETR models)",
     )

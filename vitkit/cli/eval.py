@@ -10,8 +10,7 @@ from pathlib import Path
 
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.detection import COCO_METRICS
-from vitkit.train import evaluate_detector_dir, evaluate_model_dir, is_detector_dir
-from vitkit.train.evaluate import missing_info_note
+from vitkit.infer import evaluate_detector_dir, evaluate_model_dir, is_detector_dir, missing_info_note
 from vitkit.viz import confusion_image
 
 HELP = "evaluate a trained or converted model: loss, top-1 / top-5 and per-class accuracy, or a detector's mAP"

@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from vitkit.analysis.preflight import SettingNames, check_memory
+from vitkit.train.config import option_flag
 
 _PYTHON_WORDS = {"True": True, "False": False, "None": None}
 
@@ -94,7 +95,7 @@ def add_config_options(parser: argparse.ArgumentParser, config_cls: type) -> Non
             kwargs["type"] = kind
         elif kind is not str:
             raise TypeError(f"{config_cls.__name__}.{f.name}: no command-line form for {hints[f.name]}")
-        parser.add_argument(f.metadata.get("flag", "--" + f.name.replace("_", "-")), **kwargs)
+        parser.add_argument(option_flag(f), **kwargs)
 
 
 IGNORE_MEMORY_CHECK = "--ignore-memory-check"

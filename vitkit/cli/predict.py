@@ -18,13 +18,16 @@ from tqdm import tqdm
 from vitkit.cli.options import add_memory_option, check_inference_memory
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.sources import IMAGE_EXTENSIONS
-from vitkit.train import image_paths, is_detector_dir, load_detector, write_detections
-from vitkit.train.detect import detect_paths
-from vitkit.train.evaluate import (
+from vitkit.infer import (
+    detect_paths,
     format_predictions,
+    image_paths,
+    is_detector_dir,
     load_classifier,
+    load_detector,
     missing_info_note,
     predict_paths,
+    write_detections,
     write_json,
     write_predictions_csv,
 )

@@ -5,15 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-import torch
-
+from vitkit.analysis.precision import PRECISIONS
 from vitkit.analysis.preflight import check_memory
 from vitkit.analysis.profile import Report, profile
 from vitkit.analysis.report import crossover, grouped, scaling, shape_flow, shares
 from vitkit.cli.options import add_memory_option, memory_flags, parse_size
 from vitkit.viz import plot_scaling
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 HELP = "cost of a model: FLOPs per operator (attention included), parameters, activation memory, shape flow"
 
@@ -26,7 +23,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         "--backend", choices=("auto", "sdpa", "math"), default="auto", help="attention backend to assume (default auto)"
     )
     parser.add_argument(
-        "--dtype", choices=tuple(DTYPES), default="fp32", help="activation dtype to assume (default fp32)"
+        "--dtype", choices=tuple(PRECISIONS), default="fp32", help="activation dtype to assume (default fp32)"
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to assume (default cpu)")
     parser.add_argument("--by", choices=("block", "op", "layer"), default="block", help="group rows (default block)")
@@ -39,7 +36,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     overrides = {"attn_backend": args.backend}
-    dtype = DTYPES[args.dtype]
+    dtype = PRECISIONS[args.dtype]
     if args.measure:  # the forward pass runs for real: refuse it if it would not fit
         check_memory(
             args.model,

@@ -10,6 +10,8 @@ import sys
 
 from vitkit.cli.options import add_config_options, add_memory_option, memory_flags
 from vitkit.train import TrainConfig, fit
+from vitkit.train.config import option_flag
+from vitkit.train.loop import RESUME_MAY_CHANGE
 
 HELP = (
     "train a classifier (default: a small ViT on the bundled MNIST digits) or a detector (detr_digits on detection "
@@ -25,8 +27,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     start.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --out from its checkpoint, with its saved settings; only --epochs (more), "
-        "--workers, --device and --grad-checkpointing may change",
+        help=f"continue the run in --out from its checkpoint, with its saved settings; only {_may_change()} may change",
     )
     start.add_argument(
         "--force",
@@ -35,6 +36,13 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         "new run has finished its first epoch)",
     )
     add_memory_option(parser)
+
+
+def _may_change() -> str:
+    """ "--epochs (more), --workers, --device and --grad-checkpointing": the options a resumed run may change."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    flags = [option_flag(fields[name]) + (" (more)" if name == "epochs" else "") for name in RESUME_MAY_CHANGE]
+    return ", ".join(flags[:-1]) + " and " + flags[-1]
 
 
 class _Stdout(logging.StreamHandler):

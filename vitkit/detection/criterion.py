@@ -27,9 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou_loss, sigmoid_focal_loss
 
-from vitkit.detection.matcher import CLASSIFICATIONS, HungarianMatcher
-
-LOSS_WEIGHTS = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}  # DETR's weights of its three losses
+from vitkit.detection.losses import DETECTION_LOSSES, DETECTION_WEIGHTS, FOCAL_MATCH_COST, LOSS_WEIGHTS
+from vitkit.detection.matcher import HungarianMatcher
 
 
 def average_num_boxes(targets: Sequence[Mapping[str, torch.Tensor]], device: torch.device) -> float:
@@ -70,8 +69,8 @@ class SetCriterion(nn.Module):
         super().__init__()
         if num_classes <= 0:
             raise ValueError(f"num_classes must be positive, got {num_classes}")
-        if classification not in CLASSIFICATIONS:
-            raise ValueError(f"classification must be one of {CLASSIFICATIONS}, got {classification!r}")
+        if classification not in DETECTION_LOSSES:
+            raise ValueError(f"classification must be one of {DETECTION_LOSSES}, got {classification!r}")
         if not 0 <= eos_coef <= 1:
             raise ValueError(f"eos_coef must be in [0, 1], got {eos_coef}")
         unknown = set(weights or {}) - set(LOSS_WEIGHTS)
@@ -178,3 +177,18 @@ class SetCriterion(nn.Module):
                 total = total + self.weights[name] * value
         losses["total"] = total
         return losses
+
+
+def criterion_for(loss: str, num_classes: int, aux_loss: bool = True) -> SetCriterion:
+    """The set criterion a detector trains with under `loss` ("ce" or "focal", `DETECTION_LOSSES`): DETR's costs
+    and weights, with the focal loss's class cost (`FOCAL_MATCH_COST`) and weights (`DETECTION_WEIGHTS`)."""
+    if loss not in DETECTION_LOSSES:
+        raise ValueError(f"classification must be one of {DETECTION_LOSSES}, got {loss!r}")
+    matcher = HungarianMatcher(cost_class=FOCAL_MATCH_COST, classification=loss) if loss == "focal" else None
+    return SetCriterion(
+        num_classes,
+        matcher,
+        weights=DETECTION_WEIGHTS[loss],
+        aux_loss=aux_loss,
+        classification=loss,
+    )

@@ -24,7 +24,8 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou
 
-CLASSIFICATIONS = ("ce", "focal")  # softmax over K + 1 classes (DETR) or sigmoid per class (Deformable DETR)
+from vitkit.detection.losses import DETECTION_LOSSES
+
 FOCAL_EPS = 1e-8  # keeps the focal cost's logarithms finite at probabilities 0 and 1
 
 
@@ -73,8 +74,8 @@ class HungarianMatcher(nn.Module):
         costs = {"cost_class": cost_class, "cost_bbox": cost_bbox, "cost_giou": cost_giou}
         if min(costs.values()) < 0 or max(costs.values()) == 0:
             raise ValueError(f"matching costs must be >= 0 and not all 0, got {costs}")
-        if classification not in CLASSIFICATIONS:
-            raise ValueError(f"classification must be one of {CLASSIFICATIONS}, got {classification!r}")
+        if classification not in DETECTION_LOSSES:
+            raise ValueError(f"classification must be one of {DETECTION_LOSSES}, got {classification!r}")
         self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
         self.classification = classification
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma

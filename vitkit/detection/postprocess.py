@@ -1,15 +1,14 @@
-"""Into and out of a detector: batches of images of different sizes, and DETR's outputs as boxes in pixels.
+"""Out of a detector: its outputs as boxes in pixels.
 
-`pad_images` batches images the way DETR does (its `NestedTensor`): each zero-padded at the bottom and right to
-the largest height and width, with a mask of the real pixels. `postprocess` is DETR's `PostProcess`: class
-probabilities by softmax (or by sigmoid for a model trained with the focal loss), the best real class of each
-query (the last class, "no object", dropped), boxes from (cx, cy, w, h) relative to the unpadded image to
-(x0, y0, x1, y1) pixels. Two options, off by default, serve detectors trained briefly: Deformable DETR's
-`PostProcess` (its `top_k`: the k most probable (query, class) pairs, so that a query unsure between two classes
-offers both) and per-class non-maximum suppression (`nms_iou`), which removes the duplicate boxes that a DETR with
-few decoder layers still predicts (the DETR paper, section 4.2, measures NMS helping its early layers).
+`postprocess` is DETR's `PostProcess`: class probabilities by softmax (or by sigmoid for a model trained with the
+focal loss), the best real class of each query (the last class, "no object", dropped), boxes from (cx, cy, w, h)
+relative to the unpadded image to (x0, y0, x1, y1) pixels. Two options, off by default, serve detectors trained
+briefly: Deformable DETR's `PostProcess` (its `top_k`: the k most probable (query, class) pairs, so that a query
+unsure between two classes offers both) and per-class non-maximum suppression (`nms_iou`), which removes the
+duplicate boxes that a DETR with few decoder layers still predicts (the DETR paper, section 4.2, measures NMS
+helping its early layers).
 
-Letters: B images, C channels, Q queries, K classes.
+Letters: B images, Q queries, K classes, k scored (query, class) pairs per image, n detections of one image.
 """
 
 from __future__ import annotations
@@ -21,36 +20,7 @@ from typing import Any
 import torch
 from torchvision.ops import batched_nms, box_convert
 
-
-def pad_images(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch images of different sizes: (images (B, C, Hmax, Wmax), pixel_mask (B, Hmax, Wmax)).
-
-    Each image (C, H_i, W_i) sits at the top left, zero-padded; the mask is True on its H_i x W_i real pixels, as
-    DETR's `model(images, pixel_mask)` takes it.
-    """
-    if len(images) == 0:
-        raise ValueError("pad_images needs at least one image")
-    first = images[0]
-    for i, image in enumerate(images):
-        if not isinstance(image, torch.Tensor) or image.ndim != 3:
-            shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
-            raise ValueError(f"pad_images takes images (C, H, W); image {i} is {shape}")
-        if image.shape[0] != first.shape[0] or image.dtype != first.dtype or image.device != first.device:
-            raise ValueError(
-                f"image {i} is ({image.shape[0]} channels, {image.dtype}, {image.device}), image 0 "
-                f"({first.shape[0]} channels, {first.dtype}, {first.device}): a batch needs them alike"
-            )
-        if image.shape[1] == 0 or image.shape[2] == 0:
-            raise ValueError(f"image {i} has no pixels: shape {tuple(image.shape)}")
-    H = max(image.shape[1] for image in images)
-    W = max(image.shape[2] for image in images)
-    batch = first.new_zeros(len(images), first.shape[0], H, W)  # (B, C, Hmax, Wmax)
-    mask = torch.zeros(len(images), H, W, dtype=torch.bool, device=first.device)  # (B, Hmax, Wmax)
-    for i, image in enumerate(images):
-        _, h, w = image.shape
-        batch[i, :, :h, :w] = image
-        mask[i, :h, :w] = True
-    return batch, mask
+from vitkit.detection.losses import DETECTION_LOSSES
 
 
 def postprocess(
@@ -82,6 +52,24 @@ def postprocess(
         y1) pixels, `scores` (n,) the probability of `labels` (n,), the class in [0, K), and `queries` (n,) the
         query each detection comes from (to find its attention map, say).
     """
+    logits, boxes, sizes = _checked(outputs, image_sizes, threshold)
+    Postprocessing(classification, top_k, nms_iou)  # checks the options
+    probs = _class_probabilities(logits, classification)  # (B, Q, K)
+    height, width = sizes.unbind(1)  # (B,) each
+    scale = torch.stack([width, height, width, height], dim=1)  # (B, 4)
+    corners = box_convert(boxes, "cxcywh", "xyxy") * scale[:, None, :]  # (B, Q, 4) in pixels
+    scores, labels, queries = _scored_pairs(probs, top_k)  # (B, k) each
+    corners = corners.gather(1, queries[..., None].expand(-1, -1, 4))  # (B, k, 4): the box of each pair's query
+    return [
+        _kept(score, label, box, query, threshold, nms_iou)
+        for score, label, box, query in zip(scores, labels, corners, queries, strict=True)
+    ]
+
+
+def _checked(
+    outputs: Mapping[str, torch.Tensor], image_sizes: torch.Tensor | Sequence[tuple[int, int]], threshold: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`postprocess`'s inputs checked: (pred_logits (B, Q, K + 1), pred_boxes (B, Q, 4), image sizes (B, 2))."""
     for key in ("pred_logits", "pred_boxes"):
         if key not in outputs:
             raise ValueError(
@@ -100,31 +88,45 @@ def postprocess(
         )
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold must be in [0, 1), got {threshold}")
-    Postprocessing(classification, top_k, nms_iou)  # checks the options
+    return logits, boxes, sizes
+
+
+def _class_probabilities(logits: torch.Tensor, classification: str) -> torch.Tensor:
+    """Logits (B, Q, K + 1) -> each query's probability of each real class (B, Q, K): a softmax over all K + 1
+    ("ce"), "no object" then dropped, or a sigmoid of each real class ("focal")."""
     if classification == "ce":
-        probs = logits.softmax(-1)[..., :-1]  # (B, Q, K): the classes that are objects
-    else:  # "focal"
-        probs = logits[..., :-1].sigmoid()  # (B, Q, K)
-    height, width = sizes.unbind(1)  # (B,) each
-    scale = torch.stack([width, height, width, height], dim=1)  # (B, 4)
-    corners = box_convert(boxes, "cxcywh", "xyxy") * scale[:, None, :]  # (B, Q, 4) in pixels
+        return logits.softmax(-1)[..., :-1]
+    return logits[..., :-1].sigmoid()
+
+
+def _scored_pairs(probs: torch.Tensor, top_k: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(scores, labels, queries), each (B, k): each query's best class (k = Q) with `top_k` None, else the `top_k`
+    most probable (query, class) pairs of each image over all Q * K, most probable first."""
     if top_k is None:
-        scores, labels = probs.max(-1)  # (B, Q): each query's best class
+        scores, labels = probs.max(-1)  # (B, Q)
         queries = torch.arange(probs.shape[1], device=probs.device).expand(probs.shape[0], -1)  # (B, Q)
-    else:
-        K = probs.shape[-1]
-        scores, pairs = probs.flatten(1).topk(min(top_k, probs[0].numel()), dim=1)  # (B, k): over Q * K pairs
-        labels, queries = pairs % K, pairs // K  # (B, k) each: the class and the query of each pair
-        corners = corners.gather(1, queries[..., None].expand(-1, -1, 4))  # (B, k, 4) its query's box
-    results = []
-    for score, label, box, query in zip(scores, labels, corners, queries, strict=True):
-        keep = score > threshold
-        score, label, box, query = score[keep], label[keep], box[keep], query[keep]
-        if nms_iou is not None:
-            kept = batched_nms(box, score, label, nms_iou)  # indices, most probable first
-            score, label, box, query = score[kept], label[kept], box[kept], query[kept]
-        results.append({"boxes": box, "scores": score, "labels": label, "queries": query})
-    return results
+        return scores, labels, queries
+    K = probs.shape[-1]
+    scores, pairs = probs.flatten(1).topk(min(top_k, probs[0].numel()), dim=1)  # (B, k): over Q * K pairs
+    return scores, pairs % K, pairs // K  # the class and the query of each pair
+
+
+def _kept(
+    score: torch.Tensor,
+    label: torch.Tensor,
+    box: torch.Tensor,
+    query: torch.Tensor,
+    threshold: float,
+    nms_iou: float | None,
+) -> dict[str, torch.Tensor]:
+    """One image's pairs (k,) and boxes (k, 4) above `threshold`, then, with `nms_iou`, those per-class
+    non-maximum suppression keeps (most probable first): `postprocess`'s dict of one image."""
+    keep = score > threshold
+    score, label, box, query = score[keep], label[keep], box[keep], query[keep]
+    if nms_iou is not None:
+        kept = batched_nms(box, score, label, nms_iou)  # indices, most probable first
+        score, label, box, query = score[kept], label[kept], box[kept], query[kept]
+    return {"boxes": box, "scores": score, "labels": label, "queries": query}
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ class Postprocessing:
     nms_iou: float | None = None  # None: no suppression; IoU of per-class non-maximum suppression
 
     def __post_init__(self) -> None:
-        if self.classification not in ("ce", "focal"):
+        if self.classification not in DETECTION_LOSSES:
             raise ValueError(f"classification must be 'ce' or 'focal', got {self.classification!r}")
         if self.top_k is not None and (
             isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1

@@ -7,21 +7,24 @@ second by the dense GEMM rate measured on the spot for the candidate's precision
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from vitkit.analysis.memory import PeakMemory
+from vitkit.analysis.precision import precision_dtype
 from vitkit.analysis.preflight import MemoryEstimate, MemoryEstimator, SettingNames, enforce
 from vitkit.analysis.profile import profile
 from vitkit.layers.helpers import to_2tuple
-from vitkit.models.registry import create_model, model_entry
-from vitkit.perf.optimize import PRECISIONS, optimize
+from vitkit.models.registry import DETECTION, create_model, family, model_entry
+from vitkit.perf.optimize import optimize
 from vitkit.weights.convert import export_weights
 
 COMPARE = (None, "timm", "transformers")  # what a model can be benchmarked against
@@ -65,7 +68,7 @@ def _sync(device: torch.device) -> None:
 
 def gemm_rate(precision: str, device: torch.device, n: int = 2048, repeats: int = 10) -> float:
     """Dense matmul FLOP/s at `precision` on `device` (median of `repeats` n x n x n products)."""
-    dtype = PRECISIONS[precision]
+    dtype = precision_dtype(precision)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     times = []
@@ -80,9 +83,9 @@ def gemm_rate(precision: str, device: torch.device, n: int = 2048, repeats: int 
 
 
 # Where a step's time goes: operators by category (self CPU time of one profiled step). GEMMs are every matrix
-# product, the attention's explicit q@k^T and attn@v and the convolutions included; attention is its fused kernels
-# and softmax; the optimizer everything under `Optimizer.step` / `zero_grad`; other is the framework: views, allocation,
-# the autograd engine's own time.
+# product, attention's q@k^T and attn@v outside the fused kernel and the convolutions included; attention is its
+# fused kernels and softmax; the optimizer everything under `Optimizer.step` / `zero_grad`; other is the framework:
+# views, allocation, the autograd engine's own time.
 SPLIT = ("GEMMs", "attention", "norms and elementwise", "copies", "optimizer", "other")
 GEMM_OPS = {
     "aten::mm",
@@ -211,9 +214,9 @@ def _timm_model(name: str, img_size: tuple[int, int], dynamic: bool, device: tor
     return timm.create_model(name, pretrained=False, **kwargs).to(device).eval()
 
 
-def _transformers_detr(model: nn.Module, device: torch.device) -> nn.Module:
-    """transformers' `DetrForObjectDetection` with `model`'s weights, as a user gets it from an exported directory
-    (its default attention implementation)."""
+def _transformers_model(model: nn.Module, device: torch.device) -> nn.Module:
+    """transformers' model with `model`'s weights, as a user gets it from an exported directory (the class its
+    config.json names, e.g. `DetrForObjectDetection`; its default attention implementation)."""
     # transformers is an optional comparison, imported only when asked for; vitkit never needs it otherwise.
     try:
         import transformers
@@ -221,7 +224,8 @@ def _transformers_detr(model: nn.Module, device: torch.device) -> nn.Module:
         raise ImportError("comparing with transformers needs it installed: pip install transformers") from err
     with tempfile.TemporaryDirectory() as directory:
         export_weights(model, directory, format="hf")
-        reference = transformers.DetrForObjectDetection.from_pretrained(directory)
+        architecture = json.loads((Path(directory) / "config.json").read_text())["architectures"][0]
+        reference = getattr(transformers, architecture).from_pretrained(directory)
     return reference.to(device).eval()
 
 
@@ -238,7 +242,7 @@ def adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW
 
 def _check_setting(model_name: str, train: bool, compare: str | None) -> bool:
     """Refuse what `bench` cannot time for this model; whether it is a detector."""
-    detector = model_entry(model_name).family == "detr"
+    detector = family(model_entry(model_name).family).task == DETECTION
     if detector and train:
         raise ValueError(f"bench --train times classifiers; {model_name} is a detector: time `vitkit train` instead")
     if compare == "transformers" and not detector:
@@ -308,7 +312,7 @@ def build_candidates(
         reference = _timm_model(model_name, size, dynamic, dev)
         model.load_state_dict(reference.state_dict())  # the same weights: the same work
     elif compare == "transformers":
-        reference = _transformers_detr(model, dev)
+        reference = _transformers_model(model, dev)
     bf16 = precision == "bf16"
     candidates: dict[str, Candidate] = {}
     if not train:
@@ -412,8 +416,7 @@ def bench(
             is built.
         memory_names: how a refusal names the settings to change (`vitkit bench` passes its flags).
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    precision_dtype(precision)  # ValueError for an unknown precision
     if compare not in COMPARE:
         raise ValueError(f"compare must be one of {COMPARE}, got {compare!r}")
     if batch < 1 or rounds < 1 or warmup < 0:

@@ -6,19 +6,20 @@ TorchScript) and run on random images at batch sizes other than the one it was e
 the PyTorch model's within `atol`. The file is written under a temporary name and renamed only then, so a failed
 check leaves nothing at the path.
 
-A DETR's exported file takes images (B, C, H, W) and pixel_mask (B, H, W) (bool, True on real pixels, as
-`vitkit.detection.pad_images` makes it) and returns pred_logits (B, Q, K + 1) and pred_boxes (B, Q, 4): the
-predictions of the last decoder layer, the ones inference reads (`aux_outputs` serve the training losses and are
-left out of the graph). With `config.dynamic_img_size` (the default) H and W are dynamic as well as B, and the
-check also runs at a second image size, on a batch padded as images of different sizes are. The model's mask path
+A detector's exported file (a model of a family registered with task "detection", `VitkitDetector`) takes images
+(B, C, H, W) and pixel_mask (B, H, W) (bool, True on real pixels, as `vitkit.detection.pad_images` makes it) and
+returns pred_logits (B, Q, K + 1) and pred_boxes (B, Q, 4): its `predict`, the last decoder layer's predictions that
+inference reads (`aux_outputs` serve the training losses and are left out of the graph). With
+`config.dynamic_img_size` (DETR's default) H and W are dynamic as well as B, and the check also runs at a second
+image size, on a batch padded as images of different sizes are. DETR's mask path
 is written to export as it runs: no nested tensors or per-image loops (which fix the batch size in the graph), the
 cumulative sums of the position encoding on a float copy of the mask (ONNX has no CumSum on booleans), and the
 mask resampled to the feature map by index arithmetic that picks the same pixels as PyTorch (ONNX's nearest Resize
 does not, at some sizes).
 
-Attention backend per format: ONNX uses the explicit "math" attention (the fused kernel's decomposition with an
-additive bias does not export with a dynamic batch for Swin and BoTNet; ONNX Runtime fuses the explicit pattern
-itself); TorchScript keeps torch's fused "sdpa" kernel, which the traced module calls directly.
+Attention backend per format: ONNX uses the "math" attention, the reference formula (the fused kernel's
+decomposition with an additive bias does not export with a dynamic batch for Swin and BoTNet; ONNX Runtime fuses the
+formula's pattern itself); TorchScript keeps torch's fused "sdpa" kernel, which the traced module calls directly.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import torch
 from torch import nn
 
 from vitkit.layers import set_attention_backend, to_2tuple
-from vitkit.models.detr import DETR
+from vitkit.models.interface import VitkitDetector
+from vitkit.models.registry import DETECTION, family_of
 from vitkit.weights.io import atomic_write
 
 FORMATS = ("onnx", "torchscript")
@@ -46,8 +48,8 @@ EXPORT_BATCH = 2  # batch size of the example input (torch.export specialises si
 CHECK_BATCHES = (1, 3)  # batch sizes the exported file is run at, both different from EXPORT_BATCH
 INPUT_NAME = "images"  # ONNX graph input (B, C, H, W)
 OUTPUT_NAME = "output"  # ONNX graph output: logits (B, num_classes), or pooled features when num_classes is 0
-DETECTOR_INPUTS = ("images", "pixel_mask")  # a DETR's graph inputs: (B, C, H, W) float32, (B, H, W) bool
-DETECTOR_OUTPUTS = ("pred_logits", "pred_boxes")  # a DETR's graph outputs: (B, Q, K + 1), (B, Q, 4)
+DETECTOR_INPUTS = ("images", "pixel_mask")  # a detector's graph inputs: (B, C, H, W) float32, (B, H, W) bool
+DETECTOR_OUTPUTS = ("pred_logits", "pred_boxes")  # a detector's graph outputs: (B, Q, K + 1), (B, Q, 4)
 SIZE_STEP = (24, 40)  # a dynamic-size model is also checked at (H, W) + this: no multiple of the backbone stride
 EXTRA_HINT = "pip install 'vitkit[export]'"
 # ONNX export: torch's torch.export-based exporter writes through onnx and onnxscript; onnxruntime runs the check.
@@ -65,9 +67,9 @@ class ExportReport:
     img_size: tuple[int, int]  # the input size (H, W) it was exported at: the only one unless dynamic_img_size
     attn_backend: str  # attention backend of the exported graph: "math" or "sdpa"
     atol: float  # the tolerance the outputs were held to
-    inputs: tuple[str, ...] = (INPUT_NAME,)  # graph inputs in order: ("images",), or DETECTOR_INPUTS for a DETR
+    inputs: tuple[str, ...] = (INPUT_NAME,)  # graph inputs in order: ("images",), or DETECTOR_INPUTS for a detector
     outputs: tuple[str, ...] = (OUTPUT_NAME,)  # graph outputs in order: ("output",), or DETECTOR_OUTPUTS
-    dynamic_img_size: bool = False  # H and W are dynamic too (a DETR with config.dynamic_img_size)
+    dynamic_img_size: bool = False  # H and W are dynamic too (a detector with config.dynamic_img_size)
     check_sizes: tuple[tuple[int, int], ...] = ()  # the (H, W) each batch of `batch_sizes` was run at
 
     def summary(self) -> str:
@@ -100,17 +102,27 @@ class Signature:
 
 
 class DetectorOutputs(nn.Module):
-    """A DETR as its exported graph runs it: (images, pixel_mask) -> (pred_logits, pred_boxes), the heads on the
-    last decoder layer only (the auxiliary predictions of the earlier layers are for training)."""
+    """A detector as its exported graph runs it: (images, pixel_mask) -> (pred_logits, pred_boxes), its `predict`
+    (the last decoder layer only; the auxiliary predictions of the earlier layers are for training)."""
 
-    def __init__(self, detr: DETR) -> None:
+    def __init__(self, detector: VitkitDetector) -> None:
         super().__init__()
-        self.detr = detr
+        self.detector = detector
 
-    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        states = self.detr.forward_features(images, pixel_mask)  # (L, B, Q, D)
-        out = self.detr.forward_head(states[-1:])  # the last layer only: no auxiliary outputs
-        return out["pred_logits"], out["pred_boxes"]  # (B, Q, K + 1), (B, Q, 4)
+    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.detector.predict(images, pixel_mask)
+        return tuple(out[name] for name in DETECTOR_OUTPUTS)  # (B, Q, K + 1), (B, Q, 4)
+
+
+def is_detector(model: nn.Module) -> bool:
+    """Whether `model` is exported as a detector: a model of a family registered with task "detection", or any
+    module providing `VitkitDetector`."""
+    if isinstance(model, VitkitDetector):
+        return True
+    try:
+        return family_of(model).task == DETECTION
+    except ValueError:  # not a model of a registered family
+        return False
 
 
 def _require(module: str, format: str) -> ModuleType:
@@ -135,8 +147,8 @@ def _input_size(model: nn.Module, img_size: int | tuple[int, int] | None) -> tup
 
 
 def _signature(model: nn.Module) -> Signature:
-    if isinstance(model, DETR):
-        return Signature(DETECTOR_INPUTS, DETECTOR_OUTPUTS, model.config.dynamic_img_size)
+    if is_detector(model):
+        return Signature(DETECTOR_INPUTS, DETECTOR_OUTPUTS, getattr(model.config, "dynamic_img_size", False))
     return Signature((INPUT_NAME,), (OUTPUT_NAME,), False)
 
 
@@ -152,7 +164,7 @@ def _padded_mask(batch: int, H: int, W: int) -> torch.Tensor:
 def _random_inputs(
     signature: Signature, batch: int, in_chans: int, size: tuple[int, int], generator: torch.Generator
 ) -> Inputs:
-    """Random images (batch, C, H, W), with a DETR's pixel_mask (padding zeroed in the images)."""
+    """Random images (batch, C, H, W), with a detector's pixel_mask (padding zeroed in the images)."""
     images = torch.randn(batch, in_chans, *size, generator=generator)
     if signature.inputs == (INPUT_NAME,):
         return (images,)
@@ -270,17 +282,17 @@ def export_model(
 
     The model is copied (the original is not changed). The file at `path` is written only if the exported
     model's outputs match PyTorch's within `atol` at batch sizes `CHECK_BATCHES` on random images; otherwise
-    ValueError and nothing is written. The image size is fixed in the export, except for a DETR built with
-    `dynamic_img_size` (the default), whose graph takes any H and W; a DETR's graph takes images and pixel_mask and
-    returns pred_logits and pred_boxes (see the module docstring).
+    ValueError and nothing is written. The image size is fixed in the export, except for a detector built with
+    `dynamic_img_size` (DETR's default), whose graph takes any H and W; a detector's graph takes images and
+    pixel_mask and returns pred_logits and pred_boxes (see the module docstring).
 
     Args:
         model: a vitkit model (ViT, DeiT, Swin, BoTNet, DETR), or any module taking images (B, C, H, W).
         path: the file to write, e.g. ``model.onnx`` or ``model.pt``; its folder is created if missing.
         format: "onnx" (run with ONNX Runtime; needs ``pip install 'vitkit[export]'``) or "torchscript"
             (``torch.jit.load(path)``).
-        img_size: input size, an int for square or (H, W); default the model's `config.img_size`. For a DETR with
-            `dynamic_img_size`, the size it is exported and first checked at.
+        img_size: input size, an int for square or (H, W); default the model's `config.img_size`. For a detector
+            with `dynamic_img_size`, the size it is exported and first checked at.
         atol: largest absolute difference allowed between exported and PyTorch outputs.
     """
     if format not in FORMATS:
@@ -290,19 +302,10 @@ def export_model(
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory; expected a file name such as model.onnx or model.pt")
-    if format == "onnx":
-        export, load = _export_onnx, _onnx_runner
-        for module in ONNX_PACKAGES:
-            _require(module, format)
-    else:
-        export, load = _export_torchscript, _torchscript_runner
+    export, load = _format_functions(format)
     (H, W), in_chans = _input_size(model, img_size)
     signature = _signature(model)
-
-    reference = copy.deepcopy(model).to(device="cpu", dtype=torch.float32).eval()
-    exported = set_attention_backend(copy.deepcopy(reference), BACKENDS[format])
-    if isinstance(exported, DETR):
-        exported = DetectorOutputs(exported).eval()
+    reference, exported = _models(model, format, signature)
     sizes = [(H, W)] * len(CHECK_BATCHES)
     if signature.dynamic_img_size:  # the first check at the exported size, the others at another one
         sizes[1:] = [(H + SIZE_STEP[0], W + SIZE_STEP[1])] * (len(CHECK_BATCHES) - 1)
@@ -333,3 +336,23 @@ def export_model(
         signature.dynamic_img_size,
         tuple(sizes),
     )
+
+
+def _format_functions(format: str) -> tuple[Callable[..., None], Callable[[str, Signature], Runner]]:
+    """(write the file, load it back as a `Runner`) for `format` (one of `FORMATS`); OSError when ONNX export's
+    packages are missing."""
+    if format == "torchscript":
+        return _export_torchscript, _torchscript_runner
+    for module in ONNX_PACKAGES:
+        _require(module, format)
+    return _export_onnx, _onnx_runner
+
+
+def _models(model: nn.Module, format: str, signature: Signature) -> tuple[nn.Module, nn.Module]:
+    """(the reference: a float32 CPU eval copy of `model`, the module to export: a copy of that with the format's
+    attention backend, a detector wrapped in `DetectorOutputs`)."""
+    reference = copy.deepcopy(model).to(device="cpu", dtype=torch.float32).eval()
+    exported = set_attention_backend(copy.deepcopy(reference), BACKENDS[format])
+    if signature.inputs == DETECTOR_INPUTS:
+        exported = DetectorOutputs(exported).eval()
+    return reference, exported

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitkit.analysis.precision import precision_dtype
 from vitkit.layers import Mlp, attention_layers
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ACTIVATIONS = ("none", "gelu")
 
 
@@ -159,7 +159,7 @@ class OptimizedModel(nn.Module):
         super().__init__()
         self.model = model
         self.precision = precision
-        self.dtype = PRECISIONS[precision]
+        self.dtype = precision_dtype(precision)
         self.config = getattr(model, "config", None)
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -192,16 +192,14 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False) -
         compile: wrap the forward in `torch.compile` with weight freezing (the first call compiles, about half a
             minute for ViT-S on 2 cores; needs a C++ compiler on CPU). Inductor then does its own weight packing.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    dtype = precision_dtype(precision)
     model = copy.deepcopy(model).eval()
     for module in list(model.modules()):
         if callable(getattr(module, "fold_norms", None)):  # a detector's frozen-norm backbone
             module.fold_norms()
     for _, layer in attention_layers(model):
         layer.backend = "auto"
-    if precision != "fp32":
-        dtype = PRECISIONS[precision]
+    if dtype != torch.float32:
         for module in model.modules():
             if isinstance(module, (nn.LayerNorm, nn.BatchNorm2d)):
                 continue  # normalisation statistics and affine parameters stay fp32

@@ -11,23 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitkit.analysis.precision import PRECISIONS
 from vitkit.data import BUILTIN_PREFIX, DEFAULT_DATA, DEFAULT_VAL_FRACTION, augment_defaults
 from vitkit.data.sources import own_split
-from vitkit.train.recipe import (
-    CLASSIFICATION,
-    CLASSIFIER_RECIPE,
-    DEFAULT_MODEL,
-    DETR_RECIPE,
-    SMALL_DETR_RECIPE,
-    recipe_for,
-    resolve_task,
-)
+from vitkit.detection import DETECTION_LOSSES
+from vitkit.train.recipe import CLASSIFICATION, DEFAULT_MODEL, declared_recipes, recipe_for, resolve_task
 from vitkit.weights.io import read_json
 
 CONFIG_NAME = "config.json"
 DEFAULT_OUT = "runs/train"
-PRECISIONS = ("fp32", "bf16")  # fp32, or bfloat16 autocast of the forward pass
-DETECTION_LOSSES = ("ce", "focal")  # DETR's softmax cross-entropy, Deformable DETR's sigmoid focal loss
 CLASSIFICATION_ONLY = ("label_smoothing", "mixup", "cutmix", "randaugment", "min_scale", "hflip")
 DETECTION_ONLY = ("backbone_lr", "detection_loss", "box_cls_loss", "detection_top_k", "nms_iou")
 
@@ -45,13 +37,17 @@ LEGACY_DEFAULT_MODEL_ARGS: dict[str, Any] = {
 
 
 def recipe_defaults(name: str) -> str:
-    """ "default: <classifier's>; small DETRs <theirs>; DETR <DETR's>" for a recipe field, for --help (not applicable
-    values left out)."""
-    found = [
-        (label, getattr(recipe, name))
-        for label, recipe in (("", CLASSIFIER_RECIPE), ("small DETRs ", SMALL_DETR_RECIPE), ("DETR ", DETR_RECIPE))
-    ]
-    return "default: " + "; ".join(f"{label}{value:g}" for label, value in found if value is not None)
+    """ "default: 40; small DETRs 24; DETR 50" for a recipe field, for --help: its value in each recipe the
+    registry declares (`vitkit.train.recipe.declared_recipes`), those where it does not apply left out."""
+    found = [(label, getattr(recipe, name)) for label, recipe in declared_recipes()]
+    return "default: " + "; ".join(
+        " ".join(filter(None, (label, _shown(value)))) for label, value in found if value is not None
+    )
+
+
+def _shown(value: Any) -> str:
+    """A recipe value as --help writes it: numbers in the shortest form (0.0001, 1e-05, 24), words as they are."""
+    return format(value, "g") if isinstance(value, int | float) else str(value)
 
 
 def option(
@@ -79,11 +75,16 @@ def option(
     return field(default=default, default_factory=default_factory, metadata=metadata)
 
 
+def option_flag(f: dataclasses.Field) -> str:
+    """The command-line flag of an `option` field: its `flag`, or --field-name."""
+    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """A training run. Every field is a `vitkit train` option, with its --help text in `help`; the comments say
     what the help leaves out. Options left at None take the value of the run's recipe (`vitkit.train.recipe`):
-    the classifier recipe, the small DETRs' (detr_digits, detr_tiny) or DETR's."""
+    the task's defaults under what the model's family and registry entry declare."""
 
     # None: DEFAULT_MODEL, or DEFAULT_DETECTOR for detection data, unless init is given
     model: str | None = option(
@@ -141,8 +142,7 @@ class TrainConfig:
     # "ce": softmax over the classes and "no object" (DETR); "focal": a sigmoid per class (Deformable DETR)
     detection_loss: str | None = option(
         None,
-        help=f"a detector's classification loss (default: small DETRs {SMALL_DETR_RECIPE.detection_loss}; DETR "
-        f"{DETR_RECIPE.detection_loss})",
+        help=f"a detector's classification loss ({recipe_defaults('detection_loss')})",
         choices=DETECTION_LOSSES,
     )
     # >= 0; the classifier of RoIAlign-pooled boxes is trained with the detector and not saved with it
@@ -172,7 +172,7 @@ class TrainConfig:
     # a detector's digits-detect canvas side, or the shorter side of its COCO images
     img_size: int | None = option(None, help="training image side (default: the model's)")
     # bf16: bfloat16 autocast of the forward pass
-    precision: str = option("fp32", help="fp32, or bf16 autocast", choices=PRECISIONS)
+    precision: str = option("fp32", help="fp32, or bf16 autocast", choices=tuple(PRECISIONS))
     device: str | None = option(None, help="cpu or cuda (default: cuda when available)", choices=("cpu", "cuda"))
     workers: int = option(0, help="data loader worker processes")  # 0 loads in the training process
     seed: int = option(0, help="seed of initialisation, data order, augmentation and splits")
@@ -216,7 +216,7 @@ class TrainConfig:
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1) (0 is off), got {self.ema_decay}")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+            raise ValueError(f"precision must be {' or '.join(map(repr, PRECISIONS))}, got {self.precision!r}")
         if self.detection_loss is not None and self.detection_loss not in DETECTION_LOSSES:
             raise ValueError(f"detection_loss must be 'ce' or 'focal', got {self.detection_loss!r}")
         if self.nms_iou is not None and not 0.0 <= self.nms_iou <= 1.0:
@@ -262,7 +262,7 @@ class TrainConfig:
         Paths (`data`, `init`) become absolute, so the saved run and its models work from any folder; a
         `val_fraction` the data does not use (see `ignored`) becomes None."""
         task, model = self._task_and_model()
-        recipe = recipe_for(task, model if self.init is None else None)
+        recipe = recipe_for(task, model, self.init)
         unused = CLASSIFICATION_ONLY if task != CLASSIFICATION else DETECTION_ONLY
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         given = [name for name in unused if getattr(self, name) != defaults[name]]
@@ -306,7 +306,7 @@ class TrainConfig:
             value = getattr(self, f.name)
             if f.name == "out" or value == getattr(defaults, f.name):
                 continue
-            flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+            flag = option_flag(f)
             if isinstance(value, bool):
                 words.append(flag)
             elif isinstance(value, dict):

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vitkit.infer.runtime import resolve_device
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -28,17 +30,6 @@ class DistEnv:
     def is_main(self) -> bool:
         """Rank 0: the one process that writes files and reports."""
         return self.rank == 0
-
-
-def resolve_device(device: str | None) -> str:
-    """ "cuda" when asked for or, with `device` None, when a GPU is present; otherwise "cpu"."""
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but torch sees no CUDA GPU")
-    return device
 
 
 def setup(device: str | None = None) -> DistEnv:

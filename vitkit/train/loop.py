@@ -15,8 +15,8 @@ OUT (config.out, created if missing) receives:
   their config.json) with dataset.json (the data's description) beside the model, and a detector's
   postprocess.json; best/ holds the epoch of the highest val_acc (classifier) or ap (detector).
 
-Resuming (`resume=True`) needs OUT's checkpoint and the settings it was written with, except `RESUME_MAY_CHANGE`:
-the output folder, loader workers, device, gradient checkpointing (none changes the model, the data or the
+Resuming (`resume=True`) needs OUT's checkpoint and the settings it was written with, except the output folder and
+`RESUME_MAY_CHANGE`: loader workers, device, gradient checkpointing (none changes the model, the data or the
 arithmetic of a step) and a larger number of epochs. With more epochs the schedule becomes the one a run of the new
 length has (`warmup_cosine` over epochs * steps per epoch, its warmup clipped to that total only), from the step
 reached on: the next step's learning rate is the longer schedule's at that step, so where the old cosine had decayed
@@ -79,8 +79,9 @@ METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
 OUTPUTS = (CONFIG_NAME, METRICS_NAME, CURVES_NAME, CHECKPOINT_NAME, "best", "final")  # what a fresh run replaces
 # Options a resumed run may set differently: none changes the model, the data or a step's arithmetic. `epochs` may
-# only grow (the schedule is recomputed over the new total, see the module docstring).
-RESUME_MAY_CHANGE = ("out", "epochs", "workers", "device", "grad_checkpointing")
+# only grow (the schedule is recomputed over the new total, see the module docstring). The output folder is where
+# the run is found, whatever its config.json holds.
+RESUME_MAY_CHANGE = ("epochs", "workers", "device", "grad_checkpointing")
 PROGRESS_DELAY = 3.0  # seconds an epoch runs before its progress bar appears (short epochs show none)
 
 
@@ -167,16 +168,14 @@ def _check_resume(saved: dict[str, Any], config: TrainConfig, given: TrainConfig
     resolved to None) cannot differ. `given`: the configuration as the caller gave it, for the hints."""
     saved, current = _comparable(saved), _comparable(config.to_dict())
     unused = {"val_fraction"} if current.get("val_fraction") is None else set()
-    changed = sorted(
-        k for k in current if k not in RESUME_MAY_CHANGE and k not in unused and saved.get(k) != current[k]
-    )
+    changed = sorted(k for k in current if k not in (*RESUME_MAY_CHANGE, "out", *unused) and saved.get(k) != current[k])
     out = config.out
     if changed:
         details = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in changed)
         fresh = dataclasses.replace(given.minimal(), out=os.fspath(_new_folder(Path(out)))).command()
         raise ValueError(
             f"cannot resume the run in {out} with different settings ({details}); only "
-            f"{', '.join(RESUME_MAY_CHANGE[1:])} may change. Continue it with its own settings: "
+            f"{', '.join(RESUME_MAY_CHANGE)} may change. Continue it with its own settings: "
             f"{resume_command(out)}  or train the new settings in a new folder: {fresh}"
         )
     if saved.get("epochs") is not None and config.epochs < saved["epochs"]:
@@ -188,6 +187,40 @@ def _check_resume(saved: dict[str, Any], config: TrainConfig, given: TrainConfig
 
 def _progress_enabled(env: DistEnv) -> bool:
     return env.is_main and sys.stderr.isatty() and "CI" not in os.environ
+
+
+def _check_training_memory(
+    model: nn.Module, config: TrainConfig, env: DistEnv, allow: bool, names: SettingNames
+) -> None:
+    """`check_memory` for a training step of `model` under `config` in every process; all processes stop together
+    (NotEnoughMemory where the memory is short, ValueError in the others) unless `allow`."""
+    refused = None
+    try:
+        check_memory(
+            model,
+            config.img_size,
+            config.batch_size,
+            training=True,
+            precision=config.precision,
+            grad_checkpointing=config.grad_checkpointing,
+            ema=config.ema_decay > 0,
+            device=env.device,
+            allow=allow,
+            names=names,
+            # CPU processes on one machine share its memory; each GPU process has its own device
+            processes=env.local_world_size if env.device.type == "cpu" else 1,
+        )
+    except NotEnoughMemory as err:
+        refused = err
+    if env.world_size > 1:  # every process stops together, not only the one whose memory is short
+        short = all_reduce_sum(torch.tensor([float(refused is not None)], device=env.device), env)
+        if refused is None and short.item() > 0:
+            raise ValueError(
+                f"{int(short.item())} of {env.world_size} processes have too little memory for this "
+                "run (their message says what fits); stopped before training"
+            )
+    if refused is not None:
+        raise refused
 
 
 class _Run:
@@ -204,33 +237,8 @@ class _Run:
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.model = build_training_model(config, self.task.num_classes).to(env.device)
-        refused = None
-        try:  # before the optimizer state and the first batch: refuse a run that would exhaust memory
-            check_memory(
-                self.model,
-                config.img_size,
-                config.batch_size,
-                training=True,
-                precision=config.precision,
-                grad_checkpointing=config.grad_checkpointing,
-                ema=config.ema_decay > 0,
-                device=env.device,
-                allow=allow_memory,
-                names=memory_names or SettingNames(),
-                # CPU processes on one machine share its memory; each GPU process has its own device
-                processes=env.local_world_size if env.device.type == "cpu" else 1,
-            )
-        except NotEnoughMemory as err:
-            refused = err
-        if env.world_size > 1:  # every process stops together, not only the one whose memory is short
-            short = all_reduce_sum(torch.tensor([float(refused is not None)], device=env.device), env)
-            if refused is None and short.item() > 0:
-                raise ValueError(
-                    f"{int(short.item())} of {env.world_size} processes have too little memory for this "
-                    "run (their message says what fits); stopped before training"
-                )
-        if refused is not None:
-            raise refused
+        # before the optimizer state and the first batch: refuse a run that would exhaust memory
+        _check_training_memory(self.model, config, env, allow_memory, memory_names or SettingNames())
         net = self.task.prepare(self.model)  # the model, or the model with the task's training-only parts
         torch.manual_seed(config.seed + env.rank)  # dropout and mixing differ between processes
         if config.grad_checkpointing:
@@ -563,42 +571,63 @@ def fit(
     env = setup(config.device)
     run = None
     try:
-        given = config
-        config = dataclasses.replace(config.resolved(), device=env.device.type)
-        if env.is_main:
-            for message in given.ignored():
-                log.warning(message)
-        state = _check_out(Path(config.out), resume, force, given)
-        if state is not None:
-            _check_resume(json.loads(state["config"]), config, given)
-        run = _Run(config, env, allow_memory, memory_names)  # data and model (memory checked) before OUT changes
-        if state is None:
-            run.replaced = _clear_out(run.out, env)
-        else:
-            run.restore(state)
-        if env.is_main:
-            config.save(run.out)
-            log.info(run.summary())
-        barrier(env)
-        last = None
-        with StopOnSignal() as stop:
-            while run.epoch < config.epochs:
-                if not run.train_epoch(stop):
-                    torchrun = f" (under torchrun with {env.world_size} processes)" if env.world_size > 1 else ""
-                    run.info_line(
-                        f"stopped in epoch {run.epoch + 1} after step {run.step}; checkpoint saved, continue with: "
-                        f"{resume_command(run.out)}{torchrun}"
-                    )
-                    return run.result(last, interrupted=True)
-                last = run.end_epoch()
-        if env.is_main:
-            final = run.write_model("final")
-            run.info_line(
-                f"best {run.task.best_metric} {run.best_value:.4f} (epoch {run.best_epoch}); final model in {final}"
-            )
-        barrier(env)
-        return run.result(last, interrupted=False)
+        resolved, state = _resolve_run(config, env, resume, force)
+        run = _Run(resolved, env, allow_memory, memory_names)  # data and model (memory checked) before OUT changes
+        _begin(run, state)
+        return _train(run)
     finally:
         if run is not None and run.replaced is not None and env.is_main:
             log.warning(f"the run ended within its first epoch; the earlier run's outputs are in {run.replaced}")
         cleanup(env)
+
+
+def _resolve_run(
+    given: TrainConfig, env: DistEnv, resume: bool, force: bool
+) -> tuple[TrainConfig, dict[str, Any] | None]:
+    """(the resolved configuration on this process's device, the checkpoint to resume from or None for a fresh run);
+    the options given that the run does not use are logged as warnings. ValueError when OUT does not hold what
+    `resume` / `force` expect, or the settings differ from the checkpoint's beyond `RESUME_MAY_CHANGE`."""
+    config = dataclasses.replace(given.resolved(), device=env.device.type)
+    if env.is_main:
+        for message in given.ignored():
+            log.warning(message)
+    state = _check_out(Path(config.out), resume, force, given)
+    if state is not None:
+        _check_resume(json.loads(state["config"]), config, given)
+    return config, state
+
+
+def _begin(run: _Run, state: dict[str, Any] | None) -> None:
+    """Make OUT ready for a fresh run (`state` None) or restore the checkpoint `state`; then write config.json and
+    log what the run trains."""
+    if state is None:
+        run.replaced = _clear_out(run.out, run.env)
+    else:
+        run.restore(state)
+    if run.env.is_main:
+        run.config.save(run.out)
+        log.info(run.summary())
+    barrier(run.env)
+
+
+def _train(run: _Run) -> FitResult:
+    """Train the epochs left, then write the final model; a stop asked for by SIGINT / SIGTERM ends the run after
+    the current step with its checkpoint saved."""
+    env, last = run.env, None
+    with StopOnSignal() as stop:
+        while run.epoch < run.config.epochs:
+            if not run.train_epoch(stop):
+                torchrun = f" (under torchrun with {env.world_size} processes)" if env.world_size > 1 else ""
+                run.info_line(
+                    f"stopped in epoch {run.epoch + 1} after step {run.step}; checkpoint saved, continue with: "
+                    f"{resume_command(run.out)}{torchrun}"
+                )
+                return run.result(last, interrupted=True)
+            last = run.end_epoch()
+    if env.is_main:
+        final = run.write_model("final")
+        run.info_line(
+            f"best {run.task.best_metric} {run.best_value:.4f} (epoch {run.best_epoch}); final model in {final}"
+        )
+    barrier(env)
+    return run.result(last, interrupted=False)

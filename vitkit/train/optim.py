@@ -8,36 +8,54 @@ import math
 import torch
 from torch import nn
 
-# Parameters never decayed besides every parameter with ndim <= 1 (biases, norm scales, LayerScale gammas):
-# learned tokens (names ending in "token"), absolute position tables and Swin's relative position bias tables.
-NO_DECAY_NAMES = ("pos_embed", "relative_position_bias_table")
+from vitkit.models.interface import VitkitDetector, VitkitModel
+
 FUSED_DEVICES = {"cpu", "cuda"}  # where torch's fused AdamW kernel runs
 
 
-def decays(name: str, param: torch.Tensor) -> bool:
-    """Whether weight decay applies to the parameter `name` (a qualified name such as ``blocks.0.mlp.fc1.weight``)."""
-    leaf = name.rsplit(".", 1)[-1]
-    return param.ndim > 1 and not leaf.endswith("token") and leaf not in NO_DECAY_NAMES
+def no_decay_parameters(model: nn.Module) -> set[int]:
+    """The ids of the parameters of `model` that take no weight decay besides those of ndim <= 1: the ones each
+    vitkit model in it names (`no_weight_decay()`; the model itself, or the one a training wrapper holds)."""
+    found = set()
+    for module in model.modules():
+        if isinstance(module, VitkitModel):
+            params = dict(module.named_parameters())
+            unknown = sorted(module.no_weight_decay() - set(params))
+            if unknown:
+                raise ValueError(f"{type(module).__name__}.no_weight_decay() names {unknown}, not its parameters")
+            found |= {id(params[name]) for name in module.no_weight_decay()}
+    return found
+
+
+def detector_backbone(model: nn.Module) -> nn.Module:
+    """The backbone of the detector that `model` is or holds (`VitkitDetector.backbone`); ValueError without one."""
+    detector = next((module for module in model.modules() if isinstance(module, VitkitDetector)), None)
+    if detector is None:
+        raise ValueError(f"a backbone learning rate was given but {type(model).__name__} has no backbone")
+    return detector.backbone
 
 
 def param_groups(model: nn.Module, weight_decay: float, backbone_lr: float | None = None) -> list[dict]:
-    """The optimizer groups of the trainable parameters: decayed (see `decays`) and not decayed; with
-    `backbone_lr`, the parameters of `model.backbone` form two more groups (decayed, not decayed) at that learning
-    rate, after the others (DETR trains its backbone ten times slower than the transformer)."""
+    """The optimizer groups of the trainable parameters: decayed and not decayed (every parameter of ndim <= 1 --
+    biases, norm scales, LayerScale gammas -- and those the model names in `no_weight_decay()`: learned tokens,
+    position tables); with `backbone_lr`, the parameters of a detector's backbone form two more groups (decayed, not
+    decayed) at that learning rate, after the others (DETR trains its backbone ten times slower than the
+    transformer)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if backbone_lr is None:
         parts = [(named, {})]
     else:
-        backbone = getattr(model, "backbone", None)
-        if not isinstance(backbone, nn.Module):
-            raise ValueError(f"a backbone learning rate was given but {type(model).__name__} has no backbone")
-        inside = {id(p) for p in backbone.parameters()}
+        inside = {id(p) for p in detector_backbone(model).parameters()}
         parts = [
             ([(n, p) for n, p in named if id(p) not in inside], {}),
             ([(n, p) for n, p in named if id(p) in inside], {"lr": backbone_lr}),
         ]
+    plain = no_decay_parameters(model)
     return [
-        {"params": [p for n, p in part if decays(n, p) == decayed], "weight_decay": weight_decay if decayed else 0.0}
+        {
+            "params": [p for _, p in part if (p.ndim > 1 and id(p) not in plain) == decayed],
+            "weight_decay": weight_decay if decayed else 0.0,
+        }
         | extra
         for part, extra in parts
         for decayed in (True, False)
@@ -55,8 +73,7 @@ def create_optimizer(
     at `backbone_lr` when given (`param_groups`).
 
     On CPU and CUDA it is torch's fused implementation: one kernel over all parameters instead of a dozen
-    elementwise passes each (ViT-S/16's step: 10 ms against 32 ms with `foreach` and 79 ms with the default loop
-    on the 2-core CPU of BENCHMARKS.md); the update is the same AdamW.
+    elementwise passes each (BENCHMARKS.md, "bf16 training step"); the update is the same AdamW.
     """
     for name, value in (("learning rate", lr), ("backbone learning rate", backbone_lr)):
         if value is not None and value <= 0:

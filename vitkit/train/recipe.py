@@ -1,25 +1,28 @@
 """Which task a run trains (classification or detection) and the training recipe it starts from.
 
-The task follows the model and the data: a DETR model trains a detector, any other model a classifier; detection
-data (`builtin:digits-detect`, a COCO-format folder) needs a detector and classification data (`builtin:mnist5k`,
-an ImageFolder tree) a classifier. With no model given, the data picks the default model of its task.
+The task follows the model and the data: a model's family declares its task (`vitkit.models.registry.Family.task`);
+detection data (`builtin:digits-detect`, a COCO-format folder) needs a detector and classification data
+(`builtin:mnist5k`, an ImageFolder tree) a classifier. With no model given, the data picks the default model of its
+task.
 
 A recipe holds the defaults of the training options that differ between tasks and models: every `TrainConfig`
-field left at None takes its value from the recipe of the run's model (`TrainConfig.resolved`).
+field left at None takes its value from the recipe of the run's model (`TrainConfig.resolved`). It is built from
+three layers, each over the one before: the task's defaults (`TASK_RECIPES`), the family's declared recipe
+(`register_family(recipe=...)`) and the registered variant's own (`register_model(recipe=...)`, for training it from
+scratch; a fine-tuned model takes its family's).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from vitkit.data import BUILTIN_PREFIX, DIGITS_DETECT
-from vitkit.models.registry import model_entry
+from vitkit.models.registry import CLASSIFICATION, DETECTION, Family, families, family, list_models, model_entry
+from vitkit.weights.family import saved_family
 
-CLASSIFICATION, DETECTION = "classification", "detection"
-DETECTOR_FAMILIES = ("detr",)  # model families whose models are detectors
 DETECTION_BUILTINS = (DIGITS_DETECT,)  # bundled detection datasets (builtin:NAME)
 
 # The default models: a small ViT for the bundled 28x28 digits, 16 tokens of 7x7 patches (models/vit.py), and the
@@ -50,31 +53,16 @@ class Recipe:
         return asdict(self)
 
 
-# Classification: AdamW with cosine decay as DeiT trains ViTs, scaled to the bundled digits.
-CLASSIFIER_RECIPE = Recipe(
-    epochs=40, batch_size=64, lr=2e-3, min_lr=1e-5, warmup_epochs=2.0, weight_decay=0.05, clip_grad=1.0,
-    label_smoothing=0.1,
-)  # fmt: skip
-# DETR's recipe (Carion et al., arXiv:2005.12872): AdamW, lr 1e-4 with the backbone at 1e-5, weight decay 1e-4,
-# gradient clipping 0.1, the softmax cross-entropy loss. DETR trains 500 epochs with a tenfold drop at 400; here the
-# cosine decay ends at the same tenth (min_lr).
-DETR_RECIPE = Recipe(
-    epochs=50, batch_size=4, lr=1e-4, min_lr=1e-5, warmup_epochs=0.0, weight_decay=1e-4, clip_grad=0.1,
-    backbone_lr=1e-5, detection_loss="ce", box_cls_loss=0.0, detection_top_k=0, nms_iou=0.0,
-)  # fmt: skip
-# The small DETRs (detr_digits, detr_tiny), tuned on builtin:digits-detect for two CPU cores: trained from scratch,
-# so the backbone learns as fast as the rest (3e-4, cosine to 1% over 24 epochs, about 17 minutes for detr_digits),
-# and from the first step on it also classifies the ground-truth boxes (`box_cls_loss`, see
-# `vitkit.train.task.BoxClassification`): a backbone trained on digit classification, the aid that turned minutes
-# of no progress into a detector (BENCHMARKS.md). Their detections are read as Deformable DETR reads its own (the
-# 100 most probable (query, class) pairs, arXiv:2010.04159) with per-class NMS at IoU 0.7, which removes the
-# duplicates that a DETR trained for minutes still predicts (the DETR paper, section 4.2, finds NMS helping its
-# early decoder layers).
-SMALL_DETR_RECIPE = Recipe(
-    epochs=24, batch_size=16, lr=3e-4, min_lr=3e-6, warmup_epochs=0.5, weight_decay=1e-4, clip_grad=0.1,
-    backbone_lr=3e-4, detection_loss="ce", box_cls_loss=1.0, detection_top_k=100, nms_iou=0.7,
-)  # fmt: skip
-RECIPES = {"detr_digits": SMALL_DETR_RECIPE, "detr_tiny": SMALL_DETR_RECIPE}  # models with a recipe of their own
+# Each task's defaults, under what a model's family and variant declare. Classification: AdamW with cosine decay as
+# DeiT trains ViTs, scaled to the bundled digits (BENCHMARKS.md, "Training"). Detection: none; a detector family
+# declares its whole recipe.
+TASK_RECIPES: dict[str, dict[str, Any]] = {
+    CLASSIFICATION: dict(
+        epochs=40, batch_size=64, lr=2e-3, min_lr=1e-5, warmup_epochs=2.0, weight_decay=0.05, clip_grad=1.0,
+        label_smoothing=0.1,
+    ),
+    DETECTION: {},
+}  # fmt: skip
 
 
 def is_detection_data(source: str) -> bool:
@@ -89,15 +77,14 @@ def is_detection_data(source: str) -> bool:
 
 
 def model_task(model: str | None = None, init: str | None = None) -> str | None:
-    """The task of a registry model name, or of the saved model directory `init`; None when neither is given."""
+    """The task of a registry model name, or of the saved model directory `init` (classification when its family
+    is not a registered one); None when neither is given."""
     if model is not None:
-        family = model_entry(model).family
-    elif init is not None:
-        saved = json.loads((Path(init) / "config.json").read_text()) if (Path(init) / "config.json").is_file() else {}
-        family = saved.get("family") or saved.get("model_type")  # vitkit's directories, or transformers'
-    else:
-        return None
-    return DETECTION if family in DETECTOR_FAMILIES else CLASSIFICATION
+        return family(model_entry(model).family).task
+    if init is not None:
+        found = saved_family(init)
+        return found.task if found is not None else CLASSIFICATION
+    return None
 
 
 def resolve_task(model: str | None, init: str | None, data: str) -> tuple[str, str | None]:
@@ -118,8 +105,56 @@ def resolve_task(model: str | None, init: str | None, data: str) -> tuple[str, s
     return task, model
 
 
-def recipe_for(task: str, model: str | None) -> Recipe:
-    """The recipe of `model` (a registry name, or None for a fine-tuned directory) training for `task`."""
-    if task == CLASSIFICATION:
-        return CLASSIFIER_RECIPE
-    return RECIPES.get(model, DETR_RECIPE) if model is not None else DETR_RECIPE
+def recipe_for(task: str, model: str | None, init: str | None = None) -> Recipe:
+    """The recipe of a run training `task`: the task's defaults, the family's recipe over them and, for a model
+    trained from scratch, the variant's own over that.
+
+    Args:
+        task: "classification" or "detection".
+        model: the registry name of the model trained; None for the model saved in the directory `init`.
+        init: what the run fine-tunes from (a model directory or a checkpoint file), None when it trains from
+            scratch: a variant's own recipe is for training from scratch, so a fine-tuned model takes its family's.
+    """
+    if model is not None:
+        fam: Family | None = family(model_entry(model).family)
+    else:
+        fam = saved_family(init) if init is not None else None
+    variant = model_entry(model).recipe if model is not None and init is None else {}
+    return _recipe(task, fam, variant)
+
+
+def _recipe(task: str, fam: Family | None, variant: dict[str, Any]) -> Recipe:
+    """`Recipe` of the task's defaults, then `fam`'s declared recipe (None: no family's), then `variant`'s."""
+    values = {**TASK_RECIPES[task], **(fam.recipe if fam is not None else {}), **variant}
+    fields = {f.name: f for f in dataclasses.fields(Recipe)}
+    unknown = sorted(set(values) - set(fields))
+    missing = [name for name, f in fields.items() if f.default is dataclasses.MISSING and name not in values]
+    if unknown or missing:
+        whose = f"the {fam.name} family's" if fam is not None else f"the {task} task's"
+        raise ValueError(
+            f"{whose} training recipe ({task}) "
+            + (f"has no option(s) {unknown}" if unknown else f"lacks {missing}")
+            + ": a family declares Recipe fields in register_family(recipe=...)"
+        )
+    return Recipe(**values)
+
+
+def declared_recipes() -> list[tuple[str, Recipe]]:
+    """Every recipe the registry's models train with from scratch, each with how `vitkit train --help` names the
+    models it serves, in registration order: "" for the classification task's defaults; for each family declaring
+    a recipe, the variants with one of their own ("small <Family>s": such variants are vitkit's small models,
+    trained from scratch on a few CPU cores), then the family (its `display_name`)."""
+    found = [("", _recipe(CLASSIFICATION, None, {}))]
+    for fam in families():
+        if not fam.recipe:
+            continue
+        own = _recipe(fam.task, fam, {})
+        variants = [
+            _recipe(fam.task, fam, dict(entry.recipe))
+            for entry in map(model_entry, list_models())
+            if entry.family == fam.name and entry.recipe
+        ]
+        for recipe in dict.fromkeys(r for r in variants if r != own):
+            found.append((f"small {fam.display_name}s", recipe))
+        found.append((fam.display_name, own))
+    return found

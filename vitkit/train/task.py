@@ -9,14 +9,13 @@ by COCO mAP. `create_task(config, env)` picks the one the resolved config's `tas
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from torchvision.ops import box_convert, roi_align
+from torchvision.ops import box_convert
 from torchvision.transforms import v2
 
 from vitkit.data import (
@@ -31,24 +30,18 @@ from vitkit.data import (
     train_transform,
 )
 from vitkit.detection import (
-    HungarianMatcher,
+    FOCAL_PRIOR,
+    BoxClassification,
     Postprocessing,
-    SetCriterion,
     average_num_boxes,
     collate_detection,
+    criterion_for,
 )
+from vitkit.infer import autocast, evaluate, evaluate_detector, save_detection_settings
 from vitkit.layers import to_2tuple
 from vitkit.models.registry import model_entry, replace_config
 from vitkit.train.config import TrainConfig
-from vitkit.train.detect import (
-    DETECTION_WEIGHTS,
-    FOCAL_MATCH_COST,
-    FOCAL_PRIOR,
-    evaluate_detector,
-    save_detection_settings,
-)
 from vitkit.train.distributed import DistEnv
-from vitkit.train.evaluate import autocast, evaluate
 from vitkit.train.recipe import CLASSIFICATION, DETECTION
 from vitkit.weights.io import build_from_config
 
@@ -192,7 +185,7 @@ class ClassificationTask(Task):
         return loss, {"train_loss": loss.detach()}, len(targets)
 
     def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[Unreadable, ...]]:
-        result = evaluate(model, self.val_loader, self.info, self.env, self.config.precision)
+        result = evaluate(model, self.val_loader, self.info, self.env.world_size > 1, self.config.precision)
         return {"val_loss": result.loss, "val_acc": result.top1}, result.skipped
 
     def describe(self, metrics: dict[str, Any]) -> str:
@@ -217,40 +210,6 @@ def _detection_loader(dataset: Dataset, sampler: EpochSampler, batch_size: int, 
     )  # fmt: skip
 
 
-class BoxClassification(nn.Module):
-    """A detector with, for training only, a classifier of its backbone's features pooled in each ground-truth box.
-
-    ``forward(images, pixel_mask, boxes)`` runs the detector and, from the backbone's feature map (B, C5, h, w) it
-    computed, pools a 2x2 RoIAlign (Mask R-CNN, He et al. arXiv:1703.06870) of each box (xyxy pixels of the
-    input, one (n_i, 4) tensor per image), averages it and classifies it: (detector outputs, logits (T, K)). The
-    cross-entropy of these logits teaches the backbone the classes at their places from the first step on, what
-    the set loss teaches it only slowly (a backbone first trained on digit classification, trained alongside).
-    """
-
-    def __init__(self, detector: nn.Module, num_classes: int) -> None:
-        super().__init__()
-        self.detector = detector
-        self.head = nn.Linear(detector.backbone.out_channels, num_classes)
-
-    @property
-    def backbone(self) -> nn.Module:
-        return self.detector.backbone
-
-    def forward(
-        self, images: torch.Tensor, pixel_mask: torch.Tensor | None, boxes: list[torch.Tensor]
-    ) -> tuple[dict[str, Any], torch.Tensor]:
-        features: list[torch.Tensor] = []
-        hook = self.detector.backbone.register_forward_hook(lambda module, args, out: features.append(out))
-        try:
-            outputs = self.detector(images, pixel_mask)
-        finally:
-            hook.remove()
-        feature_map = features[-1].float()  # (B, C5, h, w)
-        scale = feature_map.shape[-1] / images.shape[-1]  # feature-map columns per input pixel
-        pooled = roi_align(feature_map, boxes, output_size=2, spatial_scale=scale, aligned=True)  # (T, C5, 2, 2)
-        return outputs, self.head(pooled.mean((2, 3)))  # (T, K)
-
-
 def _pixel_boxes(targets: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
     """Each target's boxes as (x0, y0, x1, y1) in pixels of the image given to the model (its `size`)."""
     boxes = []
@@ -268,8 +227,9 @@ class DetectionTask(Task):
     The classification loss is the config's `detection_loss`: "ce", DETR's softmax cross-entropy with "no object"
     weighted 0.1, or "focal", Deformable DETR's sigmoid focal loss (arXiv:2010.04159), matched with class cost 2
     and weighted 2, with a fresh model's class biases set to the prior probability 0.01 as Deformable DETR does.
-    With `box_cls_loss` > 0 the backbone's classification of the ground-truth boxes (`BoxClassification`) is
-    added with that weight (`loss_box_cls`); its classifier is part of the checkpoint, not of the saved model.
+    With `box_cls_loss` > 0 the backbone's classification of the ground-truth boxes
+    (`vitkit.detection.BoxClassification`) is added with that weight (`loss_box_cls`); its classifier is part of the
+    checkpoint, not of the saved model.
     """
 
     name = DETECTION
@@ -297,17 +257,9 @@ class DetectionTask(Task):
         batch, workers = config.batch_size, config.workers
         self.train_loader = _detection_loader(self.train_set, self.train_sampler, batch, workers, pin)
         self.val_loader = _detection_loader(self.val_set, val_sampler, batch, workers, pin)
-        focal = config.detection_loss == "focal"
-        self.criterion = SetCriterion(
-            self.num_classes,
-            HungarianMatcher(cost_class=FOCAL_MATCH_COST if focal else 1.0, classification=config.detection_loss),
-            weights=DETECTION_WEIGHTS[config.detection_loss],
-            aux_loss=model.config.aux_loss,
-            classification=config.detection_loss,
-        ).to(env.device)
-        if focal and config.init is None:
-            with torch.no_grad():
-                model.class_embed.bias.fill_(-math.log((1 - FOCAL_PRIOR) / FOCAL_PRIOR))
+        self.criterion = criterion_for(config.detection_loss, self.num_classes, model.config.aux_loss).to(env.device)
+        if config.detection_loss == "focal" and config.init is None:  # a fresh model: every class starts unlikely
+            model.reset_classifier(model.config.num_classes, prior=FOCAL_PRIOR)
         self.boxes = BoxClassification(model, self.num_classes).to(env.device) if config.box_cls_loss > 0 else None
         return self.boxes if self.boxes is not None else model
 
@@ -357,8 +309,8 @@ class DetectionTask(Task):
         return loss, {"train_loss": loss.detach(), **{k: loss.detach() for k in self.loss_parts}}, 0
 
     def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[Unreadable, ...]]:
-        config = self.config
-        result = evaluate_detector(model, self.val_loader, self.info, self.postprocessing, self.env, config.precision)
+        distributed, precision = self.env.world_size > 1, self.config.precision
+        result = evaluate_detector(model, self.val_loader, self.info, self.postprocessing, distributed, precision)
         return result.metrics, result.skipped
 
     def describe(self, metrics: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,6 +15,7 @@ from vitkit.analysis.report import ScalePoint, crossover
 from vitkit.viz.attention import colormap, figure_image, fonts_for, new_figure, save_picture, spell
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 MAX_LABEL = 40  # characters of a class name shown on an axis; longer names end in "…"
@@ -26,6 +28,116 @@ LEGEND_FONT = 8.0  # points: the index -> name legend
 def _text_width(text: str, points: float) -> float:
     """Inches a line of `text` takes at `points` (DejaVu Sans averages about 0.6 em per character)."""
     return len(text) * 0.6 * points / 72
+
+
+@dataclass(frozen=True)
+class _MatrixLayout:
+    """How a confusion matrix of K classes is laid out: sizes in inches, fonts in points."""
+
+    labels: list[str]  # the axes' label of each class: its name (cut to MAX_LABEL) or, `by_index`, its index
+    by_index: bool  # the classes are labelled by index, named in a legend beside the matrix
+    cell: float  # the side of a cell
+    tick_font: float
+    step: int  # every step-th class is labelled (1 unless the labels would be smaller than MIN_FONT)
+    rotation: int  # of the x labels, in degrees
+    legend: list[str]  # the legend's lines, a header first (empty without legend)
+    legend_rows: int
+    legend_columns: int
+    legend_width: float
+    width: float  # of the figure
+    height: float
+
+
+def _matrix_layout(classes: Sequence[str], missing: str) -> _MatrixLayout:
+    """The layout of the confusion matrix of `classes`; with characters no font draws (`missing`), by index."""
+    K = len(classes)
+    by_index = bool(missing)
+    labels = (
+        [str(k) for k in range(K)]
+        if by_index
+        else [n if len(n) <= MAX_LABEL else n[: MAX_LABEL - 1] + "…" for n in classes]
+    )
+    cell = min(CELL, MAX_MATRIX / K)  # inches
+    tick_font = min(10.0, cell * 72 * 0.6)
+    step = math.ceil(MIN_FONT / tick_font) if tick_font < MIN_FONT else 1
+    tick_font = max(tick_font, MIN_FONT)
+    label_width = max(_text_width(label, tick_font) for label in labels[::step])
+    rotation = 45 if K <= 30 else 90
+    matrix = K * cell
+    legend: list[str] = []
+    legend_rows = legend_columns = 0
+    legend_width = 0.0
+    if by_index:
+        legend_rows = max(10, math.floor((matrix + 1) / (LEGEND_FONT * 1.5 / 72)))
+        legend_columns = math.ceil((K + 1) / legend_rows)
+        legend = ["index  class", *(f"{k}  {spell(name, missing)}" for k, name in enumerate(classes))]
+        column_width = max(_text_width(e, LEGEND_FONT) for e in legend) + 0.3
+        legend_width = legend_columns * column_width
+    return _MatrixLayout(
+        labels=labels,
+        by_index=by_index,
+        cell=cell,
+        tick_font=tick_font,
+        step=step,
+        rotation=rotation,
+        legend=legend,
+        legend_rows=legend_rows,
+        legend_columns=legend_columns,
+        legend_width=legend_width,
+        width=max(4.5, matrix + label_width + 2.0 + legend_width),
+        height=max(3.5, matrix + label_width * (0.75 if rotation == 45 else 1.0) + 1.4),
+    )
+
+
+def _label_axes(ax: Axes, layout: _MatrixLayout, fonts: list[str]) -> None:
+    """Class labels on both axes (every `layout.step`-th class), and the axes' titles."""
+    ticks = list(range(0, len(layout.labels), layout.step))
+    names = [layout.labels[k] for k in ticks]
+    rotation = layout.rotation
+    ax.set_xticks(
+        ticks,
+        names,
+        rotation=rotation,
+        ha="right",
+        va="top" if rotation == 45 else "center",
+        rotation_mode="anchor",
+        fontsize=layout.tick_font,
+        fontfamily=fonts,
+        parse_math=False,
+    )
+    ax.set_yticks(ticks, names, fontsize=layout.tick_font, fontfamily=fonts, parse_math=False)
+    ax.set_xlabel("predicted class" + (" (index)" if layout.by_index else ""))
+    ax.set_ylabel("true class" + (" (index)" if layout.by_index else ""))
+
+
+def _write_counts(ax: Axes, counts: torch.Tensor, shares: torch.Tensor, cell: float) -> None:
+    """Each cell's count (K, K) written in it, when the largest fits a cell of side `cell`."""
+    K = len(counts)
+    count_font = min(10.0, cell * 72 * 0.4)
+    widest = len(str(int(counts.max()))) if K else 1
+    if count_font < 5 or _text_width("0" * widest, count_font) > cell * 0.85:
+        return
+    for i in range(K):
+        for j in range(K):
+            ink = "white" if shares[i, j] < 0.5 else "black"  # readable on the dark and the light end of the map
+            ax.text(j, i, str(int(counts[i, j])), ha="center", va="center", color=ink, fontsize=count_font)
+
+
+def _draw_legend(ax: Axes, layout: _MatrixLayout, fonts: list[str]) -> None:
+    """The index -> name legend, in columns of `layout.legend_rows` lines."""
+    ax.set_axis_off()
+    for k, entry in enumerate(layout.legend):
+        column, row = divmod(k, layout.legend_rows)
+        ax.text(
+            column / layout.legend_columns,
+            1 - row / layout.legend_rows,
+            entry,
+            transform=ax.transAxes,
+            va="top",
+            fontsize=LEGEND_FONT,
+            fontfamily=fonts,
+            parse_math=False,
+        )
 
 
 def confusion_figure(confusion: torch.Tensor, classes: Sequence[str], title: str | None = None) -> Figure:
@@ -45,76 +157,20 @@ def confusion_figure(confusion: torch.Tensor, classes: Sequence[str], title: str
     total, correct = int(counts.sum()), int(counts.trace())
     shares = counts / counts.sum(dim=1, keepdim=True).clamp(min=1)  # (K, K)
     fonts, missing = fonts_for(list(classes))
-    by_index = bool(missing)
-    labels = (
-        [str(k) for k in range(K)]
-        if by_index
-        else [n if len(n) <= MAX_LABEL else n[: MAX_LABEL - 1] + "…" for n in classes]
-    )
-
-    cell = min(CELL, MAX_MATRIX / K)  # inches
-    tick_font = min(10.0, cell * 72 * 0.6)
-    step = math.ceil(MIN_FONT / tick_font) if tick_font < MIN_FONT else 1
-    tick_font = max(tick_font, MIN_FONT)
-    label_width = max(_text_width(label, tick_font) for label in labels[::step])
-    rotation = 45 if K <= 30 else 90
-    matrix = K * cell
-    legend_rows = legend_columns = 0
-    legend_width = 0.0
-    if by_index:
-        legend_rows = max(10, math.floor((matrix + 1) / (LEGEND_FONT * 1.5 / 72)))
-        legend_columns = math.ceil((K + 1) / legend_rows)
-        entries = ["index  class", *(f"{k}  {spell(name, missing)}" for k, name in enumerate(classes))]
-        column_width = max(_text_width(e, LEGEND_FONT) for e in entries) + 0.3
-        legend_width = legend_columns * column_width
-    width = max(4.5, matrix + label_width + 2.0 + legend_width)
-    height = max(3.5, matrix + label_width * (0.75 if rotation == 45 else 1.0) + 1.4)
-    figure = new_figure(width, height)
-    if by_index:
-        layout = figure.add_gridspec(1, 2, width_ratios=(width - legend_width, legend_width))
-        ax, legend = figure.add_subplot(layout[0, 0]), figure.add_subplot(layout[0, 1])
+    layout = _matrix_layout(classes, missing)
+    figure = new_figure(layout.width, layout.height)
+    if layout.by_index:
+        grid = figure.add_gridspec(1, 2, width_ratios=(layout.width - layout.legend_width, layout.legend_width))
+        ax = figure.add_subplot(grid[0, 0])
+        _draw_legend(figure.add_subplot(grid[0, 1]), layout, fonts)
     else:
         ax = figure.add_subplot()
     image = ax.imshow(shares.numpy(), cmap=colormap(), vmin=0.0, vmax=1.0)
-    ticks = list(range(0, K, step))
-    ax.set_xticks(
-        ticks,
-        [labels[k] for k in ticks],
-        rotation=rotation,
-        ha="right",
-        va="top" if rotation == 45 else "center",
-        rotation_mode="anchor",
-        fontsize=tick_font,
-        fontfamily=fonts,
-        parse_math=False,
-    )
-    ax.set_yticks(ticks, [labels[k] for k in ticks], fontsize=tick_font, fontfamily=fonts, parse_math=False)
-    ax.set_xlabel("predicted class" + (" (index)" if by_index else ""))
-    ax.set_ylabel("true class" + (" (index)" if by_index else ""))
-    count_font = min(10.0, cell * 72 * 0.4)
-    widest = len(str(int(counts.max()))) if K else 1
-    if count_font >= 5 and _text_width("0" * widest, count_font) <= cell * 0.85:
-        for i in range(K):
-            for j in range(K):
-                ink = "white" if shares[i, j] < 0.5 else "black"  # readable on the dark and the light end of the map
-                ax.text(j, i, str(int(counts[i, j])), ha="center", va="center", color=ink, fontsize=count_font)
+    _label_axes(ax, layout, fonts)
+    _write_counts(ax, counts, shares, layout.cell)
     figure.colorbar(image, ax=ax, shrink=0.8, label="share of the true class's images")
     summary = f"accuracy {correct / total:.1%} ({correct} of {total} images, {K} classes)" if total else "no images"
     ax.set_title(f"{title}\n{summary}" if title else summary, fontfamily=fonts, parse_math=False)
-    if by_index:
-        legend.set_axis_off()
-        for k, entry in enumerate(entries):
-            column, row = divmod(k, legend_rows)
-            legend.text(
-                column / legend_columns,
-                1 - row / legend_rows,
-                entry,
-                transform=legend.transAxes,
-                va="top",
-                fontsize=LEGEND_FONT,
-                fontfamily=fonts,
-                parse_math=False,
-            )
     return figure
 
 
@@ -142,7 +198,7 @@ def plot_scaling(points: list[ScalePoint], path: str | os.PathLike, title: str) 
     ax_flops.set(xlabel="image side (px)", ylabel="GFLOPs per forward", yscale="log", title=title)
     ax_flops.legend()
     ax_mem.plot(sides, [p.activation_bytes_sdpa / 2**20 for p in points], "o-", label="sdpa (fused)")
-    ax_mem.plot(sides, [p.activation_bytes_math / 2**20 for p in points], "s-", label="math (explicit N x N)")
+    ax_mem.plot(sides, [p.activation_bytes_math / 2**20 for p in points], "s-", label="math (reference, N x N)")
     ax_mem.set(xlabel="image side (px)", ylabel="peak activations (MiB)", yscale="log", title="activation memory")
     ax_mem.legend()
     save_picture(figure, path)

@@ -25,7 +25,7 @@ from torch import nn
 
 from vitkit.models.registry import build_model, create_model, family_of, replace_config
 from vitkit.weights import hf, shapes
-from vitkit.weights.family import FamilyWeights, family_weights, registered_weights, source_formats
+from vitkit.weights.family import FamilyWeights, family_weights, hf_model_types, registered_weights, source_formats
 from vitkit.weights.io import (
     CONFIG_NAME,
     INFO_ATTRIBUTE,
@@ -341,7 +341,7 @@ def load_pretrained(
         report = load_weights(model, directory / WEIGHTS_NAME, format="vitkit", reset_head=reset_head)
         return _with_info(model.eval(), info, reset_head), report
     model_type = saved["model_type"]
-    readers = {t: (fam, read) for fam, w in registered_weights().items() for t, read in w.hf_model_types.items()}
+    readers = hf_model_types()
     if model_type not in readers:
         raise ValueError(
             f"{config_path}: Hugging Face model_type {model_type!r} is not supported; supported: {sorted(readers)}"

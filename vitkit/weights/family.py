@@ -11,14 +11,17 @@ and writes vitkit's own names only, its classifier under `head.`.
 from __future__ import annotations
 
 import importlib
+import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from vitkit.models.registry import families, family
+from vitkit.models.registry import Family, families, family
 from vitkit.weights.rename import Layout
 
 State = dict[str, torch.Tensor]
@@ -88,6 +91,27 @@ def registered_weights() -> dict[str, FamilyWeights]:
     return {fam.name: family_weights(fam.name) for fam in families()}
 
 
+def hf_model_types() -> dict[str, tuple[str, ConfigReader]]:
+    """transformers `model_type` -> (the registered family that reads it, its config reader), over every family."""
+    return {t: (name, read) for name, w in registered_weights().items() for t, read in w.hf_model_types.items()}
+
+
+def saved_family(directory: str | os.PathLike) -> Family | None:
+    """The registered family of the model saved in `directory`: the "family" of its config.json (vitkit's
+    directories), or the family that reads its "model_type" (transformers'); None when neither names one."""
+    path = Path(directory) / "config.json"
+    try:
+        saved = json.loads(path.read_text()) if path.is_file() else {}
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(saved, dict):
+        return None
+    if saved.get("family") in {fam.name for fam in families()}:
+        return family(saved["family"])
+    found = hf_model_types().get(saved.get("model_type")) if isinstance(saved.get("model_type"), str) else None
+    return family(found[0]) if found is not None else None
+
+
 def source_formats() -> tuple[str, ...]:
     """The formats the registered families have rename tables for, each family's order kept (a format a family
     lists after another comes after it), else in the order first seen."""
@@ -116,8 +140,10 @@ __all__ = [
     "FamilyWeights",
     "HfExporter",
     "family_weights",
+    "hf_model_types",
     "no_fields",
     "registered_weights",
+    "saved_family",
     "source_formats",
     "unchanged",
 ]

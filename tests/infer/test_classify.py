@@ -15,17 +15,21 @@ import torch
 from PIL import Image
 
 from vitkit.data import DataInfo, Unreadable
-from vitkit.models.registry import create_model
-from vitkit.train import EvalResult, Prediction, image_paths, predict, predict_files
-from vitkit.train.evaluate import (
-    PROGRESS_MIN_IMAGES,
+from vitkit.infer import (
+    EvalResult,
+    Prediction,
     format_predictions,
+    image_paths,
     load_classifier,
     missing_info_note,
+    predict,
+    predict_files,
     predict_paths,
     progress_bar,
     write_predictions_csv,
 )
+from vitkit.infer.files import PROGRESS_MIN_IMAGES
+from vitkit.models.registry import create_model
 from vitkit.weights import save_pretrained
 
 

@@ -1,6 +1,5 @@
 """The attention figure: its maps against `attention_map` (itself tested against explicit implementations), its
-prediction against the model's softmax, the options that do not apply refused, and what the drawn figure holds;
-fonts and saving."""
+prediction against the model's softmax, the options that do not apply refused, and what the drawn figure holds."""
 
 from __future__ import annotations
 
@@ -11,17 +10,8 @@ from PIL import Image
 
 from vitkit import create_model
 from vitkit.data import preprocess
-from vitkit.viz import attention_map
-from vitkit.viz.attention import (
-    COLORMAP,
-    FONT,
-    _characters,
-    attention_figure,
-    attention_maps,
-    draw_attention,
-    fonts_for,
-    save_picture,
-)
+from vitkit.infer import attention_figure, attention_map, attention_maps
+from vitkit.viz.attention import COLORMAP, draw_attention, save_picture
 
 TINY = dict(img_size=28, patch_size=7, embed_dim=16, depth=3, num_heads=4, num_classes=10)
 MEAN, STD = (0.25,), (0.5,)
@@ -51,7 +41,7 @@ def test_one_map_and_the_prediction(model, image, pixels):
     k = int(probabilities.argmax())
     assert maps.prediction == (NAMES[k], pytest.approx(probabilities[k].item(), rel=1e-5))
     assert maps.titles == ("head 2 of 4",) and maps.what == "layer 1 (of 0..2), head 2 of 4"
-    assert maps.model == "tiny: vit, 3 layers x 4 heads, 4x4 patches"
+    assert maps.model == "tiny: ViT, 3 layers x 4 heads, 4x4 patches"
     assert maps.view.size == (224, 224)
     default = attention_maps(model, image, MEAN, STD)
     torch.testing.assert_close(default.heats, attention_map(model, pixels, layer=-1))
@@ -122,23 +112,3 @@ def test_the_colour_bar_runs_through_the_colour_map(model, image, tmp_path):
     pixels = np.asarray(Image.open(path).convert("RGB")).reshape(-1, 3).astype(int)
     for end in (COLORMAP[0], COLORMAP[-1]):  # the overlays are blended at alpha 0.5: only the bar shows the ends
         assert (np.abs(pixels - np.array(end)).max(axis=1) <= 12).any()
-
-
-def test_save_picture_refuses_folders_and_names_without_a_suffix(model, image, tmp_path):
-    picture = Image.new("RGB", (4, 4))
-    with pytest.raises(IsADirectoryError, match="is a folder: expected a file name such as"):
-        save_picture(picture, tmp_path)
-    with pytest.raises(ValueError, match="has no suffix"):
-        save_picture(picture, tmp_path / "figure")
-    assert save_picture(picture, tmp_path / "a" / "b.png").is_file()
-
-
-def test_fonts_for_names_the_fonts_that_draw_each_character():
-    assert fonts_for(["αλεπού", "собака", "Hauskatze"]) == ([FONT], "")
-    families, missing = fonts_for(["猫 cat", "魚"])
-    assert families[0] == FONT
-    from matplotlib import font_manager
-
-    drawn = set().union(*(_characters(font_manager.findfont(f)) for f in families))
-    assert all((ord(c) in drawn) != (c in missing) for c in "猫魚")
-    assert set(missing) <= set("猫魚")

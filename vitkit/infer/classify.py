@@ -1,0 +1,128 @@
+"""Predicting the classes of images under a classifier: a list of images in one batch, image files, or many files
+through a DataLoader that skips the unreadable ones.
+
+Letters: B batch, K classes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from PIL import Image
+from torch import nn
+
+from vitkit.data import DataInfo, Unreadable, eval_transform, normalize, open_image, preprocess
+from vitkit.infer.files import image_loader, progress_bar
+from vitkit.layers import to_2tuple
+
+
+@dataclass(frozen=True)
+class Prediction:
+    image: str  # the image file
+    top: list[tuple[str, float]]  # (class name, probability), most probable first
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values: image, top (a list of {class, probability})."""
+        return {"image": self.image, "top": [{"class": name, "probability": p} for name, p in self.top]}
+
+
+@dataclass(frozen=True)
+class Predictions:
+    predictions: list[Prediction]  # the readable images, in the order given
+    skipped: list[Unreadable]  # the images that could not be read, with the reason, in the order given
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The predictions as plain JSON values (`Prediction.to_dict`), what `vitkit predict --json` writes."""
+        return [prediction.to_dict() for prediction in self.predictions]
+
+
+def _check_classes(model: nn.Module, classes: Sequence[str], top_k: int) -> None:
+    if model.config.num_classes != len(classes):
+        raise ValueError(f"the model has {model.config.num_classes} outputs but {len(classes)} class names")
+    if top_k <= 0:
+        raise ValueError(f"top_k must be positive, got {top_k}")
+
+
+def _top(probs: torch.Tensor, classes: Sequence[str], top_k: int) -> list[list[tuple[str, float]]]:
+    """Each row's `top_k` most probable classes of probabilities (B, K), as (class name, probability)."""
+    values, indices = probs.topk(min(top_k, len(classes)), dim=-1)  # (B, k)
+    return [
+        [(classes[i], p) for i, p in zip(row_i, row_p, strict=True)]
+        for row_i, row_p in zip(indices.tolist(), values.tolist(), strict=True)
+    ]
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module, info: DataInfo, images: list[Image.Image], top_k: int = 5
+) -> list[list[tuple[str, float]]]:
+    """The `top_k` most probable classes of each image, as (class name, probability), most probable first.
+
+    Images are preprocessed as in evaluation: converted to the model's channels, resized and centre-cropped to
+    the model's img_size, normalised with the training data's statistics saved in `info`.
+    """
+    _check_classes(model, info.classes, top_k)
+    config = model.config
+    img_size = to_2tuple(config.img_size)
+    device = next(model.parameters()).device
+    batch = torch.stack([preprocess(image, img_size, config.in_chans, info.mean, info.std) for image in images])
+    batch = batch.to(device)  # (B, C, H, W)
+    probs = model.eval()(batch).float().softmax(dim=-1)  # (B, K)
+    return _top(probs, info.classes, top_k)
+
+
+def predict_files(
+    model: nn.Module, info: DataInfo, paths: Sequence[str | os.PathLike], top_k: int = 5
+) -> list[Prediction]:
+    """`predict` for image files: each file's `top_k` classes with its name, in the order given. An unreadable
+    file raises `vitkit.data.UnreadableImageError`; `predict_paths` skips it instead."""
+    results = predict(model, info, [open_image(path) for path in paths], top_k)
+    return [Prediction(os.fspath(path), top) for path, top in zip(paths, results, strict=True)]
+
+
+@torch.no_grad()
+def predict_paths(
+    model: nn.Module,
+    info: DataInfo,
+    paths: Sequence[str | os.PathLike],
+    top_k: int = 5,
+    batch_size: int = 32,
+    workers: int = 0,
+    progress: bool | None = None,
+    on_unreadable: Callable[[Unreadable], None] | None = None,
+) -> Predictions:
+    """`predict` for many image files, batched through a DataLoader: files that cannot be read are skipped, not
+    raised, and returned with the reason in `Predictions.skipped`.
+
+    Args:
+        batch_size: images per forward pass.
+        workers: DataLoader worker processes decoding the images (0: in this process).
+        progress: a progress bar on stderr (a terminal only); None shows one for more than
+            `vitkit.infer.files.PROGRESS_MIN_IMAGES`.
+        on_unreadable: called with each unreadable file as it is met (e.g. to warn).
+    """
+    _check_classes(model, info.classes, top_k)
+    config = model.config
+    transform = eval_transform(to_2tuple(config.img_size), config.in_chans)
+    loader = image_loader(paths, transform, batch_size, workers)
+    device = next(model.parameters()).device
+    model.eval()
+    predictions: list[Prediction] = []
+    skipped: list[Unreadable] = []
+    with progress_bar(len(paths), progress) as bar:
+        for batch in loader:
+            for item in batch.skipped:
+                skipped.append(item)
+                if on_unreadable is not None:
+                    on_unreadable(item)
+            if len(batch.labels) > 0:
+                images = normalize(batch.images.to(device), info.mean, info.std)  # (B, C, H, W)
+                probs = model(images).float().softmax(dim=-1)  # (B, K)
+                for index, top in zip(batch.labels.tolist(), _top(probs, info.classes, top_k), strict=True):
+                    predictions.append(Prediction(os.fspath(paths[index]), top))
+            bar.update(len(batch.labels) + len(batch.skipped))
+    return Predictions(predictions, skipped)

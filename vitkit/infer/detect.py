@@ -1,0 +1,171 @@
+"""The objects a trained detector finds in images: each image at its own size, resized as the detector was trained,
+its outputs read as the model directory's postprocess.json says (`vitkit.infer.model_dir`).
+
+Letters: B images, C channels, H, W image size (padded), Q object queries, K classes, n detections of one image.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vitkit.data import DetectionInfo, Unreadable, image_mode, normalize, open_image
+from vitkit.detection import Postprocessing, pad_images
+from vitkit.infer.files import image_loader, progress_bar
+from vitkit.infer.runtime import autocast
+from vitkit.layers import to_2tuple
+from vitkit.models.interface import VitkitDetector
+
+DETR_POSTPROCESSING = Postprocessing()  # softmax, each query's best class, no suppression
+MAX_SIZE = 1333  # the longer side of a detector's input is at most this (DETR's resize, as CocoDetection's)
+
+
+@dataclass(frozen=True)
+class Detection:
+    label: str  # class name
+    category_id: int  # the dataset's category id of the class
+    score: float  # the class probability
+    box: tuple[float, float, float, float]  # (x0, y0, x1, y1) in pixels of the image
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"class": self.label, "category_id": self.category_id, "score": self.score, "box": list(self.box)}
+
+
+@dataclass(frozen=True)
+class ImageDetections:
+    image: str  # the image file
+    size: tuple[int, int]  # its (height, width)
+    detections: list[Detection]  # most probable first
+
+    def to_dict(self) -> dict[str, Any]:
+        height, width = self.size
+        return {
+            "image": self.image,
+            "height": height,
+            "width": width,
+            "detections": [d.to_dict() for d in self.detections],
+        }
+
+
+def detector_outputs(
+    model: VitkitDetector, images: torch.Tensor, pixel_mask: torch.Tensor, precision: str = "fp32"
+) -> dict[str, torch.Tensor]:
+    """The last decoder layer's predictions (`predict`) under `precision`, in float32: pred_logits (B, Q, K + 1),
+    pred_boxes (B, Q, 4)."""
+    with autocast(images.device, precision):
+        outputs = model.predict(images, pixel_mask)
+    return {"pred_logits": outputs["pred_logits"].float(), "pred_boxes": outputs["pred_boxes"].float()}
+
+
+def detection_input(
+    image: Image.Image, short_side: int, channels: int, mean: Sequence[float], std: Sequence[float]
+) -> torch.Tensor:
+    """An image as a detector trained at `short_side` takes it: the model's channels, resized (bilinear) so that
+    the shorter side is `short_side` and the longer at most MAX_SIZE, normalised -> float32 (C, H', W')."""
+    width, height = image.size
+    scale = min(short_side / min(width, height), MAX_SIZE / max(width, height))
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    resized = image.convert(image_mode(channels))
+    if resized.size != size:
+        resized = resized.resize(size, Image.Resampling.BILINEAR)
+    pixels = torch.from_numpy(np.asarray(resized).copy()).reshape(size[1], size[0], -1).permute(2, 0, 1)  # (C, H', W')
+    return normalize(pixels, tuple(mean), tuple(std))
+
+
+def detector_inputs(
+    model: VitkitDetector, info: DetectionInfo, images: Sequence[Image.Image]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`images` as the detector takes them, padded into one batch on its device: (pixels (B, C, H, W), pixel_mask
+    (B, H, W), the images' own sizes (B, 2) as (height, width))."""
+    config = model.config
+    if config.num_classes != len(info.classes):
+        raise ValueError(f"the model has {config.num_classes} classes but {len(info.classes)} class names")
+    device = next(model.parameters()).device
+    side = min(to_2tuple(config.img_size))
+    pixels, mask = pad_images([detection_input(i, side, config.in_chans, info.mean, info.std) for i in images])
+    return pixels.to(device), mask.to(device), torch.tensor([(i.height, i.width) for i in images])
+
+
+def image_detections(result: dict[str, torch.Tensor], info: DetectionInfo) -> list[Detection]:
+    """One image's postprocess result as detections, most probable first."""
+    order = result["scores"].argsort(descending=True, stable=True).tolist()
+    boxes, scores, labels = result["boxes"].tolist(), result["scores"].tolist(), result["labels"].tolist()
+    return [Detection(info.classes[labels[i]], info.category_ids[labels[i]], scores[i], tuple(boxes[i])) for i in order]
+
+
+@torch.no_grad()
+def detect(
+    model: VitkitDetector,
+    info: DetectionInfo,
+    images: Sequence[Image.Image],
+    threshold: float = 0.5,
+    postprocessing: Postprocessing = DETR_POSTPROCESSING,
+) -> list[list[Detection]]:
+    """The objects a detector finds in each image: its queries whose class probability is above `threshold`,
+    boxes in pixels of the image given, most probable first."""
+    if not images:
+        return []
+    pixels, mask, sizes = detector_inputs(model, info, images)
+    outputs = detector_outputs(model.eval(), pixels, mask)
+    results = postprocessing(outputs, sizes, threshold)
+    return [image_detections(result, info) for result in results]
+
+
+def detect_files(
+    model: VitkitDetector,
+    info: DetectionInfo,
+    paths: Sequence[str | os.PathLike],
+    threshold: float = 0.5,
+    postprocessing: Postprocessing = DETR_POSTPROCESSING,
+) -> list[ImageDetections]:
+    """`detect` for image files, one at a time (each at its own size), in the order given. An unreadable file raises
+    `vitkit.data.UnreadableImageError`; `detect_paths` skips it instead."""
+    found = []
+    for path in paths:
+        image = open_image(path)
+        (detections,) = detect(model, info, [image], threshold, postprocessing)
+        found.append(ImageDetections(os.fspath(path), (image.height, image.width), detections))
+    return found
+
+
+@torch.no_grad()
+def detect_paths(
+    model: VitkitDetector,
+    info: DetectionInfo,
+    paths: Sequence[str | os.PathLike],
+    threshold: float = 0.5,
+    postprocessing: Postprocessing = DETR_POSTPROCESSING,
+    workers: int = 0,
+    progress: bool | None = None,
+    on_unreadable: Callable[[Unreadable], None] | None = None,
+) -> tuple[list[ImageDetections], list[Unreadable]]:
+    """`detect_files` for many image files, decoded by a DataLoader (`workers` processes): files that cannot be
+    read are skipped, not raised. Each image still runs alone at its own size, so its detections are those of
+    `detect_files`, whatever the other images. Returns (detections of the readable images, unreadable files), both
+    in the order given.
+
+    Args:
+        progress: a progress bar on stderr (a terminal only); None shows one for more than
+            `vitkit.infer.files.PROGRESS_MIN_IMAGES` images.
+        on_unreadable: called with each unreadable file as it is met (e.g. to warn).
+    """
+    found: list[ImageDetections] = []
+    skipped: list[Unreadable] = []
+    with progress_bar(len(paths), progress) as bar:
+        for sample in image_loader(paths, None, batch_size=None, workers=workers):
+            if isinstance(sample, Unreadable):
+                skipped.append(sample)
+                if on_unreadable is not None:
+                    on_unreadable(sample)
+            else:
+                image, index = sample
+                (detections,) = detect(model, info, [image], threshold, postprocessing)
+                found.append(ImageDetections(os.fspath(paths[index]), (image.height, image.width), detections))
+            bar.update()
+    return found, skipped

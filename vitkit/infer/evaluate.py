@@ -1,0 +1,247 @@
+"""Evaluating a trained model on held-out data: a classifier's loss, top-1, top-5, per-class accuracy and confusion
+matrix; a detector's COCO mAP. Each from a loader (what training validates with, on one process's shard when
+`distributed`) or from a model directory (what `vitkit eval` runs; see `vitkit.infer.model_dir` for what a
+directory without dataset.json is evaluated with).
+
+Letters: B batch, K classes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from vitkit.data import (
+    DataInfo,
+    DetectionInfo,
+    EpochSampler,
+    TransformedImages,
+    Unreadable,
+    check_eval_classes,
+    eval_split,
+    eval_transform,
+    load_detection,
+    load_eval_split,
+    make_loader,
+    normalize,
+)
+from vitkit.data.sources import INFO_NAME
+from vitkit.detection import CocoEvaluator, Postprocessing, collate_detection
+from vitkit.infer.detect import DETR_POSTPROCESSING, detector_outputs
+from vitkit.infer.model_dir import load_classifier, load_detector
+from vitkit.infer.runtime import autocast
+from vitkit.layers import to_2tuple
+from vitkit.models.interface import VitkitDetector
+from vitkit.weights import model_info
+
+
+def unreadable_dicts(skipped: Sequence[Unreadable]) -> list[dict[str, str]]:
+    """Unreadable images as plain JSON values: [{"image": name, "reason": why}, ...]."""
+    return [{"image": item.name, "reason": item.error} for item in skipped]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float  # mean cross-entropy (no label smoothing)
+    top1: float  # fraction of images whose most probable class is right
+    top5: float  # fraction whose right class is among the five most probable (all classes when K < 5)
+    count: int  # images evaluated
+    confusion: torch.Tensor  # (K, K) int64 counts: row = true class, column = predicted class
+    skipped: tuple[Unreadable, ...]  # images that could not be read, with the reason
+    classes: tuple[str, ...] = ()  # the K class names, in label order (empty when not known)
+
+    @property
+    def per_class(self) -> torch.Tensor:
+        """(K,) accuracy of each class (NaN for a class with no images)."""
+        return self.confusion.diagonal().double() / self.confusion.sum(dim=1).double()
+
+    def class_accuracies(self) -> dict[str, float | None]:
+        """Accuracy by class name (None for a class with no images); classes named by their index when unnamed."""
+        names = self.classes or tuple(str(k) for k in range(len(self.confusion)))
+        accuracies = self.per_class.tolist()
+        return {name: None if math.isnan(acc) else acc for name, acc in zip(names, accuracies, strict=True)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values: images, loss, top1, top5, per_class (name -> accuracy or None), confusion, skipped
+        (a list of {image, reason})."""
+        return {
+            "images": self.count,
+            "loss": self.loss,
+            "top1": self.top1,
+            "top5": self.top5,
+            "per_class": self.class_accuracies(),
+            "confusion": self.confusion.tolist(),
+            "skipped": unreadable_dicts(self.skipped),
+        }
+
+
+@dataclass(frozen=True)
+class DetectionResult:
+    metrics: dict[str, float]  # ap, ap50, ap75, ap_small, ap_medium, ap_large in [0, 1]; NaN with nothing to score
+    count: int  # images evaluated
+    skipped: tuple[Unreadable, ...]  # images that could not be read, with the reason
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values: images, the six COCO metrics (None where NaN), skipped (a list of {image, reason})."""
+        metrics = {k: None if math.isnan(v) else v for k, v in self.metrics.items()}
+        return {"images": self.count, **metrics, "skipped": unreadable_dicts(self.skipped)}
+
+
+def _sum_over_processes(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The sum of `values` over the processes of torch.distributed's group (computed on `device`), on the CPU."""
+    values = values.to(device)
+    dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values.cpu()
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, loader: DataLoader, info: DataInfo, distributed: bool = False, precision: str = "fp32"
+) -> EvalResult:
+    """Evaluate `model` on the batches of `loader` (a `vitkit.data.make_loader` loader of uint8 images, normalised
+    here with `info`'s statistics).
+
+    Args:
+        distributed: each process of torch.distributed's group evaluated its shard: the counts are summed.
+        precision: "fp32", or "bf16" for a bfloat16 autocast forward.
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    num_classes = len(info.classes)
+    totals = torch.zeros(4, dtype=torch.float64)  # loss sum, top-1 hits, top-5 hits, images
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64)
+    skipped: list[Unreadable] = []
+    k = min(5, num_classes)
+    for batch in loader:
+        skipped += batch.skipped
+        if len(batch.labels) == 0:
+            continue
+        images = normalize(batch.images.to(device), info.mean, info.std)  # (B, C, H, W)
+        labels = batch.labels.to(device)
+        with autocast(device, precision):
+            logits = model(images)  # (B, K)
+        logits = logits.float()
+        ranked = logits.topk(k, dim=1).indices  # (B, k)
+        totals += torch.tensor(
+            [
+                F.cross_entropy(logits, labels, reduction="sum").item(),
+                (ranked[:, 0] == labels).sum().item(),
+                (ranked == labels[:, None]).any(dim=1).sum().item(),
+                len(labels),
+            ],
+            dtype=torch.float64,
+        )
+        pairs = labels.cpu() * num_classes + ranked[:, 0].cpu()  # (true, predicted) -> one index in [0, K*K)
+        confusion += torch.bincount(pairs, minlength=num_classes**2).view(num_classes, num_classes)  # (K*K,) -> (K, K)
+    if distributed:
+        totals, confusion = _sum_over_processes(totals, device), _sum_over_processes(confusion, device)
+    count = int(totals[3])
+    if count == 0:
+        raise ValueError("no readable images to evaluate")
+    loss, top1, top5 = (totals[:3] / count).tolist()
+    return EvalResult(loss, top1, top5, count, confusion, tuple(skipped), tuple(info.classes))
+
+
+def evaluate_model_dir(
+    model_dir: str, data: str | None = None, batch_size: int = 256, device: str | None = None, workers: int = 0
+) -> tuple[EvalResult, DataInfo]:
+    """Evaluate the classifier in `model_dir` on `data` (see `vitkit.data.load_eval_split`; by default the held-out
+    part of its training data, which only a directory written by vitkit train knows).
+
+    A directory without dataset.json (see `vitkit.infer.load_classifier`) needs `data`; when its config names no
+    classes, the data's class names are taken, in their sorted order, as the model's (`missing_info_note` words
+    what stood in). Returns the result and the data description used.
+    """
+    model, info = load_classifier(model_dir, device)
+    if data is None:
+        if not info.source:
+            raise ValueError(
+                f"{model_dir} has no {INFO_NAME}, so the data it was trained on is unknown: name the data to "
+                "evaluate on (vitkit eval --data DIR)"
+            )
+        held = load_eval_split(None, info)
+    else:
+        held, found = eval_split(data)
+        if not info.source and model_info(model).class_names is None:
+            if len(found) != len(info.classes):
+                raise ValueError(f"{data} has {len(found)} classes {list(found)}, the model has {len(info.classes)}")
+            info = replace(info, classes=found)
+        check_eval_classes(data, found, info.classes)
+    transform = eval_transform(to_2tuple(model.config.img_size), model.config.in_chans)
+    images = TransformedImages(held, transform)
+    loader = make_loader(images, EpochSampler(len(images), shuffle=False, pad=False), batch_size, workers)
+    return evaluate(model, loader, info), info
+
+
+@torch.no_grad()
+def evaluate_detector(
+    model: VitkitDetector,
+    loader: DataLoader,
+    info: DetectionInfo,
+    postprocessing: Postprocessing = DETR_POSTPROCESSING,
+    distributed: bool = False,
+    precision: str = "fp32",
+) -> DetectionResult:
+    """COCO mAP of `model` on the batches of `loader` (`vitkit.detection.collate_detection` batches of a detection
+    dataset). Every query is scored (threshold 0), at most 100 per image as COCO counts them.
+
+    Args:
+        distributed: each process of torch.distributed's group evaluated its shard: the detections are gathered
+            before scoring.
+        precision: "fp32", or "bf16" for a bfloat16 autocast forward.
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    evaluator = CocoEvaluator(len(info.classes))
+    skipped: list[Unreadable] = []
+    for batch in loader:
+        skipped += batch.skipped
+        if not batch.targets:
+            continue
+        batch = batch.to(device)
+        outputs = detector_outputs(model, batch.images, batch.pixel_mask, precision)
+        sizes = torch.stack([t["orig_size"] for t in batch.targets])  # (B, 2): boxes in pixels of the stored image
+        evaluator.update(postprocessing(outputs, sizes, 0.0), batch.targets)
+    if distributed:
+        evaluator.gather()
+    if len(evaluator) == 0:
+        raise ValueError("no readable images to evaluate")
+    return DetectionResult(evaluator.compute(), len(evaluator), tuple(skipped))
+
+
+def evaluate_detector_dir(
+    model_dir: str, data: str | None = None, batch_size: int = 64, device: str | None = None, workers: int = 0
+) -> tuple[DetectionResult, DetectionInfo]:
+    """COCO mAP of the detector in `model_dir` on the validation split of `data` (builtin:digits-detect or a
+    COCO-format folder; by default the data it was trained on, which only a directory written by vitkit train
+    knows).
+
+    A directory without dataset.json needs `data`; when its config names no classes, the data's classes and
+    category ids are taken, in class-index order, as the model's (`vitkit.infer.missing_info_note` words what
+    stood in). Returns the result and the data description used.
+    """
+    model, info, postprocessing = load_detector(model_dir, device)
+    if not info.source and data is None:
+        raise ValueError(
+            f"{model_dir} has no {INFO_NAME}, so the data it was trained on is unknown: name the data to evaluate "
+            "on (vitkit eval --data DIR)"
+        )
+    side = min(to_2tuple(model.config.img_size))
+    _, val, found = load_detection(data or info.source, channels=model.config.in_chans, img_size=side, val_only=True)
+    if not info.source and model_info(model).class_names is None:
+        if len(found.classes) != len(info.classes):
+            raise ValueError(f"{data} has {len(found.classes)} classes, the model has {len(info.classes)}")
+        info = replace(info, classes=found.classes, category_ids=found.category_ids)
+    if found.classes != info.classes:
+        raise ValueError(f"{data} has classes {list(found.classes)}, the model knows {list(info.classes)}")
+    sampler = EpochSampler(len(val), shuffle=False, pad=False)
+    loader = DataLoader(val, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate_detection)
+    return evaluate_detector(model, loader, info, postprocessing), info
