@@ -12,7 +12,9 @@ from PIL import Image
 
 from vitkit.cli import main
 from vitkit.data import DataInfo
+from vitkit.infer import evaluate_model_dir
 from vitkit.models.registry import create_model
+from vitkit.viz import confusion_image
 from vitkit.weights import save_pretrained
 
 CLASSES = ("circle", "square", "triangle")
@@ -69,7 +71,10 @@ def test_unreadable_images_are_listed_with_the_reason(model, data, capsys, tmp_p
     assert err.splitlines() == ["skipped 1 unreadable image:", f"  {broken}: {report['skipped'][0]['reason']}"]
     plot = tmp_path / "new" / "folder" / "confusion.png"
     assert main(["eval", "--model-dir", str(directory), "--data", str(data), "--plot", str(plot)]) == 0
-    assert plot.is_file() and capsys.readouterr().out.splitlines()[-1] == f"confusion matrix written to {plot}"
+    assert capsys.readouterr().out.splitlines()[-1] == f"confusion matrix written to {plot}"
+    result, info = evaluate_model_dir(str(directory), str(data))  # the matrix of this evaluation, drawn by the library
+    expected = np.asarray(confusion_image(result.confusion, info.classes).convert("RGB"))
+    assert np.array_equal(np.asarray(Image.open(plot).convert("RGB")), expected)
 
 
 def test_a_directory_without_dataset_json_needs_the_data(model, data, capsys, tmp_path):

@@ -2,10 +2,14 @@
 
 import json
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from vitkit.analysis import estimate_memory, profile
+from vitkit.analysis.report import scaling
 from vitkit.cli import main
+from vitkit.viz import plot_scaling
 
 
 def test_table_by_block_with_totals_and_shape_flow(capsys):
@@ -38,10 +42,14 @@ def test_by_op_and_math_backend(capsys):
 
 def test_plot_writes_a_png(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    path = tmp_path / "scaling.png"
+    path, expected = tmp_path / "scaling.png", tmp_path / "expected.png"
     assert main(["profile", "vit_small_patch16_224", "--plot", str(path)]) == 0
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "attention's N^2 terms dominate from" in capsys.readouterr().out
+    # the library's figure of the same sweep (64 to 2048 px), pixel for pixel
+    plot_scaling(scaling("vit_small_patch16_224", list(range(64, 2048 + 1, 64))), expected, "vit_small_patch16_224")
+    ours, theirs = np.asarray(Image.open(path)), np.asarray(Image.open(expected))
+    assert ours.shape == theirs.shape and np.array_equal(ours, theirs)
+    assert ours[..., :3].std() > 10  # lines and text, not a blank page
 
 
 def test_bad_arguments(capsys):
