@@ -85,17 +85,9 @@ def test_names_no_font_draws_become_indices_with_a_legend():
     assert [t.get_text() for t in legend.texts] == ["index  class", "0  <U+732B>", "1  <U+72AC>", "2  bird"]
 
 
-def test_confusion_image_is_the_figure_at_its_size(monkeypatch):
-    from matplotlib.figure import Figure
+def test_confusion_image_is_the_figure_at_its_size(saved_figures):
 
-    saved = []
-    savefig = Figure.savefig
-
-    def recording(figure: Figure, *args, **kwargs) -> None:
-        saved.append(figure)
-        savefig(figure, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", recording)
+    saved = saved_figures
     figure = confusion_figure(_confusion(5), list("abcde"))
     image = confusion_image(_confusion(5), list("abcde"))
     assert image.mode == "RGB" and image.size == tuple(round(v) for v in figure.get_size_inches() * figure.dpi)

@@ -7,7 +7,6 @@ import math
 import matplotlib.image
 import numpy as np
 import pytest
-from matplotlib.figure import Figure
 from PIL import Image
 
 from vitkit.viz import write_curves
@@ -44,15 +43,8 @@ def test_a_detectors_series_skip_epochs_with_nothing_to_score():
 
 
 @pytest.mark.parametrize("epochs", [1, 12])
-def test_write_curves_draws_a_png_in_place(tmp_path, monkeypatch, epochs):
-    saved = []
-    savefig = Figure.savefig
-
-    def recording(figure: Figure, *args, **kwargs) -> None:
-        saved.append(figure)
-        savefig(figure, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", recording)
+def test_write_curves_draws_a_png_in_place(tmp_path, saved_figures, epochs):
+    saved = saved_figures
     path = tmp_path / "curves.png"
     path.write_bytes(b"an older picture")
     records = _classifier(epochs)

@@ -12,22 +12,14 @@ from vitkit.viz import plot_scaling
 BLUE = np.array([0x1F, 0x77, 0xB4])  # matplotlib's first colour
 
 
-def test_plot_scaling_draws_the_points_in_a_png(tmp_path, monkeypatch):
+def test_plot_scaling_draws_the_points_in_a_png(tmp_path, saved_figures):
     pytest.importorskip("matplotlib")
-    from matplotlib.figure import Figure
 
     points = [
         ScalePoint(side, (side // 16) ** 2, side**3, 100 * side**2, side**2, 2 * side**2) for side in (64, 128, 256)
     ]
     assert crossover(points) == points[1]  # 128^3 >= 100 * 128^2, and not at 64
-    saved = []
-    savefig = Figure.savefig
-
-    def recording(figure: Figure, *args, **kwargs) -> None:
-        saved.append(figure)
-        savefig(figure, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", recording)
+    saved = saved_figures
     path = tmp_path / "scaling.png"
     plot_scaling(points, str(path), "a model")
     with Image.open(path) as image:
