@@ -16,8 +16,9 @@ from vitkit.layers.drop import DropPath, drop_path
 from vitkit.layers.einsum import attention_einsum, multihead_attention_einsum
 from vitkit.layers.helpers import to_2tuple
 from vitkit.layers.mlp import Mlp
+from vitkit.layers.norm import FrozenBatchNorm2d
 from vitkit.layers.patch_embed import PatchEmbed
-from vitkit.layers.pos_embed import resample_abs_pos_embed, sincos_2d_pos_embed
+from vitkit.layers.pos_embed import SinePositionEmbedding, resample_abs_pos_embed, sincos_2d_pos_embed
 from vitkit.layers.rel_pos import FactorizedPosEmbed2d, RelPosEmbed2d
 
 __all__ = [
@@ -31,11 +32,13 @@ __all__ = [
     "Device",
     "DropPath",
     "FactorizedPosEmbed2d",
+    "FrozenBatchNorm2d",
     "LayerScale",
     "Mlp",
     "OpCost",
     "PatchEmbed",
     "RelPosEmbed2d",
+    "SinePositionEmbedding",
     "Value",
     "attention_einsum",
     "attention_layers",
