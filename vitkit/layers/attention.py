@@ -274,14 +274,8 @@ class Attention(nn.Module):
         key: Value | None = None,
         value: Value | None = None,
     ) -> list[OpCost]:
-        """The operators of `forward` on queries x (B, Nq, C), in forward order, for the path `ctx` selects.
-
-        Args:
-            name: this layer's qualified module name, used in the rows.
-            x: the queries (B, Nq, C); `key` and `value` (B, Nk, C) default as in `forward`.
-            ctx: the device and dtype the forward runs in.
-            bias: the additive bias passed to the logits, if any.
-        """
+        """The operators of `forward` on queries x (B, Nq, C), in forward order, for the path `ctx` selects; `bias`,
+        `key` and `value` as in `forward`."""
         key = x if key is None else key
         value = key if value is None else value
         ops, (q, k, v) = self.cost_project(name, x, key, value, ctx)

@@ -122,14 +122,7 @@ class Attention2d(Attention):
         return out.transpose(1, 2).reshape(B, C, H, W)  # (B, C, N) -> (B, C, H, W)
 
     def cost(self, name: str, x: Value, ctx: CostContext, bias: Value | None = None) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, C, H, W), in forward order.
-
-        Args:
-            name: this layer's qualified module name, used in the rows.
-            x: the input map (B, C, H, W).
-            ctx: the device and dtype the forward runs in.
-            bias: an additive bias passed besides the position logits, if any.
-        """
+        """The operators of `forward` on a map x (B, C, H, W), in forward order; `bias` as in `forward`."""
         B, C, H, W = x.shape
         ops = Ops(x)
         projected = ops(dataclasses.replace(self.cost_qkv(name, x, ctx), named=True))  # q, k, v kept to the end

@@ -242,14 +242,8 @@ class WindowAttention(Attention):
         return super().forward(x, bias)
 
     def cost(self, name: str, x: Value, ctx: CostContext, mask: Value | None = None) -> list[OpCost]:
-        """The operators of `forward` on windows x (B * nW, N, C), in forward order.
-
-        Args:
-            name: this layer's qualified module name.
-            x: the windows (B * nW, N, C).
-            ctx: the device and dtype the forward runs in.
-            mask: the shift mask (nW, N, N) when one is passed (the block's buffer, or one made for another size).
-        """
+        """The operators of `forward` on windows x (B * nW, N, C), in forward order; `mask`: the shift mask
+        (nW, N, N) forward is given (the block's buffer, or one made for another size), or None."""
         B_, N, C = x.shape
         h = self.num_heads
         ops = Ops(x)
