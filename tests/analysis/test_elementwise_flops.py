@@ -16,6 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import vitkit
 from vitkit.analysis import profile
 from vitkit.layers import cost
+from vitkit.layers.deformable import BILINEAR_FLOPS
 from vitkit.layers.pos_embed import SinePositionEmbedding
 from vitkit.models.registry import model_entry
 
@@ -59,6 +60,17 @@ def max_pool(x_shape, kernel, *args, out_shape=None, **kwargs) -> int:
     return (kernel[0] * kernel[1] - 1) * math.prod(_first(out_shape))  # k^2 - 1 comparisons per output
 
 
+def clamp(x_shape, low=None, high=None, *args, out_shape=None, **kwargs) -> int:
+    """A clamp: one comparison per bound given, per output element (none for a 1-D output)."""
+    return ((low is not None) + (high is not None)) * per_element(1)(out_shape=out_shape)
+
+
+def embedding_bag(weight_shape, indices_shape, *args, out_shape=None, **kwargs) -> int:
+    """A weighted embedding bag: one multiply-add per gathered row and channel (deformable attention's bilinear
+    sampling: four rows per sampled channel)."""
+    return 2 * math.prod(indices_shape) * weight_shape[-1]
+
+
 ELEMENTWISE = {
     **dict.fromkeys((aten.mm, aten.bmm, aten.baddbmm), nothing),
     aten.addmm: bias,
@@ -73,6 +85,12 @@ ELEMENTWISE = {
     aten.sigmoid: per_element(cost.SIGMOID_FLOPS),
     **dict.fromkeys((aten.mean, aten.avg_pool2d), per_input),
     aten.max_pool2d_with_indices: max_pool,
+    # multi-scale deformable attention: its sampling, weighted sums and the gather's index arithmetic
+    **dict.fromkeys((aten.sub, aten.rsub, aten.floor), per_element(1)),
+    **dict.fromkeys((aten.clamp, aten.clamp_), clamp),
+    aten.sum: per_input,
+    aten.grid_sampler_2d: per_element(BILINEAR_FLOPS),
+    **dict.fromkeys((aten._embedding_bag, aten._embedding_bag_forward_only), embedding_bag),
 }
 
 

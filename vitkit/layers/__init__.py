@@ -12,6 +12,12 @@ from vitkit.layers.attention2d import POS_KINDS, Attention2d
 from vitkit.layers.bilinear import BilinearPool
 from vitkit.layers.block import Block, LayerScale
 from vitkit.layers.cost import CostContext, Device, OpCost, Value
+from vitkit.layers.deformable import (
+    MultiScaleDeformableAttention,
+    SampledAttention,
+    gathered_deformable_attention,
+    reference_deformable_attention,
+)
 from vitkit.layers.drop import DropPath, drop_path
 from vitkit.layers.einsum import attention_einsum, multihead_attention_einsum
 from vitkit.layers.helpers import to_2tuple
@@ -35,9 +41,11 @@ __all__ = [
     "FrozenBatchNorm2d",
     "LayerScale",
     "Mlp",
+    "MultiScaleDeformableAttention",
     "OpCost",
     "PatchEmbed",
     "RelPosEmbed2d",
+    "SampledAttention",
     "SinePositionEmbedding",
     "Value",
     "attention_einsum",
@@ -45,7 +53,9 @@ __all__ = [
     "capture_attention",
     "check_backend",
     "drop_path",
+    "gathered_deformable_attention",
     "multihead_attention_einsum",
+    "reference_deformable_attention",
     "resample_abs_pos_embed",
     "set_attention_backend",
     "sincos_2d_pos_embed",

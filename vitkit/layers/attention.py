@@ -21,6 +21,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,9 @@ from vitkit.layers.cost import (
     numel,
     view,
 )
+
+if TYPE_CHECKING:
+    from vitkit.layers.deformable import MultiScaleDeformableAttention, SampledAttention
 
 Hook = Callable[[Tensor], None]  # what `capture_attention` installs: called with the weights (B, h, Nq, Nk)
 
@@ -355,44 +359,58 @@ class Attention(nn.Module):
         return ops
 
 
-def attention_layers(model: nn.Module) -> list[tuple[str, Attention]]:
-    """The model's attention layers as (qualified name, module), in registration order."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, Attention)]
+def attention_layers(model: nn.Module) -> list[tuple[str, Attention | MultiScaleDeformableAttention]]:
+    """The model's attention layers as (qualified name, module), in registration order: the dense `Attention` and
+    the multi-scale deformable `vitkit.layers.deformable.MultiScaleDeformableAttention`. Both kinds have a `backend`
+    (`BACKENDS`) and a `capture_hook`; check the kind before using anything else."""
+    from vitkit.layers.deformable import MultiScaleDeformableAttention as Deformable  # deformable imports this module
+
+    kinds = (Attention, Deformable)
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds)]
 
 
 def set_attention_backend(model: nn.Module, backend: str, explicit_max_bytes: int | None = None) -> nn.Module:
-    """Switch every attention layer of `model` to `backend` ("auto", "sdpa" or "math"); returns the model.
+    """Switch every attention layer of `model`, dense and deformable, to `backend` ("auto", "sdpa" or "math");
+    returns the model.
 
-    `explicit_max_bytes`, when given, replaces each layer's budget for the explicit path under "auto".
+    `explicit_max_bytes`, when given, replaces each dense layer's budget for the explicit path under "auto".
     """
     check_backend(backend)
     if explicit_max_bytes is not None and explicit_max_bytes < 0:
         raise ValueError(f"explicit_max_bytes must be >= 0, got {explicit_max_bytes}")
     for _, layer in attention_layers(model):
         layer.backend = backend
-        if explicit_max_bytes is not None:
+        if explicit_max_bytes is not None and isinstance(layer, Attention):
             layer.explicit_max_bytes = explicit_max_bytes
     return model
 
 
 @contextmanager
-def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> Iterator[dict[str, torch.Tensor]]:
+def capture_attention(
+    model: nn.Module, layers: Iterable[str] | None = None
+) -> Iterator[dict[str, torch.Tensor | SampledAttention]]:
     """Record attention weights while the context is open.
 
-    Yields an ordered dict, filled during forward passes run inside the context, mapping each attention
-    layer's qualified name (e.g. ``blocks.0.attn``) to its detached weights (B, h, Nq, Nk), whose rows sum
-    to one. A layer called again replaces its entry (the last forward pass wins). Works with every backend:
-    a capturing layer forms its weights (on the explicit path, or the reference with "math") only while the
-    context is open; outside it nothing is recorded and nothing N x N is kept.
+    Yields an ordered dict, filled during forward passes run inside the context, mapping each attention layer's
+    qualified name (e.g. ``blocks.0.attn``) to what it recorded, detached. A dense `Attention` records its weights
+    (B, h, Nq, Nk), whose rows sum to one. A multi-scale deformable layer records a
+    `vitkit.layers.deformable.SampledAttention`: where each query looked (its sampling locations (B, Q, h, L, K, 2))
+    and how much (their weights (B, Q, h, L, K)); its `dense_maps()` spreads them over each level's pixels,
+    (B, h, Q, H_l * W_l) per level, summing to one over the levels. A layer called again replaces its entry (the
+    last forward pass wins). Works with every backend: a capturing dense layer forms its weights (on the explicit
+    path, or the reference with "math") only while the context is open; outside it nothing is recorded and nothing
+    N x N is kept. A deformable layer's record costs nothing to make: it holds tensors the layer computes anyway.
 
     Args:
-        model: any module containing vitkit `Attention` layers.
-        layers: names of the layers to capture (default: all). Capturing one layer costs that layer's
+        model: any module containing vitkit attention layers (`attention_layers`).
+        layers: names of the layers to capture (default: all). Capturing one dense layer costs that layer's
             N x N map only.
     """
     found = attention_layers(model)
     if not found:
-        raise ValueError(f"{type(model).__name__} has no vitkit Attention layers to capture")
+        raise ValueError(
+            f"{type(model).__name__} has no vitkit Attention layers (dense or multi-scale deformable) to capture"
+        )
     if layers is not None:
         wanted = list(layers)
         available = dict(found)
@@ -402,11 +420,11 @@ def capture_attention(model: nn.Module, layers: Iterable[str] | None = None) -> 
             raise ValueError(f"no attention layer named {unknown}; attention layers are e.g. {names}, ...")
         found = [(name, available[name]) for name in wanted]
 
-    maps: dict[str, torch.Tensor] = OrderedDict()
+    maps: dict[str, torch.Tensor | SampledAttention] = OrderedDict()
     previous = [layer.capture_hook for _, layer in found]
 
-    def hook_for(name: str) -> Hook:
-        def store(attn: torch.Tensor) -> None:
+    def hook_for(name: str) -> Callable[[torch.Tensor | SampledAttention], None]:
+        def store(attn: torch.Tensor | SampledAttention) -> None:
             maps[name] = attn.detach()
 
         return store

@@ -96,24 +96,34 @@ def nearest_mask(mask: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 class SinePositionEmbedding(nn.Module):
     """DETR's 2-D sine position encoding of the real pixels of a padded feature map (no parameters).
 
-    A position's row y and column x count the real positions up to it, normalised by the image's real height and
-    width to (0, 2 pi]; each gives F = D / 2 features sin(y / t_0), cos(y / t_0), sin(y / t_1), ... with wavelengths
-    t_i = 10000^(2 floor(i / 2) / F); the y features come first.
+    A position's row y and column x count the real positions up to it (1-based), less `offset`, normalised by the
+    image's real height and width to (0, 2 pi]; each gives F = D / 2 features sin(y / t_0), cos(y / t_0),
+    sin(y / t_1), ... with wavelengths t_i = 10000^(2 floor(i / 2) / F); the y features come first.
+
+    Args:
+        num_features: F, the features per axis.
+        offset: subtracted from the counts before normalising: 0 for DETR, 0.5 for Deformable DETR (the centres of
+            the real positions, (y - 0.5) / height).
     """
 
-    def __init__(self, num_features: int) -> None:
+    def __init__(self, num_features: int, offset: float = 0.0) -> None:
         super().__init__()
         self.num_features = num_features  # F
+        self.offset = offset
 
-    def forward(self, mask: torch.Tensor) -> torch.Tensor:
-        """mask (B, h, w), True where the map is real -> encoding (B, h * w, 2F), float32."""
-        y = mask.cumsum(1, dtype=torch.float32)  # (B, h, w): real rows up to here, 1-based
-        x = mask.cumsum(2, dtype=torch.float32)  # (B, h, w): real columns up to here
-        y = y / (y[:, -1:, :] + POS_EPS) * POS_SCALE  # the last row holds each column's real height
-        x = x / (x[:, :, -1:] + POS_EPS) * POS_SCALE
-        i = torch.arange(self.num_features, device=mask.device)
-        wavelengths = POS_TEMPERATURE ** (2 * (i // 2) / self.num_features)  # (F,), pairs share a wavelength
-        pos_y = y[..., None] / wavelengths  # (B, h, w, F)
+    def forward(self, mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """mask (B, h, w), True where the map is real -> encoding (B, h * w, 2F) computed in `dtype`: float32 as
+        DETR's code, the images' dtype as transformers' Deformable DETR (float64 there in float64)."""
+        y = mask.cumsum(1, dtype=dtype)  # (B, h, w): real rows up to here, 1-based
+        x = mask.cumsum(2, dtype=dtype)  # (B, h, w): real columns up to here
+        height, width = y[:, -1:, :] + POS_EPS, x[:, :, -1:] + POS_EPS  # each column's real height, row's width
+        if self.offset:
+            y, x = y - self.offset, x - self.offset
+        y = y / height * POS_SCALE
+        x = x / width * POS_SCALE
+        i = torch.arange(self.num_features, device=mask.device).to(dtype)
+        wavelengths = POS_TEMPERATURE ** (2 * torch.div(i, 2, rounding_mode="floor") / self.num_features)  # (F,)
+        pos_y = y[..., None] / wavelengths  # (B, h, w, F), pairs of features share a wavelength
         pos_x = x[..., None] / wavelengths
         pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), dim=4).flatten(3)  # (B, h, w, F/2, 2) ->
         pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=4).flatten(3)  # (B, h, w, F)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,9 +96,12 @@ class DetrConfig:
         check_backend(self.attn_backend)
 
 
-def resnet_backbone(config: DetrConfig) -> ResNet:
-    """torchvision's ResNet up to layer4 with frozen BatchNorm (basic or bottleneck blocks, layer4 dilated for DC5):
-    images (B, C, H, W) -> [(B, C5, H / 32, W / 32)] (H / 16, W / 16 with `dilation`)."""
+def resnet_backbone(config: Any, out_indices: Sequence[int] = (3,)) -> ResNet:
+    """torchvision's ResNet with frozen BatchNorm (basic or bottleneck blocks, layer4 dilated for DC5), built from a
+    detector config's backbone fields (`in_chans`, `backbone_block`, `backbone_depths`, `backbone_width`,
+    `dilation`, as `DetrConfig`'s): images (B, C, H, W) -> the maps of the stages in `out_indices` (0: layer1 ..
+    3: layer4), coarsest last. DETR's default reads layer4 alone: [(B, C5, H / 32, W / 32)] (H / 16, W / 16 with
+    `dilation`)."""
     c = config
     stem = make_stem(c.in_chans, c.backbone_width, "torchvision")
     stages, in_chs = [], c.backbone_width
@@ -112,7 +116,7 @@ def resnet_backbone(config: DetrConfig) -> ResNet:
                 blocks.append(BasicBlock(in_chs, width, stride, dilation, first))
                 in_chs = width
         stages.append(blocks)
-    return ResNet(stem, stages, "torchvision")
+    return ResNet(stem, stages, "torchvision", out_indices)
 
 
 class BoxMLP(nn.Module):

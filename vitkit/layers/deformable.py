@@ -1,0 +1,602 @@
+"""Multi-scale deformable attention, from "Deformable DETR: Deformable Transformers for End-to-End Object Detection"
+(Zhu et al., arXiv:2010.04159): the one deformable attention in vitkit, beside the dense `vitkit.layers.Attention`.
+
+Each query attends, per head, to K points on each of L feature maps: the points lie at offsets predicted from the
+query around the query's reference point, and their K x L weights (a softmax over levels and points) are predicted
+from the query too. The values (all levels' tokens, projected once) are sampled bilinearly at the points, with zero
+outside the maps, and summed with the weights; an output projection mixes the heads (the paper's equation 3). Two
+paths compute the sampling and the weighted sum, chosen per call by `MultiScaleDeformableAttention.path`, which
+`cost()` calls too:
+
+- `reference_deformable_attention`: the equation as the paper's code writes it, one `grid_sample` per level, then the
+  weighted sum over levels and points: the `math` backend and the reference the other path is tested against;
+- `gathered_deformable_attention`: the same values from one `embedding_bag` over all levels: the four pixels around
+  every point are found by index arithmetic on the flattened values (each level bordered by one pixel of zeros), and
+  their bilinear weights, multiplied by the attention weights, weight the sum the bag takes. It is the inference path
+  of the `auto` and `sdpa` backends: on CPU it forms neither the per-level samples nor their stack, and measures
+  1.5-6x faster than the reference (BENCHMARKS.md). Its backward (torch's embedding-bag gradients) is slower than
+  `grid_sample`'s, so `auto` trains on the reference.
+
+Letters used in shape comments: B batch, Q queries, N value tokens (all levels, concatenated; level l row-major over
+its H_l x W_l pixels), D channels (= h * d), h heads, d head dim, L levels, K points per head and level, Np the value
+tokens of the levels with their zero border (sum of (H_l + 2) (W_l + 2)), n = B * Q * h (the bags of the gather).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitkit.layers.attention import check_backend
+from vitkit.layers.cost import (
+    SOFTMAX_FLOPS,
+    CostContext,
+    OpCost,
+    Ops,
+    Value,
+    copy_op,
+    elementwise_op,
+    given,
+    holding,
+    linear,
+    new_value,
+    numel,
+    view,
+)
+
+PATHS = ("gather", "reference")
+"""What `MultiScaleDeformableAttention.path` picks for a call: `gathered_deformable_attention` or
+`reference_deformable_attention`."""
+
+BILINEAR_FLOPS = 8
+"""FLOPs of bilinear sampling per sampled channel: 4 multiply-adds, one per pixel around the point. Both paths count
+them: `grid_sample`'s outputs, and the gather's 4 (weighted) rows per point and channel."""
+
+SpatialShapes = Tensor | Sequence[Sequence[int]]  # (L, 2) integer tensor, or L pairs, of (H_l, W_l)
+
+
+def level_shapes(spatial_shapes: SpatialShapes) -> tuple[tuple[int, int], ...]:
+    """The levels' (H_l, W_l) as ints, from an (L, 2) integer tensor or a sequence of pairs."""
+    if isinstance(spatial_shapes, Tensor):
+        if spatial_shapes.ndim != 2 or spatial_shapes.shape[1] != 2 or spatial_shapes.is_floating_point():
+            raise ValueError(
+                f"spatial_shapes must be an (L, 2) integer tensor of (H, W), got {spatial_shapes.dtype} "
+                f"of shape {tuple(spatial_shapes.shape)}"
+            )
+        spatial_shapes = spatial_shapes.tolist()
+    shapes = tuple(tuple(int(s) for s in hw) for hw in spatial_shapes)
+    if not shapes or any(len(hw) != 2 or min(hw) < 1 for hw in shapes):
+        raise ValueError(f"spatial_shapes must be L >= 1 pairs (H, W) of positive sizes, got {shapes}")
+    return shapes  # type: ignore[return-value]
+
+
+# --- the record of `capture_attention` ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampledAttention:
+    """Where each query of a deformable attention layer looked and how much: what `capture_attention` records for it.
+
+    Attributes:
+        locations: (B, Q, h, L, K, 2) the sampling points, normalised (x, y): (0, 0) the top-left corner of a level's
+            map, (1, 1) its bottom-right corner.
+        weights: (B, Q, h, L, K) their attention weights; each query's and head's sum to one over levels and points.
+        spatial_shapes: the levels' (H_l, W_l).
+    """
+
+    locations: Tensor
+    weights: Tensor
+    spatial_shapes: tuple[tuple[int, int], ...]
+
+    def detach(self) -> SampledAttention:
+        return SampledAttention(self.locations.detach(), self.weights.detach(), self.spatial_shapes)
+
+    def dense_maps(self) -> list[Tensor]:
+        """One dense attention map per level, (B, h, Q, H_l * W_l) (row-major pixels), in at least float32.
+
+        Each weight is spread bilinearly over the four pixels around its point, as sampling reads them; a pixel
+        outside the map gives its share to the nearest pixel on the map's border, so every weight is drawn and a
+        query's maps sum to one over all levels. (The values sampled there were zero: near a border the maps show
+        where the query looked more than what it read.) Each map takes B * h * Q * H_l * W_l elements: for an encoder,
+        where every token is a query, select queries first.
+        """
+        B, Q, h, L, K, _ = self.locations.shape
+        dtype = torch.promote_types(self.weights.dtype, torch.float32)
+        maps = []
+        for level, (H, W) in enumerate(self.spatial_shapes):
+            loc = self.locations[:, :, :, level].to(dtype)  # (B, Q, h, K, 2)
+            pixel = loc * torch.tensor([W, H], dtype=dtype, device=loc.device) - 0.5  # pixel centres at integers
+            corner = pixel.floor()
+            fx, fy = (pixel - corner).unbind(-1)  # (B, Q, h, K) each
+            x0, y0 = corner.long().unbind(-1)
+            xs = torch.stack([x0, x0 + 1, x0, x0 + 1], -1).clamp(0, W - 1)  # (B, Q, h, K, 4)
+            ys = torch.stack([y0, y0, y0 + 1, y0 + 1], -1).clamp(0, H - 1)
+            share = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], -1)  # (B, Q, h, K, 4)
+            share = share * self.weights[:, :, :, level, :, None].to(dtype)
+            index = (ys * W + xs).permute(0, 2, 1, 3, 4).reshape(B, h, Q, K * 4)  # (B, h, Q, K, 4) -> (B, h, Q, 4K)
+            share = share.permute(0, 2, 1, 3, 4).reshape(B, h, Q, K * 4)
+            maps.append(share.new_zeros(B, h, Q, H * W).scatter_add_(-1, index, share))  # (B, h, Q, H W)
+        return maps
+
+
+# --- the two paths -----------------------------------------------------------------------------------------------
+
+
+def reference_deformable_attention(
+    value_heads: Tensor, spatial_shapes: SpatialShapes, locations: Tensor, weights: Tensor
+) -> Tensor:
+    """sum over levels l and points k of weights[l, k] * bilinear(value_l, location[l, k]), per query and head, as the
+    paper's code writes it: the `math` backend and the reference.
+
+    Args:
+        value_heads: (B, N, h, d) the projected values, level l's tokens row-major over its H_l x W_l pixels.
+        spatial_shapes: the levels' (H_l, W_l).
+        locations: (B, Q, h, L, K, 2) sampling points, normalised (x, y) in [0, 1] over each map (outside: zeros).
+        weights: (B, Q, h, L, K) attention weights.
+
+    Returns:
+        (B, Q, h * d), in the values' dtype. Sampling (`grid_sample`, bilinear, zero padding, align_corners=False)
+        runs in at least float32, as `torch.autocast` runs it: in bfloat16 torch's CPU kernel computes the pixel
+        coordinates in bfloat16 (a step of one pixel beyond 128) and, given a map that is not contiguous, reads
+        outside it.
+    """
+    shapes = level_shapes(spatial_shapes)
+    B, N, h, d = value_heads.shape
+    _, Q, _, L, K, _ = locations.shape
+    dtype = torch.promote_types(value_heads.dtype, torch.float32)  # what grid_sample runs in
+    grids = 2 * locations.to(dtype) - 1  # (B, Q, h, L, K, 2) in grid_sample's [-1, 1]
+    levels = value_heads.split([H * W for H, W in shapes], dim=1)  # L x (B, H_l W_l, h, d)
+    sampled = [
+        _sample_level(value_l, hw, grids[:, :, :, level])  # (B h, d, Q, K)
+        for level, (value_l, hw) in enumerate(zip(levels, shapes, strict=True))
+    ]
+    sampled = torch.stack(sampled, dim=-2).flatten(-2)  # L x (B h, d, Q, K) -> (B h, d, Q, L, K) -> (B h, d, Q, L K)
+    weights = weights.transpose(1, 2).reshape(B * h, 1, Q, L * K)  # (B, h, Q, L, K) -> (B h, 1, Q, L K)
+    out = (sampled * weights).sum(-1).view(B, h * d, Q)  # (B h, d, Q) -> (B, h d, Q)
+    return out.transpose(1, 2).contiguous().to(value_heads.dtype)  # (B, Q, h d)
+
+
+def _sample_level(value_l: Tensor, shape: tuple[int, int], grid: Tensor) -> Tensor:
+    """One level's values (B, H W, h, d) sampled at its points `grid` (B, Q, h, K, 2) in [-1, 1], in the grid's dtype
+    -> (B h, d, Q, K)."""
+    (B, _, h, d), (H, W), (_, Q, _, K, _) = value_l.shape, shape, grid.shape
+    value_l = value_l.permute(0, 2, 3, 1).reshape(B * h, d, H, W).to(grid.dtype)  # (B, h, d, H W) -> (B h, d, H, W)
+    grid = grid.transpose(1, 2).reshape(B * h, Q, K, 2)  # (B, h, Q, K, 2) -> (B h, Q, K, 2)
+    return F.grid_sample(value_l, grid, mode="bilinear", padding_mode="zeros", align_corners=False)  # (B h, d, Q, K)
+
+
+def pad_levels(value_heads: Tensor, spatial_shapes: SpatialShapes) -> Tensor:
+    """(B, N, h, d) -> (B, Np, h, d): each level's H_l x W_l map inside a border of one pixel of zeros, row-major over
+    its (H_l + 2) x (W_l + 2) pixels, the levels one after the other."""
+    shapes = level_shapes(spatial_shapes)
+    B, _, h, d = value_heads.shape
+    sizes = [(H + 2) * (W + 2) for H, W in shapes]
+    table = value_heads.new_empty(B, sum(sizes), h, d)
+    levels = value_heads.split([H * W for H, W in shapes], dim=1)  # L x (B, H_l W_l, h, d)
+    start = 0
+    for value_l, size, (H, W) in zip(levels, sizes, shapes, strict=True):
+        padded_l = table[:, start : start + size].view(B, H + 2, W + 2, h, d)  # a view of the table
+        padded_l[:, 1:-1, 1:-1] = value_l.view(B, H, W, h, d)
+        for border in (padded_l[:, 0], padded_l[:, -1], padded_l[:, 1:-1, 0], padded_l[:, 1:-1, -1]):
+            border.zero_()  # top and bottom rows, left and right columns
+        start += size
+    return table
+
+
+@dataclass(frozen=True)
+class _PaddedLevels:
+    """Per-level constants of the gather, each laid out over (L, K, ...) so that it broadcasts over the outer dims
+    (B, Q, h) of the points only: a broadcast inside the last dims runs an order of magnitude slower on CPU."""
+
+    size: Tensor  # (L, K, 2): (W_l, H_l)
+    upper: Tensor  # (L, K, 2): (W_l + 1, H_l + 1), the last pixel of the padded map
+    step: Tensor  # (L, K, 2) int: rows of the table one pixel right, one pixel down (h, (W_l + 2) h)
+    corners: Tensor  # (L, K, 4) int: rows of the four pixels from the top-left one: 0, h, (W_l + 2) h, (W_l + 3) h
+    first: Tensor  # (B, 1, h, L, K) int: the table row of batch b, head j, level l's top-left padded pixel
+
+    @classmethod
+    def build(
+        cls, shapes: tuple[tuple[int, int], ...], B: int, h: int, K: int, dtype: torch.dtype, device: torch.device
+    ) -> _PaddedLevels:
+        sizes = [(H + 2) * (W + 2) for H, W in shapes]
+        Np, L = sum(sizes), len(shapes)
+        index = torch.int32 if B * Np * h < 2**31 else torch.int64
+
+        def per_level(rows: list[list[int]], dtype: torch.dtype) -> Tensor:  # (L, C) -> (L, K, C)
+            return torch.tensor([[row] * K for row in rows], dtype=dtype, device=device)
+
+        starts = [sum(sizes[:level]) for level in range(L)]
+        first = [[[[(b * Np + s) * h + j] * K for s in starts] for j in range(h)] for b in range(B)]  # (B, h, L, K)
+        return cls(
+            size=per_level([[W, H] for H, W in shapes], dtype),
+            upper=per_level([[W + 1, H + 1] for H, W in shapes], dtype),
+            step=per_level([[h, (W + 2) * h] for H, W in shapes], index),
+            corners=per_level([[0, h, (W + 2) * h, (W + 3) * h] for H, W in shapes], index),
+            first=torch.tensor(first, dtype=index, device=device)[:, None],  # (B, 1, h, L, K)
+        )
+
+
+def gathered_deformable_attention(
+    value_heads: Tensor, spatial_shapes: SpatialShapes, locations: Tensor, weights: Tensor
+) -> Tensor:
+    """`reference_deformable_attention`'s values from one `embedding_bag` over all levels: the fast inference path.
+
+    The values, each level inside a border of one pixel of zeros, are a table of B * Np * h rows of d channels. Each
+    point's padded pixel coordinates (location * size + 0.5, clamped to the border) give the row of the pixel at its
+    top-left and the fractions (fx, fy) towards the next; its four pixels' rows follow by adding constants, and their
+    weights are the bilinear (1 - fx or fx) x (1 - fy or fy) times the point's attention weight. The bag of each query
+    and head sums its L x K x 4 weighted rows. A point outside the map lands on the zero border, as `grid_sample`'s
+    zero padding reads it. Coordinates are computed in at least float32. Without autograd the arithmetic is done in
+    place; its gradients are exact but slower to compute than `grid_sample`'s (module docstring).
+
+    Args and result as `reference_deformable_attention`.
+    """
+    shapes = level_shapes(spatial_shapes)
+    B, N, h, d = value_heads.shape
+    _, Q, _, L, K, _ = locations.shape
+    dtype = torch.promote_types(locations.dtype, torch.float32)
+    levels = _PaddedLevels.build(shapes, B, h, K, dtype, locations.device)
+    grad = torch.is_grad_enabled() and (locations.requires_grad or weights.requires_grad)
+    table = pad_levels(value_heads, shapes)  # (B, Np, h, d)
+    corner, frac = _padded_pixels(locations.to(dtype), levels, grad)  # (B, Q, h, L, K, 2) each
+    rows = _corner_rows(corner, levels)  # (B, Q, h, L, K, 4)
+    del corner
+    mix = _corner_weights(frac, weights.to(dtype)).to(table.dtype)  # (B, Q, h, L, K, 4)
+    del frac
+    n = B * Q * h
+    out = F.embedding_bag(rows.view(n, L * K * 4), table.view(-1, d), mode="sum", per_sample_weights=mix.view(n, -1))
+    return out.view(B, Q, h * d)  # (n, d) -> (B, Q, h d)
+
+
+def _padded_pixels(locations: Tensor, levels: _PaddedLevels, grad: bool) -> tuple[Tensor, Tensor]:
+    """(the top-left pixel of each point in padded pixel coordinates, clamped so that its four pixels lie in the padded
+    map; the point's fractions towards the next pixel right and down), each (B, Q, h, L, K, 2)."""
+    half = torch.tensor(0.5, dtype=locations.dtype, device=locations.device)
+    zero = torch.zeros((), dtype=locations.dtype, device=locations.device)
+    pixel = torch.addcmul(half, locations, levels.size)  # location * size - 0.5, + 1 for the border
+    # outside (0, size + 1) a point reads only the zero border: clamped, it still does; with grad, out of place
+    pixel = pixel.clamp(zero, levels.upper) if grad else pixel.clamp_(zero, levels.upper)
+    corner = pixel.detach().floor().clamp_(max=levels.size)  # at size + 1 exactly: the last pixel, fraction 1
+    return corner, pixel - corner
+
+
+def _corner_rows(corner: Tensor, levels: _PaddedLevels) -> Tensor:
+    """Table rows (B, Q, h, L, K, 4) of the four pixels around each point from its top-left pixel (B, Q, h, L, K, 2):
+    top-left, top-right, bottom-left, bottom-right."""
+    rows = corner.to(levels.step.dtype).mul_(levels.step).sum(-1, dtype=levels.step.dtype)  # (B, Q, h, L, K)
+    rows += levels.first  # batch, level and head
+    return rows[..., None] + levels.corners  # (B, Q, h, L, K, 1) + (L, K, 4) -> (B, Q, h, L, K, 4)
+
+
+def _corner_weights(frac: Tensor, weights: Tensor) -> Tensor:
+    """Weights (B, Q, h, L, K, 4) of the four pixels (`_corner_rows`' order): bilinear in the fractions (B, Q, h, L,
+    K, 2), times the point's attention weight (B, Q, h, L, K)."""
+    both = torch.stack([1 - frac, frac], -1)  # (B, Q, h, L, K, 2 (x, y), 2 (this pixel, the next))
+    down = both[..., 1, :] * weights[..., None]  # (B, Q, h, L, K, 2): (1 - fy, fy) * weight
+    return (down[..., :, None] * both[..., 0, None, :]).flatten(-2)  # (B, Q, h, L, K, 2, 2) -> (B, Q, h, L, K, 4)
+
+
+ATTEND = {"gather": gathered_deformable_attention, "reference": reference_deformable_attention}
+
+
+def _in(ctx: CostContext, dtype: torch.dtype) -> CostContext:
+    """`ctx` with values of `dtype`: the float32 coordinates and samples of a bfloat16 pass, integer indices."""
+    return dataclasses.replace(ctx, dtype=dtype)
+
+
+def cost_reference(
+    name: str,
+    heads: Value,
+    locations: Value,
+    weights: Value,
+    shapes: tuple[tuple[int, int], ...],
+    ctx: CostContext,
+) -> list[OpCost]:
+    """The operators of `reference_deformable_attention` on values (B, N, h, d), locations (B, Q, h, L, K, 2) and
+    weights (B, Q, h, L, K), in `ctx`'s dtype, sampling in at least float32."""
+    B, N, h, d = heads.shape
+    _, Q, _, L, K, _ = locations.shape
+    sample = _in(ctx, torch.promote_types(ctx.dtype, torch.float32))
+    cast = sample.dtype != ctx.dtype
+    ops = Ops(locations)
+    if cast:
+        ops(copy_op(name, "locations_float", locations, locations.shape, sample))
+    ops(elementwise_op(name, "2*locations", ops.out, 1, sample))  # one multiply per coordinate
+    grids = ops(elementwise_op(name, "-1", ops.out, 1, sample))  # one subtraction per coordinate
+    samples = []
+    for level, (H, W) in enumerate(shapes):  # `_sample_level`
+        value_l = ops(copy_op(name, f"value{level}", heads, (B * h, d, H, W), ctx, copies=B > 1))  # (B h, d, H, W)
+        if cast:  # `.to` keeps a view's strides: a full copy
+            value_l = ops(copy_op(name, f"value{level}_float", value_l, value_l.shape, sample))
+        grid = ops(copy_op(name, f"grid{level}", grids, (B * h, Q, K, 2), sample, copies=B > 1 and Q > 1))
+        out = new_value((B * h, d, Q, K), sample)  # 4 multiply-adds per sampled channel
+        flops = BILINEAR_FLOPS * numel(out.shape)
+        samples.append(ops(OpCost(name, f"grid_sample{level}", (value_l, grid), out, 0, flops, (value_l, grid))))
+    stacked = ops(OpCost(name, "stack", tuple(samples), new_value((B * h, d, Q, L * K), sample), 0, 0))
+    weights_heads = ops(copy_op(name, "weights_heads", weights, (B * h, 1, Q, L * K), ctx, copies=B > 1 and Q > 1))
+    product = (B * h, d, Q, L * K)  # one multiply per sampled channel
+    op = OpCost(name, "weighted", (stacked, weights_heads), new_value(product, sample), 0, numel(product))
+    ops(dataclasses.replace(op, saved=(stacked, weights_heads)))
+    ops(OpCost(name, "sum", (ops.out,), new_value((B * h, d, Q), sample), 0, numel(product)))  # one add each
+    # the transposed (B, Q, h d) made contiguous, while the function still holds the grids, stack and weights
+    held = (grids, stacked, weights_heads)
+    ops(holding(copy_op(name, "merge_heads", ops.out, (B, Q, h * d), sample, copies=Q > 1), *held))
+    if cast:
+        ops(holding(copy_op(name, "to_dtype", ops.out, (B, Q, h * d), ctx), *held))
+    return ops
+
+
+def cost_gather(
+    name: str,
+    heads: Value,
+    locations: Value,
+    weights: Value,
+    shapes: tuple[tuple[int, int], ...],
+    ctx: CostContext,
+) -> list[OpCost]:
+    """The operators of `gathered_deformable_attention` (without autograd: its arithmetic in place) on values
+    (B, N, h, d), locations (B, Q, h, L, K, 2) and weights (B, Q, h, L, K). The index and weight arithmetic counts
+    one FLOP per element and operation, integer or not; the bag 4 multiply-adds per sampled channel."""
+    B, N, h, d = heads.shape
+    _, Q, _, L, K, _ = locations.shape
+    Np = sum((H + 2) * (W + 2) for H, W in shapes)
+    coord = _in(ctx, torch.promote_types(ctx.dtype, torch.float32))
+    index = _in(ctx, torch.int32 if B * Np * h < 2**31 else torch.int64)
+    points, corners, n = (B, Q, h, L, K), (B, Q, h, L, K, 4), B * Q * h
+    xy = locations.shape
+    ops = Ops(heads)
+    table = ops(copy_op(name, "pad_levels", heads, (B, Np, h, d), ctx))  # zeros, then each level's map copied in
+    # `_padded_pixels`
+    loc = ops(copy_op(name, "locations_float", locations, xy, coord)) if coord.dtype != ctx.dtype else locations
+    pixel = ops(OpCost(name, "pixels", (loc,), new_value(xy, coord), 0, 2 * numel(xy)))  # addcmul: 2 each
+    ops(elementwise_op(name, "clamp", pixel, 2, coord, in_place=True, saves=(pixel,)))  # 2 comparisons each
+    corner = ops(elementwise_op(name, "floor", pixel, 1, coord))
+    ops(elementwise_op(name, "clamp_corner", corner, 1, coord, in_place=True))  # to the upper bound
+    frac = ops(holding(elementwise_op(name, "fraction", (pixel, corner), 1, coord), loc))  # pixel - corner
+    # `_corner_rows`, while the caller holds `corner`
+    ops(copy_op(name, "corner_index", corner, xy, index))  # the integer corner
+    ops(elementwise_op(name, "index_step", ops.out, 1, index, in_place=True))  # times the rows per pixel, per level
+    summed = ops(OpCost(name, "index_sum", (ops.out,), new_value(points, index), 0, numel(xy)))  # x + y: 1 each
+    ops(elementwise_op(name, "index_first", summed, 1, index, in_place=True))  # + the level's first row
+    rows = ops(holding(OpCost(name, "corner_rows", (summed,), new_value(corners, index), 0, numel(corners)), corner))
+    # `_corner_weights`, while the caller holds `frac`
+    w = ops(copy_op(name, "weights_float", weights, points, coord)) if coord.dtype != ctx.dtype else weights
+    one_minus = ops(elementwise_op(name, "1-fraction", frac, 1, coord))
+    both = ops(OpCost(name, "stack", (one_minus, frac), new_value((*xy, 2), coord), 0, 0))
+    down = OpCost(name, "weight_y", (both, w), new_value((*points, 2), coord), 0, 2 * numel(points), (both, w))
+    down = ops(down)  # (1 - fy, fy) * weight
+    mix = OpCost(name, "corner_weights", (down, both), new_value(corners, coord), 0, numel(corners), (down, both))
+    mix = ops(holding(mix, frac, w))
+    if coord.dtype != ctx.dtype:
+        mix = ops(copy_op(name, "corner_weights_cast", mix, corners, ctx))
+    # embedding_bag: the offsets of its bags (made by F.embedding_bag), and its own bag sizes and maximum indices
+    books = ops(OpCost(name, "bag_offsets", (rows,), new_value((3, n), index), 0, 0))
+    bag = OpCost(name, "embedding_bag", (table, rows, mix), new_value((n, d), ctx), 0, 2 * numel(corners) * d)
+    return [*ops, holding(dataclasses.replace(bag, saved=(table, rows, mix, books)), books)]
+
+
+# --- the layer ---------------------------------------------------------------------------------------------------
+
+DeformableHook = Callable[[SampledAttention], None]  # what `capture_attention` installs on a deformable layer
+
+
+class MultiScaleDeformableAttention(nn.Module):
+    """Multi-scale deformable attention: queries (B, Q, D) attend to K points per head on each of L value maps.
+
+    Parameter names and layout are the paper's code's and transformers' (`sampling_offsets`, `attention_weights`,
+    `value_proj`, `output_proj`), so their state dicts load unchanged.
+
+    Args:
+        dim: channels D of queries, values and output; must be divisible by `num_heads`.
+        num_heads: heads h; head dim d = D // h.
+        num_levels: feature levels L the values come from.
+        num_points: sampling points K per head and level.
+        backend: "auto" (the gather for inference, the reference in training: `path`), "sdpa" (the gather always) or
+            "math" (the reference); the names of `vitkit.layers.Attention`'s backends, so that one setting
+            (`set_attention_backend`) serves both kinds. All give the same values.
+    """
+
+    def __init__(
+        self, dim: int, num_heads: int = 8, num_levels: int = 4, num_points: int = 4, backend: str = "auto"
+    ) -> None:
+        super().__init__()
+        sizes = {"dim": dim, "num_heads": num_heads, "num_levels": num_levels, "num_points": num_points}
+        for label, n in sizes.items():
+            if n < 1:
+                raise ValueError(f"{label} must be >= 1, got {n}")
+        if dim % num_heads != 0:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.dim, self.num_heads, self.num_levels, self.num_points = dim, num_heads, num_levels, num_points
+        self.head_dim = dim // num_heads
+        self.backend = check_backend(backend)
+        # Set by `capture_attention` while it is active; called with a `SampledAttention` of each forward.
+        self.capture_hook: DeformableHook | None = None
+
+        self.sampling_offsets = nn.Linear(dim, num_heads * num_levels * num_points * 2)
+        self.attention_weights = nn.Linear(dim, num_heads * num_levels * num_points)
+        self.value_proj = nn.Linear(dim, dim)
+        self.output_proj = nn.Linear(dim, dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The paper's initialisation: offsets from the query start at zero, with biases that place head j's points
+        k = 1..K at k pixels in direction 2 pi j / h (scaled so that the larger coordinate is k); attention weights
+        start uniform (zero weight and bias); the value and output projections are Xavier-uniform with zero bias."""
+        h, L, K = self.num_heads, self.num_levels, self.num_points
+        theta = torch.arange(h, dtype=torch.float32) * (2 * math.pi / h)
+        direction = torch.stack([theta.cos(), theta.sin()], -1)  # (h, 2)
+        direction = direction / direction.abs().max(-1, keepdim=True).values  # on the square of side 2
+        steps = torch.arange(1, K + 1, dtype=torch.float32)[:, None]  # (K, 1): point k at k pixels
+        grid = direction[:, None, None, :] * steps  # (h, 1, 1, 2) * (K, 1) -> (h, 1, K, 2)
+        with torch.no_grad():
+            nn.init.zeros_(self.sampling_offsets.weight)
+            self.sampling_offsets.bias.copy_(grid.expand(h, L, K, 2).reshape(-1))  # (h, L, K, 2) flattened
+            nn.init.zeros_(self.attention_weights.weight)
+            nn.init.zeros_(self.attention_weights.bias)
+            for proj in (self.value_proj, self.output_proj):
+                nn.init.xavier_uniform_(proj.weight)
+                nn.init.zeros_(proj.bias)
+
+    def forward(
+        self,
+        query: Tensor,
+        reference_points: Tensor,
+        value: Tensor,
+        spatial_shapes: SpatialShapes,
+        padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Attend from `query` (B, Q, D) to `value` (B, N, D) around `reference_points` -> (B, Q, D).
+
+        Args:
+            query: (B, Q, D) the queries (with their position embedding added, as the paper's layers do).
+            reference_points: (B, Q, L, 2) a point per query and level, normalised (x, y) in [0, 1] over the level's
+                map; or (B, Q, L, 4) a box (cx, cy, w, h), around whose centre the offsets are scaled by half the
+                box's size over K.
+            value: (B, N, D) the levels' tokens concatenated, level l row-major over its H_l x W_l pixels.
+            spatial_shapes: (L, 2) integer tensor, or L pairs, of (H_l, W_l); pairs of ints avoid reading a tensor
+                (a device synchronisation) and keep the shapes symbolic under tracing.
+            padding_mask: (B, N) bool, True where a value token is padding (its projected value is zeroed), or None.
+        """
+        shapes = self.check_inputs(query, reference_points, value, shapes=spatial_shapes, padding_mask=padding_mask)
+        B, Q, _ = query.shape
+        N = value.shape[1]
+        h, L, K = self.num_heads, self.num_levels, self.num_points
+        value = self.value_proj(value)  # (B, N, D)
+        if padding_mask is not None:
+            value = value.masked_fill(padding_mask[..., None], 0.0)  # (B, N, D)
+        value = value.view(B, N, h, self.head_dim)  # (B, N, h, d)
+        weights = self.attention_weights(query).view(B, Q, h, L * K).softmax(-1).view(B, Q, h, L, K)
+        locations = self.sampling_locations(query, reference_points, shapes)  # (B, Q, h, L, K, 2)
+        if self.capture_hook is not None:
+            self.capture_hook(SampledAttention(locations, weights, shapes))
+        out = ATTEND[self.path(self.training)](value, shapes, locations, weights)  # (B, Q, D)
+        return self.output_proj(out)
+
+    def sampling_locations(self, query: Tensor, reference_points: Tensor, spatial_shapes: SpatialShapes) -> Tensor:
+        """The sampling points (B, Q, h, L, K, 2), normalised (x, y): the reference point plus the offsets predicted
+        from the query, in pixels of each level (reference points (B, Q, L, 2)) or in units of half the reference
+        box's size over K (boxes (B, Q, L, 4)), as the paper."""
+        shapes = level_shapes(spatial_shapes)
+        B, Q, _ = query.shape
+        h, L, K = self.num_heads, self.num_levels, self.num_points
+        offsets = self.sampling_offsets(query).view(B, Q, h, L, K, 2)  # (B, Q, h L K 2) -> (B, Q, h, L, K, 2)
+        centre = reference_points[:, :, None, :, None, :2].expand(B, Q, 1, L, K, 2).contiguous()  # (B, Q, 1, L, K, 2)
+        if reference_points.shape[-1] == 2:  # offsets in pixels of each level: divided by (W_l, H_l)
+            scale = torch.tensor([[1 / W, 1 / H] for H, W in shapes], dtype=offsets.dtype, device=offsets.device)
+            scale = scale[:, None].expand(L, K, 2).contiguous()  # (L, K, 2)
+        else:  # offsets in units of half the box over K
+            scale = reference_points[:, :, None, :, None, 2:] * (0.5 / K)  # (B, Q, 1, L, 1, 2)
+        return torch.addcmul(centre, offsets, scale)  # (B, Q, h, L, K, 2)
+
+    def cost(
+        self,
+        name: str,
+        query: Value,
+        ctx: CostContext,
+        *,
+        value: Value,
+        spatial_shapes: SpatialShapes,
+        reference_points: Value | tuple[int, ...],
+        padding_mask: Value | tuple[int, ...] | None = None,
+    ) -> list[OpCost]:
+        """The operators of `forward` on queries (B, Q, D), in forward order, for the path `ctx` and the layer's mode
+        select; the keywords as in `forward` (`reference_points` and `padding_mask` may be plain shapes: inputs
+        that exist before the layer runs)."""
+        shapes = level_shapes(spatial_shapes)
+        ref = reference_points if isinstance(reference_points, Value) else given(reference_points)
+        mask = padding_mask if isinstance(padding_mask, Value) or padding_mask is None else given(padding_mask)
+        B, Q, D = query.shape
+        N = value.shape[1]
+        h, L, K, d = self.num_heads, self.num_levels, self.num_points, self.head_dim
+        ops = Ops(query)
+        projected = linear(name, "value_proj", value, self.value_proj, ctx)  # B N D^2 MACs
+        if mask is not None:  # masked_fill: a copy with the padding zeroed
+            ops(projected)
+            projected = OpCost(name, "padding_mask", (projected.output, mask), new_value((B, N, D), ctx), 0, 0)
+        heads = view(ops(dataclasses.replace(projected, named=True)), (B, N, h, d))  # kept to the end
+        logits = ops(linear(name, "attention_weights", query, self.attention_weights, ctx))  # B Q D h L K MACs
+        softmax = elementwise_op(name, "softmax", logits, SOFTMAX_FLOPS, ctx, saves_output=True)  # over L K
+        weights = view(ops(dataclasses.replace(softmax, named=True)), (B, Q, h, L, K))
+        locations = ops(self.cost_locations(name, query, ref, shapes, ctx))  # (B, Q, h, L, K, 2)
+        if self.path(self.training) == "gather":
+            out = view(ops(cost_gather(name, heads, locations, weights, shapes, ctx)), (B, Q, D))  # of (B Q h, d)
+        else:
+            out = ops(cost_reference(name, heads, locations, weights, shapes, ctx))  # (B, Q, D)
+        return ops + [linear(name, "output_proj", out, self.output_proj, ctx)]  # B Q D^2 MACs
+
+    def cost_locations(
+        self, name: str, query: Value, reference_points: Value, shapes: tuple[tuple[int, int], ...], ctx: CostContext
+    ) -> list[OpCost]:
+        """The operators of `sampling_locations`; the last one's output, the locations (B, Q, h, L, K, 2), is kept to
+        the end of the layer."""
+        B, Q, D = query.shape
+        h, L, K = self.num_heads, self.num_levels, self.num_points
+        shape = (B, Q, h, L, K, 2)
+        offsets = linear(name, "sampling_offsets", query, self.sampling_offsets, ctx)  # B Q D h L K 2 MACs
+        centre = copy_op(name, "centre", reference_points, (B, Q, 1, L, K, 2), ctx)  # repeated over K, contiguous
+        if reference_points.shape[-1] == 4:  # half the box over K: one multiply per (B, Q, L, 2)
+            size = (B, Q, 1, L, 1, 2)
+            scale = OpCost(name, "box_scale", (reference_points,), new_value(size, ctx), 0, numel(size))
+        else:  # 1 / (W_l, H_l), made from the shapes and laid out over (L, K, 2)
+            scale = OpCost(name, "level_scale", (reference_points,), new_value((L, K, 2), ctx), 0, 0)
+        factors = (centre.output, offsets.output, scale.output)
+        # addcmul: a multiply and an add per coordinate; backward needs the scale (the offsets' factor)
+        locations = OpCost(name, "locations", factors, new_value(shape, ctx), 0, 2 * numel(shape), (scale.output,))
+        return [offsets, centre, scale, dataclasses.replace(locations, named=True)]
+
+    def path(self, training: bool) -> str:
+        """Which of `PATHS` computes a call of the layer in training mode (`training`) or not.
+
+        "math" always runs the reference and "sdpa" the gather. "auto" runs the gather for inference and the
+        reference in training: on CPU the gather's forward is 1.5-6x faster at Deformable DETR's sizes, in float32
+        and bfloat16, but its backward (torch's embedding-bag gradients: a sort of every index, a serial loop for
+        the weights) makes a training step 1.2-1.4x slower than `grid_sample`'s (BENCHMARKS.md).
+        """
+        if self.backend == "math" or (self.backend == "auto" and training):
+            return "reference"
+        return "gather"
+
+    def check_inputs(
+        self,
+        query: Tensor,
+        reference_points: Tensor,
+        value: Tensor,
+        *,
+        shapes: SpatialShapes,
+        padding_mask: Tensor | None = None,
+    ) -> tuple[tuple[int, int], ...]:
+        """ValueError unless the inputs agree with each other and with the layer; returns the levels' (H_l, W_l)."""
+        D, L = self.dim, self.num_levels
+        for label, t in (("query", query), ("value", value)):
+            if t.ndim != 3 or t.shape[-1] != D:
+                raise ValueError(f"deformable attention {label} must be (B, N, {D}), got shape {tuple(t.shape)}")
+        B, Q, _ = query.shape
+        if value.shape[0] != B:
+            raise ValueError(
+                f"deformable attention query {tuple(query.shape)} and value {tuple(value.shape)} must share the batch"
+            )
+        if reference_points.shape not in ((B, Q, L, 2), (B, Q, L, 4)):
+            raise ValueError(
+                f"reference_points must be ({B}, {Q}, {L}, 2) points or ({B}, {Q}, {L}, 4) boxes for query "
+                f"{tuple(query.shape)} and {L} levels, got shape {tuple(reference_points.shape)}"
+            )
+        levels = level_shapes(shapes)
+        if len(levels) != L:
+            raise ValueError(f"spatial_shapes must give the layer's {L} levels, got {len(levels)}: {levels}")
+        tokens = sum(H * W for H, W in levels)
+        if value.shape[1] != tokens:
+            raise ValueError(
+                f"value has {value.shape[1]} tokens, but spatial_shapes {levels} have sum(H * W) = {tokens}"
+            )
+        if padding_mask is not None and (padding_mask.shape != value.shape[:2] or padding_mask.dtype != torch.bool):
+            raise ValueError(
+                f"padding_mask must be a bool tensor of shape {tuple(value.shape[:2])} (True: padding), got "
+                f"{padding_mask.dtype} of shape {tuple(padding_mask.shape)}"
+            )
+        return levels

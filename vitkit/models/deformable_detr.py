@@ -1,0 +1,1013 @@
+"""Deformable DETR: DETR whose attention over the image samples a few points per head on a feature pyramid.
+
+"Deformable DETR: Deformable Transformers for End-to-End Object Detection", Zhu et al., arXiv:2010.04159.
+
+A ResNet backbone (frozen BatchNorm) gives the maps of layer2..layer4 (strides 8, 16, 32); each is projected to D
+channels (1x1 conv + GroupNorm) and a stride-2 3x3 conv on the last map adds a fourth, coarser level. The L levels'
+pixels, flattened finest first, are the encoder's tokens; each carries DETR's sine encoding of its position (offset
+to the pixel centres) plus a learned embedding of its level. Every attention over the tokens is multi-scale
+deformable attention (`vitkit.layers.MultiScaleDeformableAttention`): a query attends to K points per head on each
+level around its reference point. The encoder's reference points are the tokens' own centres; the decoder's come from
+its Q object queries (a learned embedding split into a position and a content half, the reference a linear map of the
+position). Decoder layers are DETR's post-norm layers with the cross-attention deformable. Each decoder layer's
+output gives K class logits (sigmoid and focal loss: no "no object" logit) and a box, the box head's output added to
+the reference's inverse sigmoid.
+
+Two options of the paper:
+- iterative box refinement (`box_refine`): each decoder layer has its own heads, and the box each layer predicts is
+  the next layer's reference (a box now, around whose centre the offsets scale with its size), without gradient;
+- two-stage (`two_stage`, with box refinement): every encoder token proposes a box (a fixed-size anchor at its
+  pixel, 0.05 * 2^l wide on level l, refined by an extra box head; an extra class head scores it) and the Q best
+  proposals become the decoder's reference boxes, their sine encodings its queries.
+
+Data path: images (B, 3, H, W) + pixel_mask (B, H, W) -> ResNet maps -> input_proj L x (B, D, H_l, W_l) -> tokens
+(B, N, D) + positions (B, N, D) -> encoder x enc_layers -> memory (B, N, D); queries (B, Q, D) + reference points
+(B, Q, 2 | 4) -> decoder x dec_layers -> states (L_d, B, Q, D) -> class_embed (B, Q, K), bbox_embed (B, Q, 4).
+
+Parameter names: vitkit's DETR layout (`backbone.*` in torchvision's names, `input_proj`, `query_embed`, `encoder`,
+`decoder`, `class_embed`, `bbox_embed.layers.*`), with the paper's names for what DETR lacks (`level_embed`,
+`reference_points`, `enc_output`, `pos_trans`; the attention's `sampling_offsets`, `attention_weights`, `value_proj`,
+`output_proj`). `vitkit.weights.deformable_detr` converts transformers' `DeformableDetrForObjectDetection`.
+
+The encoder and decoder layers are here, not in `vitkit.models.transformer` beside DETR's: they share DETR's post-norm
+shape (and its `add_norm` cost helper), but every call differs (reference points, levels and padding masks instead
+of attention masks, the level positions only on the queries).
+
+Letters: B batch, H, W image size, L levels, (H_l, W_l) level l's map, N = sum H_l W_l tokens, D width, Q queries,
+K classes, L_d decoder layers, F = D / 2 position features per axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitkit.layers import (
+    Attention,
+    CostContext,
+    Mlp,
+    MultiScaleDeformableAttention,
+    OpCost,
+    Value,
+    check_backend,
+    to_2tuple,
+)
+from vitkit.layers.cost import (
+    LAYER_NORM_FLOPS,
+    SIGMOID_FLOPS,
+    Ops,
+    conv_op,
+    conv_output_size,
+    copy_op,
+    cost_of,
+    elementwise_op,
+    given,
+    holding,
+    layer_norm_op,
+    linear,
+    new_value,
+    numel,
+    view,
+)
+from vitkit.layers.pos_embed import POS_SCALE, POS_TEMPERATURE, SinePositionEmbedding, nearest_mask
+from vitkit.models.detr import BLOCKS, BoxMLP, resnet_backbone
+from vitkit.models.interface import CostFromImages, checkpoint_blocks
+from vitkit.models.registry import check_field_types, check_positive, check_rates, register_family, register_model
+from vitkit.models.transformer import add_norm
+
+DEFORMABLE_DETR_PAPER = (
+    "Deformable DETR: Deformable Transformers for End-to-End Object Detection (Zhu et al., arXiv:2010.04159)"
+)
+GROUPS = 32  # GroupNorm groups of every input projection (both codes fix 32)
+PRIOR = 0.01  # the probability every class of a fresh class head starts at (the focal loss's initialisation)
+INVERSE_SIGMOID_EPS = 1e-5  # keeps the logarithm of `inverse_sigmoid` finite at 0 and 1
+# inverse_sigmoid per element: clamp to [0, 1] (2 comparisons), clamp x (1), 1 - x (1), clamp it (1), divide, log
+INVERSE_SIGMOID_FLOPS = 7
+GROUP_NORM_FLOPS = LAYER_NORM_FLOPS  # the same arithmetic per element, over groups of channels instead of rows
+PROPOSAL_SIZE = 0.05  # the two-stage anchors' width and height on the finest level, doubled on each coarser one
+PROPOSAL_MARGIN = 0.01  # anchors with a coordinate within this of 0 or 1 propose nothing
+
+
+@dataclass(frozen=True)
+class DeformableDetrConfig:
+    img_size: int | tuple[int, int] = (800, 1216)  # nominal (H, W) (an int for square): what costs and profiles
+    # assume; any size runs while dynamic_img_size is True (the paper resizes the short side to 800, long <= 1333)
+    in_chans: int = 3  # image channels
+    num_classes: int = 91  # object classes K: the class head's K sigmoid logits, no "no object" (COCO: 91, the
+    # largest category id + 1, as DETR)
+    backbone_block: str = "bottleneck"  # "bottleneck" (1x1-3x3-1x1: ResNet-50/101) or "basic" (3x3-3x3: ResNet-18/34)
+    backbone_depths: tuple[int, ...] = (3, 4, 6, 3)  # blocks of layer1..layer4: ResNet-50 (3, 4, 6, 3), ResNet-101
+    # (3, 4, 23, 3), ResNet-18 (2, 2, 2, 2), ResNet-34 (3, 4, 6, 3) with basic blocks
+    backbone_width: int = 64  # stem channels and layer1's inner width, doubled by each later stage (64: torchvision)
+    backbone_stages: tuple[int, ...] | None = None  # the ResNet stages (1..4: layer1..layer4, strides 4..32) whose
+    # maps are the first levels, in increasing order; None: the last min(num_feature_levels, 3) of layer2..layer4
+    # ((2, 3, 4) for 4 levels as the paper; (4,) for one level)
+    dilation: bool = False  # DC5: layer4 dilates its 3x3 convolutions instead of striding (stride 16, not 32)
+    train_stem: bool = False  # train conv1 and layer1 too; the paper freezes them (requires_grad False)
+    num_feature_levels: int = 4  # levels L: the backbone stages' maps, then stride-2 3x3 convolutions for the rest
+    hidden_dim: int = 256  # transformer width D; a multiple of 32 (the input projections' GroupNorm groups)
+    num_heads: int = 8  # heads of every attention; must divide hidden_dim
+    enc_layers: int = 6  # encoder layers
+    dec_layers: int = 6  # decoder layers
+    enc_points: int = 4  # sampling points per head and level of the encoder's deformable attention
+    dec_points: int = 4  # sampling points per head and level of the decoder's deformable cross-attention
+    dim_feedforward: int = 1024  # hidden width of each layer's ReLU feed-forward block
+    drop_rate: float = 0.1  # dropout after each attention and in each feed-forward block
+    attn_drop_rate: float = 0.1  # dropout on the decoder self-attention's weights (the paper's nn.MultiheadAttention;
+    # transformers' attention_dropout: 0.0)
+    num_queries: int = 300  # object queries Q: the most objects one image can yield (two-stage: the proposals kept)
+    aux_loss: bool = True  # also predict from every earlier decoder layer (`aux_outputs`, for the auxiliary losses)
+    box_refine: bool = False  # iterative box refinement: heads per decoder layer, each layer's box the next
+    # layer's reference
+    two_stage: bool = False  # the encoder proposes the decoder's reference boxes; needs box_refine (as transformers)
+    dynamic_img_size: bool = True  # accept any image size (batches of several sizes are padded); False: img_size only
+    attn_backend: str = "auto"  # "auto", "sdpa" or "math" (the reference formulas), for the dense decoder
+    # self-attention and the deformable attentions alike; see layers.attention and layers.deformable
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        check_positive(self, "in_chans", "num_classes", "backbone_width", "num_feature_levels", "hidden_dim")
+        check_positive(self, "num_heads", "enc_layers", "dec_layers", "enc_points", "dec_points", "dim_feedforward")
+        check_positive(self, "num_queries")
+        check_rates(self, "drop_rate", "attn_drop_rate")
+        H, W = to_2tuple(self.img_size)
+        if H <= 0 or W <= 0:
+            raise ValueError(f"img_size must be positive, got {self.img_size!r}")
+        if self.backbone_block not in BLOCKS:
+            raise ValueError(f"backbone_block must be one of {BLOCKS}, got {self.backbone_block!r}")
+        if len(self.backbone_depths) != 4 or min(self.backbone_depths) < 1:
+            raise ValueError(
+                f"backbone_depths needs 4 stages of >= 1 block (layer1..layer4), got {self.backbone_depths}"
+            )
+        stages = self.stages
+        if not stages or list(stages) != sorted(set(stages)) or not all(1 <= s <= 4 for s in stages):
+            raise ValueError(f"backbone_stages must be increasing stages among 1..4 (layer1..layer4), got {stages}")
+        if len(stages) > self.num_feature_levels:
+            raise ValueError(
+                f"backbone_stages {stages} give {len(stages)} levels, more than num_feature_levels "
+                f"{self.num_feature_levels}"
+            )
+        if self.hidden_dim % self.num_heads != 0:
+            raise ValueError(f"hidden_dim {self.hidden_dim} is not divisible by num_heads {self.num_heads}")
+        if self.hidden_dim % GROUPS != 0:
+            raise ValueError(
+                f"hidden_dim {self.hidden_dim} must be a multiple of {GROUPS} (the input projections' GroupNorm groups)"
+            )
+        if self.two_stage and not self.box_refine:
+            raise ValueError("two_stage needs box_refine=True (the decoder refines the proposed boxes)")
+        check_backend(self.attn_backend)
+
+    @property
+    def stages(self) -> tuple[int, ...]:
+        """The ResNet stages (1..4) whose maps are the first levels: `backbone_stages`, or its default."""
+        if self.backbone_stages is not None:
+            return self.backbone_stages
+        return (2, 3, 4)[-min(self.num_feature_levels, 3) :]
+
+
+@dataclass(frozen=True)
+class DeformableDecoding:
+    """What `DeformableDETR.forward_features` returns and `forward_head` reads: the decoder's states, and what turns
+    them into boxes.
+
+    Attributes:
+        states: (L_d, B, Q, D) every decoder layer's output.
+        reference: (B, Q, 2) the queries' reference points (one-stage), or (B, Q, 4) the proposed boxes (two-stage):
+            what the first decoder layer reads, and every layer without box refinement.
+        boxes: (L_d, B, Q, 4) with box refinement, the box each decoder layer predicts (the next layer's reference);
+            None without.
+        enc_outputs: two-stage only, the encoder's proposals for the loss: `pred_logits` (B, N, K) and `pred_boxes`
+            (B, N, 4); None otherwise.
+    """
+
+    states: Tensor
+    reference: Tensor
+    boxes: Tensor | None = None
+    enc_outputs: dict[str, Tensor] | None = None
+
+
+def inverse_sigmoid(x: Tensor, eps: float = INVERSE_SIGMOID_EPS) -> Tensor:
+    """log(x / (1 - x)) of x clamped to [0, 1], each side kept >= `eps` (the paper's `inverse_sigmoid`)."""
+    x = x.clamp(min=0, max=1)
+    return torch.log(x.clamp(min=eps) / (1 - x).clamp(min=eps))
+
+
+def box_from_reference(delta: Tensor, reference_logit: Tensor) -> Tensor:
+    """A box head's output (..., 4) around a reference's inverse sigmoid -> the box (cx, cy, w, h) in [0, 1]: the
+    delta added to a reference box (..., 4), or to the centre of a reference point (..., 2) (the size alone)."""
+    if reference_logit.shape[-1] == 4:
+        return (delta + reference_logit).sigmoid()
+    return torch.cat([delta[..., :2] + reference_logit, delta[..., 2:]], -1).sigmoid()
+
+
+def cost_inverse_sigmoid(name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+    """The operators of `inverse_sigmoid` on x, as one row."""
+    return [elementwise_op(name, "inverse_sigmoid", x, INVERSE_SIGMOID_FLOPS, ctx, saves=(x,))]
+
+
+def cost_box_from_reference(name: str, delta: Value, reference_logit: Value, ctx: CostContext) -> list[OpCost]:
+    """The operators of `box_from_reference`: the add (on the centre only for a point), the sigmoid."""
+    if reference_logit.shape[-1] == 4:
+        added = elementwise_op(name, "+reference", (delta, reference_logit), 1, ctx)
+    else:
+        centre = (*delta.shape[:-1], 2)
+        add = OpCost(name, "+reference", (delta, reference_logit), new_value(centre, ctx), 0, numel(centre))
+        added = OpCost(name, "cat", (add.output, delta), new_value(delta.shape, ctx), 0, 0)
+        return [add, added, elementwise_op(name, "sigmoid", added.output, SIGMOID_FLOPS, ctx, saves_output=True)]
+    return [added, elementwise_op(name, "sigmoid", added.output, SIGMOID_FLOPS, ctx, saves_output=True)]
+
+
+def level_references(reference: Tensor, valid_ratios: Tensor | None, num_levels: int) -> Tensor:
+    """Reference points (B, Q, 2) or boxes (B, Q, 4), relative to each image's real part, -> (B, Q, L, 2 | 4)
+    relative to each level's padded map: scaled by the levels' valid ratios (B, L, 2) (w, h), or as they are
+    without padding (None)."""
+    if valid_ratios is None:
+        return reference[:, :, None].expand(-1, -1, num_levels, -1)  # (B, Q, 1, 2|4) -> (B, Q, L, 2|4)
+    scale = valid_ratios if reference.shape[-1] == 2 else torch.cat([valid_ratios, valid_ratios], -1)  # (B, L, 2|4)
+    return reference[:, :, None] * scale[:, None]  # (B, Q, 1, 2|4) * (B, 1, L, 2|4)
+
+
+def valid_ratios(masks: Sequence[Tensor], dtype: torch.dtype) -> Tensor:
+    """Each level's real share of its padded map (B, L, 2), (width, height): the real columns of the first row and
+    the real rows of the first column, over the map's size. masks: L x (B, H_l, W_l), True where real."""
+    ratios = []
+    for mask in masks:
+        _, H, W = mask.shape
+        height = mask[:, :, 0].sum(1).to(dtype) / H  # (B,)
+        width = mask[:, 0, :].sum(1).to(dtype) / W
+        ratios.append(torch.stack([width, height], -1))  # (B, 2)
+    return torch.stack(ratios, 1)  # (B, L, 2)
+
+
+def encoder_reference_points(
+    shapes: Sequence[tuple[int, int]], ratios: Tensor | None, batch: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """Every token's own centre as its reference point on every level: (B, N, L, 2), (x, y) relative to each level's
+    padded map. A token's centre is taken relative to its image's real part on its own level (ratios (B, L, 2), None
+    without padding), then scaled to each level by that level's valid ratio."""
+    points = []
+    for level, (H, W) in enumerate(shapes):
+        y = torch.linspace(0.5, H - 0.5, H, dtype=dtype, device=device)  # (H,) row centres in pixels
+        x = torch.linspace(0.5, W - 0.5, W, dtype=dtype, device=device)  # (W,)
+        if ratios is None:
+            y, x = (y / H)[None], (x / W)[None]  # (1, H), (1, W)
+        else:
+            y = y[None] / (ratios[:, level, 1:] * H)  # (B, H): over the real height
+            x = x[None] / (ratios[:, level, :1] * W)  # (B, W)
+        grid = torch.stack([x[:, None, :].expand(-1, H, W), y[:, :, None].expand(-1, H, W)], -1)  # (., H, W, 2)
+        points.append(grid.flatten(1, 2))  # (., H W, 2), row-major
+    reference = torch.cat(points, 1)  # (1 | B, N, 2)
+    if ratios is None:
+        return reference[:, :, None].expand(batch, -1, len(shapes), -1)  # (B, N, L, 2)
+    return reference[:, :, None] * ratios[:, None]  # (B, N, 1, 2) * (B, 1, L, 2) -> (B, N, L, 2)
+
+
+def proposal_encoding(boxes: Tensor, num_features: int) -> Tensor:
+    """The sine encoding of boxes (B, Q, 4) in [0, 1] -> (B, Q, 4F): for each of cx, cy, w, h (in that order) F
+    features sin(2 pi v / t_0), cos(2 pi v / t_0), sin(2 pi v / t_1), ... with DETR's wavelengths.
+
+    Computed in float32 whatever the boxes' dtype, as transformers does (the paper's code computes everything of the
+    two-stage queries in float32), and returned in the boxes' dtype.
+    """
+    i = torch.arange(num_features, dtype=torch.float32, device=boxes.device)
+    wavelengths = POS_TEMPERATURE ** (2 * torch.div(i, 2, rounding_mode="floor") / num_features)  # (F,)
+    pos = boxes.to(torch.float32) * POS_SCALE  # (B, Q, 4)
+    pos = pos[..., None] / wavelengths  # (B, Q, 4, F)
+    pos = torch.stack((pos[..., 0::2].sin(), pos[..., 1::2].cos()), dim=4).flatten(2)  # (B, Q, 4, F/2, 2) -> (B, Q, 4F)
+    return pos.to(boxes.dtype)
+
+
+def group_norm_op(name: str, x: Value, ctx: CostContext) -> OpCost:
+    """GroupNorm on x (B, C, H, W): LayerNorm's arithmetic per element; keeps its input (and the group statistics)."""
+    return elementwise_op(name, "group_norm", x, GROUP_NORM_FLOPS, ctx, saves=(x,))
+
+
+class BoxDelta(BoxMLP):
+    """DETR's box head without its sigmoid: Linear -> ReLU -> Linear -> ReLU -> Linear, (..., D) -> (..., 4), the
+    change to a reference box's inverse sigmoid (`box_from_reference`)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x) if i == len(self.layers) - 1 else F.relu(layer(x))
+        return x
+
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        return super().cost(name, x, ctx)[:-1]  # the layers and ReLUs, no sigmoid
+
+
+class DeformableEncoderLayer(nn.Module):
+    """Post-norm encoder layer on the tokens x (B, N, D) of all levels:
+    x = norm1(x + msda(q = x + pos, around each token's centre, v = x)); x = norm2(x + ffn(x)).
+
+    Args:
+        dim: width D.
+        num_heads: attention heads.
+        num_levels: feature levels L.
+        num_points: sampling points per head and level.
+        dim_feedforward: hidden width of the ReLU feed-forward block.
+        drop: dropout after the attention and in the feed-forward block.
+        backend: attention backend.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        num_levels: int,
+        num_points: int,
+        dim_feedforward: int,
+        drop: float,
+        backend: str,
+    ) -> None:
+        super().__init__()
+        self.self_attn = MultiScaleDeformableAttention(dim, num_heads, num_levels, num_points, backend)
+        self.self_attn_drop = nn.Dropout(drop)
+        self.norm1 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, dim_feedforward, drop=drop, act="relu")
+        self.norm2 = nn.LayerNorm(dim)
+
+    def forward(
+        self,
+        x: Tensor,
+        pos: Tensor,
+        reference_points: Tensor,
+        spatial_shapes: Sequence[tuple[int, int]],
+        padding_mask: Tensor | None,
+    ) -> Tensor:
+        """x, pos (B, N, D); reference_points (B, N, L, 2); padding_mask (B, N) True at padding, or None."""
+        attended = self.self_attn(x + pos, reference_points, x, spatial_shapes, padding_mask)  # positions: queries only
+        x = self.norm1(x + self.self_attn_drop(attended))
+        return self.norm2(x + self.mlp(x))
+
+    def cost(
+        self, name: str, x: Value, ctx: CostContext, pos: Value, reference_points: Value, spatial_shapes: Sequence
+    ) -> list[OpCost]:
+        """The operators of `forward` on tokens x (B, N, D) without padding, in forward order."""
+        ops = Ops(x)
+        q = ops(elementwise_op(name, "+pos", (x, pos), 1, ctx))  # BND
+        attended = self.self_attn.cost(
+            f"{name}.self_attn", q, ctx, value=x, spatial_shapes=spatial_shapes, reference_points=reference_points
+        )
+        attended += cost_of(f"{name}.self_attn_drop", self.self_attn_drop, attended[-1].output, ctx)
+        x = ops(add_norm(name, "norm1", x, attended, ctx))
+        return ops + add_norm(name, "norm2", x, self.mlp.cost(f"{name}.mlp", x, ctx), ctx)
+
+
+class DeformableDecoderLayer(nn.Module):
+    """Post-norm decoder layer on the query slots tgt (B, Q, D):
+    tgt = norm1(tgt + self_attn(q = k = tgt + query_pos, v = tgt));
+    tgt = norm2(tgt + msda(q = tgt + query_pos, around the references, v = memory));
+    tgt = norm3(tgt + ffn(tgt)).
+
+    Args as `DeformableEncoderLayer`, and `attn_drop`: dropout on the self-attention's weights.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        num_levels: int,
+        num_points: int,
+        dim_feedforward: int,
+        drop: float,
+        attn_drop: float,
+        backend: str,
+    ) -> None:
+        super().__init__()
+        self.self_attn = Attention(dim, num_heads, True, attn_drop, drop, backend)
+        self.norm1 = nn.LayerNorm(dim)
+        self.cross_attn = MultiScaleDeformableAttention(dim, num_heads, num_levels, num_points, backend)
+        self.cross_attn_drop = nn.Dropout(drop)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, dim_feedforward, drop=drop, act="relu")
+        self.norm3 = nn.LayerNorm(dim)
+
+    def forward(
+        self,
+        tgt: Tensor,
+        query_pos: Tensor,
+        reference_points: Tensor,
+        memory: Tensor,
+        spatial_shapes: Sequence[tuple[int, int]],
+        padding_mask: Tensor | None,
+    ) -> Tensor:
+        """tgt, query_pos (B, Q, D); reference_points (B, Q, L, 2 | 4); memory (B, N, D); padding_mask (B, N) True
+        at padding, or None."""
+        tgt = self.norm1(tgt + self.self_attn(tgt + query_pos, value=tgt))
+        attended = self.cross_attn(tgt + query_pos, reference_points, memory, spatial_shapes, padding_mask)
+        tgt = self.norm2(tgt + self.cross_attn_drop(attended))
+        return self.norm3(tgt + self.mlp(tgt))
+
+    def cost(
+        self,
+        name: str,
+        tgt: Value,
+        ctx: CostContext,
+        query_pos: Value,
+        reference_points: Value,
+        memory: Value,
+        spatial_shapes: Sequence,
+    ) -> list[OpCost]:
+        """The operators of `forward` on the query slots tgt (B, Q, D) without padding, in forward order."""
+        ops = Ops(tgt)
+        q = ops(elementwise_op(name, "+query_pos", (tgt, query_pos), 1, ctx))  # BQD
+        tgt = ops(add_norm(name, "norm1", tgt, self.self_attn.cost(f"{name}.self_attn", q, ctx, value=tgt), ctx))
+        q = ops(elementwise_op(name, "+query_pos", (tgt, query_pos), 1, ctx))  # BQD
+        attended = self.cross_attn.cost(
+            f"{name}.cross_attn", q, ctx, value=memory, spatial_shapes=spatial_shapes, reference_points=reference_points
+        )
+        attended += cost_of(f"{name}.cross_attn_drop", self.cross_attn_drop, attended[-1].output, ctx)
+        tgt = ops(add_norm(name, "norm2", tgt, attended, ctx))
+        return ops + add_norm(name, "norm3", tgt, self.mlp.cost(f"{name}.mlp", tgt, ctx), ctx)
+
+
+class DeformableEncoder(nn.Module):
+    """`DeformableEncoderLayer` x depth over the tokens of all levels (B, N, D); no final norm."""
+
+    def __init__(self, depth: int, **layer: Any) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([DeformableEncoderLayer(**layer) for _ in range(depth)])
+
+    def forward(
+        self,
+        x: Tensor,
+        pos: Tensor,
+        reference_points: Tensor,
+        spatial_shapes: Sequence[tuple[int, int]],
+        padding_mask: Tensor | None,
+    ) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, pos, reference_points, spatial_shapes, padding_mask)
+        return x  # (B, N, D)
+
+    def cost(
+        self, name: str, x: Value, ctx: CostContext, pos: Value, reference_points: Value, spatial_shapes: Sequence
+    ) -> list[OpCost]:
+        ops = Ops(x)
+        for i, layer in enumerate(self.layers):
+            ops(layer.cost(f"{name}.layers.{i}", ops.out, ctx, pos, reference_points, spatial_shapes))
+        return ops
+
+
+class DeformableDecoder(nn.Module):
+    """`DeformableDecoderLayer` x depth from the query slots (B, Q, D); no final norm: each layer's output is read
+    as it is, and fed to the next."""
+
+    def __init__(self, depth: int, **layer: Any) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([DeformableDecoderLayer(**layer) for _ in range(depth)])
+
+    def forward(
+        self,
+        tgt: Tensor,
+        query_pos: Tensor,
+        reference: Tensor,
+        memory: Tensor,
+        spatial_shapes: Sequence[tuple[int, int]],
+        padding_mask: Tensor | None = None,
+        valid_ratios: Tensor | None = None,
+        box_heads: Sequence[nn.Module] | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Query slots tgt and their positions query_pos (B, Q, D), reference points (B, Q, 2) or boxes (B, Q, 4) in
+        [0, 1] of each image's real part, memory (B, N, D) -> (the states of every layer (L_d, B, Q, D), the boxes
+        of every layer (L_d, B, Q, 4) with `box_heads`, else None).
+
+        With `box_heads` (iterative box refinement), layer l's head turns its output into a box around its reference
+        (`box_from_reference`), and that box, without gradient, is the next layer's reference.
+        """
+        num_levels = len(spatial_shapes)
+        states, boxes = [], []
+        for i, layer in enumerate(self.layers):
+            points = level_references(reference, valid_ratios, num_levels)  # (B, Q, L, 2|4)
+            tgt = layer(tgt, query_pos, points, memory, spatial_shapes, padding_mask)
+            states.append(tgt)
+            if box_heads is not None:
+                boxes.append(box_from_reference(box_heads[i](tgt), inverse_sigmoid(reference)))  # (B, Q, 4)
+                reference = boxes[-1].detach()
+        return torch.stack(states), torch.stack(boxes) if boxes else None
+
+    def cost(
+        self,
+        name: str,
+        tgt: Value,
+        ctx: CostContext,
+        query_pos: Value,
+        reference: Value,
+        memory: Value,
+        spatial_shapes: Sequence,
+        box_heads: Sequence[tuple[str, nn.Module]] | None = None,
+    ) -> list[OpCost]:
+        """The operators of `forward` without padding; `box_heads` as (name, module) pairs. The last two rows make
+        the stacked states and (with `box_heads`) boxes."""
+        B, Q, D = tgt.shape
+        ops, states, boxes = Ops(tgt), [], []
+        for i, layer in enumerate(self.layers):
+            points = view(reference, (B, Q, len(spatial_shapes), reference.shape[-1]))  # expanded over the levels
+            tgt = ops(layer.cost(f"{name}.layers.{i}", tgt, ctx, query_pos, points, memory, spatial_shapes))
+            states.append(tgt)
+            if box_heads is not None:
+                head_name, head = box_heads[i]
+                delta = ops(head.cost(head_name, tgt, ctx))
+                logit = ops(cost_inverse_sigmoid(head_name, reference, ctx))
+                boxes.append(ops(cost_box_from_reference(head_name, delta, logit, ctx)))
+                reference = view(boxes[-1], boxes[-1].shape)  # detached: the same storage
+        ops(OpCost(name, "stack", tuple(states), new_value((len(states), B, Q, D), ctx), 0, 0))
+        if boxes:
+            ops(OpCost(name, "stack_boxes", tuple(boxes), new_value((len(boxes), B, Q, 4), ctx), 0, 0))
+        return ops
+
+
+class DeformableDETR(CostFromImages, nn.Module):
+    """Deformable DETR built from a `DeformableDetrConfig`.
+
+    ``model(images, pixel_mask=None)``: images (B, C, H, W) and pixel_mask (B, H, W), 1 / True where a pixel is
+    real and 0 / False where it pads the image (default: all real; `vitkit.detection.pad_images` batches images of
+    different sizes) -> a dict, always with the same keys:
+
+    - ``pred_logits`` (B, Q, K): class logits, each read through a sigmoid (no "no object" logit);
+    - ``pred_boxes`` (B, Q, 4): boxes (cx, cy, w, h) relative to each image's unpadded size;
+    - ``aux_outputs``: a list of such dicts (without `aux_outputs`), one per earlier decoder layer, for the
+      auxiliary losses; empty when `config.aux_loss` is False;
+    - two-stage only, ``enc_outputs``: the encoder's proposals for their loss, ``pred_logits`` (B, N, K) and
+      ``pred_boxes`` (B, N, 4), one per token of all levels (the loss matches them class-agnostically).
+
+    The model interface (`vitkit.models.interface`) for a detector: `forward_features` returns a
+    `DeformableDecoding` (the decoder's outputs of every layer (L_d, B, Q, D) and what makes them boxes),
+    `forward_head` turns it into the dict above (with `pre_logits`, the last layer's object embeddings (B, Q, D)),
+    and `token_grid` is None.
+    """
+
+    def __init__(self, config: DeformableDetrConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        D, L = c.hidden_dim, c.num_feature_levels
+        self.backbone = resnet_backbone(c, [s - 1 for s in c.stages])
+        channels = list(self.backbone.out_channels)
+        projections = [nn.Sequential(nn.Conv2d(ch, D, 1), nn.GroupNorm(GROUPS, D)) for ch in channels]
+        for level in range(len(channels), L):  # stride-2 3x3 convolutions: from the last map, then each new level
+            in_chs = channels[-1] if level == len(channels) else D
+            projections.append(nn.Sequential(nn.Conv2d(in_chs, D, 3, 2, 1), nn.GroupNorm(GROUPS, D)))
+        self.input_proj = nn.ModuleList(projections)
+        self.position_embedding = SinePositionEmbedding(D // 2, offset=0.5)
+        self.level_embed = nn.Parameter(torch.empty(L, D))
+        levels = dict(dim=D, num_heads=c.num_heads, num_levels=L, dim_feedforward=c.dim_feedforward, drop=c.drop_rate)
+        self.encoder = DeformableEncoder(c.enc_layers, num_points=c.enc_points, backend=c.attn_backend, **levels)
+        self.decoder = DeformableDecoder(
+            c.dec_layers, num_points=c.dec_points, attn_drop=c.attn_drop_rate, backend=c.attn_backend, **levels
+        )
+        if c.two_stage:
+            self.enc_output = nn.Linear(D, D)
+            self.enc_output_norm = nn.LayerNorm(D)
+            self.pos_trans = nn.Linear(2 * D, 2 * D)
+            self.pos_trans_norm = nn.LayerNorm(2 * D)
+        else:
+            self.query_embed = nn.Embedding(c.num_queries, 2 * D)  # [position | content] of each query
+            self.reference_points = nn.Linear(D, 2)
+        # heads: one pair shared by every decoder layer, or (box refinement) a pair per layer, plus (two-stage) the
+        # encoder's proposal pair last
+        heads = c.dec_layers + c.two_stage
+        if c.box_refine:
+            self.class_embed = nn.ModuleList([nn.Linear(D, c.num_classes) for _ in range(heads)])
+            self.bbox_embed = nn.ModuleList([BoxDelta(D) for _ in range(heads)])
+        else:
+            self.class_embed = nn.Linear(D, c.num_classes)
+            self.bbox_embed = BoxDelta(D)
+        self.init_weights()
+        if not c.train_stem:  # the paper trains layer2..layer4 of the backbone only
+            for module in (self.backbone.conv1, self.backbone.layer1):
+                module.requires_grad_(False)
+
+    def class_heads(self) -> list[nn.Linear]:
+        return list(self.class_embed) if isinstance(self.class_embed, nn.ModuleList) else [self.class_embed]
+
+    def box_heads(self) -> list[BoxDelta]:
+        return list(self.bbox_embed) if isinstance(self.bbox_embed, nn.ModuleList) else [self.bbox_embed]
+
+    def init_weights(self) -> None:
+        """The paper's initialisation: backbone convolutions as torchvision's ResNet; the transformer's matrices
+        Xavier-uniform (the decoder self-attention's biases zero), then each deformable attention's own
+        (`MultiScaleDeformableAttention.reset_parameters`); the level embedding normal; the input projections
+        Xavier-uniform with zero bias; class heads at the prior probability 0.01; box heads' last layer zero, with
+        the first head's size logits at -2 (boxes start 0.12 wide; two-stage: 0, the proposals' sizes)."""
+        for module in self.backbone.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        transformer = [self.encoder, self.decoder]
+        transformer += [self.enc_output, self.pos_trans] if self.config.two_stage else [self.reference_points]
+        for part in transformer:
+            for p in part.parameters():
+                if p.dim() > 1:
+                    nn.init.xavier_uniform_(p)
+        for module in self.modules():
+            if isinstance(module, Attention):
+                nn.init.zeros_(module.qkv.bias)
+                nn.init.zeros_(module.proj.bias)
+            elif isinstance(module, MultiScaleDeformableAttention):
+                module.reset_parameters()
+        if not self.config.two_stage:
+            nn.init.zeros_(self.reference_points.bias)
+            nn.init.normal_(self.query_embed.weight)
+        nn.init.normal_(self.level_embed)
+        for projection in self.input_proj:
+            nn.init.xavier_uniform_(projection[0].weight)
+            nn.init.zeros_(projection[0].bias)
+        with torch.no_grad():
+            for head in self.class_heads():
+                head.bias.fill_(-math.log((1 - PRIOR) / PRIOR))
+            for i, head in enumerate(self.box_heads()):
+                nn.init.zeros_(head.layers[-1].weight)
+                nn.init.zeros_(head.layers[-1].bias)
+                if i == 0 and not self.config.two_stage:
+                    head.layers[-1].bias[2:] = -2.0
+
+    # --- inputs and the feature pyramid ---------------------------------------------------------------------------
+
+    def level_sizes(self, img_size: tuple[int, int]) -> list[tuple[int, int]]:
+        """The (H_l, W_l) of every level for images (padded) of `img_size` (H, W), finest first."""
+        sizes = list(self.backbone.feature_sizes(img_size))
+        for _ in range(len(sizes), self.config.num_feature_levels):
+            h, w = sizes[-1]
+            sizes.append((conv_output_size(h, 3, 2, 1), conv_output_size(w, 3, 2, 1)))
+        return sizes
+
+    def check_input(self, images: Tensor, pixel_mask: Tensor | None = None) -> Tensor | None:
+        """ValueError unless images are (B, in_chans, H, W) floats (of `img_size` without `dynamic_img_size`, and
+        with at least Q tokens for two-stage's top Q) and pixel_mask is None or (B, H, W); the mask as booleans."""
+        c = self.config
+        if images.ndim != 4 or images.shape[1] != c.in_chans:
+            raise ValueError(f"Deformable DETR expects images (B, {c.in_chans}, H, W), got shape {tuple(images.shape)}")
+        if not images.is_floating_point():
+            raise ValueError(f"Deformable DETR expects floating-point images, got dtype {images.dtype}")
+        B, _, H, W = images.shape
+        if not c.dynamic_img_size and (H, W) != to_2tuple(c.img_size):
+            h, w = to_2tuple(c.img_size)
+            raise ValueError(
+                f"expected images of size {h}x{w}, got {H}x{W}; build the model with dynamic_img_size=True to "
+                "accept other sizes"
+            )
+        if c.two_stage:
+            tokens = sum(h * w for h, w in self.level_sizes((H, W)))
+            if tokens < c.num_queries:
+                raise ValueError(
+                    f"two-stage Deformable DETR keeps the best {c.num_queries} of the encoder's tokens as proposals, "
+                    f"but {H}x{W} images give {tokens} tokens; use larger images or fewer num_queries"
+                )
+        if pixel_mask is None:
+            return None
+        if tuple(pixel_mask.shape) != (B, H, W):
+            raise ValueError(
+                f"pixel_mask must be (B, H, W) = {(B, H, W)} like the images, got shape {tuple(pixel_mask.shape)}"
+            )
+        return pixel_mask if pixel_mask.dtype == torch.bool else pixel_mask != 0
+
+    def feature_levels(self, images: Tensor) -> list[Tensor]:
+        """Images (B, C, H, W) -> the L levels' maps (B, D, H_l, W_l), finest first."""
+        # oneDNN's convolutions run fastest channels-last
+        maps = self.backbone(images.contiguous(memory_format=torch.channels_last))  # (B, C_l, H_l, W_l) each
+        levels = [projection(m) for projection, m in zip(self.input_proj, maps, strict=False)]
+        for level in range(len(maps), self.config.num_feature_levels):  # the first from the last raw map
+            levels.append(self.input_proj[level](maps[-1] if level == len(maps) else levels[-1]))
+        return levels
+
+    def positions(self, masks: list[Tensor], dtype: torch.dtype, out_dtype: torch.dtype) -> Tensor:
+        """Each level's sine encoding (computed in `dtype`) plus its level embedding, flattened: (B, N, D)."""
+        pos = [
+            self.position_embedding(mask, dtype).to(out_dtype) + self.level_embed[level]  # (B, H_l W_l, D)
+            for level, mask in enumerate(masks)
+        ]
+        return torch.cat(pos, 1)
+
+    # --- the two stages ---------------------------------------------------------------------------------------------
+
+    def encoder_proposals(
+        self, memory: Tensor, padding_mask: Tensor | None, shapes: Sequence[tuple[int, int]]
+    ) -> tuple[Tensor, Tensor]:
+        """Two-stage: (each token's proposal query (B, N, D), its anchor box's inverse sigmoid (1 | B, N, 4)).
+
+        Token (i, j) of level l proposes the box centred on its pixel, relative to its image's real part, PROPOSAL_SIZE
+        * 2^l wide and high. Anchors near the border (a coordinate outside (0.01, 0.99)) and on padding propose
+        nothing: their logits are +inf (a box of 1) and their queries start from zeros.
+        """
+        B, _, _ = memory.shape
+        dtype, device = memory.dtype, memory.device
+        anchors, start = [], 0
+        for level, (H, W) in enumerate(shapes):
+            y = torch.linspace(0, H - 1, H, dtype=dtype, device=device)  # (H,) pixel rows
+            x = torch.linspace(0, W - 1, W, dtype=dtype, device=device)  # (W,)
+            if padding_mask is None:
+                cx, cy = ((x + 0.5) / W)[None, None, :], ((y + 0.5) / H)[None, :, None]  # (1, 1, W), (1, H, 1)
+            else:
+                pad = padding_mask[:, start : start + H * W].view(B, H, W)
+                real_h = (~pad[:, :, 0]).sum(1)[:, None, None]  # (B, 1, 1): real rows, counted in the first column
+                real_w = (~pad[:, 0, :]).sum(1)[:, None, None]  # real columns, counted in the first row
+                cx = (x[None, None, :].expand(B, H, W) + 0.5) / real_w  # (B, H, W)
+                cy = (y[None, :, None].expand(B, H, W) + 0.5) / real_h
+            centre = torch.stack(torch.broadcast_tensors(cx, cy), -1)  # (., H, W, 2) (x, y)
+            size = torch.full_like(centre, PROPOSAL_SIZE * 2.0**level)  # (., H, W, 2) (w, h)
+            anchors.append(torch.cat([centre, size], -1).flatten(1, 2))  # (., H W, 4)
+            start += H * W
+        anchors = torch.cat(anchors, 1)  # (1 | B, N, 4)
+        inside = ((anchors > PROPOSAL_MARGIN) & (anchors < 1 - PROPOSAL_MARGIN)).all(-1, keepdim=True)  # (., N, 1)
+        anchors = torch.log(anchors / (1 - anchors))  # the inverse sigmoid, unclamped
+        unused = ~inside if padding_mask is None else ~inside | padding_mask[..., None]  # (., N, 1)
+        anchors = anchors.masked_fill(unused, float("inf"))
+        query = self.enc_output_norm(self.enc_output(memory.masked_fill(unused, 0.0)))  # (B, N, D)
+        return query, anchors
+
+    def two_stage_queries(
+        self, memory: Tensor, padding_mask: Tensor | None, shapes: Sequence[tuple[int, int]]
+    ) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
+        """Two-stage: (query_pos, tgt (B, Q, D), reference boxes (B, Q, 4), the proposals for the loss): the Q
+        proposals the encoder's class head scores highest on its first class, their boxes (without gradient) as the
+        references, and the sine encoding of those boxes through `pos_trans` as the queries' positions and contents.
+        """
+        D, n = self.config.hidden_dim, self.config.dec_layers
+        query, anchors = self.encoder_proposals(memory, padding_mask, shapes)
+        logits = self.class_embed[n](query)  # (B, N, K)
+        coords = self.bbox_embed[n](query) + anchors  # (B, N, 4), inverse sigmoids (+inf where unused)
+        best = logits[..., 0].topk(self.config.num_queries, dim=1).indices  # (B, Q)
+        chosen = coords.gather(1, best[..., None].expand(-1, -1, 4)).detach()  # (B, Q, 4)
+        reference = chosen.sigmoid()
+        embedded = self.pos_trans_norm(self.pos_trans(proposal_encoding(reference, D // 2)))  # (B, Q, 2D)
+        query_pos, tgt = embedded.split(D, dim=-1)  # (B, Q, D) each
+        return query_pos, tgt, reference, {"pred_logits": logits, "pred_boxes": coords.sigmoid()}
+
+    # --- the model interface ----------------------------------------------------------------------------------------
+
+    def forward_features(self, images: Tensor, pixel_mask: Tensor | None = None) -> DeformableDecoding:
+        """Images (B, C, H, W) and pixel_mask (B, H, W) or None -> the decoder's states and what makes them boxes."""
+        c = self.config
+        pixel_mask = self.check_input(images, pixel_mask)
+        levels = self.feature_levels(images)  # L x (B, D, H_l, W_l)
+        B, D = images.shape[0], c.hidden_dim
+        shapes = tuple((level.shape[-2], level.shape[-1]) for level in levels)
+        if pixel_mask is None:
+            masks = [torch.ones(B, h, w, dtype=torch.bool, device=images.device) for h, w in shapes]
+            padding, ratios = None, None
+        else:
+            masks = [nearest_mask(pixel_mask, hw) for hw in shapes]  # L x (B, H_l, W_l), True where real
+            padding = ~torch.cat([mask.flatten(1) for mask in masks], 1)  # (B, N), True at padding
+            ratios = valid_ratios(masks, levels[0].dtype)  # (B, L, 2)
+        x = torch.cat([level.flatten(2).transpose(1, 2) for level in levels], 1)  # L x (B, H_l W_l, D) -> (B, N, D)
+        pos = self.positions(masks, images.dtype, x.dtype)  # (B, N, D)
+        del levels, masks
+        points = encoder_reference_points(shapes, ratios, B, x.dtype, x.device)  # (B, N, L, 2)
+        memory = self.encoder(x, pos, points, shapes, padding)  # (B, N, D)
+        enc_outputs = None
+        if c.two_stage:
+            query_pos, tgt, reference, enc_outputs = self.two_stage_queries(memory, padding, shapes)
+        else:
+            query_pos, tgt = self.query_embed.weight.split(D, dim=1)  # (Q, D) each
+            reference = self.reference_points(query_pos).sigmoid().expand(B, -1, -1)  # (Q, 2) -> (B, Q, 2)
+            query_pos, tgt = query_pos.expand(B, -1, -1), tgt.expand(B, -1, -1)  # (B, Q, D)
+        box_heads = self.box_heads()[: c.dec_layers] if c.box_refine else None
+        states, boxes = self.decoder(tgt, query_pos, reference, memory, shapes, padding, ratios, box_heads)
+        return DeformableDecoding(states, reference, boxes, enc_outputs)
+
+    def forward_head(self, x: DeformableDecoding, pre_logits: bool = False) -> dict[str, Any] | Tensor:
+        """`forward_features`' decoding -> the predictions dict (see the class), or with `pre_logits` the last
+        layer's object embeddings (B, Q, D)."""
+        if pre_logits:
+            return x.states[-1]
+        first = 0 if self.config.aux_loss else len(x.states) - 1
+        logits, boxes = self.predictions(x, first)
+        aux = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1], strict=True)]
+        out = {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "aux_outputs": aux}
+        if x.enc_outputs is not None:
+            out["enc_outputs"] = x.enc_outputs
+        return out
+
+    def predictions(self, x: DeformableDecoding, first: int) -> tuple[Sequence[Tensor], Sequence[Tensor]]:
+        """The class logits (B, Q, K) and boxes (B, Q, 4) of the decoder layers `first`.. (stacked or in lists)."""
+        states = x.states[first:]  # (L', B, Q, D)
+        if self.config.box_refine:
+            logits = [self.class_embed[first + i](s) for i, s in enumerate(states)]
+            return logits, x.boxes[first:]
+        logits = self.class_embed(states)  # (L', B, Q, K)
+        return logits, box_from_reference(self.bbox_embed(states), inverse_sigmoid(x.reference))  # (L', B, Q, 4)
+
+    def forward(self, images: Tensor, pixel_mask: Tensor | None = None) -> dict[str, Any]:
+        return self.forward_head(self.forward_features(images, pixel_mask))
+
+    def set_grad_checkpointing(self, enable: bool = True) -> int:
+        """Recompute each backbone block and each encoder and decoder layer in backward
+        (`vitkit.models.interface.VitkitModel`); the blocks now checkpointed."""
+        return checkpoint_blocks([*self.backbone.blocks(), *self.encoder.layers, *self.decoder.layers], enable)
+
+    def token_grid(self, img_size: tuple[int, int]) -> None:
+        """None: the encoder's tokens lie on several maps, and the decoder attends over object queries."""
+        return None
+
+    def no_weight_decay(self) -> set[str]:
+        """None besides the parameters of ndim <= 1 (the paper decays the level and query embeddings too)."""
+        return set()
+
+    def predict(self, images: Tensor, pixel_mask: Tensor | None = None) -> dict[str, Tensor]:
+        """The last decoder layer's ``pred_logits`` (B, Q, K) and ``pred_boxes`` (B, Q, 4), no auxiliary outputs
+        (`vitkit.models.interface.VitkitDetector`)."""
+        decoding = self.forward_features(images, pixel_mask)
+        logits, boxes = self.predictions(decoding, len(decoding.states) - 1)  # the heads on the last layer only
+        return {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+
+    def reset_classifier(self, num_classes: int, prior: float | None = None) -> None:
+        """Fresh class heads (every decoder layer's and two-stage's proposal head) for `num_classes` classes: PyTorch's
+        Linear weights, biases of -log((1 - prior) / prior) so that every class starts at probability `prior` under
+        the sigmoid (default 0.01, the paper's initialisation)."""
+        if num_classes <= 0:
+            raise ValueError(f"num_classes must be > 0, got {num_classes}")
+        prior = PRIOR if prior is None else prior
+        if not 0 < prior < 1:
+            raise ValueError(f"prior must be a probability in (0, 1), got {prior}")
+        self.config = dataclasses.replace(self.config, num_classes=num_classes)
+        weight = self.class_heads()[0].weight
+        D = self.config.hidden_dim
+        heads = [nn.Linear(D, num_classes).to(weight.device, weight.dtype) for _ in self.class_heads()]
+        with torch.no_grad():
+            for head in heads:
+                head.bias.fill_(-math.log((1 - prior) / prior))
+        self.class_embed = nn.ModuleList(heads) if isinstance(self.class_embed, nn.ModuleList) else heads[0]
+
+    def object_attention_layers(self) -> list[str]:
+        """Each decoder layer's deformable cross-attention, first to last: `capture_attention` records a
+        `vitkit.layers.SampledAttention` (where each query sampled on every level, with what weight)."""
+        return [f"decoder.layers.{i}.cross_attn" for i in range(len(self.decoder.layers))]
+
+    def feature_grid(self, img_size: tuple[int, int]) -> tuple[int, int]:
+        """The finest level's (H_0, W_0) for images of `img_size` (the captured records carry every level's)."""
+        return self.level_sizes(img_size)[0]
+
+    # --- costs --------------------------------------------------------------------------------------------------------
+
+    def cost_images(self, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward` on images x (B, C, H, W) without pixel mask, in forward order."""
+        c, ops = self.config, Ops(x)
+        rows, maps = self.backbone.cost_stages("backbone", ops.out, ctx)
+        ops(rows)
+        B, D = x.shape[0], c.hidden_dim
+        levels: list[Value] = []
+        for level, projection in enumerate(self.input_proj):
+            source = maps[level] if level < len(maps) else maps[-1] if level == len(maps) else levels[-1]
+            conv = ops(conv_op(f"input_proj.{level}.0", projection[0], source, ctx))
+            levels.append(ops(group_norm_op(f"input_proj.{level}.1", conv, ctx)))
+        shapes = tuple(level.shape[-2:] for level in levels)
+        N = sum(h * w for h, w in shapes)
+        x = ops(OpCost("input_proj", "flatten", tuple(levels), new_value((B, N, D), ctx), 0, 0))  # (B, N, D)
+        positions = []
+        for h, w in shapes:
+            mask = ops(copy_op("position_embedding", "ones", x, (B, h, w), ctx))  # the all-real mask
+            pos = ops(self.position_embedding.cost("position_embedding", mask, ctx))  # (B, H_l W_l, D)
+            positions.append(ops(elementwise_op("level_embed", "+level_embed", pos, 1, ctx)))
+        pos = ops(OpCost("level_embed", "cat", tuple(positions), new_value((B, N, D), ctx), 0, 0))
+        points = ops(OpCost("encoder", "reference_points", (x,), new_value((1, N, 2), ctx), 0, 0))  # the centres
+        points = view(points, (B, N, len(shapes), 2))  # expanded over the batch and the levels
+        memory = ops(self.encoder.cost("encoder", x, ctx, pos, points, shapes))
+        if c.two_stage:
+            query_pos, tgt, reference = self.cost_two_stage(ops, memory, shapes, ctx)
+        else:
+            Q = c.num_queries
+            table = given((Q, 2 * D))
+            query_pos = view(table, (Q, D))  # the first half of each row: a view
+            ops(linear("reference_points", "linear", query_pos, self.reference_points, ctx))  # 2QD MACs
+            ops(elementwise_op("reference_points", "sigmoid", ops.out, SIGMOID_FLOPS, ctx, saves_output=True))
+            reference = view(ops.out, (B, Q, 2))  # expanded over the batch
+            query_pos, tgt = view(table, (B, Q, D)), view(table, (B, Q, D))
+        box_heads = [(f"bbox_embed.{i}", head) for i, head in enumerate(self.box_heads()[: c.dec_layers])]
+        refine = box_heads if c.box_refine else None
+        ops(self.decoder.cost("decoder", tgt, ctx, query_pos, reference, memory, shapes, refine))
+        return ops + self.cost_heads(ops, reference, ctx)
+
+    def cost_two_stage(self, ops: Ops, memory: Value, shapes: Sequence, ctx: CostContext) -> tuple[Value, Value, Value]:
+        """The operators of `two_stage_queries` without padding, appended to `ops`; (query_pos, tgt, reference)."""
+        c = self.config
+        B, N, D = memory.shape
+        Q, n = c.num_queries, c.dec_layers
+        anchors = ops(OpCost("enc_output", "anchors", (memory,), new_value((1, N, 4), ctx), 0, 0))  # (1, N, 4)
+        # the inverse sigmoid: 1 - p, p / (1 - p), log: one FLOP each
+        anchors = ops(elementwise_op("enc_output", "anchor_logits", anchors, 3, ctx))
+        anchors = ops(copy_op("enc_output", "masked_anchors", anchors, anchors.shape, ctx))  # +inf where unused
+        query = ops(copy_op("enc_output", "masked_memory", memory, memory.shape, ctx))  # zeros where unused
+        ops(linear("enc_output", "linear", query, self.enc_output, ctx))  # BND^2 MACs
+        query = ops(layer_norm_op("enc_output_norm", ops.out, ctx))
+        logits = ops(linear(f"class_embed.{n}", "linear", query, self.class_embed[n], ctx))  # BNDK MACs
+        delta = ops(self.bbox_embed[n].cost(f"bbox_embed.{n}", query, ctx))
+        coords = ops(elementwise_op(f"bbox_embed.{n}", "+anchors", (delta, anchors), 1, ctx))  # (B, N, 4)
+        best = ops(OpCost(f"class_embed.{n}", "topk", (logits,), new_value((B, Q), ctx), 0, 0))  # indices, (B, Q)
+        chosen = ops(holding(copy_op("enc_output", "gather", coords, (B, Q, 4), ctx), best))
+        reference = ops(elementwise_op("enc_output", "sigmoid", chosen, SIGMOID_FLOPS, ctx, saves_output=True))
+        # `proposal_encoding`, in float32
+        F32 = dataclasses.replace(ctx, dtype=torch.float32)
+        boxes = reference
+        if ctx.dtype != torch.float32:
+            boxes = ops(copy_op("pos_trans", "float", reference, (B, Q, 4), F32))
+        scaled = ops(elementwise_op("pos_trans", "*2pi", boxes, 1, F32))  # BQ4
+        angles = ops(
+            OpCost("pos_trans", "/wavelengths", (scaled,), new_value((B, Q, 4, D // 2), F32), 0, 2 * B * Q * D)
+        )
+        sines = ops(elementwise_op("pos_trans", "sin_cos", angles, 1, F32))  # a sine or a cosine per feature
+        encoding = ops(copy_op("pos_trans", "stack", sines, (B, Q, 2 * D), F32))
+        if ctx.dtype != torch.float32:
+            encoding = ops(copy_op("pos_trans", "to_dtype", encoding, (B, Q, 2 * D), ctx))
+        ops(linear("pos_trans", "linear", encoding, self.pos_trans, ctx))  # 4BQD^2 MACs
+        embedded = ops(layer_norm_op("pos_trans_norm", ops.out, ctx))  # (B, Q, 2D)
+        ops(elementwise_op(f"bbox_embed.{n}", "sigmoid", coords, SIGMOID_FLOPS, ctx, saves_output=True))  # enc boxes
+        return view(embedded, (B, Q, D)), view(embedded, (B, Q, D)), view(reference, reference.shape)
+
+    def cost_heads(self, ops: Ops, reference: Value, ctx: CostContext) -> list[OpCost]:
+        """The operators of `forward_head` after the decoder's rows in `ops` (its stacked states last, or before
+        the stacked boxes with box refinement)."""
+        c = self.config
+        rows: list[OpCost] = []
+        states = ops[-2].output if c.box_refine else ops.out  # (L_d, B, Q, D)
+        L, B, Q, D = states.shape
+        first = 0 if c.aux_loss else L - 1
+        if c.box_refine:
+            for i in range(first, L):
+                state = view(states, (B, Q, D))
+                rows.append(linear(f"class_embed.{i}", "linear", state, self.class_embed[i], ctx))  # BQDK MACs
+            return rows
+        states = view(states, (L - first, B, Q, D))
+        rows.append(linear("class_embed", "linear", states, self.class_embed, ctx))  # L'BQDK MACs
+        rows += self.bbox_embed.cost("bbox_embed", states, ctx)
+        logit = cost_inverse_sigmoid("bbox_embed", reference, ctx)
+        return rows + logit + cost_box_from_reference("bbox_embed", rows[-1].output, logit[-1].output, ctx)
+
+
+# The paper's recipe (Zhu et al., arXiv:2010.04159): AdamW, lr 2e-4 with the backbone at 2e-5 (the paper also trains
+# the reference-point and sampling-offset projections at a tenth), weight decay 1e-4, gradient clipping 0.1, the
+# sigmoid focal loss, 50 epochs with a tenfold drop at 40 (here the cosine decay ends at the same tenth: min_lr),
+# batch 32 over 8 GPUs (4 per GPU, DETR's), detections read as the 100 most probable (query, class) pairs, no NMS.
+DEFORMABLE_DETR_RECIPE = dict(
+    epochs=50, batch_size=4, lr=2e-4, min_lr=2e-5, warmup_epochs=0.0, weight_decay=1e-4, clip_grad=0.1,
+    backbone_lr=2e-5, detection_loss="focal", box_cls_loss=0.0, detection_top_k=100, nms_iou=0.0,
+)  # fmt: skip
+# The small Deformable DETR trained from scratch on two CPU cores: detr_digits' recipe (the backbone as fast as the
+# rest, the backbone classifying the ground-truth boxes) with the focal loss, the top 100 pairs and no NMS.
+SMALL_DEFORMABLE_DETR_RECIPE = dict(
+    epochs=24, batch_size=16, lr=3e-4, min_lr=3e-6, warmup_epochs=0.5, backbone_lr=3e-4, box_cls_loss=1.0,
+    detection_loss="focal", detection_top_k=100, nms_iou=0.0,
+)  # fmt: skip
+register_family(
+    "deformable_detr",
+    DeformableDetrConfig,
+    DeformableDETR,
+    task="detection",
+    display_name="Deformable DETR",
+    weights="vitkit.weights.deformable_detr",
+    recipe=DEFORMABLE_DETR_RECIPE,
+    cost_parts={
+        "backbone": "backbone",
+        "input_proj": "embedding",
+        "level_embed": "embedding",
+        "position_embedding": "embedding",
+        "class_embed": "heads",
+        "bbox_embed": "heads",
+    },
+)
+
+register_model("deformable_detr_resnet50", "deformable_detr", DeformableDetrConfig(), DEFORMABLE_DETR_PAPER)
+register_model(
+    "deformable_detr_resnet50_box_refine",
+    "deformable_detr",
+    DeformableDetrConfig(box_refine=True),
+    DEFORMABLE_DETR_PAPER,
+)
+register_model(
+    "deformable_detr_resnet50_two_stage",
+    "deformable_detr",
+    DeformableDetrConfig(box_refine=True, two_stage=True),
+    DEFORMABLE_DETR_PAPER,
+)
+# vitkit's small Deformable DETR, sized for builtin:digits-detect (96x96 canvases of 1-4 digits of 20-40 px) on two
+# CPU cores: detr_digits' half-width ResNet-18 (basic blocks 2-2-2-2, 32..256 channels, trained from the stem up)
+# feeding three levels (strides 8, 16, 32: 12x12, 6x6 and 3x3 maps at 96x96), D = 128 with 4 heads and 4 points,
+# 2 encoder and 4 decoder layers with box refinement, FFN 512, 20 queries, no dropout (runs of minutes).
+register_model(
+    "deformable_detr_digits",
+    "deformable_detr",
+    DeformableDetrConfig(
+        img_size=(96, 96),
+        backbone_block="basic",
+        backbone_depths=(2, 2, 2, 2),
+        backbone_width=32,
+        train_stem=True,
+        num_feature_levels=3,
+        hidden_dim=128,
+        num_heads=4,
+        enc_layers=2,
+        dec_layers=4,
+        dim_feedforward=512,
+        drop_rate=0.0,
+        attn_drop_rate=0.0,
+        num_queries=20,
+        box_refine=True,
+    ),
+    DEFORMABLE_DETR_PAPER,
+    recipe=SMALL_DEFORMABLE_DETR_RECIPE,
+)
