@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from vitkit.analysis.memory import PeakMemory, inference_peak_bytes, saved_for_backward_bytes
-from vitkit.layers import Attention, Mlp, attention_layers
+from vitkit.layers import Mlp, attention_layers
 from vitkit.layers.cost import OpCost
 from vitkit.layers.helpers import to_2tuple
 from vitkit.models.interface import require_model
@@ -182,18 +182,15 @@ def measure_matmul_flops(model: nn.Module, img_size: tuple[int, int], batch: int
 
 def model_parts(model: nn.Module) -> dict[str, str]:
     """What the parts of `model` are in the grouped views of its cost, by qualified module name: its attention layers
-    (`vitkit.layers.Attention`, self and cross) "attention", its MLPs (`vitkit.layers.Mlp`) "mlp", and the top-level
-    modules its family declares (`Family.cost_parts`: "embedding", "backbone" or "heads"; none for a model of no
-    registered family)."""
+    (`vitkit.layers.attention_layers`: dense and deformable, self and cross) "attention", its MLPs
+    (`vitkit.layers.Mlp`) "mlp", and the top-level modules its family declares (`Family.cost_parts`: "embedding",
+    "backbone" or "heads"; none for a model of no registered family)."""
     try:
         parts = dict(family_of(model).cost_parts)
     except ValueError:
         parts = {}
-    for name, module in model.named_modules():
-        if isinstance(module, Attention):
-            parts[name] = "attention"
-        elif isinstance(module, Mlp):
-            parts[name] = "mlp"
+    parts.update((name, "attention") for name, _ in attention_layers(model))
+    parts.update((name, "mlp") for name, module in model.named_modules() if isinstance(module, Mlp))
     return parts
 
 

@@ -84,9 +84,11 @@ def gemm_rate(precision: str, device: torch.device, n: int = 2048, repeats: int 
 
 # Where a step's time goes: operators by category (self CPU time of one profiled step). GEMMs are every matrix
 # product, attention's q@k^T and attn@v outside the fused kernel and the convolutions included; attention is its
-# fused kernels and softmax; the optimizer everything under `Optimizer.step` / `zero_grad`; other is the framework:
-# views, allocation, the autograd engine's own time.
-SPLIT = ("GEMMs", "attention", "norms and elementwise", "copies", "optimizer", "other")
+# fused kernels and softmax; sampling is deformable attention's bilinear sampling (`grid_sample`, or the bag of
+# weighted rows of vitkit's gather path; the arithmetic that finds the points and their weights counts as
+# element-wise); the optimizer everything under `Optimizer.step` / `zero_grad`; other is the framework: views,
+# allocation, the autograd engine's own time.
+SPLIT = ("GEMMs", "attention", "sampling", "norms and elementwise", "copies", "optimizer", "other")
 GEMM_OPS = {
     "aten::mm",
     "aten::addmm",
@@ -98,6 +100,7 @@ GEMM_OPS = {
     "mkldnn::_linear_pointwise",
     "mkldnn::_convolution_pointwise",
 }
+SAMPLING_OPS = ("aten::grid_sampler", "aten::_embedding_bag", "aten::embedding_bag")  # with their backward
 ATTENTION_OPS = ("aten::_scaled_dot_product", "aten::_softmax", "aten::_softmax_backward_data", "aten::_safe_softmax")
 COPY_OPS = {"aten::copy_", "aten::_to_copy", "aten::cat", "aten::clone", "aten::stack", "aten::_to_dense"}
 FRAMEWORK_OPS = (
@@ -142,6 +145,8 @@ def _category(name: str, in_optimizer: bool) -> str:
         return "GEMMs"
     if name.startswith(ATTENTION_OPS):
         return "attention"
+    if name.startswith(SAMPLING_OPS):
+        return "sampling"
     if name in COPY_OPS:
         return "copies"
     if not name.startswith("aten::") or name.startswith(FRAMEWORK_OPS):
@@ -246,7 +251,9 @@ def _check_setting(model_name: str, train: bool, compare: str | None) -> bool:
     if detector and train:
         raise ValueError(f"bench --train times classifiers; {model_name} is a detector: time `vitkit train` instead")
     if compare == "transformers" and not detector:
-        raise ValueError(f"--compare transformers covers the DETR models; compare {model_name} with timm")
+        raise ValueError(
+            f"--compare transformers covers the detectors (DETR, Deformable DETR); compare {model_name} with timm"
+        )
     return detector
 
 
@@ -390,7 +397,7 @@ def bench(
     allow_memory: bool = False,
     memory_names: SettingNames = MEMORY_NAMES,
 ) -> Report:
-    """Benchmark a registered model, optionally against timm's model of the same name (transformers' for DETR).
+    """Benchmark a registered model, optionally against timm's model of the same name (transformers' for a detector).
 
     Inference candidates: vitkit `optimize(model, precision, compile)`; with `compare="timm"`: timm fp32 eager,
     and for bf16 also timm under `torch.autocast` (how timm users get bf16). Training candidates (one step is
@@ -404,8 +411,9 @@ def bench(
         precision: "fp32" or "bf16".
         compile: `torch.compile` the vitkit candidate (for inference through `optimize`, with frozen weights).
         train: benchmark training steps instead of inference.
-        compare: None, "timm" (the classifiers) or "transformers" (the DETR models: transformers'
-            `DetrForObjectDetection` with the same weights, fp32 and under bf16 autocast).
+        compare: None, "timm" (the classifiers) or "transformers" (the detectors: the transformers class the
+            exported config names, e.g. `DeformableDetrForObjectDetection`, with the same weights, fp32 and under
+            bf16 autocast).
         rounds: timed steps per candidate (interleaved).
         warmup: untimed steps per candidate first.
         device: "cpu" or "cuda".
