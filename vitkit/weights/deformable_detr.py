@@ -24,8 +24,22 @@ each vitkit head from whichever name of its group is present (`resolve_heads`); 
 holds once are dropped, after checking that they repeat it. Export writes every name, as the released checkpoints
 do; transformers ties equal copies on loading.
 
-The paper's code (fundamentalvision/Deformable-DETR, `{"model": state_dict}` files) is a layout of its own, to come
-beside `HF` in `WEIGHTS.layouts`.
+fundamentalvision/Deformable-DETR (format "deformable_detr"): the checkpoints of the paper's code
+(`r50_deformable_detr-checkpoint.pth`, `..._single_scale...`, `..._plus_iterative_bbox_refinement...`,
+`..._plus_plus_two_stage...`, and the `checkpoint.pth` files its `main.py` writes: ``{"model": state_dict, ...}``).
+Its `DeformableDETR` holds `backbone` (a `Joiner` whose [0] holds torchvision's ResNet as `body`, frozen BatchNorm
+with weight, bias, running_mean and running_var; [1] the sine encoding, without parameters), `input_proj`,
+`query_embed`, `transformer` (`level_embed`, `encoder.layers.*` with `self_attn` / `norm1` / `linear1` / `linear2` /
+`norm2`, `decoder.layers.*` with `cross_attn` / `norm1` / `self_attn` (`nn.MultiheadAttention`) / `norm2` /
+`linear1` / `linear2` / `norm3`, `reference_points` or the two-stage `enc_output(_norm)` / `pos_trans(_norm)`) and
+the heads `class_embed.{j}` / `bbox_embed.{j}.layers.*`. Its decoder norms are numbered in construction order,
+cross-attention first: its norm1 follows the cross-attention, its norm2 the self-attention (vitkit's norm2 and norm1).
+Its heads are lists in every variant, the one module repeated without box refinement, and with it the box heads'
+list is also `transformer.decoder.bbox_embed` (two-stage: the class heads' also `transformer.decoder.class_embed`);
+its state dicts write every name. Import resolves them as transformers' (`resolve_heads`); export writes them
+all. The paper's code computes a few steps in float32 whatever the input type (the sine encoding, the valid
+ratios, reference grids), where vitkit follows the input's: equal in float32, not bit for bit in float64. Not read:
+two-stage without box refinement (transformers neither), learned position encodings (`backbone.1.row_embed`).
 """
 
 from __future__ import annotations
@@ -38,11 +52,15 @@ import torch
 
 from vitkit.models.deformable_detr import DeformableDetrConfig
 from vitkit.weights.detr import (
+    _BODY,
     _HF_BACKBONES,
+    _NORMS,
     TIMM_RESNETS,
+    _attention,
     _backbone_from_hf,
     _hf_native_backbone,
     _hf_timm_backbone,
+    _resnet,
     resnet_name,
 )
 from vitkit.weights.family import FamilyWeights, State
@@ -114,37 +132,50 @@ def _hf_body(out_proj: str, ffn: str) -> tuple[Rename, ...]:
     )
 
 
-def _decoder_layers(names: set[str]) -> int:
-    return 1 + max((int(m.group(1)) for k in names if (m := re.match(r"decoder\.layers\.(\d+)\.", k))), default=-1)
+def _decoder_layers(names: set[str], transformer: str = "") -> int:
+    pattern = re.compile(re.escape(transformer) + r"decoder\.layers\.(\d+)\.")
+    return 1 + max((int(m.group(1)) for k in names if (m := pattern.match(k))), default=-1)
 
 
-def resolve_heads(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """A transformers state dict (names without `model.`) with its heads named as vitkit's: (the state, the names
-    dropped as repeats of a tensor kept).
+def resolve_heads(
+    state: Mapping[str, torch.Tensor], transformer: str = ""
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """A state dict with its heads named as vitkit's: (the state, the names dropped as repeats of a tensor kept).
+
+    Args:
+        state: transformers' names without `model.` (`transformer` ""), or the paper's code's names (`transformer`
+            "transformer."): the heads beside the transformer in both, the decoder's second names for them
+            (`{transformer}decoder.class_embed.{j}`, `{transformer}decoder.bbox_embed.{j}`) inside it.
+        transformer: the prefix of the transformer's own names (`decoder.layers`, `enc_output`).
 
     A file with box refinement (a `decoder.bbox_embed`) or two-stage (an `enc_output`) gives a head per decoder
-    layer, the proposal heads last: class head i from `class_embed.i`, else `decoder.class_embed.i`, else (one-stage)
-    `class_embed.0`, the one transformers 5 saves of a tie group; box head i from `bbox_embed.i`, else
+    layer, the proposal heads last: class head i from `class_embed.i`, else `decoder.class_embed.i`, else (one-stage,
+    neither present) `class_embed.0`, the one transformers 5 saves of a tie group; box head i from `bbox_embed.i`, else
     `decoder.bbox_embed.i`. A file without refinement gives one head of each, from index 0. ValueError where names
     that vitkit holds once carry different values.
     """
     names = set(state)
-    layers = _decoder_layers(names)
-    two_stage = "enc_output.weight" in names
-    refine = two_stage or any(k.startswith("decoder.bbox_embed.") for k in names)
-    head_names = (*_HEADS, "decoder.class_embed.", "decoder.bbox_embed.")
+    decoder = f"{transformer}decoder."
+    layers = _decoder_layers(names, transformer)
+    two_stage = f"{transformer}enc_output.weight" in names
+    refine = two_stage or any(k.startswith(f"{decoder}bbox_embed.") for k in names)
+    head_names = (*(f"{h}." for h in _HEADS), f"{decoder}class_embed.", f"{decoder}bbox_embed.")
     out = {k: v for k, v in state.items() if not k.startswith(head_names)}
-    groups: dict[str, list[str]] = {}  # vitkit prefix -> the source prefixes holding it, the one read first
+    # vitkit prefix -> (the source prefixes holding it, the one read first; those read only when none of them is
+    # present: a tie group's one saved member)
+    groups: dict[str, tuple[list[str], list[str]]] = {}
     for head in _HEADS:
         if not refine:
-            groups[head] = [f"{head}.{j}" for j in range(layers)] + [f"decoder.{head}.{j}" for j in range(layers)]
+            copies = [f"{head}.{j}" for j in range(layers)] + [f"{decoder}{head}.{j}" for j in range(layers)]
+            groups[head] = (copies, [])
             continue
         for i in range(layers + two_stage):
             fallback = [f"{head}.0"] if head == "class_embed" and not two_stage else []
-            groups[f"{head}.{i}"] = [f"{head}.{i}", f"decoder.{head}.{i}", *fallback]
+            groups[f"{head}.{i}"] = ([f"{head}.{i}", f"{decoder}{head}.{i}"], fallback)
     used: set[str] = set()
-    for ours, sources in groups.items():
+    for ours, (sources, fallback) in groups.items():
         present = [s for s in sources if any(k.startswith(s + ".") for k in names)]
+        present = present or [s for s in fallback if any(k.startswith(s + ".") for k in names)]
         if not present:
             continue
         first = present[0]
@@ -156,11 +187,12 @@ def resolve_heads(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Te
                 kept = state.get(first + key[len(other) :])
                 if kept is None or kept.shape != state[key].shape or not torch.equal(kept, state[key]):
                     raise ValueError(
-                        f"{key} differs from {first + key[len(other):]}: vitkit's Deformable DETR holds them as one "
+                        f"{key} differs from {first + key[len(other) :]}: vitkit's Deformable DETR holds them as one "
                         f"tensor ({'box refinement' if refine else 'no box refinement'}, {layers} decoder layers)"
                     )
     dropped = sorted(k for k in names if k.startswith(head_names) and k not in used)
-    unmatched = [k for k in dropped if not any(k.startswith(s + ".") for sources in groups.values() for s in sources)]
+    known = [s for sources, fallback in groups.values() for s in (*sources, *fallback)]
+    unmatched = [k for k in dropped if not any(k.startswith(s + ".") for s in known)]
     for key in unmatched:  # heads of no group (an index past the layers): left for the key check to report
         out[key] = state[key]
     return out, [k for k in dropped if k not in unmatched]
@@ -355,14 +387,147 @@ def to_hf(config: DeformableDetrConfig, state: State) -> tuple[State, dict[str, 
     return renamed, hf
 
 
+# --- fundamentalvision/Deformable-DETR ------------------------------------------------------------------------------
+_ORIGINAL_FORMAT = "deformable_detr"
+_T = "transformer."  # the paper's `DeformableTransformer`: encoder, decoder, level_embed and the query / proposal parts
+
+
+def _original_body() -> tuple[Rename, ...]:
+    """The paper's names for all but the heads (`resolve_heads` names those as vitkit's before renaming)."""
+    enc, dec = "encoder.layers.{i}", "decoder.layers.{i}"
+    return (
+        *_resnet(),  # backbone.X <- backbone.0.body.X: torchvision's ResNet, frozen norms' four buffers
+        rename("input_proj", "input_proj"),  # {l}.0 Conv2d (D, C_l, 1, 1) or (D, C, 3, 3), {l}.1 GroupNorm: both
+        rename("level_embed", f"{_T}level_embed"),  # (L, D) both
+        rename("query_embed", "query_embed"),  # Embedding (Q, 2D) both: [position | content]
+        rename("reference_points", f"{_T}reference_points"),  # Linear (2, D) both, one-stage
+        rename("enc_output_norm", f"{_T}enc_output_norm"),  # two-stage: the proposal queries' Linear (D, D), norm
+        rename("enc_output", f"{_T}enc_output"),
+        rename("pos_trans_norm", f"{_T}pos_trans_norm"),  # two-stage: the proposal encoding's Linear (2D, 2D), norm
+        rename("pos_trans", f"{_T}pos_trans"),
+        rename(f"{enc}.self_attn", f"{_T}{enc}.self_attn"),  # MSDeformAttn's four Linears, the same names
+        rename(f"{enc}.norm1", f"{_T}{enc}.norm1"),
+        rename(f"{enc}.mlp.fc1", f"{_T}{enc}.linear1"),  # (F, D) both
+        rename(f"{enc}.mlp.fc2", f"{_T}{enc}.linear2"),  # (D, F) both
+        rename(f"{enc}.norm2", f"{_T}{enc}.norm2"),
+        *_attention(f"{dec}.self_attn", f"{_T}{dec}.self_attn"),  # nn.MultiheadAttention: in_proj is vitkit's qkv
+        # The paper's decoder layer names its norms in construction order, cross-attention's first: its norm2 follows
+        # the self-attention (vitkit's norm1), its norm1 the cross-attention (vitkit's norm2).
+        rename(f"{dec}.norm1", f"{_T}{dec}.norm2"),
+        rename(f"{dec}.cross_attn", f"{_T}{dec}.cross_attn"),
+        rename(f"{dec}.norm2", f"{_T}{dec}.norm1"),
+        rename(f"{dec}.mlp.fc1", f"{_T}{dec}.linear1"),
+        rename(f"{dec}.mlp.fc2", f"{_T}{dec}.linear2"),
+        rename(f"{dec}.norm3", f"{_T}{dec}.norm3"),
+        rename("class_embed", "class_embed"),  # (K, D) both; named as vitkit's by `resolve_heads`
+        rename("bbox_embed", "bbox_embed"),  # layers.0..2 both
+    )
+
+
+def _original_heads(state: State) -> State:
+    """vitkit's heads under every name the paper's model gives them (copies: a `.safetensors` file stores no shared
+    tensors). Its `class_embed` and `bbox_embed` are always lists, a head per decoder layer (two-stage: the proposal
+    heads last): without box refinement the one module repeated, with it clones, the box heads' list also the
+    decoder's `transformer.decoder.bbox_embed` (two-stage: the class heads' also `transformer.decoder.class_embed`)."""
+    layers = _decoder_layers(set(state))
+    refine, two_stage = "class_embed.0.weight" in state, "enc_output.weight" in state
+    out: State = {}
+    for key, tensor in state.items():
+        if not key.startswith(_HEADS):
+            continue
+        head, _, rest = key.partition(".")
+        if not refine:  # one head, every decoder layer's
+            out.update({f"{head}.{j}.{rest}": tensor.clone() for j in range(layers)})
+            continue
+        out[key] = tensor.clone()
+        if head == "bbox_embed" or two_stage:
+            out[f"{_T}decoder.{key}"] = tensor.clone()
+    return out
+
+
+class OriginalLayout(Layout):
+    """The paper's layout: the heads resolved from their repeated names (`resolve_heads`), the rest renamed by the
+    rules; export writes every name the paper's model has."""
+
+    def to_vitkit(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
+        if f"{_T}enc_output.weight" in state and not any(k.startswith(f"{_T}decoder.bbox_embed.") for k in state):
+            raise ValueError(
+                "a two-stage Deformable DETR without box refinement (--two_stage without --with_box_refine: "
+                f"{_T}enc_output, no {_T}decoder.bbox_embed): vitkit's, as transformers', refines the proposals' "
+                "boxes in every decoder layer (two_stage needs box_refine), which changes what the weights compute"
+            )
+        heads_resolved, repeats = resolve_heads(state, _T)
+        out, dropped, unmatched = super().to_vitkit(heads_resolved)
+        return out, [*repeats, *dropped], unmatched
+
+    def from_vitkit(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        heads = {k: v for k, v in state.items() if k.startswith(_HEADS)}
+        body = super().from_vitkit({k: v for k, v in state.items() if k not in heads})
+        return body | _original_heads(state)
+
+
+def check_original_export(config: DeformableDetrConfig) -> None:
+    """ValueError for configurations the paper's code cannot build or run: its backbone is torchvision's ResNet-50,
+    -101 or -152 (`build_backbone` asserts against 18 and 34: the channels are fixed at 512, 1024, 2048) on 3 input
+    channels, giving layer2..layer4 to more than one level and layer4 to one; its two-stage proposal encoding has 128
+    features per coordinate, 2D = 512 only for D = 256."""
+    problems = []
+    name = resnet_name(config)
+    if name not in ("resnet50", "resnet101", "resnet152"):
+        problems.append(
+            "torchvision's resnet50, resnet101 or resnet152 (width 64), not "
+            + (
+                name
+                if name
+                else f"{config.backbone_block} blocks {config.backbone_depths} at width {config.backbone_width}"
+            )
+        )
+    if config.in_chans != 3:
+        problems.append(f"3 input channels (this model: {config.in_chans})")
+    L, stages = config.num_feature_levels, tuple(config.stages)
+    wanted = (4,) if L == 1 else (2, 3, 4)
+    if stages != wanted or L == 2:
+        problems.append(
+            "layer2..layer4 feeding the first three of >= 3 levels, or layer4 one level (backbone_stages (2, 3, 4) "
+            f"or (4,)), not stages {stages} for {L} levels"
+        )
+    if config.two_stage and config.hidden_dim != 256:
+        problems.append(
+            f"hidden_dim 256 with two_stage (its proposal encoding is 4 x 128 wide), not {config.hidden_dim}"
+        )
+    if problems:
+        raise ValueError("fundamentalvision/Deformable-DETR's model needs " + "; ".join(problems))
+
+
+ORIGINAL = OriginalLayout(
+    format=_ORIGINAL_FORMAT,
+    family="deformable_detr",
+    rules=_original_body(),
+    markers=(f"{_T}level_embed", f"{_T}encoder.layers.0.self_attn.sampling_offsets.weight"),
+    dropped=tuple(f"{_BODY}.{norm}.num_batches_tracked" for norm in _NORMS),
+    check_export=check_original_export,
+    wrapper="model",  # its main.py reads and writes checkpoint["model"]
+)
+
+
 WEIGHTS = FamilyWeights(
     markers=("level_embed", "encoder.layers.0.norm1.weight", "decoder.layers.0.norm3.weight"),
     head=("class_embed.",),  # the class heads only: the box heads predict boxes of any class, so fine-tuning keeps them
     extra_outputs=0,  # K sigmoid logits, no "no object"
-    layouts=(HF,),
+    layouts=(HF, ORIGINAL),
     read_fields=read_fields,
     hf_model_types={"deformable_detr": config_from_hf},
     hf_export=to_hf,
 )
 
-__all__ = ["HF", "TIMM_RESNETS", "WEIGHTS", "config_from_hf", "read_fields", "resolve_heads", "to_hf"]
+__all__ = [
+    "HF",
+    "ORIGINAL",
+    "TIMM_RESNETS",
+    "WEIGHTS",
+    "check_original_export",
+    "config_from_hf",
+    "read_fields",
+    "resolve_heads",
+    "to_hf",
+]
