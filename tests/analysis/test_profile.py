@@ -15,6 +15,11 @@ from vitkit.layers import Attention
 from vitkit.layers.cost import CostContext, given
 from vitkit.models.registry import DETECTION, family_of, model_entry
 
+# Deformable DETR's ResNet-50 variants with two encoder and two decoder layers: every kind of row of their six and
+# six (box refinement's chain included) in half the time; on the meta device torch samples through a Python
+# decomposition of grid_sample
+SHRUNK = {name: {"enc_layers": 2, "dec_layers": 2} for name in vitkit.list_models() if "deformable_detr_resnet" in name}
+
 
 def counted_matmul_flops(model: torch.nn.Module, size: tuple[int, int], batch: int = 1) -> int:
     """FlopCounterMode's total for a forward pass with explicit (math) attention, which it counts fully."""
@@ -26,13 +31,14 @@ def counted_matmul_flops(model: torch.nn.Module, size: tuple[int, int], batch: i
 
 def counted_train_matmul_flops(model: torch.nn.Module, size: tuple[int, int], batch: int = 1) -> int:
     """FlopCounterMode's total for a forward and a backward pass from the sum of every output (a detector's
-    auxiliary outputs included), the input's gradient computed too."""
+    auxiliary outputs and a two-stage detector's encoder outputs included), the input's gradient computed too."""
     x = torch.randn(batch, model.config.in_chans, *size, device=next(model.parameters()).device, requires_grad=True)
     with FlopCounterMode(display=False) as counter:
         out = model(x)
         outputs = [out] if isinstance(out, torch.Tensor) else [out["pred_logits"], out["pred_boxes"]]
-        for aux in [] if isinstance(out, torch.Tensor) else out.get("aux_outputs", []):
-            outputs += [aux["pred_logits"], aux["pred_boxes"]]
+        if not isinstance(out, torch.Tensor):
+            more = [*out.get("aux_outputs", []), *([out["enc_outputs"]] if "enc_outputs" in out else [])]
+            outputs += [t for extra in more for t in (extra["pred_logits"], extra["pred_boxes"])]
         sum(t.sum() for t in outputs).backward()
     return counter.get_total_flops()
 
@@ -53,7 +59,7 @@ def test_analytic_matmul_flops_equal_flop_counter_for_every_model(name):
     for size in [default, larger] if has_dynamic else [default]:  # BoTNet's relative tables fix its size
         overrides = {"dynamic_img_size": size != default} if has_dynamic else {}
         with torch.device("meta"):  # shapes only: FlopCounterMode counts from shapes
-            model = vitkit.create_model(name, attn_backend="math", **overrides)
+            model = vitkit.create_model(name, attn_backend="math", **overrides, **SHRUNK.get(name, {}))
         report = profile(model, size, batch=2)
         counted = counted_matmul_flops(model, size, batch=2)
         assert report.matmul_flops == counted, size
@@ -63,9 +69,10 @@ def test_analytic_matmul_flops_equal_flop_counter_for_every_model(name):
     train_matmul_flops = report.train_flops - 2 * report.other_flops
     counted = counted_train_matmul_flops(model, size, batch=2)
     if family_of(model).task == DETECTION:
-        # frozen backbone stages (the ResNet stem and first stage) and the first decoder layer's zero target take
-        # no gradient; the analytic 3x counts one for every product
-        assert 0.94 * train_matmul_flops <= counted < train_matmul_flops
+        # frozen backbone stages (the ResNet stem and first stage) and DETR's first decoder layer's zero target take
+        # no gradient; the analytic 3x counts one for every product (equal where nothing is frozen: deformable_detr_
+        # digits trains its stem)
+        assert 0.94 * train_matmul_flops <= counted <= train_matmul_flops
     else:
         assert train_matmul_flops == counted
 

@@ -339,10 +339,12 @@ def cost_gather(
     weights: Value,
     shapes: tuple[tuple[int, int], ...],
     ctx: CostContext,
+    grad: bool = False,
 ) -> list[OpCost]:
-    """The operators of `gathered_deformable_attention` (without autograd: its arithmetic in place) on values
-    (B, N, h, d), locations (B, Q, h, L, K, 2) and weights (B, Q, h, L, K). The index and weight arithmetic counts
-    one FLOP per element and operation, integer or not; the bag 4 multiply-adds per sampled channel."""
+    """The operators of `gathered_deformable_attention` on values (B, N, h, d), locations (B, Q, h, L, K, 2) and
+    weights (B, Q, h, L, K), with autograd (`grad`: the clamp of the pixel coordinates out of place) or without. The
+    index and weight arithmetic counts one FLOP per element and operation, integer or not; the bag 4 multiply-adds
+    per sampled channel."""
     B, N, h, d = heads.shape
     _, Q, _, L, K, _ = locations.shape
     Np = sum((H + 2) * (W + 2) for H, W in shapes)
@@ -351,11 +353,24 @@ def cost_gather(
     points, corners, n = (B, Q, h, L, K), (B, Q, h, L, K, 4), B * Q * h
     xy = locations.shape
     ops = Ops(heads)
+    # `_PaddedLevels`: the per-level constants, made from the shapes and held to the end of the function
+    constants = {"size": (coord, 2), "upper": (coord, 2), "step": (index, 2), "corners": (index, 4)}
+    size, upper, step, corner_steps = (
+        ops(OpCost(name, f"level_{label}", (heads,), new_value((L, K, c), kind), 0, 0))
+        for label, (kind, c) in constants.items()
+    )
+    first = ops(OpCost(name, "level_first", (heads,), new_value((B, 1, h, L, K), index), 0, 0))
+    held = (size, upper, step, corner_steps, first)
     table = ops(copy_op(name, "pad_levels", heads, (B, Np, h, d), ctx))  # zeros, then each level's map copied in
-    # `_padded_pixels`
+    # `_padded_pixels`: clamped to [zero, upper] (with autograd out of place: it keeps both bounds)
     loc = ops(copy_op(name, "locations_float", locations, xy, coord)) if coord.dtype != ctx.dtype else locations
-    pixel = ops(OpCost(name, "pixels", (loc,), new_value(xy, coord), 0, 2 * numel(xy)))  # addcmul: 2 each
-    ops(elementwise_op(name, "clamp", pixel, 2, coord, in_place=True, saves=(pixel,)))  # 2 comparisons each
+    half = ops(OpCost(name, "half", (loc,), new_value((), coord), 0, 0))  # 0-d: the offset of the border, 0.5
+    zero = ops(OpCost(name, "zero", (loc,), new_value((), coord), 0, 0))  # 0-d: the lower bound
+    pixel = OpCost(name, "pixels", (loc, size, half), new_value(xy, coord), 0, 2 * numel(xy), (size,))
+    pixel = ops(pixel)  # addcmul: 2 each; its backward needs the sizes
+    bounds = (pixel, zero, upper)
+    clamp = elementwise_op(name, "clamp", bounds, 2, coord, in_place=not grad, saves=bounds if grad else ())
+    pixel = ops(clamp)  # 2 comparisons each
     corner = ops(elementwise_op(name, "floor", pixel, 1, coord))
     ops(elementwise_op(name, "clamp_corner", corner, 1, coord, in_place=True))  # to the upper bound
     frac = ops(holding(elementwise_op(name, "fraction", (pixel, corner), 1, coord), loc))  # pixel - corner
@@ -378,7 +393,7 @@ def cost_gather(
     # embedding_bag: the offsets of its bags (made by F.embedding_bag), and its own bag sizes and maximum indices
     books = ops(OpCost(name, "bag_offsets", (rows,), new_value((3, n), index), 0, 0))
     bag = OpCost(name, "embedding_bag", (table, rows, mix), new_value((n, d), ctx), 0, 2 * numel(corners) * d)
-    return [*ops, holding(dataclasses.replace(bag, saved=(table, rows, mix, books)), books)]
+    return [*ops, holding(dataclasses.replace(bag, saved=(table, rows, mix, books)), books, *held)]
 
 
 # --- the layer ---------------------------------------------------------------------------------------------------
@@ -525,7 +540,8 @@ class MultiScaleDeformableAttention(nn.Module):
         weights = view(ops(dataclasses.replace(softmax, named=True)), (B, Q, h, L, K))
         locations = ops(self.cost_locations(name, query, ref, shapes, ctx))  # (B, Q, h, L, K, 2)
         if self.path(self.training) == "gather":
-            out = view(ops(cost_gather(name, heads, locations, weights, shapes, ctx)), (B, Q, D))  # of (B Q h, d)
+            gather = cost_gather(name, heads, locations, weights, shapes, ctx, grad=self.training)
+            out = view(ops(gather), (B, Q, D))  # of (B Q h, d)
         else:
             out = ops(cost_reference(name, heads, locations, weights, shapes, ctx))  # (B, Q, D)
         return ops + [linear(name, "output_proj", out, self.output_proj, ctx)]  # B Q D^2 MACs
