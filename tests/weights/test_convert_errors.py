@@ -114,7 +114,8 @@ def test_hf_directories_vitkit_cannot_build(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     save_file({"x": torch.zeros(1)}, tmp_path / "model.safetensors")
     with pytest.raises(
-        ValueError, match=r"model_type 'bert' is not supported; supported: \['deformable_detr', 'deit', 'detr', 'swin', 'vit'\]"
+        ValueError,
+        match=r"model_type 'bert' is not supported; supported: \['deformable_detr', 'deit', 'detr', 'swin', 'vit'\]",
     ):
         vitkit.from_pretrained(tmp_path)
 
