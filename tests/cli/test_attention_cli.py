@@ -11,7 +11,10 @@ from PIL import Image
 from vitkit import create_model, save_pretrained
 from vitkit.cli import main
 from vitkit.data import DataInfo, DetectionInfo, load_builtin, load_digits_detect, write_coco_folder, write_image_folder
+from vitkit.detection import Postprocessing
+from vitkit.infer import save_detection_settings
 from vitkit.viz.attention import COLORMAP
+from vitkit.viz.detection import POINT_COLOURS
 from vitkit.weights import export_weights
 
 TINY = dict(img_size=28, patch_size=7, embed_dim=16, depth=2, num_heads=2, num_classes=10)
@@ -182,3 +185,43 @@ def test_the_detector_figure(detector, capsys, tmp_path):
     assert main([*bare, "--threshold", "0"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith(f"{title}\n") and err.count("has no dataset.json") == 1
+
+
+@pytest.fixture(scope="module")
+def deformable(detector, tmp_path_factory):
+    """A small Deformable DETR's model directory (its cross-attention moved off its initial values), with the
+    sigmoid postprocessing its training writes, and the digits-detect canvas."""
+    torch.manual_seed(0)
+    layout = dict(hidden_dim=32, num_heads=2, dim_feedforward=64, num_queries=5, num_classes=10, backbone_width=8)
+    model = create_model("deformable_detr_digits", **layout, enc_layers=1, dec_layers=2)
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            layer.cross_attn.sampling_offsets.weight.normal_(0, 0.05)
+            layer.cross_attn.attention_weights.weight.normal_(0, 0.3)
+    directory = tmp_path_factory.mktemp("deformable") / "model"
+    save_pretrained(model, directory)
+    classes = tuple(str(k) for k in range(10))
+    DetectionInfo("builtin:digits-detect", classes, tuple(range(10)), (0.5,) * 3, (0.25,) * 3).save(directory)
+    save_detection_settings(directory, Postprocessing(classification="focal", no_object_logit=False))
+    return directory, detector[1]
+
+
+def test_the_deformable_detector_figure_draws_sampling_points(deformable, capsys, tmp_path):
+    """A deformable detector's figure is its queries' sampling points (one dot per point, per panel), not maps."""
+    directory, canvas = deformable
+    target = tmp_path / "points.png"
+    args = ["attention", "--model-dir", str(directory), str(canvas), "--out", str(target), "--threshold", "0"]
+    assert main([*args, "--layer", "0", "--head", "1"]) == 0
+    out = capsys.readouterr().out
+    title = "decoder layer 0 (of 0..1) sampling points of each object's query, head 1 of 2  ·  5 objects above 0.00"
+    assert out.startswith(f"{title}\n") and out.splitlines()[-1] == f"figure written to {target}"
+    assert len(out.splitlines()) == 2 + 5  # title, five detections, the file
+    picture = Image.open(target)
+    assert picture.format == "PNG" and picture.width > 1.5 * picture.height
+    pixels = np.asarray(picture.convert("RGB")).reshape(-1, 3).astype(int)
+    for colour in POINT_COLOURS[:3]:  # a dot of every level (no colour bar: COLORMAP's ends are absent)
+        rgb = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)])
+        assert (np.abs(pixels - rgb).max(axis=1) <= 12).any()
+    assert not (np.abs(pixels - np.array(COLORMAP[0])).max(axis=1) <= 6).any()
+    assert main([*args, "--head", "2"]) == 2
+    assert "head 2 is out of range for 2 heads" in capsys.readouterr().err

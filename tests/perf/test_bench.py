@@ -198,7 +198,7 @@ def test_detector_against_transformers(capsys, small_gemms):
 
 
 def test_detector_comparison_errors():
-    with pytest.raises(ValueError, match="--compare transformers covers the DETR models"):
+    with pytest.raises(ValueError, match="--compare transformers covers the detectors"):
         bench("vit_tiny_patch16_224", compare="transformers")
     with pytest.raises(ValueError, match="bench --train times classifiers; detr_tiny is a detector"):
         bench("detr_tiny", train=True)

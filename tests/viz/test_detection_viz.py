@@ -9,7 +9,7 @@ from PIL import Image
 
 from vitkit.viz import draw_detections, enlarge, object_attention_figure
 from vitkit.viz.attention import COLORMAP, figure_image
-from vitkit.viz.detection import BOX_COLOURS, object_attention_maps
+from vitkit.viz.detection import BOX_COLOURS, DOT_AREA, POINT_COLOURS, object_attention_maps, sampled_attention_figure
 
 
 def test_enlarge_by_whole_factors_keeps_pixels():
@@ -61,3 +61,43 @@ def test_attention_panels_show_each_map_under_its_box():
     assert len(nothing.axes) == 1 and nothing.axes[0].get_title() == "0 detections"  # no maps, no colour bar
     with pytest.raises(ValueError, match="one \\(h, w\\) map per box"):
         object_attention_figure(image, [(0, 0, 1, 1)], ["1"], [0.5], heats)
+
+
+def test_sampled_points_are_dots_at_their_pixels_sized_by_weight():
+    """Deformable DETR's figure 5: each detection's panel has one dot per point, at the point's pixel in the enlarged
+    image (f x - 0.5: data coordinates are pixel indices), its area its weight times DOT_AREA of the panel, coloured
+    by its group; the legend names the groups."""
+    from matplotlib.colors import to_rgba
+
+    image = Image.new("L", (96, 80))  # drawn 3 times larger
+    g = torch.Generator().manual_seed(0)
+    points = torch.rand(2, 6, 2, generator=g) * torch.tensor([96.0, 80.0])  # (n, P, 2) in pixels of the image
+    weights = torch.rand(2, 6, generator=g).softmax(-1)  # (n, P)
+    groups = torch.tensor([[0, 1, 2, 0, 1, 2], [2, 2, 2, 1, 1, 0]])
+    names = ["level 0", "level 1", "level 2"]
+    boxes, labels, scores = [(10, 10, 40, 40), (50, 20, 90, 70)], ["1", "2"], [0.9, 0.8]
+    figure = sampled_attention_figure(image, boxes, labels, scores, points, weights, groups, names, model="m", what="w")
+    view, *panels = figure.axes
+    assert view.get_title() == "2 detections" and [ax.get_title() for ax in panels] == ["1 0.90", "2 0.80"]
+    assert figure.get_suptitle() == "m\nw"
+    cell = figure.get_figwidth() / 3  # the view and two panels a row
+    for k, ax in enumerate(panels):
+        (dots,) = ax.collections
+        order = weights[k].argsort(descending=True)  # drawn heaviest first, so that light dots stay on top
+        expected = points[k][order] * 3 - 0.5  # the enlarged picture's pixel indices
+        np.testing.assert_allclose(dots.get_offsets(), expected.numpy(), rtol=0, atol=1e-4)
+        area = DOT_AREA * (cell * 72) ** 2  # points^2 of weight 1
+        np.testing.assert_allclose(dots.get_sizes(), (weights[k][order] * area).numpy(), rtol=1e-5)
+        colours = [to_rgba(POINT_COLOURS[group]) for group in groups[k][order].tolist()]
+        np.testing.assert_allclose(dots.get_facecolors()[:, :3], np.array(colours)[:, :3])
+        assert ax.get_xlim() == (-0.5, 287.5) and ax.get_ylim() == (239.5, -0.5)  # the whole enlarged image
+        assert len(ax.get_images()) == 2  # the image, the box
+    (legend,) = figure.legends
+    assert [t.get_text() for t in legend.get_texts()] == names
+    assert legend.get_title().get_text() == "dot area: attention weight"
+    nothing = sampled_attention_figure(image, [], [], [], torch.zeros(0, 6, 2), torch.zeros(0, 6), groups[:0], names)
+    assert len(nothing.axes) == 1 and not nothing.legends
+    with pytest.raises(ValueError, match="expected weights and groups"):
+        sampled_attention_figure(image, boxes, labels, scores, points, weights[:, :3], groups, names)
+    with pytest.raises(ValueError, match="groups must index the 2 group names"):
+        sampled_attention_figure(image, boxes, labels, scores, points, weights, groups, names[:2])

@@ -1,6 +1,7 @@
 """`vitkit attention`: where a trained model looks in an image, as a figure (the image beside its attention map, a
 colour bar, a title with the prediction); for a detector, each detection beside its query's cross-attention (the
-DETR paper's figure 6)."""
+DETR paper's figure 6), or for a deformable one the points its query sampled on every level, sized by their
+attention weights (the Deformable DETR paper's figure 5)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from vitkit.viz.attention import save_picture
 HELP = (
     "draw where a trained model looks in an image: the class token's attention of one layer (one head, their mean, "
     "each head), of every layer and head (--grid) or attention rollout; for a detector, the last decoder layer's "
-    "cross-attention of each detected object"
+    "cross-attention of each detected object (a deformable detector's: the points it sampled, sized by weight)"
 )
 
 
@@ -55,7 +56,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         type=_head,
         default=None,
         metavar="H|mean|all",
-        help="one head, the mean of the heads (default) or all: one map per head",
+        help="one head, the mean of the heads (default) or all: one map per head; a deformable detector's figure "
+        "shows every head's points by default",
     )
     parser.add_argument(
         "--rollout", action="store_true", help="attention rollout across all layers (Abnar & Zuidema), heads averaged"

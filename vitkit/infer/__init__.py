@@ -29,7 +29,12 @@ from vitkit.infer.model_dir import (
     missing_info_note,
     save_detection_settings,
 )
-from vitkit.infer.object_attention import detection_attention, detection_attention_figure
+from vitkit.infer.object_attention import (
+    SampledPoints,
+    detection_attention,
+    detection_attention_figure,
+    detection_sampling,
+)
 from vitkit.infer.output import format_predictions, write_detections, write_json, write_predictions_csv
 from vitkit.infer.runtime import autocast, resolve_device
 
@@ -40,6 +45,7 @@ __all__ = [
     "ImageDetections",
     "Prediction",
     "Predictions",
+    "SampledPoints",
     "attention_figure",
     "attention_map",
     "attention_maps",
@@ -53,6 +59,7 @@ __all__ = [
     "detection_attention",
     "detection_attention_figure",
     "detection_input",
+    "detection_sampling",
     "evaluate",
     "evaluate_detector",
     "evaluate_detector_dir",

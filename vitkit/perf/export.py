@@ -8,10 +8,11 @@ check leaves nothing at the path.
 
 A detector's exported file (a model of a family registered with task "detection", `VitkitDetector`) takes images
 (B, C, H, W) and pixel_mask (B, H, W) (bool, True on real pixels, as `vitkit.detection.pad_images` makes it) and
-returns pred_logits (B, Q, K + 1) and pred_boxes (B, Q, 4): its `predict`, the last decoder layer's predictions that
-inference reads (`aux_outputs` serve the training losses and are left out of the graph). With
-`config.dynamic_img_size` (DETR's default) H and W are dynamic as well as B, and the check also runs at a second
-image size, on a batch padded as images of different sizes are. DETR's mask path
+returns pred_logits (B, Q, K + 1) (DETR: "no object" last) or (B, Q, K) (Deformable DETR: a sigmoid per class) and
+pred_boxes (B, Q, 4): its `predict`, the last decoder layer's predictions that inference reads (`aux_outputs` serve
+the training losses and are left out of the graph). With `config.dynamic_img_size` (both detectors' default) H and W
+are dynamic as well as B, and the check also runs at a second image size, on a batch padded as images of different
+sizes are. DETR's mask path
 is written to export as it runs: no nested tensors or per-image loops (which fix the batch size in the graph), the
 cumulative sums of the position encoding on a float copy of the mask (ONNX has no CumSum on booleans), and the
 mask resampled to the feature map by index arithmetic that picks the same pixels as PyTorch (ONNX's nearest Resize
@@ -20,6 +21,9 @@ does not, at some sizes).
 Attention backend per format: ONNX uses the "math" attention, the reference formula (the fused kernel's
 decomposition with an additive bias does not export with a dynamic batch for Swin and BoTNet; ONNX Runtime fuses the
 formula's pattern itself); TorchScript keeps torch's fused "sdpa" kernel, which the traced module calls directly.
+`set_attention_backend` switches multi-scale deformable attention too: under "math" it runs its reference, one
+bilinear `grid_sample` per level (ONNX GridSample), with the batch and the maps' sizes symbolic; its inference path,
+the `embedding_bag` gather, builds its index tables per batch element and would fix the batch size in the graph.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ CHECK_BATCHES = (1, 3)  # batch sizes the exported file is run at, both differen
 INPUT_NAME = "images"  # ONNX graph input (B, C, H, W)
 OUTPUT_NAME = "output"  # ONNX graph output: logits (B, num_classes), or pooled features when num_classes is 0
 DETECTOR_INPUTS = ("images", "pixel_mask")  # a detector's graph inputs: (B, C, H, W) float32, (B, H, W) bool
-DETECTOR_OUTPUTS = ("pred_logits", "pred_boxes")  # a detector's graph outputs: (B, Q, K + 1), (B, Q, 4)
+DETECTOR_OUTPUTS = ("pred_logits", "pred_boxes")  # a detector's graph outputs: (B, Q, K + 1 | K), (B, Q, 4)
 SIZE_STEP = (24, 40)  # a dynamic-size model is also checked at (H, W) + this: no multiple of the backbone stride
 EXTRA_HINT = "pip install 'vitkit[export]'"
 # ONNX export: torch's torch.export-based exporter writes through onnx and onnxscript; onnxruntime runs the check.
@@ -111,7 +115,7 @@ class DetectorOutputs(nn.Module):
 
     def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self.detector.predict(images, pixel_mask)
-        return tuple(out[name] for name in DETECTOR_OUTPUTS)  # (B, Q, K + 1), (B, Q, 4)
+        return tuple(out[name] for name in DETECTOR_OUTPUTS)  # (B, Q, K + 1 | K), (B, Q, 4)
 
 
 def is_detector(model: nn.Module) -> bool:
@@ -182,12 +186,12 @@ def _pytorch_outputs(model: nn.Module, inputs: Inputs, signature: Signature) -> 
 
 
 def _export_onnx(model: nn.Module, example: Inputs, signature: Signature, path: str) -> None:
-    batch = torch.export.Dim("batch")
+    # Axes named by strings: the exporter makes each a `Dim.DYNAMIC` (whose range torch.export may narrow, e.g. to
+    # images large enough that no feature map is 1 pixel wide) and gives the graph's axes these names.
     if signature.dynamic_img_size:
-        height, width = torch.export.Dim("height"), torch.export.Dim("width")
-        dynamic_shapes = ({0: batch, 2: height, 3: width}, {0: batch, 1: height, 2: width})
+        dynamic_shapes = ({0: "batch", 2: "height", 3: "width"}, {0: "batch", 1: "height", 2: "width"})
     else:
-        dynamic_shapes = ({0: batch}, {0: batch})
+        dynamic_shapes = ({0: "batch"}, {0: "batch"})
     with warnings.catch_warnings():
         # The images and pixel_mask share their axes: the exporter notes that it names each axis once.
         warnings.filterwarnings("ignore", message=r"# The axis name: \w+ will not be used", category=UserWarning)
@@ -251,7 +255,13 @@ def _max_abs_diff(
         B, _, H, W = inputs[0].shape
         where = f"batch size {B}" + (f", images {H}x{W}" if signature.dynamic_img_size else "")
         expected = _pytorch_outputs(model, inputs, signature)
-        got = [np.asarray(a) for a in run(inputs)]
+        try:
+            got = [np.asarray(a) for a in run(inputs)]
+        except Exception as err:  # e.g. ONNX Runtime refusing a size the export fixed
+            raise ValueError(
+                f"exported {format} model failed at {where} ({type(err).__name__}: {str(err).strip()}): an axis the "
+                f"export should have kept dynamic may be fixed; nothing written to {path}"
+            ) from err
         for name, e, g in zip(signature.outputs, expected, got, strict=True):
             label = "" if len(signature.outputs) == 1 else f"{name} of "
             if g.shape != e.shape:
@@ -287,7 +297,8 @@ def export_model(
     pixel_mask and returns pred_logits and pred_boxes (see the module docstring).
 
     Args:
-        model: a vitkit model (ViT, DeiT, Swin, BoTNet, DETR), or any module taking images (B, C, H, W).
+        model: a vitkit model (ViT, DeiT, Swin, BoTNet, DETR, Deformable DETR), or any module taking images
+            (B, C, H, W).
         path: the file to write, e.g. ``model.onnx`` or ``model.pt``; its folder is created if missing.
         format: "onnx" (run with ONNX Runtime; needs ``pip install 'vitkit[export]'``) or "torchscript"
             (``torch.jit.load(path)``).

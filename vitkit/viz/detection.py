@@ -147,3 +147,109 @@ def object_attention_figure(
     colour scale and bar for all, a title naming the model and the maps). Save it with `vitkit.viz.save_picture`
     (or its `savefig`)."""
     return draw_attention(object_attention_maps(image, boxes, labels, scores, heats, classes, model, what), alpha)
+
+
+# Colours of the sampling points of a deformable attention figure, one per level (or head) in order: bright and
+# distinct from each other on dark and light images alike.
+POINT_COLOURS = ("#ff2d2d", "#ffb000", "#00e5ff", "#7dff3a", "#ff4fd8", "#ffffff", "#9b7bff", "#ff8a5c")
+DOT_AREA = 0.015  # a dot's area for weight 1, as a share of its panel's area (weights of one panel sum to one)
+
+
+def sampled_attention_figure(
+    image: Image.Image,
+    boxes: Sequence[Sequence[float]],
+    labels: Sequence[str],
+    scores: Sequence[float],
+    points: torch.Tensor,
+    weights: torch.Tensor,
+    groups: torch.Tensor,
+    group_names: Sequence[str],
+    classes: Sequence[str] | None = None,
+    model: str = "a detector",
+    what: str = "each object's query: the points its deformable cross-attention sampled",
+) -> Figure:
+    """The Deformable DETR paper's figure 5 for `image`: the detections, then one panel per detection, its box on the
+    image and a dot at each point its query sampled, the dot's area proportional to the point's attention weight and
+    its colour its group's (a feature level, or a head), with a legend of the groups.
+
+    Panels show `image` enlarged by a whole factor f (`enlarge`); their data coordinates are the enlarged picture's
+    pixel indices, so a point at (x, y) in continuous pixel coordinates of `image` ((0, 0) its top-left corner) is
+    drawn at (f x - 0.5, f y - 0.5). A dot's area in points^2 is weight * DOT_AREA * (the panel's area in points^2).
+
+    Args:
+        boxes, labels, scores, classes: as for `draw_detections`.
+        points: (n, P, 2) each detection's P sampling points (x, y) in pixels of `image`.
+        weights: (n, P) their attention weights (each detection's summing to at most one).
+        groups: (n, P) integer: each point's group, an index into `group_names`, which names them for the legend.
+        model, what: the model and the points in words, for the title.
+    """
+    n = len(boxes)
+    if points.ndim != 3 or points.shape[0] != n or points.shape[-1] != 2:
+        raise ValueError(f"expected points (n, P, 2) for n = {n} boxes, got shape {tuple(points.shape)}")
+    if weights.shape != points.shape[:2] or groups.shape != points.shape[:2]:
+        raise ValueError(
+            f"expected weights and groups (n, P) = {tuple(points.shape[:2])} like the points, got "
+            f"{tuple(weights.shape)} and {tuple(groups.shape)}"
+        )
+    if groups.numel() and not 0 <= int(groups.min()) <= int(groups.max()) < len(group_names):
+        raise ValueError(f"groups must index the {len(group_names)} group names, got values {groups.unique().tolist()}")
+    from matplotlib.lines import Line2D
+
+    from vitkit.viz.attention import fonts_for, new_figure, spell
+
+    base, factor = enlarge(image)
+    palette = list(classes) if classes is not None else list(dict.fromkeys(labels))
+    columns = min(max(n, 1), PANELS_PER_ROW)
+    rows = max(1, math.ceil(n / columns))
+    titles = [f"{label} {score:.2f}" for label, score in zip(labels, scores, strict=True)]
+    title = f"{model}\n{what}"
+    fonts, missing = fonts_for([title, *titles, *group_names])
+    cell = max(1.4, min(3.0, 20 / (columns + 1)))  # inches per panel, as `draw_attention`
+    figure = new_figure((columns + 1) * cell, rows * cell + 1.2)
+    layout = figure.add_gridspec(rows, columns + 1)
+    size = 9 if cell >= 2 else 7
+    view = figure.add_subplot(layout[0, 0])
+    view.imshow(draw_detections(image, boxes, labels, scores, classes))
+    view.set_title(f"{n} detection{'' if n == 1 else 's'}", fontsize=size, fontfamily=fonts)
+    view.set_axis_off()
+    area = DOT_AREA * (cell * 72) ** 2  # points^2 of weight 1: a share of the panel
+    colours = [POINT_COLOURS[g % len(POINT_COLOURS)] for g in range(len(group_names))]
+    for k in range(n):
+        ax = figure.add_subplot(layout[k // columns, 1 + k % columns])
+        ax.imshow(base.convert("L").convert("RGB"), alpha=0.75)  # grey, so that the coloured dots stand out
+        mark = Image.new("RGBA", base.size, (0, 0, 0, 0))
+        colour = _colour(labels[k], palette)
+        _draw_box(ImageDraw.Draw(mark), [v * factor for v in boxes[k]], titles[k], colour, _font(mark))
+        ax.imshow(mark)
+        order = weights[k].argsort(descending=True)  # the heaviest drawn first, under the lighter ones
+        xy = points[k][order].float() * factor - 0.5
+        ax.scatter(
+            xy[:, 0].numpy(),
+            xy[:, 1].numpy(),
+            s=(weights[k][order].float() * area).numpy(),
+            c=[colours[int(g)] for g in groups[k][order]],
+            edgecolors="black",
+            linewidths=0.4,
+            alpha=0.9,
+        )
+        ax.set_xlim(-0.5, base.width - 0.5)
+        ax.set_ylim(base.height - 0.5, -0.5)
+        ax.set_title(titles[k], fontsize=size, fontfamily=fonts, parse_math=False)
+        ax.set_axis_off()
+    if n:
+        handles = [
+            Line2D([], [], linestyle="", marker="o", markersize=7, markerfacecolor=c, markeredgecolor="black")
+            for c in colours
+        ]
+        figure.legend(
+            handles,
+            [spell(name, missing) for name in group_names],
+            loc="outside lower center",
+            ncols=min(len(group_names), 6),
+            fontsize=size,
+            title="dot area: attention weight",
+            title_fontsize=size,
+            frameon=False,
+        )
+    figure.suptitle(spell(title, missing), fontsize=10 if cell >= 2 else 9, fontfamily=fonts, parse_math=False)
+    return figure
