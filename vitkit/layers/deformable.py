@@ -62,7 +62,8 @@ SpatialShapes = Tensor | Sequence[Sequence[int]]  # (L, 2) integer tensor, or L 
 
 
 def level_shapes(spatial_shapes: SpatialShapes) -> tuple[tuple[int, int], ...]:
-    """The levels' (H_l, W_l) as ints, from an (L, 2) integer tensor or a sequence of pairs."""
+    """The levels' (H_l, W_l) as ints, from an (L, 2) integer tensor or a sequence of pairs. Symbolic sizes (under
+    `torch.export`) stay symbolic, so that an exported graph keeps the image size dynamic."""
     if isinstance(spatial_shapes, Tensor):
         if spatial_shapes.ndim != 2 or spatial_shapes.shape[1] != 2 or spatial_shapes.is_floating_point():
             raise ValueError(
@@ -70,7 +71,7 @@ def level_shapes(spatial_shapes: SpatialShapes) -> tuple[tuple[int, int], ...]:
                 f"of shape {tuple(spatial_shapes.shape)}"
             )
         spatial_shapes = spatial_shapes.tolist()
-    shapes = tuple(tuple(int(s) for s in hw) for hw in spatial_shapes)
+    shapes = tuple(tuple(s if isinstance(s, torch.SymInt) else int(s) for s in hw) for hw in spatial_shapes)
     if not shapes or any(len(hw) != 2 or min(hw) < 1 for hw in shapes):
         raise ValueError(f"spatial_shapes must be L >= 1 pairs (H, W) of positive sizes, got {shapes}")
     return shapes  # type: ignore[return-value]
@@ -503,8 +504,11 @@ class MultiScaleDeformableAttention(nn.Module):
         offsets = self.sampling_offsets(query).view(B, Q, h, L, K, 2)  # (B, Q, h L K 2) -> (B, Q, h, L, K, 2)
         centre = reference_points[:, :, None, :, None, :2].expand(B, Q, 1, L, K, 2).contiguous()  # (B, Q, 1, L, K, 2)
         if reference_points.shape[-1] == 2:  # offsets in pixels of each level: divided by (W_l, H_l)
-            scale = torch.tensor([[1 / W, 1 / H] for H, W in shapes], dtype=offsets.dtype, device=offsets.device)
-            scale = scale[:, None].expand(L, K, 2).contiguous()  # (L, K, 2)
+            def size(n: int) -> Tensor:  # a 0-d tensor; from a symbolic size, under export, a symbolic one
+                return torch.scalar_tensor(n, dtype=offsets.dtype, device=offsets.device)
+
+            sizes = torch.stack([torch.stack([size(W), size(H)]) for H, W in shapes])  # (L, 2): (W_l, H_l)
+            scale = (1 / sizes)[:, None].expand(L, K, 2).contiguous()  # (L, K, 2)
         else:  # offsets in units of half the box over K
             scale = reference_points[:, :, None, :, None, 2:] * (0.5 / K)  # (B, Q, 1, L, 1, 2)
         return torch.addcmul(centre, offsets, scale)  # (B, Q, h, L, K, 2)
@@ -559,8 +563,8 @@ class MultiScaleDeformableAttention(nn.Module):
         if reference_points.shape[-1] == 4:  # half the box over K: one multiply per (B, Q, L, 2)
             size = (B, Q, 1, L, 1, 2)
             scale = OpCost(name, "box_scale", (reference_points,), new_value(size, ctx), 0, numel(size))
-        else:  # 1 / (W_l, H_l), made from the shapes and laid out over (L, K, 2)
-            scale = OpCost(name, "level_scale", (reference_points,), new_value((L, K, 2), ctx), 0, 0)
+        else:  # 1 / (W_l, H_l), made from the shapes (L x 2 divisions) and laid out over (L, K, 2)
+            scale = OpCost(name, "level_scale", (reference_points,), new_value((L, K, 2), ctx), 0, 2 * L)
         factors = (centre.output, offsets.output, scale.output)
         # addcmul: a multiply and an add per coordinate; backward needs the scale (the offsets' factor)
         locations = OpCost(name, "locations", factors, new_value(shape, ctx), 0, 2 * numel(shape), (scale.output,))
