@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from vitkit.detection import HungarianMatcher, SetCriterion, criterion
+from vitkit.detection import HungarianMatcher, SetCriterion, criterion, criterion_for
 
 K = 5  # classes
 
@@ -189,3 +189,82 @@ def test_criterion_errors():
         SetCriterion(K, matcher=HungarianMatcher(), classification="focal")
     with pytest.raises(ValueError, match="classification must be one of"):
         SetCriterion(K, classification="bce")
+
+
+def test_a_model_without_a_no_object_logit_is_read_by_its_k_logits():
+    """Deformable DETR's K sigmoid logits: the focal loss and its matching read all K (the last class a real one),
+    the same as the first K of a model with a "no object" logit; the softmax cross-entropy refuses them."""
+    outputs, targets = random_outputs(3, [2, 3])
+    targets[0]["labels"][0] = K - 1  # the last class is a class
+    k_only = {**outputs, "pred_logits": outputs["pred_logits"][..., :K]}  # (B, Q, K)
+    loss = criterion_for("focal", K, aux_loss=False, no_object_logit=False)
+    assert loss.matcher.no_object_logit is False
+    losses = loss(k_only, targets)
+    expected = reference_losses(k_only, targets, loss.matcher(k_only, targets), "focal")
+    for name, value in expected.items():
+        assert losses[name].item() == pytest.approx(value, rel=1e-5), name
+    with_no_object = criterion_for("focal", K, aux_loss=False)(outputs, targets)
+    torch.testing.assert_close(with_no_object, losses)  # the "no object" logit plays no part in "focal"
+    with pytest.raises(ValueError, match=r"expected pred_logits \(B, Q, 5\) for 5 classes, no 'no object' logit"):
+        loss(outputs, targets)
+    with pytest.raises(ValueError, match="has K sigmoid class logits and no 'no object' logit: use 'focal'"):
+        criterion_for("ce", K, no_object_logit=False)
+    with pytest.raises(ValueError, match="has K sigmoid class logits and no 'no object' logit: use 'focal'"):
+        SetCriterion(K, no_object_logit=False)
+    with pytest.raises(ValueError, match="no_object_logit=True and the loss with no_object_logit=False"):
+        SetCriterion(K, HungarianMatcher(classification="focal"), classification="focal", no_object_logit=False)
+
+
+def with_proposals(seed=4, sizes=(2, 3), tokens=10):
+    """K-logit outputs (no "no object") with an auxiliary layer and the encoder's proposals over `tokens` tokens."""
+    outputs, targets = random_outputs(seed, list(sizes))
+    g = torch.Generator().manual_seed(seed + 100)
+    outputs["pred_logits"] = outputs["pred_logits"][..., :K]
+    outputs["aux_outputs"] = [{k: v + 0.1 for k, v in outputs.items()}]
+    outputs["enc_outputs"] = {
+        "pred_logits": torch.randn(len(sizes), tokens, K, generator=g, dtype=torch.float64),
+        "pred_boxes": torch.rand(len(sizes), tokens, 4, generator=g, dtype=torch.float64) * 0.4 + 0.1,
+    }
+    return outputs, targets
+
+
+def test_encoder_proposals_are_matched_class_agnostically_and_weighed_like_the_rest():
+    outputs, targets = with_proposals()
+    loss = criterion_for("focal", K, aux_loss=True, no_object_logit=False)
+    losses = loss(outputs, targets)
+    assert set(losses) == {f"loss_{n}{s}" for n in ("ce", "bbox", "giou") for s in ("", "_0", "_enc")} | {"total"}
+    # every box taken as class 0, as the paper's code does (fundamentalvision/Deformable-DETR's SetCriterion)
+    agnostic = [{**t, "labels": torch.zeros_like(t["labels"])} for t in targets]
+    enc = outputs["enc_outputs"]
+    indices = loss.matcher(enc, agnostic)
+    expected = reference_losses(enc, agnostic, indices, "focal")
+    for name, value in expected.items():
+        assert losses[name + "_enc"].item() == pytest.approx(value, rel=1e-5), name
+    real = loss.matcher(enc, targets)  # the real labels would match otherwise
+    assert any(not torch.equal(a, b) for (a, _), (b, _) in zip(indices, real, strict=True))
+    weights = {"loss_ce": 2.0, "loss_bbox": 5.0, "loss_giou": 2.0}  # the focal loss's
+    total = sum(weights[name.rsplit("_", 1)[0] if name.count("_") > 1 else name] * v for name, v in losses.items()
+                if name != "total")  # fmt: skip
+    assert losses["total"].item() == pytest.approx(total.item(), rel=1e-6)
+    # without the auxiliary losses, neither the earlier layers nor the proposals are supervised (as the paper's code)
+    assert set(criterion_for("focal", K, aux_loss=False, no_object_logit=False)(outputs, targets)) == {
+        "loss_ce", "loss_bbox", "loss_giou", "total"
+    }  # fmt: skip
+
+
+def test_proposals_that_find_every_box_on_class_0_cost_nothing():
+    outputs, targets = with_proposals(sizes=(3, 0, 2))
+    enc = outputs["enc_outputs"]
+    enc["pred_logits"].fill_(-30.0)
+    for i, target in enumerate(targets):
+        tokens = torch.arange(len(target["labels"])) * 2 + 1
+        enc["pred_boxes"][i, tokens] = target["boxes"].double()
+        enc["pred_logits"][i, tokens, 0] = 30.0  # class 0, whatever the box's class
+    losses = criterion_for("focal", K, no_object_logit=False)(outputs, targets)
+    for name in ("loss_ce_enc", "loss_bbox_enc", "loss_giou_enc"):
+        assert losses[name].item() == pytest.approx(0.0, abs=1e-5), name
+    assert losses["loss_ce"] > 0.1  # the decoder's random predictions do cost
+    with pytest.raises(ValueError, match=r"expected enc_outputs' pred_logits \(B, Q, 5\)"):
+        criterion_for("focal", K, no_object_logit=False)(
+            {**outputs, "enc_outputs": {**enc, "pred_logits": enc["pred_logits"][..., :2]}}, targets
+        )

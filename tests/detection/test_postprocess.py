@@ -7,6 +7,7 @@ import pytest
 import torch
 import transformers
 
+import vitkit
 from vitkit.detection import postprocess
 
 
@@ -142,3 +143,21 @@ def test_top_k_and_nms_errors():
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError, match="nms_iou must be in \\(0, 1\\] or None"):
             postprocess(outputs, [(1, 1)], nms_iou=bad)
+
+
+def test_the_default_reading_follows_the_models_class_logits(tmp_path):
+    from vitkit.detection import Postprocessing
+    from vitkit.infer import load_detection_settings, load_detector
+
+    assert Postprocessing.default(True) == Postprocessing()  # DETR's PostProcess
+    paper = Postprocessing.default(False)  # Deformable DETR's: sigmoid, the 100 best (query, class) pairs
+    assert (paper.classification, paper.top_k, paper.nms_iou, paper.no_object_logit) == ("focal", 100, None, False)
+    with pytest.raises(ValueError, match="no 'no object' logit"):
+        Postprocessing("ce", no_object_logit=False)
+    # a directory without postprocess.json (save_pretrained, convert) is read as its model's logits say
+    model = vitkit.create_model(
+        "deformable_detr_digits", hidden_dim=32, num_heads=2, dim_feedforward=32, backbone_width=8, num_classes=3
+    )
+    vitkit.save_pretrained(model, tmp_path)
+    assert load_detector(tmp_path)[2] == paper == load_detection_settings(tmp_path, no_object_logit=False)
+    assert load_detection_settings(tmp_path) == Postprocessing()

@@ -20,21 +20,50 @@ import torch
 from torch import nn
 
 import vitkit
-from vitkit.layers import capture_attention, set_attention_backend
-from vitkit.models.interface import VitkitDetector, VitkitModel
+from vitkit.layers import SampledAttention, capture_attention, set_attention_backend, to_2tuple
+from vitkit.models.interface import VitkitDetector, VitkitModel, num_class_logits
 from vitkit.models.registry import DETECTION, families, family_of, model_entry
 
 
 def task_outputs(model: nn.Module) -> object:
     """The shapes forward returns for 2 images, as the model's task says: classifier logits (2, num_classes), or a
-    detector's dict (`VitkitDetector`): the last decoder layer's predictions and, with `config.aux_loss`, those of
-    every earlier decoder layer (one cross-attention layer each, `object_attention_layers`)."""
+    detector's dict (`VitkitDetector`): the last decoder layer's predictions (K + 1 or K class logits, as the model
+    declares `no_object_logit`) and, with `config.aux_loss`, those of every earlier decoder layer (one
+    cross-attention layer each, `object_attention_layers`)."""
     c = model.config
     if family_of(model).task != DETECTION:
         return (2, c.num_classes)
-    layer = {"pred_logits": (2, c.num_queries, c.num_classes + 1), "pred_boxes": (2, c.num_queries, 4)}  # + no object
+    logits = num_class_logits(model, c.num_classes)
+    layer = {"pred_logits": (2, c.num_queries, logits), "pred_boxes": (2, c.num_queries, 4)}
     earlier = len(model.object_attention_layers()) - 1 if c.aux_loss else 0
     return {**layer, "aux_outputs": [layer] * earlier}
+
+
+def deformable_detr_outputs(model: nn.Module) -> object:
+    """A detector's dict (`task_outputs`) and, two-stage, the encoder's proposals `enc_outputs`: K logits and a box
+    for each of the N tokens of all levels."""
+    shapes = task_outputs(model)
+    c = model.config
+    if c.two_stage:
+        N = sum(h * w for h, w in model.level_sizes(to_2tuple(c.img_size)))
+        shapes["enc_outputs"] = {"pred_logits": (2, N, c.num_classes), "pred_boxes": (2, N, 4)}
+    return shapes
+
+
+def deformable_detr_no_gradient(c: Any) -> frozenset[str]:
+    """What a fresh Deformable DETR gives no gradient, from the paper's initialisation:
+
+    - every box head's last layer starts at zero (weight and bias), so nothing flows back through it to the head's
+      first two layers (the last layer itself gets its gradient);
+    - every deformable attention's `sampling_offsets` and `attention_weights` start with zero weights (the offsets'
+      bias a fixed pattern of directions, the weights' bias zero), so the query changes neither where nor with what
+      weight a head samples: the gradient to the queries is zero. The encoder's tokens reach the loss as values too,
+      but `level_embed` only through the positions added to the queries, so it gets none. (The offsets and weights
+      themselves get theirs: their output moves the samples and their softmax.)
+    """
+    heads = [f"bbox_embed.{i}." for i in range(c.dec_layers + c.two_stage)] if c.box_refine else ["bbox_embed."]
+    first_two = {f"{head}layers.{i}.{p}" for head in heads for i in (0, 1) for p in ("weight", "bias")}
+    return frozenset({*first_two, "level_embed"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +73,8 @@ class FamilyRow:
     shrink: Callable[[Any], dict]  # config -> fields that make the variant quick, keeping its width, heads and patch
     blocks: Callable[[Any], int]  # config -> how many blocks `set_grad_checkpointing` wraps
     outputs: Callable[[nn.Module], object] = task_outputs  # model -> the shapes forward returns for 2 images
-    no_gradient_at_init: frozenset[str] = frozenset()  # trainable parameters a fresh model gives no gradient
+    # trainable parameters a fresh model gives no gradient (or config -> them, when they depend on the variant)
+    no_gradient_at_init: frozenset[str] | Callable[[Any], frozenset[str]] = frozenset()
 
 
 FAMILIES = {
@@ -69,6 +99,14 @@ FAMILIES = {
         no_gradient_at_init=frozenset(
             f"decoder.layers.0.{p}.weight" for p in ("self_attn.qkv", "self_attn.proj", "norm1")
         ),
+    ),
+    "deformable_detr": FamilyRow(
+        shrink=lambda c: dict(
+            img_size=64, backbone_depths=(1, 1, 1, 1), enc_layers=1, dec_layers=2, num_queries=min(c.num_queries, 16)
+        ),  # 64x64: 85 tokens on 4 levels (8x8 .. 1x1), enough for two-stage's 16 proposals
+        blocks=lambda c: sum(c.backbone_depths) + c.enc_layers + c.dec_layers,  # residual blocks, encoder, decoder
+        outputs=deformable_detr_outputs,
+        no_gradient_at_init=deformable_detr_no_gradient,
     ),
 }
 DROP_RATES = ("drop_rate", "attn_drop_rate", "drop_path_rate")
@@ -110,6 +148,15 @@ def square_mean(out) -> torch.Tensor:
     return sum(square_mean(value) for value in (out.values() if isinstance(out, dict) else out))
 
 
+def attended_shape(record: torch.Tensor | SampledAttention) -> tuple[int, int, int]:
+    """(B, queries, keys) of what `capture_attention` recorded for one layer: a dense map (B, heads, queries, keys),
+    or a deformable layer's samples, whose keys are the pixels of all its levels."""
+    if isinstance(record, SampledAttention):
+        B, Q = record.locations.shape[:2]  # (B, Q, heads, L, K, 2)
+        return B, Q, sum(h * w for h, w in record.spatial_shapes)
+    return tuple(record.shape[i] for i in (0, 2, 3))
+
+
 def images(model: nn.Module, batch: int = 2) -> torch.Tensor:
     size = model.config.img_size
     return torch.randn(batch, model.config.in_chans, *((size, size) if isinstance(size, int) else size))
@@ -138,7 +185,8 @@ def test_small_forward_backward_reaches_every_parameter(name):
     assert output_shapes(out) == expected_shapes(name, model)
     square_mean(out).backward()
     no_grad = {n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())}
-    assert no_grad == row(name).no_gradient_at_init
+    expected = row(name).no_gradient_at_init
+    assert no_grad == (expected(model.config) if callable(expected) else expected)
 
     model.eval()
     with torch.no_grad():
@@ -164,7 +212,7 @@ def test_model_provides_the_interface(name):
 
     # token_grid: (P, (Hp, Wp)) exactly when every attention layer attends over the same P + Hp * Wp tokens of
     # each image; None when the captured maps are windows (batch B * nW) or differ in size between layers.
-    shapes = {tuple(attn.shape[i] for i in (0, 2, 3)) for attn in maps.values()}
+    shapes = {attended_shape(attn) for attn in maps.values()}
     grid = model.token_grid(tuple(x.shape[-2:]))
     if grid is None:
         assert len(shapes) > 1 or next(iter(shapes))[0] != 2

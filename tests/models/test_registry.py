@@ -92,3 +92,17 @@ def test_a_family_must_provide_the_model_interface():
         register_family("partial", dict, Partial)
     with pytest.raises(ValueError, match="unknown model family 'partial'"):
         family("partial")
+
+
+def test_a_detector_family_must_declare_its_class_logits():
+    detr = family("detr").model_cls
+
+    class Undeclared(detr):  # DETR's methods, and its declaration taken away
+        no_object_logit = None
+
+    with pytest.raises(TypeError, match=r"Undeclared must declare no_object_logit \(a bool"):
+        register_family("undeclared", dict, Undeclared, task="detection")
+    with pytest.raises(ValueError, match="unknown model family 'undeclared'"):
+        family("undeclared")
+    assert family("detr").model_cls.no_object_logit is True
+    assert family("deformable_detr").model_cls.no_object_logit is False

@@ -39,13 +39,6 @@ def batches(size: tuple[int, int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [one, four]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch.export fixes H and W: Deformable DETR's encoder reference points (torch.linspace with a size as "
-    "the step count), level_shapes' int() of the levels' sizes and sampling_locations' torch.tensor of 1 / W_l, "
-    "1 / H_l specialise the image size; the gather path also fixes the batch (its index tables built per batch "
-    "element in Python)",
-)
 def test_library_exports_deformable_detr_at_any_batch_and_image_size(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")

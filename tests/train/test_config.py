@@ -18,10 +18,13 @@ from vitkit.train import DEFAULT_DETECTOR, DEFAULT_MODEL, TrainConfig, fit
 from vitkit.train.config import LEGACY_DEFAULT_MODEL, LEGACY_DEFAULT_MODEL_ARGS, current_model_name
 from vitkit.train.recipe import recipe_for
 
-# The recipes --help names: the classifiers', the small DETRs' (their registry entries' own) and DETR's.
+# The recipes --help names: the classifiers', the small DETRs' (their registry entries' own), DETR's, and the same
+# two of Deformable DETR.
 CLASSIFIER_RECIPE = recipe_for("classification", DEFAULT_MODEL)
 SMALL_DETR_RECIPE = recipe_for("detection", DEFAULT_DETECTOR)
 DETR_RECIPE = recipe_for("detection", "detr_resnet50")
+SMALL_DEFORMABLE_RECIPE = recipe_for("detection", "deformable_detr_digits")
+DEFORMABLE_RECIPE = recipe_for("detection", "deformable_detr_resnet50")
 
 
 def test_every_field_is_a_train_option():
@@ -31,8 +34,11 @@ def test_every_field_is_a_train_option():
     assert options["model_args"].option_strings == ["--model-arg"]
     # a task-dependent default names the value of each recipe
     recipes = f"{CLASSIFIER_RECIPE.epochs}; small DETRs {SMALL_DETR_RECIPE.epochs}; DETR {DETR_RECIPE.epochs}"
+    recipes += f"; small Deformable DETRs {SMALL_DEFORMABLE_RECIPE.epochs}; Deformable DETR {DEFORMABLE_RECIPE.epochs}"
     assert options["epochs"].help == f"passes over the training data (default: {recipes})"
-    assert options["lr"].help.endswith("(default: 0.002; small DETRs 0.0003; DETR 0.0001)")
+    assert options["lr"].help.endswith(
+        "(default: 0.002; small DETRs 0.0003; DETR 0.0001; small Deformable DETRs 0.0003; Deformable DETR 0.0002)"
+    )
     assert options["precision"].choices == ("fp32", "bf16")
 
 

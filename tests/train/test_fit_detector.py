@@ -5,6 +5,7 @@ recipes."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -26,6 +27,11 @@ from vitkit.train import DEFAULT_DETECTOR, TrainConfig, fit, load_checkpoint, re
 from vitkit.train.checkpoint import save_checkpoint
 from vitkit.train.config import older_detector_settings
 
+# deformable_detr_digits' layout as small as the fixture's DETR (D a multiple of 32, its GroupNorm groups)
+TINY_DEFORMABLE_DETR = {
+    "backbone_width": 8, "hidden_dim": 32, "num_heads": 2, "dim_feedforward": 32, "num_queries": 6, "enc_layers": 1,
+    "dec_layers": 2,
+}  # fmt: skip
 METRICS = {"epoch", "train_loss", "loss_ce", "loss_bbox", "loss_giou", "loss_box_cls", *COCO_METRICS}
 METRICS |= {"lr", "seconds", "images_per_second", "skipped"}
 
@@ -148,14 +154,20 @@ def test_box_classification_trains_only_when_asked(tmp_path, tiny_detector_confi
     )
 
 
-def test_every_detection_option_runs(tmp_path, tiny_detector_config):
+@pytest.mark.parametrize(
+    ("model", "model_args"), [("detr_digits", {}), ("deformable_detr_digits", TINY_DEFORMABLE_DETR)]
+)
+def test_every_detection_option_runs(tmp_path, tiny_detector_config, model, model_args):
+    """Every option at once, for DETR (K + 1 logits) and Deformable DETR (K logits, no "no object")."""
+    chosen = {"model": model, "model_args": model_args} if model_args else {}  # {}: the fixture's tiny DETR
     config = tiny_detector_config(
         tmp_path, epochs=1, precision="bf16", ema_decay=0.9, grad_checkpointing=True, workers=1,
-        detection_loss="focal", backbone_lr=1e-5, img_size=64, clip_grad=0.0,
+        detection_loss="focal", backbone_lr=1e-5, img_size=64, clip_grad=0.0, **chosen,
     )  # fmt: skip
     result = fit(config)
     assert all(np.isfinite(result.last[k]) for k in ("train_loss", "loss_ce", "ap"))
-    assert load_detection_settings(tmp_path / "final").classification == "focal"
+    settings = load_detection_settings(tmp_path / "final")
+    assert settings.classification == "focal" and settings.no_object_logit == (model == "detr_digits")
     final = from_pretrained(tmp_path / "final")
     assert final.config.img_size == 64
     state = load_checkpoint(tmp_path / "checkpoint.pt")
@@ -191,6 +203,14 @@ def test_a_model_that_does_not_fit_the_data_is_a_clear_error(digits_coco, digit_
         TrainConfig(data=str(digits_coco), label_smoothing=0.1, mixup=0.2).resolved()
     with pytest.raises(ValueError, match=r"option\(s\) \['backbone_lr'\] do not apply to classification"):
         TrainConfig(backbone_lr=1e-5).resolved()
+    # the softmax cross-entropy needs a "no object" logit, which Deformable DETR does not have
+    deformable = TrainConfig(data="builtin:digits-detect", model="deformable_detr_digits")
+    assert deformable.resolved().detection_loss == "focal"
+    with pytest.raises(ValueError, match=r"model 'deformable_detr_digits' \(Deformable DETR\) predicts K sigmoid"):
+        dataclasses.replace(deformable, detection_loss="ce").resolved()
+    with pytest.raises(ValueError, match="without a 'no object' logit: train it with detection_loss 'focal'"):
+        fit(dataclasses.replace(deformable, detection_loss="ce", out=str(digits_coco / "never")))
+    assert not (digits_coco / "never").exists()
 
 
 @pytest.fixture(scope="module")

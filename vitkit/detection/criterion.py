@@ -4,15 +4,25 @@ After the Hungarian matching (`vitkit.detection.HungarianMatcher`) of the last d
 
 - `loss_ce`, classification over all B * Q queries. "ce" (DETR): cross-entropy over K + 1 classes, the matched
   queries towards their box's class, the others towards "no object", whose weight is `eos_coef` (0.1), averaged
-  with those weights. "focal" (Deformable DETR, arXiv:2010.04159): sigmoid focal loss (alpha 0.25, gamma 2) of the
-  K real classes, one-hot at the matched class and all zero for unmatched queries (the "no object" logit is
-  unused), summed and divided by the number of boxes.
+  with those weights; it needs a model with a "no object" logit. "focal" (Deformable DETR, arXiv:2010.04159):
+  sigmoid focal loss (alpha 0.25, gamma 2) of the K real classes (the first K logits: a "no object" logit, when the
+  model has one, is unused), one-hot at the matched class and all zero for unmatched queries, summed and divided
+  by the number of boxes.
 - `loss_bbox`, the L1 distance between matched (cx, cy, w, h) boxes, and `loss_giou`, 1 - generalised IoU; both
   summed over the matched pairs and divided by the number of ground-truth boxes (at least 1), averaged over
   processes under torch.distributed, so every box weighs the same whatever the batch it falls in.
 - With `aux_loss`, the same three for each earlier decoder layer in `outputs["aux_outputs"]`, each matched anew,
   as `loss_ce_0`, `loss_bbox_0`, `loss_giou_0`, `loss_ce_1`, ...
-- `total`: the weighted sum of all of them (weights 1, 5, 2 as DETR; the auxiliary terms weigh as the final ones).
+- With `aux_loss` and `outputs["enc_outputs"]` (two-stage Deformable DETR: the encoder's N proposals,
+  `pred_logits` (B, N, K) and `pred_boxes` (B, N, 4)), the same three for the proposals, matched to the boxes with
+  every label taken as class 0 (class-agnostic: a proposal is scored on its first class only), as `loss_ce_enc`,
+  `loss_bbox_enc`, `loss_giou_enc`, as the paper's code does (fundamentalvision/Deformable-DETR's `SetCriterion`,
+  which weighs them, like the auxiliary terms, only with aux_loss).
+- `total`: the weighted sum of all of them (weights 1, 5, 2 as DETR; the auxiliary and encoder terms weigh as the
+  final ones).
+
+The model's class logits are K + 1, "no object" last, or K without it, as the model declares
+(`vitkit.models.interface.has_no_object_logit`, passed as `no_object_logit`).
 
 Letters: B images, Q queries, K classes, M matched pairs of the batch.
 """
@@ -27,7 +37,13 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou_loss, sigmoid_focal_loss
 
-from vitkit.detection.losses import DETECTION_LOSSES, DETECTION_WEIGHTS, FOCAL_MATCH_COST, LOSS_WEIGHTS
+from vitkit.detection.losses import (
+    DETECTION_LOSSES,
+    DETECTION_WEIGHTS,
+    FOCAL_MATCH_COST,
+    LOSS_WEIGHTS,
+    check_no_object_logit,
+)
 from vitkit.detection.matcher import HungarianMatcher
 
 
@@ -45,7 +61,8 @@ class SetCriterion(nn.Module):
     """DETR's training loss: Hungarian matching, then classification and box losses; see the module docstring.
 
     Args:
-        num_classes: object classes K (the model predicts K + 1 logits, the last "no object").
+        num_classes: object classes K (the model predicts K + 1 logits, the last "no object", or K: see
+            `no_object_logit`).
         matcher: the matcher; by default `HungarianMatcher(classification=classification)` with DETR's costs.
         eos_coef: weight of the "no object" class in the cross-entropy (DETR: 0.1); unused with "focal".
         weights: weights of `loss_ce`, `loss_bbox` and `loss_giou` in `total` (defaults 1, 5, 2; Deformable DETR
@@ -53,6 +70,8 @@ class SetCriterion(nn.Module):
         aux_loss: also supervise every entry of `outputs["aux_outputs"]` (DETR's auxiliary decoding losses).
         classification: "ce" (softmax cross-entropy, DETR) or "focal" (sigmoid focal loss, Deformable DETR).
         focal_alpha, focal_gamma: the focal loss's alpha and gamma (0.25 and 2).
+        no_object_logit: whether the model's logits end with a "no object" logit (K + 1, DETR) or not (K,
+            Deformable DETR), as it declares (`vitkit.models.interface.has_no_object_logit`); "ce" needs it.
     """
 
     def __init__(
@@ -65,6 +84,7 @@ class SetCriterion(nn.Module):
         classification: str = "ce",
         focal_alpha: float = 0.25,
         focal_gamma: float = 2.0,
+        no_object_logit: bool = True,
     ) -> None:
         super().__init__()
         if num_classes <= 0:
@@ -73,14 +93,21 @@ class SetCriterion(nn.Module):
             raise ValueError(f"classification must be one of {DETECTION_LOSSES}, got {classification!r}")
         if not 0 <= eos_coef <= 1:
             raise ValueError(f"eos_coef must be in [0, 1], got {eos_coef}")
+        check_no_object_logit(classification, no_object_logit)
         unknown = set(weights or {}) - set(LOSS_WEIGHTS)
         if unknown:
             raise ValueError(f"unknown loss weights {sorted(unknown)}; the losses are {list(LOSS_WEIGHTS)}")
-        matcher = matcher if matcher is not None else HungarianMatcher(classification=classification)
+        if matcher is None:
+            matcher = HungarianMatcher(classification=classification, no_object_logit=no_object_logit)
         if matcher.classification != classification:
             raise ValueError(
                 f"the matcher scores classes by {matcher.classification!r} and the loss by {classification!r}: "
                 "use the same for both"
+            )
+        if matcher.no_object_logit != no_object_logit:
+            raise ValueError(
+                f"the matcher reads logits with no_object_logit={matcher.no_object_logit} and the loss with "
+                f"no_object_logit={no_object_logit}: use the same for both"
             )
         self.num_classes = num_classes
         self.matcher = matcher
@@ -89,6 +116,7 @@ class SetCriterion(nn.Module):
         self.aux_loss = aux_loss
         self.classification = classification
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
+        self.no_object_logit = no_object_logit
         class_weight = torch.ones(num_classes + 1)
         class_weight[-1] = eos_coef
         self.register_buffer("class_weight", class_weight, persistent=False)  # (K + 1,)
@@ -101,7 +129,8 @@ class SetCriterion(nn.Module):
         indices: list[tuple[torch.Tensor, torch.Tensor]],
         num_boxes: float,
     ) -> torch.Tensor:
-        """Classification loss of all queries: matched ones towards their box's class, the rest "no object"."""
+        """Classification loss of all queries (logits (B, Q, K + 1 | K)): matched ones towards their box's class,
+        the rest "no object"."""
         B, Q, _ = logits.shape
         K = self.num_classes
         target_classes = torch.full((B, Q), K, dtype=torch.int64, device=logits.device)  # (B, Q): "no object"
@@ -134,6 +163,14 @@ class SetCriterion(nn.Module):
         )
         return loss_bbox, loss_giou / num_boxes
 
+    def check_logits(self, logits: torch.Tensor, what: str) -> None:
+        """ValueError unless `logits` are (B, Q, K + 1) (with `no_object_logit`) or (B, Q, K) (without)."""
+        K = self.num_classes
+        expected = K + self.no_object_logit
+        if logits.ndim != 3 or logits.shape[-1] != expected:
+            layout = f"{K} classes and 'no object'" if self.no_object_logit else f"{K} classes, no 'no object' logit"
+            raise ValueError(f"expected {what} (B, Q, {expected}) for {layout}, got {tuple(logits.shape)}")
+
     def layer_losses(
         self, outputs: Mapping[str, torch.Tensor], targets: Sequence[Mapping[str, torch.Tensor]], num_boxes: float
     ) -> dict[str, torch.Tensor]:
@@ -153,42 +190,52 @@ class SetCriterion(nn.Module):
         """The losses of a DETR output against the targets.
 
         Args:
-            outputs: the model's output: `pred_logits` (B, Q, K + 1), `pred_boxes` (B, Q, 4) and, used with
-                `aux_loss`, `aux_outputs`: a list of such dicts, one per earlier decoder layer.
+            outputs: the model's output: `pred_logits` (B, Q, K + 1) (or (B, Q, K) without `no_object_logit`),
+                `pred_boxes` (B, Q, 4) and, used with `aux_loss`, `aux_outputs`: a list of such dicts, one per
+                earlier decoder layer, and `enc_outputs` when the model gives it: such a dict of the encoder's
+                proposals (B, N, ...).
             targets: per image, `labels` (n,) int64 in [0, K) and `boxes` (n, 4) (cx, cy, w, h) in [0, 1].
 
         Returns:
             `loss_ce`, `loss_bbox`, `loss_giou` of the last layer, the same suffixed `_0`, `_1`, ... per
-            auxiliary layer, and `total`, their weighted sum (what to call backward on).
+            auxiliary layer and `_enc` for the encoder's proposals, and `total`, their weighted sum (what to call
+            backward on).
         """
         logits = outputs["pred_logits"]
-        if logits.ndim != 3 or logits.shape[-1] != self.num_classes + 1:
-            raise ValueError(
-                f"expected pred_logits (B, Q, {self.num_classes + 1}) for {self.num_classes} classes and "
-                f"'no object', got {tuple(logits.shape)}"
-            )
+        self.check_logits(logits, "pred_logits")
         num_boxes = average_num_boxes(targets, logits.device)
-        layers = [outputs, *(outputs.get("aux_outputs", []) if self.aux_loss else [])]
+        # (suffix, predictions, targets): the last layer first, then aux_outputs in order, then the proposals
+        layers = [("", outputs, targets)]
+        if self.aux_loss:
+            layers += [(f"_{i}", layer, targets) for i, layer in enumerate(outputs.get("aux_outputs", []))]
+            if "enc_outputs" in outputs:
+                self.check_logits(outputs["enc_outputs"]["pred_logits"], "enc_outputs' pred_logits")
+                agnostic = [{**t, "labels": torch.zeros_like(t["labels"])} for t in targets]  # every box class 0
+                layers.append(("_enc", outputs["enc_outputs"], agnostic))
         losses, total = {}, logits.new_zeros((), dtype=torch.float32)
-        for i, layer in enumerate(layers):
-            suffix = "" if i == 0 else f"_{i - 1}"  # the last layer first, then aux_outputs in order
-            for name, value in self.layer_losses(layer, targets, num_boxes).items():
+        for suffix, layer, layer_targets in layers:
+            for name, value in self.layer_losses(layer, layer_targets, num_boxes).items():
                 losses[name + suffix] = value
                 total = total + self.weights[name] * value
         losses["total"] = total
         return losses
 
 
-def criterion_for(loss: str, num_classes: int, aux_loss: bool = True) -> SetCriterion:
+def criterion_for(loss: str, num_classes: int, aux_loss: bool = True, no_object_logit: bool = True) -> SetCriterion:
     """The set criterion a detector trains with under `loss` ("ce" or "focal", `DETECTION_LOSSES`): DETR's costs
-    and weights, with the focal loss's class cost (`FOCAL_MATCH_COST`) and weights (`DETECTION_WEIGHTS`)."""
+    and weights, with the focal loss's class cost (`FOCAL_MATCH_COST`) and weights (`DETECTION_WEIGHTS`), for a
+    detector with or without a "no object" logit (`no_object_logit`, as `vitkit.models.interface.has_no_object_logit`
+    reads its declaration; "ce" needs one)."""
     if loss not in DETECTION_LOSSES:
         raise ValueError(f"classification must be one of {DETECTION_LOSSES}, got {loss!r}")
-    matcher = HungarianMatcher(cost_class=FOCAL_MATCH_COST, classification=loss) if loss == "focal" else None
+    check_no_object_logit(loss, no_object_logit)
+    cost_class = FOCAL_MATCH_COST if loss == "focal" else 1.0
+    matcher = HungarianMatcher(cost_class=cost_class, classification=loss, no_object_logit=no_object_logit)
     return SetCriterion(
         num_classes,
         matcher,
         weights=DETECTION_WEIGHTS[loss],
         aux_loss=aux_loss,
         classification=loss,
+        no_object_logit=no_object_logit,
     )

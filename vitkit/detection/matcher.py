@@ -8,9 +8,9 @@ query q for box t is
 
 with boxes as (cx, cy, w, h) in [0, 1]. `class_cost` is -p_q(class_t) with softmax probabilities (DETR), or with
 `classification="focal"` the focal loss of a positive minus that of a negative at the target class on sigmoid
-probabilities (Deformable DETR, arXiv:2010.04159). The costs of the whole batch are one (B * Q, T) matrix, T the
-number of boxes of all images together; each image's (Q, n_i) block goes to `scipy.optimize.linear_sum_assignment`
-on the CPU.
+probabilities (Deformable DETR, arXiv:2010.04159, whose model has K logits, no "no object" one). The costs of the
+whole batch are one (B * Q, T) matrix, T the number of boxes of all images together; each image's (Q, n_i) block goes
+to `scipy.optimize.linear_sum_assignment` on the CPU.
 
 Letters: B images, Q queries, K classes, T ground-truth boxes of the whole batch, n_i those of image i.
 """
@@ -24,7 +24,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou
 
-from vitkit.detection.losses import DETECTION_LOSSES
+from vitkit.detection.losses import DETECTION_LOSSES, check_no_object_logit
 
 FOCAL_EPS = 1e-8  # keeps the focal cost's logarithms finite at probabilities 0 and 1
 
@@ -57,8 +57,10 @@ class HungarianMatcher(nn.Module):
         cost_bbox: weight of the L1 distance between (cx, cy, w, h) boxes (DETR: 5).
         cost_giou: weight of the negative generalised IoU (DETR: 2).
         classification: "ce" for softmax probabilities over K + 1 classes, the last "no object" (DETR), or
-            "focal" for sigmoid probabilities of the K real classes, the last logit unused (Deformable DETR).
+            "focal" for sigmoid probabilities of the K real classes, the first K logits (Deformable DETR).
         focal_alpha, focal_gamma: the focal cost's alpha and gamma (Deformable DETR: 0.25 and 2).
+        no_object_logit: whether the logits are K + 1, the last "no object" (DETR), or K (Deformable DETR), as the
+            model declares (`vitkit.models.interface.has_no_object_logit`); "ce" needs it True.
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class HungarianMatcher(nn.Module):
         classification: str = "ce",
         focal_alpha: float = 0.25,
         focal_gamma: float = 2.0,
+        no_object_logit: bool = True,
     ) -> None:
         super().__init__()
         costs = {"cost_class": cost_class, "cost_bbox": cost_bbox, "cost_giou": cost_giou}
@@ -76,12 +79,14 @@ class HungarianMatcher(nn.Module):
             raise ValueError(f"matching costs must be >= 0 and not all 0, got {costs}")
         if classification not in DETECTION_LOSSES:
             raise ValueError(f"classification must be one of {DETECTION_LOSSES}, got {classification!r}")
+        check_no_object_logit(classification, no_object_logit)
         self.cost_class, self.cost_bbox, self.cost_giou = cost_class, cost_bbox, cost_giou
+        self.no_object_logit = no_object_logit
         self.classification = classification
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
 
     def class_cost(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """(B * Q, K + 1) logits, (T,) labels -> (B * Q, T) classification cost of each query for each box."""
+        """(B * Q, K + 1 | K) logits, (T,) labels -> (B * Q, T) classification cost of each query for each box."""
         if self.classification == "ce":
             return -logits.softmax(-1)[:, labels]  # 1 - p(class), less the constant 1
         p = logits[:, labels].sigmoid()  # (B * Q, T): each query's probability of each box's class
@@ -98,7 +103,7 @@ class HungarianMatcher(nn.Module):
         B, Q, _ = logits.shape
         labels = torch.cat([t["labels"] for t in targets]).to(logits.device)  # (T,)
         target_boxes = torch.cat([t["boxes"] for t in targets]).to(boxes.device, torch.float32)  # (T, 4)
-        logits = logits.flatten(0, 1).float()  # (B * Q, K + 1)
+        logits = logits.flatten(0, 1).float()  # (B * Q, K + 1 | K)
         boxes = boxes.flatten(0, 1).float()  # (B * Q, 4)
         cost_bbox = torch.cdist(boxes, target_boxes, p=1)  # (B * Q, T)
         giou = generalized_box_iou(
@@ -114,7 +119,8 @@ class HungarianMatcher(nn.Module):
         """Match each image's queries to its boxes.
 
         Args:
-            outputs: `pred_logits` (B, Q, K + 1) and `pred_boxes` (B, Q, 4) (cx, cy, w, h) in [0, 1], as DETR gives.
+            outputs: `pred_logits` (B, Q, K + 1), or (B, Q, K) without `no_object_logit`, and `pred_boxes`
+                (B, Q, 4) (cx, cy, w, h) in [0, 1], as DETR gives.
             targets: per image, `labels` (n_i,) class indices in [0, K) and `boxes` (n_i, 4) (cx, cy, w, h) in
                 [0, 1] of the image.
 
@@ -124,7 +130,7 @@ class HungarianMatcher(nn.Module):
         """
         logits = outputs["pred_logits"]
         B, Q, C = logits.shape
-        check_targets(targets, B, C - 1)
+        check_targets(targets, B, C - self.no_object_logit)
         sizes = [len(t["labels"]) for t in targets]
         if sum(sizes) == 0:
             empty = torch.empty(0, dtype=torch.int64)

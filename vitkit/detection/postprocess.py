@@ -1,8 +1,9 @@
 """Out of a detector: its outputs as boxes in pixels.
 
 `postprocess` is DETR's `PostProcess`: class probabilities by softmax (or by sigmoid for a model trained with the
-focal loss), the best real class of each query (the last class, "no object", dropped), boxes from (cx, cy, w, h)
-relative to the unpadded image to (x0, y0, x1, y1) pixels. Two options, off by default, serve detectors trained
+focal loss), the best real class of each query (the last class, "no object", dropped; a model without a "no object"
+logit, as Deformable DETR, has the K real classes only), boxes from (cx, cy, w, h) relative to the unpadded image to
+(x0, y0, x1, y1) pixels. Two options, off by default, serve detectors trained
 briefly: Deformable DETR's `PostProcess` (its `top_k`: the k most probable (query, class) pairs, so that a query
 unsure between two classes offers both) and per-class non-maximum suppression (`nms_iou`), which removes the
 duplicate boxes that a DETR with few decoder layers still predicts (the DETR paper, section 4.2, measures NMS
@@ -14,13 +15,15 @@ Letters: B images, Q queries, K classes, k scored (query, class) pairs per image
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
 from torchvision.ops import batched_nms, box_convert
 
-from vitkit.detection.losses import DETECTION_LOSSES
+from vitkit.detection.losses import DETECTION_LOSSES, check_no_object_logit
+
+PAPER_TOP_K = 100  # the (query, class) pairs Deformable DETR's `PostProcess` scores per image
 
 
 def postprocess(
@@ -30,22 +33,26 @@ def postprocess(
     classification: str = "ce",
     top_k: int | None = None,
     nms_iou: float | None = None,
+    no_object_logit: bool = True,
 ) -> list[dict[str, torch.Tensor]]:
     """DETR's predictions as detections in pixels, one dict per image.
 
     Args:
-        outputs: a DETR model's output: `pred_logits` (B, Q, K + 1) and `pred_boxes` (B, Q, 4) (cx, cy, w, h) in
-            [0, 1] of each unpadded image; other entries (`aux_outputs`) are ignored.
+        outputs: a DETR model's output: `pred_logits` (B, Q, K + 1) ((B, Q, K) without `no_object_logit`) and
+            `pred_boxes` (B, Q, 4) (cx, cy, w, h) in [0, 1] of each unpadded image; other entries (`aux_outputs`)
+            are ignored.
         image_sizes: each image's (height, width) in pixels before padding (B pairs, or a (B, 2) tensor); boxes
             are scaled to it (to the original image's size when the model saw a resized one).
         threshold: keep the queries whose best real-class probability is above it (0 keeps every query).
         classification: how the model was trained to score classes: "ce", softmax over the K + 1 logits (DETR), or
-            "focal", a sigmoid of each of the K real-class logits (Deformable DETR's focal loss; the "no object"
-            logit is unused); either way each query yields its best real class.
+            "focal", a sigmoid of each of the K real-class logits, the first K (Deformable DETR's focal loss; a "no
+            object" logit is unused); either way each query yields its best real class.
         top_k: None, each query's best class (DETR); or the `top_k` most probable (query, class) pairs of each
             image across all queries and classes (Deformable DETR), most probable first.
         nms_iou: None, or drop each box that overlaps a more probable box of the same class with IoU above it
             (per-class non-maximum suppression, `torchvision.ops.batched_nms`), after the threshold.
+        no_object_logit: whether `pred_logits` end with a "no object" logit (K + 1, DETR) or hold the K classes only
+            (Deformable DETR), as the model declares (`vitkit.models.interface.has_no_object_logit`); "ce" needs it.
 
     Returns:
         per image, in query order (most probable first with `top_k` or `nms_iou`): `boxes` (n, 4) as (x0, y0, x1,
@@ -53,8 +60,8 @@ def postprocess(
         query each detection comes from (to find its attention map, say).
     """
     logits, boxes, sizes = _checked(outputs, image_sizes, threshold)
-    Postprocessing(classification, top_k, nms_iou)  # checks the options
-    probs = _class_probabilities(logits, classification)  # (B, Q, K)
+    Postprocessing(classification, top_k, nms_iou, no_object_logit)  # checks the options
+    probs = _class_probabilities(logits, classification, no_object_logit)  # (B, Q, K)
     height, width = sizes.unbind(1)  # (B,) each
     scale = torch.stack([width, height, width, height], dim=1)  # (B, 4)
     corners = box_convert(boxes, "cxcywh", "xyxy") * scale[:, None, :]  # (B, Q, 4) in pixels
@@ -69,7 +76,7 @@ def postprocess(
 def _checked(
     outputs: Mapping[str, torch.Tensor], image_sizes: torch.Tensor | Sequence[tuple[int, int]], threshold: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`postprocess`'s inputs checked: (pred_logits (B, Q, K + 1), pred_boxes (B, Q, 4), image sizes (B, 2))."""
+    """`postprocess`'s inputs checked: (pred_logits (B, Q, K + 1 | K), pred_boxes (B, Q, 4), image sizes (B, 2))."""
     for key in ("pred_logits", "pred_boxes"):
         if key not in outputs:
             raise ValueError(
@@ -78,7 +85,7 @@ def _checked(
     logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
     if logits.ndim != 3 or boxes.shape != (*logits.shape[:2], 4):
         raise ValueError(
-            f"expected pred_logits (B, Q, K + 1) and pred_boxes (B, Q, 4), got {tuple(logits.shape)} and "
+            f"expected pred_logits (B, Q, K + 1 | K) and pred_boxes (B, Q, 4), got {tuple(logits.shape)} and "
             f"{tuple(boxes.shape)}"
         )
     sizes = torch.as_tensor(image_sizes, dtype=boxes.dtype, device=boxes.device)
@@ -91,12 +98,13 @@ def _checked(
     return logits, boxes, sizes
 
 
-def _class_probabilities(logits: torch.Tensor, classification: str) -> torch.Tensor:
-    """Logits (B, Q, K + 1) -> each query's probability of each real class (B, Q, K): a softmax over all K + 1
-    ("ce"), "no object" then dropped, or a sigmoid of each real class ("focal")."""
+def _class_probabilities(logits: torch.Tensor, classification: str, no_object_logit: bool) -> torch.Tensor:
+    """Logits (B, Q, K + 1), or (B, Q, K) without `no_object_logit` -> each query's probability of each real class
+    (B, Q, K): a softmax over all K + 1 ("ce"), "no object" then dropped, or a sigmoid of each real class
+    ("focal")."""
     if classification == "ce":
         return logits.softmax(-1)[..., :-1]
-    return logits[..., :-1].sigmoid()
+    return (logits[..., :-1] if no_object_logit else logits).sigmoid()
 
 
 def _scored_pairs(probs: torch.Tensor, top_k: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -137,6 +145,7 @@ class Postprocessing:
     classification: str = "ce"  # "ce" (softmax with "no object", DETR) or "focal" (a sigmoid per class)
     top_k: int | None = None  # None: each query's best class; k: the k most probable (query, class) pairs
     nms_iou: float | None = None  # None: no suppression; IoU of per-class non-maximum suppression
+    no_object_logit: bool = True  # the model's logits end with "no object" (K + 1, DETR) or not (K, Deformable DETR)
 
     def __post_init__(self) -> None:
         if self.classification not in DETECTION_LOSSES:
@@ -147,6 +156,9 @@ class Postprocessing:
             raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
         if self.nms_iou is not None and not 0 < self.nms_iou <= 1:
             raise ValueError(f"nms_iou must be in (0, 1] or None, got {self.nms_iou}")
+        if not isinstance(self.no_object_logit, bool):
+            raise ValueError(f"no_object_logit must be a bool, got {self.no_object_logit!r}")
+        check_no_object_logit(self.classification, self.no_object_logit)
 
     def __call__(
         self,
@@ -155,15 +167,27 @@ class Postprocessing:
         threshold: float,
     ) -> list[dict[str, torch.Tensor]]:
         """`postprocess` with these options."""
-        return postprocess(outputs, image_sizes, threshold, self.classification, self.top_k, self.nms_iou)
+        return postprocess(
+            outputs, image_sizes, threshold, self.classification, self.top_k, self.nms_iou, self.no_object_logit
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
+    def default(cls, no_object_logit: bool = True) -> Postprocessing:
+        """How a detector's outputs are read when nothing says otherwise: DETR's `PostProcess` (softmax, each
+        query's best class) for a model with a "no object" logit; without one, Deformable DETR's (a sigmoid per
+        class, the 100 most probable (query, class) pairs)."""
+        if no_object_logit:
+            return cls()
+        return cls("focal", top_k=PAPER_TOP_K, no_object_logit=False)
+
+    @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Postprocessing:
         """The settings of a saved dict; keys it lacks take DETR's defaults, unknown keys are an error."""
-        unknown = sorted(set(values) - {"classification", "top_k", "nms_iou"})
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(known))
         if unknown:
-            raise ValueError(f"unknown postprocess setting(s) {unknown}; known: classification, top_k, nms_iou")
+            raise ValueError(f"unknown postprocess setting(s) {unknown}; known: {', '.join(known)}")
         return cls(**values)

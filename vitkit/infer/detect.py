@@ -20,10 +20,15 @@ from vitkit.detection import Postprocessing, pad_images
 from vitkit.infer.files import image_loader, progress_bar
 from vitkit.infer.runtime import autocast
 from vitkit.layers import to_2tuple
-from vitkit.models.interface import VitkitDetector
+from vitkit.models.interface import VitkitDetector, has_no_object_logit
 
-DETR_POSTPROCESSING = Postprocessing()  # softmax, each query's best class, no suppression
 MAX_SIZE = 1333  # the longer side of a detector's input is at most this (DETR's resize, as CocoDetection's)
+
+
+def reading(model: VitkitDetector, postprocessing: Postprocessing | None) -> Postprocessing:
+    """`postprocessing`, or with None how `model`'s outputs are read by default (`Postprocessing.default` for its
+    class logits: DETR's softmax with "no object", or Deformable DETR's sigmoid and top 100 pairs)."""
+    return postprocessing if postprocessing is not None else Postprocessing.default(has_no_object_logit(model))
 
 
 @dataclass(frozen=True)
@@ -105,15 +110,16 @@ def detect(
     info: DetectionInfo,
     images: Sequence[Image.Image],
     threshold: float = 0.5,
-    postprocessing: Postprocessing = DETR_POSTPROCESSING,
+    postprocessing: Postprocessing | None = None,
 ) -> list[list[Detection]]:
     """The objects a detector finds in each image: its queries whose class probability is above `threshold`,
-    boxes in pixels of the image given, most probable first."""
+    boxes in pixels of the image given, most probable first; its outputs read as `postprocessing` says (None: the
+    model's default, `reading`)."""
     if not images:
         return []
     pixels, mask, sizes = detector_inputs(model, info, images)
     outputs = detector_outputs(model.eval(), pixels, mask)
-    results = postprocessing(outputs, sizes, threshold)
+    results = reading(model, postprocessing)(outputs, sizes, threshold)
     return [image_detections(result, info) for result in results]
 
 
@@ -122,7 +128,7 @@ def detect_files(
     info: DetectionInfo,
     paths: Sequence[str | os.PathLike],
     threshold: float = 0.5,
-    postprocessing: Postprocessing = DETR_POSTPROCESSING,
+    postprocessing: Postprocessing | None = None,
 ) -> list[ImageDetections]:
     """`detect` for image files, one at a time (each at its own size), in the order given. An unreadable file raises
     `vitkit.data.UnreadableImageError`; `detect_paths` skips it instead."""
@@ -140,7 +146,7 @@ def detect_paths(
     info: DetectionInfo,
     paths: Sequence[str | os.PathLike],
     threshold: float = 0.5,
-    postprocessing: Postprocessing = DETR_POSTPROCESSING,
+    postprocessing: Postprocessing | None = None,
     workers: int = 0,
     progress: bool | None = None,
     on_unreadable: Callable[[Unreadable], None] | None = None,

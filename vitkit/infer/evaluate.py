@@ -35,7 +35,7 @@ from vitkit.data import (
 )
 from vitkit.data.sources import INFO_NAME
 from vitkit.detection import CocoEvaluator, Postprocessing, collate_detection
-from vitkit.infer.detect import DETR_POSTPROCESSING, detector_outputs
+from vitkit.infer.detect import detector_outputs, reading
 from vitkit.infer.model_dir import load_classifier, load_detector
 from vitkit.infer.runtime import autocast
 from vitkit.layers import to_2tuple
@@ -186,7 +186,7 @@ def evaluate_detector(
     model: VitkitDetector,
     loader: DataLoader,
     info: DetectionInfo,
-    postprocessing: Postprocessing = DETR_POSTPROCESSING,
+    postprocessing: Postprocessing | None = None,
     distributed: bool = False,
     precision: str = "fp32",
 ) -> DetectionResult:
@@ -200,6 +200,7 @@ def evaluate_detector(
     """
     model.eval()
     device = next(model.parameters()).device
+    read = reading(model, postprocessing)
     evaluator = CocoEvaluator(len(info.classes))
     skipped: list[Unreadable] = []
     for batch in loader:
@@ -209,7 +210,7 @@ def evaluate_detector(
         batch = batch.to(device)
         outputs = detector_outputs(model, batch.images, batch.pixel_mask, precision)
         sizes = torch.stack([t["orig_size"] for t in batch.targets])  # (B, 2): boxes in pixels of the stored image
-        evaluator.update(postprocessing(outputs, sizes, 0.0), batch.targets)
+        evaluator.update(read(outputs, sizes, 0.0), batch.targets)
     if distributed:
         evaluator.gather()
     if len(evaluator) == 0:

@@ -5,8 +5,10 @@ A model directory written by `vitkit train` holds the model (config.json, model.
 the data it was trained on); a detector's also holds postprocess.json, how its outputs become detections
 (`vitkit.detection.Postprocessing`): {"classification": "ce" (softmax over the classes and "no object", DETR) or
 "focal" (a sigmoid per class, Deformable DETR), "top_k": null or the number of (query, class) pairs scored,
-"nms_iou": null or the IoU of per-class non-maximum suppression}. A directory without postprocess.json is read as
-DETR's (softmax, each query's best class, no suppression).
+"nms_iou": null or the IoU of per-class non-maximum suppression, "no_object_logit": whether the class logits end
+with "no object"}. A directory without postprocess.json is read as its model's class logits say
+(`vitkit.detection.Postprocessing.default`): DETR's softmax and each query's best class, or Deformable DETR's sigmoid
+and 100 best (query, class) pairs.
 
 One written by `save_pretrained`, `vitkit convert` or `export_weights` has no dataset.json; it is used with what its
 config holds (`vitkit.weights.ModelInfo`): the class names there, else the class indices ("0", "1", ...), and the
@@ -28,6 +30,7 @@ from vitkit.data.detection import IMAGENET_MEAN, IMAGENET_STD
 from vitkit.data.sources import INFO_NAME
 from vitkit.detection import Postprocessing
 from vitkit.infer.runtime import resolve_device
+from vitkit.models.interface import has_no_object_logit
 from vitkit.models.registry import DETECTION
 from vitkit.weights import from_pretrained, model_info, read_model_info
 from vitkit.weights.family import saved_family
@@ -56,11 +59,12 @@ def save_detection_settings(directory: str | os.PathLike, postprocessing: Postpr
     return path
 
 
-def load_detection_settings(directory: str | os.PathLike) -> Postprocessing:
-    """The `Postprocessing` postprocess.json in `directory` describes; DETR's without the file."""
+def load_detection_settings(directory: str | os.PathLike, no_object_logit: bool = True) -> Postprocessing:
+    """The `Postprocessing` postprocess.json in `directory` describes; without the file, the default reading of a
+    detector with (DETR) or without (Deformable DETR) a "no object" logit (`Postprocessing.default`)."""
     path = Path(directory) / SETTINGS_NAME
     if not path.is_file():
-        return Postprocessing()
+        return Postprocessing.default(no_object_logit)
     try:
         values = json.loads(path.read_text())
         if not isinstance(values, dict):
@@ -140,4 +144,4 @@ def load_detector(
     else:
         classes, mean, std = model_dir_classes(model)
         info = DetectionInfo("", classes, tuple(range(len(classes))), mean, std)
-    return model, info, load_detection_settings(directory)
+    return model, info, load_detection_settings(directory, has_no_object_logit(model))

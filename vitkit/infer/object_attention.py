@@ -17,7 +17,7 @@ from PIL import Image
 
 from vitkit.data import DetectionInfo
 from vitkit.detection import Postprocessing
-from vitkit.infer.detect import DETR_POSTPROCESSING, Detection, detector_inputs, detector_outputs, image_detections
+from vitkit.infer.detect import Detection, detector_inputs, detector_outputs, image_detections, reading
 from vitkit.layers import capture_attention
 from vitkit.layers.deformable import SampledAttention
 from vitkit.models.interface import VitkitDetector
@@ -46,7 +46,7 @@ def _capture(
     info: DetectionInfo,
     image: Image.Image,
     threshold: float,
-    postprocessing: Postprocessing,
+    postprocessing: Postprocessing | None,
     layer: int,
 ) -> _Captured:
     names = model.object_attention_layers() if isinstance(model, VitkitDetector) else []
@@ -58,7 +58,7 @@ def _capture(
     with capture_attention(model, [names[layer]]) as maps:
         outputs = detector_outputs(model.eval(), pixels, mask)
     # each query its best class, so that each detection has its own query's attention; NMS as the model's settings say
-    one_per_query = replace(postprocessing, top_k=None)
+    one_per_query = replace(reading(model, postprocessing), top_k=None)
     (result,) = one_per_query(outputs, sizes, threshold)
     order = result["scores"].argsort(descending=True, stable=True)  # as `image_detections` orders them
     real = (int(mask[0, :, 0].sum()), int(mask[0, 0, :].sum()))  # real rows of column 0, real columns of row 0
@@ -141,7 +141,7 @@ def detection_attention(
     info: DetectionInfo,
     image: Image.Image,
     threshold: float = 0.5,
-    postprocessing: Postprocessing = DETR_POSTPROCESSING,
+    postprocessing: Postprocessing | None = None,
     layer: int = -1,
     head: int | None = None,
 ) -> tuple[list[Detection], torch.Tensor]:
@@ -171,7 +171,7 @@ def detection_sampling(
     info: DetectionInfo,
     image: Image.Image,
     threshold: float = 0.5,
-    postprocessing: Postprocessing = DETR_POSTPROCESSING,
+    postprocessing: Postprocessing | None = None,
     layer: int = -1,
 ) -> tuple[list[Detection], SampledPoints]:
     """Each detection of `image` with the points its query sampled in a deformable decoder cross-attention layer
@@ -192,7 +192,7 @@ def detection_attention_figure(
     info: DetectionInfo,
     image: Image.Image,
     threshold: float = 0.5,
-    postprocessing: Postprocessing = DETR_POSTPROCESSING,
+    postprocessing: Postprocessing | None = None,
     layer: int = -1,
     head: int | None = None,
     alpha: float = 0.6,

@@ -78,7 +78,7 @@ from vitkit.layers.cost import (
 )
 from vitkit.layers.pos_embed import POS_SCALE, POS_TEMPERATURE, SinePositionEmbedding, nearest_mask
 from vitkit.models.detr import BLOCKS, BoxMLP, resnet_backbone
-from vitkit.models.interface import CostFromImages, checkpoint_blocks
+from vitkit.models.interface import CostFromImages, check_detector_input, checkpoint_blocks
 from vitkit.models.registry import check_field_types, check_positive, check_rates, register_family, register_model
 from vitkit.models.transformer import add_norm
 
@@ -254,8 +254,9 @@ def encoder_reference_points(
     without padding), then scaled to each level by that level's valid ratio."""
     points = []
     for level, (H, W) in enumerate(shapes):
-        y = torch.linspace(0.5, H - 0.5, H, dtype=dtype, device=device)  # (H,) row centres in pixels
-        x = torch.linspace(0.5, W - 0.5, W, dtype=dtype, device=device)  # (W,)
+        # (H,) and (W,) the row and column centres in pixels; arange keeps a symbolic size symbolic under export
+        y = torch.arange(H, dtype=dtype, device=device) + 0.5
+        x = torch.arange(W, dtype=dtype, device=device) + 0.5
         if ratios is None:
             y, x = (y / H)[None], (x / W)[None]  # (1, H), (1, W)
         else:
@@ -544,6 +545,8 @@ class DeformableDETR(CostFromImages, nn.Module):
     and `token_grid` is None.
     """
 
+    no_object_logit = False  # K sigmoid class logits, no "no object" (`vitkit.models.interface.VitkitDetector`)
+
     def __init__(self, config: DeformableDetrConfig) -> None:
         super().__init__()
         self.config = c = config
@@ -641,17 +644,8 @@ class DeformableDETR(CostFromImages, nn.Module):
         """ValueError unless images are (B, in_chans, H, W) floats (of `img_size` without `dynamic_img_size`, and
         with at least Q tokens for two-stage's top Q) and pixel_mask is None or (B, H, W); the mask as booleans."""
         c = self.config
-        if images.ndim != 4 or images.shape[1] != c.in_chans:
-            raise ValueError(f"Deformable DETR expects images (B, {c.in_chans}, H, W), got shape {tuple(images.shape)}")
-        if not images.is_floating_point():
-            raise ValueError(f"Deformable DETR expects floating-point images, got dtype {images.dtype}")
-        B, _, H, W = images.shape
-        if not c.dynamic_img_size and (H, W) != to_2tuple(c.img_size):
-            h, w = to_2tuple(c.img_size)
-            raise ValueError(
-                f"expected images of size {h}x{w}, got {H}x{W}; build the model with dynamic_img_size=True to "
-                "accept other sizes"
-            )
+        mask = check_detector_input(c, images, pixel_mask, "Deformable DETR")
+        H, W = images.shape[-2:]
         if c.two_stage:
             tokens = sum(h * w for h, w in self.level_sizes((H, W)))
             if tokens < c.num_queries:
@@ -659,13 +653,7 @@ class DeformableDETR(CostFromImages, nn.Module):
                     f"two-stage Deformable DETR keeps the best {c.num_queries} of the encoder's tokens as proposals, "
                     f"but {H}x{W} images give {tokens} tokens; use larger images or fewer num_queries"
                 )
-        if pixel_mask is None:
-            return None
-        if tuple(pixel_mask.shape) != (B, H, W):
-            raise ValueError(
-                f"pixel_mask must be (B, H, W) = {(B, H, W)} like the images, got shape {tuple(pixel_mask.shape)}"
-            )
-        return pixel_mask if pixel_mask.dtype == torch.bool else pixel_mask != 0
+        return mask
 
     def feature_levels(self, images: Tensor) -> list[Tensor]:
         """Images (B, C, H, W) -> the L levels' maps (B, D, H_l, W_l), finest first."""
@@ -699,8 +687,8 @@ class DeformableDETR(CostFromImages, nn.Module):
         dtype, device = memory.dtype, memory.device
         anchors, start = [], 0
         for level, (H, W) in enumerate(shapes):
-            y = torch.linspace(0, H - 1, H, dtype=dtype, device=device)  # (H,) pixel rows
-            x = torch.linspace(0, W - 1, W, dtype=dtype, device=device)  # (W,)
+            y = torch.arange(H, dtype=dtype, device=device)  # (H,) pixel rows
+            x = torch.arange(W, dtype=dtype, device=device)  # (W,)
             if padding_mask is None:
                 cx, cy = ((x + 0.5) / W)[None, None, :], ((y + 0.5) / H)[None, :, None]  # (1, 1, W), (1, H, 1)
             else:
@@ -764,7 +752,10 @@ class DeformableDETR(CostFromImages, nn.Module):
         if c.two_stage:
             query_pos, tgt, reference, enc_outputs = self.two_stage_queries(memory, padding, shapes)
         else:
-            query_pos, tgt = self.query_embed.weight.split(D, dim=1)  # (Q, D) each
+            table = self.query_embed.weight  # (Q, 2D)
+            if not torch.is_grad_enabled():  # views of a parameter made without grad claim requires_grad and have
+                table = table.detach()  # no grad_fn: torch's module tracker (FlopCounterMode) fails on them
+            query_pos, tgt = table.split(D, dim=1)  # (Q, D) each
             reference = self.reference_points(query_pos).sigmoid().expand(B, -1, -1)  # (Q, 2) -> (B, Q, 2)
             query_pos, tgt = query_pos.expand(B, -1, -1), tgt.expand(B, -1, -1)  # (B, Q, D)
         box_heads = self.box_heads()[: c.dec_layers] if c.box_refine else None
@@ -966,6 +957,11 @@ register_family(
         "input_proj": "embedding",
         "level_embed": "embedding",
         "position_embedding": "embedding",
+        "reference_points": "embedding",  # the object queries' reference points (one-stage)
+        "pos_trans": "embedding",  # the proposals' encodings as the object queries (two-stage)
+        "pos_trans_norm": "embedding",
+        "enc_output": "heads",  # the encoder's proposal head, with class_embed's and bbox_embed's last (two-stage)
+        "enc_output_norm": "heads",
         "class_embed": "heads",
         "bbox_embed": "heads",
     },

@@ -39,7 +39,7 @@ from torch import nn
 from vitkit.layers import Attention, CostContext, OpCost, Value, check_backend, to_2tuple
 from vitkit.layers.cost import SIGMOID_FLOPS, Ops, conv_op, copy_op, elementwise_op, given, linear, relu_op, view
 from vitkit.layers.pos_embed import SinePositionEmbedding, nearest_mask
-from vitkit.models.interface import CostFromImages, checkpoint_blocks
+from vitkit.models.interface import CostFromImages, check_detector_input, checkpoint_blocks
 from vitkit.models.registry import check_field_types, check_positive, check_rates, register_family, register_model
 from vitkit.models.resnet import BasicBlock, Bottleneck, ResNet, make_stem, stage_plan
 from vitkit.models.transformer import Decoder, Encoder
@@ -158,6 +158,8 @@ class DETR(CostFromImages, nn.Module):
     object queries, not over a token grid of the image.
     """
 
+    no_object_logit = True  # K class logits and "no object" last (`vitkit.models.interface.VitkitDetector`)
+
     def __init__(self, config: DetrConfig) -> None:
         super().__init__()
         self.config = c = config
@@ -200,25 +202,7 @@ class DETR(CostFromImages, nn.Module):
     def check_input(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> torch.Tensor | None:
         """ValueError unless images are (B, in_chans, H, W) floats (of `img_size` without `dynamic_img_size`) and
         pixel_mask is None or (B, H, W); the mask as booleans."""
-        c = self.config
-        if images.ndim != 4 or images.shape[1] != c.in_chans:
-            raise ValueError(f"DETR expects images (B, {c.in_chans}, H, W), got shape {tuple(images.shape)}")
-        if not images.is_floating_point():
-            raise ValueError(f"DETR expects floating-point images, got dtype {images.dtype}")
-        B, _, H, W = images.shape
-        if not c.dynamic_img_size and (H, W) != to_2tuple(c.img_size):
-            h, w = to_2tuple(c.img_size)
-            raise ValueError(
-                f"expected images of size {h}x{w}, got {H}x{W}; build the model with dynamic_img_size=True to "
-                "accept other sizes"
-            )
-        if pixel_mask is None:
-            return None
-        if tuple(pixel_mask.shape) != (B, H, W):
-            raise ValueError(
-                f"pixel_mask must be (B, H, W) = {(B, H, W)} like the images, got shape {tuple(pixel_mask.shape)}"
-            )
-        return pixel_mask if pixel_mask.dtype == torch.bool else pixel_mask != 0
+        return check_detector_input(self.config, images, pixel_mask, "DETR")
 
     def forward_features(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Images (B, C, H, W) and pixel_mask (B, H, W) or None -> the decoder's normalised outputs (L, B, Q, D)."""

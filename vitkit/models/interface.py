@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vitkit.layers.cost import CostContext, Device, OpCost, given
+from vitkit.layers.helpers import to_2tuple
 
 
 @runtime_checkable
@@ -87,11 +88,18 @@ class VitkitDetector(VitkitModel, Protocol):
 
     - ``config``: besides the classifier's fields, ``num_queries`` (Q, the most objects an image yields) and
       ``aux_loss`` (whether `aux_outputs` holds the earlier decoder layers' predictions).
+    - ``no_object_logit`` (a class attribute): whether the class logits end with a "no object" logit, K + 1 of them
+      read by a softmax (DETR: True), or hold the K classes only, each read by a sigmoid (Deformable DETR: False).
+      The losses, the matcher and the postprocessing read the first K logits either way; the softmax
+      cross-entropy ("ce") needs the "no object" one. Read it with `has_no_object_logit`; a detector that does not
+      declare it has DETR's layout (True).
     - ``forward(images, pixel_mask=None)``: images (B, C, H, W) and pixel_mask (B, H, W) (True / 1 where a pixel
       is real, False / 0 where it pads the image; None: all real) -> a dict, always with the same keys:
-      ``pred_logits`` (B, Q, K + 1), the class logits with "no object" last; ``pred_boxes`` (B, Q, 4), boxes
-      (cx, cy, w, h) relative to each image's unpadded size; ``aux_outputs``, a list of such dicts (without
-      `aux_outputs`), one per earlier decoder layer, for the auxiliary losses.
+      ``pred_logits`` (B, Q, K + 1) with "no object" last, or (B, Q, K) without (`no_object_logit`);
+      ``pred_boxes`` (B, Q, 4), boxes (cx, cy, w, h) relative to each image's unpadded size; ``aux_outputs``, a
+      list of such dicts (without `aux_outputs`), one per earlier decoder layer, for the auxiliary losses. A
+      detector may add entries of its own for its losses (two-stage Deformable DETR: ``enc_outputs``, the
+      encoder's proposals, a dict like a layer's).
     - ``backbone``: the convolutional feature extractor: its output is the list of feature maps the transformer
       reads, coarsest last, map i (B, backbone.out_channels[i], h_i, w_i); training may give it a learning rate of
       its own and read its output.
@@ -132,6 +140,24 @@ METHODS = (
     "no_weight_decay",
 )
 DETECTOR_METHODS = ("predict", "reset_classifier", "object_attention_layers", "feature_grid")
+NO_OBJECT_LOGIT = True  # what a detector that does not declare `no_object_logit` has: DETR's K + 1 logits
+
+
+def has_no_object_logit(detector: object) -> bool:
+    """Whether `detector` (a detector, or its class) declares a "no object" logit after its K class logits
+    (`VitkitDetector.no_object_logit`); `NO_OBJECT_LOGIT` (True, DETR's layout) when it declares nothing. A
+    declaration that is not a bool is a TypeError."""
+    value = getattr(detector, "no_object_logit", NO_OBJECT_LOGIT)
+    if not isinstance(value, bool):
+        name = detector.__name__ if isinstance(detector, type) else type(detector).__name__
+        raise TypeError(f"{name}.no_object_logit must be a bool, got {value!r}")
+    return value
+
+
+def num_class_logits(detector: object, num_classes: int) -> int:
+    """The class logits a detector predicts per query for `num_classes` classes: K + 1 with a "no object" logit,
+    K without (`has_no_object_logit`)."""
+    return num_classes + has_no_object_logit(detector)
 
 
 class CostFromImages:
@@ -208,3 +234,30 @@ def _kept_norm_statistics(module: nn.Module) -> Iterator[None]:
             for m, buffers in zip(norms, saved, strict=True):
                 for name, value in buffers.items():
                     getattr(m, name).copy_(value)
+
+
+def check_detector_input(
+    config: Any, images: torch.Tensor, pixel_mask: torch.Tensor | None, name: str
+) -> torch.Tensor | None:
+    """A detector's `check_input`: ValueError unless images are (B, in_chans, H, W) floats (of `config.img_size`
+    without `config.dynamic_img_size`) and pixel_mask is None or (B, H, W); the mask as booleans. `name` names the
+    detector in the messages."""
+    c = config
+    if images.ndim != 4 or images.shape[1] != c.in_chans:
+        raise ValueError(f"{name} expects images (B, {c.in_chans}, H, W), got shape {tuple(images.shape)}")
+    if not images.is_floating_point():
+        raise ValueError(f"{name} expects floating-point images, got dtype {images.dtype}")
+    B, _, H, W = images.shape
+    if not c.dynamic_img_size and (H, W) != to_2tuple(c.img_size):
+        h, w = to_2tuple(c.img_size)
+        raise ValueError(
+            f"expected images of size {h}x{w}, got {H}x{W}; build the model with dynamic_img_size=True to "
+            "accept other sizes"
+        )
+    if pixel_mask is None:
+        return None
+    if tuple(pixel_mask.shape) != (B, H, W):
+        raise ValueError(
+            f"pixel_mask must be (B, H, W) = {(B, H, W)} like the images, got shape {tuple(pixel_mask.shape)}"
+        )
+    return pixel_mask if pixel_mask.dtype == torch.bool else pixel_mask != 0

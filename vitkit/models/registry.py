@@ -89,6 +89,11 @@ def register_family(
     missing = [method for method in methods if not callable(getattr(model_cls, method, None))]
     if missing:
         raise TypeError(f"{model_cls.__name__} lacks {missing} of the vitkit model interface (models/interface.py)")
+    if task == DETECTION and not isinstance(getattr(model_cls, "no_object_logit", None), bool):
+        raise TypeError(
+            f"{model_cls.__name__} must declare no_object_logit (a bool: whether its class logits end with a "
+            '"no object" logit) as a detector (models/interface.py)'
+        )
     unknown = sorted(set((cost_parts or {}).values()) - set(COST_PARTS))
     if unknown:
         raise ValueError(f"cost_parts values must be among {COST_PARTS}, got {unknown}")

@@ -15,7 +15,10 @@ from vitkit.analysis.precision import PRECISIONS
 from vitkit.data import BUILTIN_PREFIX, DEFAULT_DATA, DEFAULT_VAL_FRACTION, augment_defaults
 from vitkit.data.sources import own_split
 from vitkit.detection import DETECTION_LOSSES
+from vitkit.models.interface import has_no_object_logit
+from vitkit.models.registry import family, model_entry
 from vitkit.train.recipe import CLASSIFICATION, DEFAULT_MODEL, declared_recipes, recipe_for, resolve_task
+from vitkit.weights.family import saved_family
 from vitkit.weights.io import read_json
 
 CONFIG_NAME = "config.json"
@@ -272,6 +275,8 @@ class TrainConfig:
         if task == CLASSIFICATION:
             augment = augment_defaults(self.data)
             fill.update({k: v for k, v in augment.items() if getattr(self, k) is None})
+        if task != CLASSIFICATION:
+            _check_detection_loss(self.detection_loss or fill.get("detection_loss"), model, self.init)
         if self._own_split(task) is not None:
             fill["val_fraction"] = None
         elif self.val_fraction is None:
@@ -351,6 +356,23 @@ class TrainConfig:
         if (Path(out) / CONFIG_NAME).is_file():
             return dataclasses.replace(cls.load(out), out=os.fspath(out), **changes)
         return cls(out=os.fspath(out), **changes)
+
+
+def _check_detection_loss(loss: str | None, model: str | None, init: str | None) -> None:
+    """ValueError when the softmax cross-entropy ("ce", which needs a "no object" logit) is asked of a detector
+    without one (`vitkit.models.interface.has_no_object_logit`): the registry model `model`, or the one saved in the
+    directory `init`."""
+    if loss != "ce":
+        return
+    fam = family(model_entry(model).family) if model is not None else saved_family(init) if init else None
+    if fam is None or has_no_object_logit(fam.model_cls):
+        return
+    what = f"model {model!r}" if model is not None else f"the model in {init}"
+    raise ValueError(
+        f"detection_loss 'ce' is a softmax over the classes and 'no object', but {what} ({fam.display_name}) "
+        "predicts K sigmoid class logits without a 'no object' logit: train it with detection_loss 'focal' "
+        "(--detection-loss focal)"
+    )
 
 
 def _assigned_word(value: Any) -> str:

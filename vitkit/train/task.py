@@ -39,6 +39,7 @@ from vitkit.detection import (
 )
 from vitkit.infer import autocast, evaluate, evaluate_detector, save_detection_settings
 from vitkit.layers import to_2tuple
+from vitkit.models.interface import has_no_object_logit
 from vitkit.models.registry import model_entry, replace_config
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import DistEnv
@@ -227,6 +228,8 @@ class DetectionTask(Task):
     The classification loss is the config's `detection_loss`: "ce", DETR's softmax cross-entropy with "no object"
     weighted 0.1, or "focal", Deformable DETR's sigmoid focal loss (arXiv:2010.04159), matched with class cost 2
     and weighted 2, with a fresh model's class biases set to the prior probability 0.01 as Deformable DETR does.
+    "ce" needs a model with a "no object" logit (`vitkit.models.interface.has_no_object_logit`); the config's
+    resolution refuses it for one without.
     With `box_cls_loss` > 0 the backbone's classification of the ground-truth boxes
     (`vitkit.detection.BoxClassification`) is added with that weight (`loss_box_cls`); its classifier is part of the
     checkpoint, not of the saved model.
@@ -257,7 +260,10 @@ class DetectionTask(Task):
         batch, workers = config.batch_size, config.workers
         self.train_loader = _detection_loader(self.train_set, self.train_sampler, batch, workers, pin)
         self.val_loader = _detection_loader(self.val_set, val_sampler, batch, workers, pin)
-        self.criterion = criterion_for(config.detection_loss, self.num_classes, model.config.aux_loss).to(env.device)
+        self.no_object_logit = has_no_object_logit(model)
+        self.criterion = criterion_for(
+            config.detection_loss, self.num_classes, model.config.aux_loss, self.no_object_logit
+        ).to(env.device)
         if config.detection_loss == "focal" and config.init is None:  # a fresh model: every class starts unlikely
             model.reset_classifier(model.config.num_classes, prior=FOCAL_PRIOR)
         self.boxes = BoxClassification(model, self.num_classes).to(env.device) if config.box_cls_loss > 0 else None
@@ -284,7 +290,7 @@ class DetectionTask(Task):
             if self.boxes is not None:
                 outputs, box_logits = model(batch.images, batch.pixel_mask, _pixel_boxes(batch.targets))  # (T, K)
             else:
-                outputs = model(batch.images, batch.pixel_mask)  # pred_logits (B, Q, K + 1), pred_boxes (B, Q, 4)
+                outputs = model(batch.images, batch.pixel_mask)  # pred_logits (B, Q, K + 1 | K), pred_boxes (B, Q, 4)
         losses = self.criterion(outputs, batch.targets)  # float32
         parts = {name: losses[name] for name in ("loss_ce", "loss_bbox", "loss_giou")}
         loss = losses["total"]
@@ -322,9 +328,11 @@ class DetectionTask(Task):
 
     @property
     def postprocessing(self) -> Postprocessing:
-        """How validation and the saved model read detections: the config's loss, top-k and NMS (0: off)."""
+        """How validation and the saved model read detections: the config's loss, top-k and NMS (0: off), and the
+        model's class logits (with or without "no object")."""
         config = self.config
-        return Postprocessing(config.detection_loss, config.detection_top_k or None, config.nms_iou or None)
+        top_k, nms_iou = config.detection_top_k or None, config.nms_iou or None
+        return Postprocessing(config.detection_loss, top_k, nms_iou, self.no_object_logit)
 
 
 def create_task(config: TrainConfig, env: DistEnv) -> Task:

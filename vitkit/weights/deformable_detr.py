@@ -61,6 +61,7 @@ from vitkit.weights.detr import (
     _hf_native_backbone,
     _hf_timm_backbone,
     _resnet,
+    hf_resnet_config,
     resnet_name,
 )
 from vitkit.weights.family import FamilyWeights, State
@@ -371,19 +372,7 @@ def to_hf(config: DeformableDetrConfig, state: State) -> tuple[State, dict[str, 
             "output_stride": 16 if config.dilation else None,
         }
     else:
-        w, expansion = config.backbone_width, 4 if config.backbone_block == "bottleneck" else 1
-        hf["backbone_config"] = {
-            "model_type": "resnet",
-            "num_channels": config.in_chans,
-            "embedding_size": w,
-            "hidden_sizes": [w * 2**s * expansion for s in range(4)],
-            "depths": list(config.backbone_depths),
-            "layer_type": config.backbone_block,
-            "hidden_act": "relu",
-            "downsample_in_first_stage": False,
-            "downsample_in_bottleneck": False,
-            "out_features": [f"stage{s}" for s in stages],
-        }
+        hf["backbone_config"] = hf_resnet_config(config, stages)
     return renamed, hf
 
 

@@ -352,23 +352,26 @@ def to_hf(config: DetrConfig, state: State) -> tuple[State, dict[str, Any]]:
     if timm_name:
         hf.update(use_timm_backbone=True, backbone=timm_name, backbone_config=None)
     else:
-        w, expansion = config.backbone_width, 4 if config.backbone_block == "bottleneck" else 1
-        hf.update(
-            use_timm_backbone=False,
-            backbone_config={
-                "model_type": "resnet",
-                "num_channels": config.in_chans,
-                "embedding_size": w,
-                "hidden_sizes": [w * 2**s * expansion for s in range(4)],
-                "depths": list(config.backbone_depths),
-                "layer_type": config.backbone_block,
-                "hidden_act": "relu",
-                "downsample_in_first_stage": False,
-                "downsample_in_bottleneck": False,
-                "out_features": ["stage4"],
-            },
-        )
+        hf.update(use_timm_backbone=False, backbone_config=hf_resnet_config(config, [4]))
     return renamed, hf
+
+
+def hf_resnet_config(config: Any, stages: list[int]) -> dict[str, Any]:
+    """transformers' `ResNetConfig` (as a dict) of a detector config's ResNet (`in_chans`, `backbone_width`,
+    `backbone_block`, `backbone_depths`), its maps read from `stages` (1..4: layer1..layer4)."""
+    w, expansion = config.backbone_width, 4 if config.backbone_block == "bottleneck" else 1
+    return {
+        "model_type": "resnet",
+        "num_channels": config.in_chans,
+        "embedding_size": w,
+        "hidden_sizes": [w * 2**s * expansion for s in range(4)],
+        "depths": list(config.backbone_depths),
+        "layer_type": config.backbone_block,
+        "hidden_act": "relu",
+        "downsample_in_first_stage": False,
+        "downsample_in_bottleneck": False,
+        "out_features": [f"stage{s}" for s in stages],
+    }
 
 
 WEIGHTS = FamilyWeights(

@@ -1,0 +1,253 @@
+"""Deformable DETR: the paper's variants and parameter counts, the output dict (K sigmoid logits, auxiliary layers,
+two-stage proposals), the paper's top-100 reading of detections, config errors, fresh class heads, the cost split,
+padded batches. Equality with transformers' Deformable DETR is in tests/weights/test_convert_deformable_detr.py, the
+deformable attention in tests/layers/test_deformable.py, the proposals' loss in tests/detection/test_criterion.py."""
+
+import math
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.analysis.profile import part_of
+from vitkit.detection import Postprocessing, criterion_for, pad_images, postprocess
+from vitkit.layers.pos_embed import nearest_mask
+from vitkit.models.deformable_detr import DeformableDETR, DeformableDetrConfig, box_from_reference, inverse_sigmoid
+from vitkit.models.interface import has_no_object_logit
+from vitkit.models.registry import model_entry
+from vitkit.train.recipe import recipe_for
+
+# The variants' layouts at a size that runs in milliseconds: 8-wide ResNet blocks (one per stage), D = 32 with 2
+# heads, 1 encoder and 3 decoder layers, 12 queries, 5 classes, 64x64 images (4 levels: 8x8, 4x4, 2x2, 1x1).
+TINY = dict(
+    img_size=64, backbone_width=8, backbone_depths=(1, 1, 1, 1), hidden_dim=32, num_heads=2, enc_layers=1,
+    dec_layers=3, dim_feedforward=32, num_queries=12, num_classes=5,
+)  # fmt: skip
+K = TINY["num_classes"]
+
+
+def tiny(name: str = "deformable_detr_resnet50", **overrides) -> torch.nn.Module:
+    """`name` at the TINY size, every parameter moved off its initial value (the zero-initialised box heads' last
+    layers, sampling offsets' and attention weights' projections would hide the queries' part), in eval mode."""
+    torch.manual_seed(0)
+    model = vitkit.create_model(name, **{**TINY, **overrides})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+def padded_batch(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 64x64 image padded beside a 128x96 one: (images (2, 3, 128, 96), pixel_mask (2, 128, 96))."""
+    g = torch.Generator().manual_seed(1)
+    large, small = torch.randn(3, 128, 96, generator=g, dtype=dtype), torch.randn(3, 64, 64, generator=g, dtype=dtype)
+    return pad_images([large, small])
+
+
+def test_variants_cite_the_paper_and_declare_k_logits():
+    names = vitkit.list_models("deformable_detr*")
+    assert names == [
+        "deformable_detr_digits",
+        "deformable_detr_resnet50",
+        "deformable_detr_resnet50_box_refine",
+        "deformable_detr_resnet50_two_stage",
+    ]
+    for name in names:
+        assert "arXiv:2010.04159" in model_entry(name).paper
+    assert has_no_object_logit(DeformableDETR) is False  # K sigmoid class logits
+
+
+@pytest.mark.parametrize(
+    ("name", "count"),
+    [
+        ("deformable_detr_resnet50", 40_069_665),
+        ("deformable_detr_resnet50_box_refine", 40_849_660),
+        ("deformable_detr_resnet50_two_stage", 41_181_529),
+    ],
+)
+def test_resnet50_variants_have_the_papers_parameter_counts(name, count):
+    # Counted on fundamentalvision/Deformable-DETR's models, built with K = 91 (unique parameters, frozen BatchNorm
+    # holding buffers only); transformers 5.24's DeformableDetrForObjectDetection(num_labels=91) counts the same for
+    # the plain and two-stage models, and for box refinement once its per-layer class heads are loaded untied
+    # (freshly built it ties them: 40,732,725). Building either here would take seconds; the numbers are enough.
+    with torch.device("meta"):
+        model = vitkit.create_model(name)
+    assert sum(p.numel() for p in model.parameters()) == count
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert frozen and all(n.startswith(("backbone.conv1.", "backbone.layer1.")) for n in frozen)
+
+
+@pytest.mark.parametrize("name", ["deformable_detr_resnet50", "deformable_detr_digits"])
+def test_auxiliary_outputs_are_each_earlier_decoder_layers_predictions(name):
+    model = tiny(name)
+    refine = model.config.box_refine
+    images, mask = padded_batch()
+    with torch.no_grad():
+        out = model(images, mask)
+        decoding = model.forward_features(images, mask)
+    Q, L = TINY["num_queries"], TINY["dec_layers"]
+    assert set(out) == {"pred_logits", "pred_boxes", "aux_outputs"}
+    assert out["pred_logits"].shape == (2, Q, K) and out["pred_boxes"].shape == (2, Q, 4)  # K logits: no "no object"
+    assert len(out["aux_outputs"]) == L - 1
+    layers = [*out["aux_outputs"], {"pred_logits": out["pred_logits"], "pred_boxes": out["pred_boxes"]}]
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            assert set(layer) == {"pred_logits", "pred_boxes"}
+            state = decoding.states[i]  # (B, Q, D)
+            if refine:  # each layer's own heads, its box the one it refined
+                logits, boxes = model.class_embed[i](state), decoding.boxes[i]
+            else:  # shared heads around the queries' reference points
+                logits = model.class_embed(state)
+                boxes = box_from_reference(model.bbox_embed(state), inverse_sigmoid(decoding.reference))
+            torch.testing.assert_close(layer["pred_logits"], logits)
+            torch.testing.assert_close(layer["pred_boxes"], boxes)
+            assert layer["pred_boxes"].min() >= 0 and layer["pred_boxes"].max() <= 1
+    assert not torch.allclose(layers[0]["pred_logits"], layers[1]["pred_logits"])
+    without = tiny(name, aux_loss=False)
+    with torch.no_grad():
+        last = without(images, mask)
+    assert last["aux_outputs"] == []
+    torch.testing.assert_close(last["pred_logits"], out["pred_logits"])
+
+
+def test_two_stage_proposals_are_returned_and_trained():
+    model = tiny("deformable_detr_resnet50_two_stage")
+    images, mask = padded_batch()
+    with torch.no_grad():
+        out = model(images, mask)
+        decoding = model.forward_features(images, mask)
+    N = sum(h * w for h, w in model.level_sizes((128, 96)))  # 16x12 + 8x6 + 4x3 + 2x2 = 256
+    enc = out["enc_outputs"]
+    assert set(enc) == {"pred_logits", "pred_boxes"} and N == 256
+    assert enc["pred_logits"].shape == (2, N, K) and enc["pred_boxes"].shape == (2, N, 4)
+    # the decoder's references are the boxes of the Q proposals scored highest on the first class
+    best = enc["pred_logits"][..., 0].topk(TINY["num_queries"], dim=1).indices  # (B, Q)
+    torch.testing.assert_close(decoding.reference, enc["pred_boxes"].gather(1, best[..., None].expand(-1, -1, 4)))
+    # the second image's padding proposes nothing: its anchors are +inf logits, boxes of 1
+    padding = torch.cat([~nearest_mask(mask, hw)[1].flatten() for hw in model.level_sizes((128, 96))])  # (N,)
+    assert 0 < padding.sum() < N
+    assert enc["pred_boxes"][1, padding].eq(1).all() and enc["pred_boxes"][1, ~padding].lt(1).any()
+
+    # The proposal head (the last class and box heads, enc_output) learns from the proposals' loss only: the
+    # decoder reads the chosen boxes without gradient and the scores only through their ranking.
+    model.train()
+    targets = [
+        {"labels": torch.tensor([1, 3]), "boxes": torch.tensor([[0.3, 0.3, 0.2, 0.2], [0.7, 0.6, 0.3, 0.4]])},
+        {"labels": torch.tensor([4]), "boxes": torch.tensor([[0.5, 0.5, 0.4, 0.3]])},
+    ]
+    head = model.class_embed[-1].weight
+    for aux_loss in (False, True):
+        model.zero_grad()
+        losses = criterion_for("focal", K, aux_loss, no_object_logit=False)(model(images, mask), targets)
+        assert ("loss_ce_enc" in losses) == aux_loss
+        losses["total"].backward()
+        assert (head.grad is not None and head.grad.abs().sum() > 0) == aux_loss
+    assert model.enc_output.weight.grad.abs().sum() > 0 and model.bbox_embed[-1].layers[0].weight.grad.abs().sum() > 0
+
+
+def test_postprocess_reads_the_papers_top_100_pairs_of_k_sigmoid_logits():
+    model = tiny(num_queries=30)  # 30 queries x 5 classes: 150 (query, class) pairs
+    with torch.no_grad():
+        model.class_embed.bias.copy_(torch.linspace(-1.0, 1.0, K))  # the last class the likeliest: it must be read
+    images, mask = padded_batch()
+    sizes = [(128, 96), (64, 64)]
+    with torch.no_grad():
+        out = model.predict(images, mask)
+    recipe = recipe_for("detection", "deformable_detr_resnet50")
+    reading = Postprocessing(recipe.detection_loss, recipe.detection_top_k, None, has_no_object_logit(model))
+    assert reading == Postprocessing("focal", 100, None, no_object_logit=False)
+    found = reading(out, sizes, threshold=0.0)
+    for i, (H, W) in enumerate(sizes):
+        logits, boxes = out["pred_logits"][i], out["pred_boxes"][i]  # (Q, K), (Q, 4)
+        pairs = [(1 / (1 + math.exp(-logits[q, k].item())), q, k) for q in range(30) for k in range(K)]
+        pairs = sorted(pairs, reverse=True)[:100]  # brute force: every pair, the 100 most probable
+        assert found[i]["queries"].tolist() == [q for _, q, _ in pairs]
+        assert found[i]["labels"].tolist() == [k for _, _, k in pairs]
+        assert K - 1 in found[i]["labels"].tolist()  # no class is taken for "no object"
+        torch.testing.assert_close(found[i]["scores"], torch.tensor([s for s, _, _ in pairs]), rtol=1e-5, atol=1e-7)
+        cx, cy, w, h = boxes[[q for _, q, _ in pairs]].unbind(-1)
+        expected = torch.stack([(cx - w / 2) * W, (cy - h / 2) * H, (cx + w / 2) * W, (cy + h / 2) * H], -1)
+        torch.testing.assert_close(found[i]["boxes"], expected)
+    with pytest.raises(ValueError, match="has K sigmoid class logits and no 'no object' logit: use 'focal'"):
+        postprocess(out, sizes, classification="ce", no_object_logit=False)
+
+
+def test_config_errors():
+    for overrides, message in (
+        (dict(two_stage=True), r"two_stage needs box_refine=True"),
+        (dict(hidden_dim=48, num_heads=8), r"hidden_dim 48 must be a multiple of 32"),
+        (dict(hidden_dim=96, num_heads=7), r"hidden_dim 96 is not divisible by num_heads 7"),
+        (
+            dict(backbone_stages=(1, 2, 3, 4), num_feature_levels=3),
+            r"backbone_stages \(1, 2, 3, 4\) give 4 levels, more than num_feature_levels 3",
+        ),
+        (dict(backbone_stages=(3, 2)), r"backbone_stages must be increasing stages among 1..4"),
+        (dict(backbone_depths=(2, 2, 2)), r"backbone_depths needs 4 stages"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            DeformableDetrConfig(**overrides)
+    assert DeformableDetrConfig(num_feature_levels=1).stages == (4,)
+    two_stage = tiny("deformable_detr_resnet50_two_stage", num_queries=100)
+    with pytest.raises(ValueError, match="keeps the best 100 of the encoder's tokens as proposals, but 64x64 images"):
+        two_stage(torch.randn(1, 3, 64, 64))  # 85 tokens
+
+
+@pytest.mark.parametrize("name", ["deformable_detr_resnet50", "deformable_detr_resnet50_two_stage"])
+def test_reset_classifier_gives_every_class_head_the_prior(name):
+    model = tiny(name)
+    heads = TINY["dec_layers"] + model.config.two_stage if model.config.box_refine else 1
+    model.reset_classifier(7, prior=0.2)
+    assert model.config.num_classes == 7
+    fresh = model.class_heads()
+    assert len(fresh) == heads and all(h.out_features == 7 for h in fresh)
+    for head in fresh:
+        torch.testing.assert_close(head.bias, torch.full((7,), math.log(0.2 / 0.8)))
+    images, mask = padded_batch()
+    with torch.no_grad():
+        out = model(images, mask)
+    assert out["pred_logits"].shape[-1] == 7 and all(a["pred_logits"].shape[-1] == 7 for a in out["aux_outputs"])
+    if model.config.two_stage:
+        assert out["enc_outputs"]["pred_logits"].shape[-1] == 7
+    model.reset_classifier(3)  # the paper's prior, 0.01
+    assert all(torch.allclose(h.bias, torch.full((3,), -math.log(99.0))) for h in model.class_heads())
+    with pytest.raises(ValueError, match=r"prior must be a probability in \(0, 1\), got 1.0"):
+        model.reset_classifier(3, prior=1.0)
+    with pytest.raises(ValueError, match="num_classes must be > 0, got 0"):
+        model.reset_classifier(0)
+
+
+@pytest.mark.parametrize("name", ["deformable_detr_resnet50", "deformable_detr_resnet50_two_stage"])
+def test_profile_splits_into_backbone_embedding_encoder_decoder_and_heads(name):
+    report = vitkit.profile(name, img_size=(256, 320))
+    macs, flops = {}, {}
+    for op in report.ops:
+        part = part_of(op.module, report.parts)
+        key = part if part in ("backbone", "embedding", "heads") else op.module.split(".")[0]
+        macs[key] = macs.get(key, 0) + op.macs
+        flops[key] = flops.get(key, 0) + op.flops
+    assert set(macs) == {"backbone", "embedding", "encoder", "decoder", "heads"}
+    assert all(v > 0 for v in macs.values())
+    assert sum(macs.values()) == report.macs and sum(flops.values()) == report.flops
+
+
+@pytest.mark.parametrize("name", ["deformable_detr_digits", "deformable_detr_resnet50_two_stage"])
+def test_padding_changes_nothing_of_the_image_it_does_not_pad(name):
+    """Batched with a smaller image, the larger one (no padding of its own) predicts as alone; the smaller one
+    predicts as in a batch of its own padded the same way (its real part's border sees the padding through the
+    backbone's convolutions, so not as alone). Float64, where float32 noise would hide a mistake."""
+    model = tiny(name).double()
+    images, mask = padded_batch(torch.float64)
+    with torch.no_grad():
+        batched = model(images, mask)
+        large = model(images[:1])
+        small = model(images[1:], mask[1:])
+    for key in ("pred_logits", "pred_boxes"):
+        torch.testing.assert_close(batched[key][:1], large[key], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(batched[key][1:], small[key], rtol=1e-10, atol=1e-12)
+    for a, b, c in zip(batched["aux_outputs"], large["aux_outputs"], small["aux_outputs"], strict=True):
+        torch.testing.assert_close(a["pred_boxes"][:1], b["pred_boxes"], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(a["pred_boxes"][1:], c["pred_boxes"], rtol=1e-10, atol=1e-12)
+    # the mask reaches the model: read without it, the smaller image's padding would be image
+    with torch.no_grad():
+        unmasked = model(images)
+    assert not torch.allclose(unmasked["pred_logits"][1], batched["pred_logits"][1])
