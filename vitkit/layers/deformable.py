@@ -14,8 +14,8 @@ paths compute the sampling and the weighted sum, chosen per call by `MultiScaleD
   every point are found by index arithmetic on the flattened values (each level bordered by one pixel of zeros), and
   their bilinear weights, multiplied by the attention weights, weight the sum the bag takes. It is the inference path
   of the `auto` and `sdpa` backends: on CPU it forms neither the per-level samples nor their stack, and measures
-  1.5-6x faster than the reference (BENCHMARKS.md). Its backward (torch's embedding-bag gradients) is slower than
-  `grid_sample`'s, so `auto` trains on the reference.
+  1.7-4.9x faster than the reference at Deformable DETR's sizes (BENCHMARKS.md). Its backward (torch's
+  embedding-bag gradients) is no faster than `grid_sample`'s, so `auto` trains on the reference.
 
 Letters used in shape comments: B batch, Q queries, N value tokens (all levels, concatenated; level l row-major over
 its H_l x W_l pixels), D channels (= h * d), h heads, d head dim, L levels, K points per head and level, Np the value
@@ -574,9 +574,10 @@ class MultiScaleDeformableAttention(nn.Module):
         """Which of `PATHS` computes a call of the layer in training mode (`training`) or not.
 
         "math" always runs the reference and "sdpa" the gather. "auto" runs the gather for inference and the
-        reference in training: on CPU the gather's forward is 1.5-6x faster at Deformable DETR's sizes, in float32
-        and bfloat16, but its backward (torch's embedding-bag gradients: a sort of every index, a serial loop for
-        the weights) makes a training step 1.2-1.4x slower than `grid_sample`'s (BENCHMARKS.md).
+        reference in training: on CPU the gather's forward is 1.7-4.9x faster at Deformable DETR's sizes in
+        float32 (2.3-3.7x in bfloat16), but with its backward (torch's embedding-bag gradients: a sort of every
+        index, a serial loop for the weights) a forward and backward takes as long as `grid_sample`'s over the
+        encoder's tokens and 1.5x longer from the decoder's queries (BENCHMARKS.md).
         """
         if self.backend == "math" or (self.backend == "auto" and training):
             return "reference"

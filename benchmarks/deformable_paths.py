@@ -1,0 +1,92 @@
+"""Time multi-scale deformable attention's two paths at Deformable DETR's sizes, interleaved, on this machine.
+
+For each case (the encoder's self-attention over every token, the decoder's cross-attention from 300 queries) it
+times the sampling and weighted sum alone (`reference_deformable_attention` against `gathered_deformable_attention`,
+the part the paths differ in) in inference, fp32 and bf16, and forward + backward in fp32, and prints the median
+milliseconds and the reference's time over the gather's. `MultiScaleDeformableAttention.path` ("auto": the gather for
+inference, the reference in training) follows from these numbers.
+
+    python benchmarks/deformable_paths.py --img-size 800x1216 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from vitkit.layers.deformable import gathered_deformable_attention, reference_deformable_attention
+
+PATHS = {"reference": reference_deformable_attention, "gather": gathered_deformable_attention}
+MODES = (("fp32", torch.float32, False), ("bf16", torch.bfloat16, False), ("fp32 train", torch.float32, True))
+
+
+def level_shapes(height: int, width: int, levels: int = 4) -> list[tuple[int, int]]:
+    """The maps of strides 8, 16, 32 and 64 (a stride-2 3x3 convolution for the last), as the ResNet-50 model's."""
+    shapes, h, w = [], -(-height // 8), -(-width // 8)
+    for _ in range(levels):
+        shapes.append((h, w))
+        h, w = (h + 1) // 2, (w + 1) // 2
+    return shapes
+
+
+def inputs(
+    queries: int | None, shapes: list[tuple[int, int]], heads: int, dim: int, points: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Values (1, N, h, d), locations (1, Q, h, L, K, 2) around random references, weights (1, Q, h, L, K)."""
+    g = torch.Generator().manual_seed(0)
+    N = sum(h * w for h, w in shapes)
+    Q = N if queries is None else queries
+    L, d = len(shapes), dim // heads
+    value = torch.randn(1, N, heads, d, generator=g).to(dtype)
+    centre = torch.rand(1, Q, 1, L, 1, 2, generator=g)
+    locations = (centre + 0.02 * torch.randn(1, Q, heads, L, points, 2, generator=g)).to(dtype)
+    weights = torch.randn(1, Q, heads, L * points, generator=g).softmax(-1).view(1, Q, heads, L, points).to(dtype)
+    return value, locations, weights
+
+
+def timed(step: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--img-size", default="800x1216", help="HxW of the image (default 800x1216)")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    height, width = (int(v) for v in args.img_size.split("x"))
+    shapes = level_shapes(height, width)
+    cases = {"encoder (every token)": None, "decoder (300 queries)": 300}
+    print(f"levels {shapes}, 8 heads, d = 32, 4 points, {torch.get_num_threads()} threads; median ms of {args.rounds}")
+    print("| case | mode | reference ms | gather ms | reference / gather |")
+    print("| --- | --- | --- | --- | --- |")
+    for case, queries in cases.items():
+        for mode, dtype, train in MODES:
+            value, locations, weights = inputs(queries, shapes, 8, 256, 4, dtype)
+            for t in (value, locations, weights):
+                t.requires_grad_(train)
+
+            def step(attend=None, value=value, locations=locations, weights=weights, train=train) -> None:
+                with torch.set_grad_enabled(train):
+                    out = attend(value, shapes, locations, weights)
+                    if train:
+                        out.float().square().mean().backward()
+
+            steps = {name: (lambda fn=fn, step=step: step(fn)) for name, fn in PATHS.items()}
+            for run in steps.values():  # warm-up
+                run()
+            times: dict[str, list[float]] = {name: [] for name in steps}
+            for _ in range(args.rounds):
+                for name, run in steps.items():
+                    times[name].append(timed(run))
+            ref, gather = (1000 * statistics.median(times[name]) for name in PATHS)
+            print(f"| {case} | {mode} | {ref:.0f} | {gather:.0f} | {ref / gather:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
