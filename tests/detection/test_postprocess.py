@@ -161,3 +161,31 @@ def test_the_default_reading_follows_the_models_class_logits(tmp_path):
     vitkit.save_pretrained(model, tmp_path)
     assert load_detector(tmp_path)[2] == paper == load_detection_settings(tmp_path, no_object_logit=False)
     assert load_detection_settings(tmp_path) == Postprocessing()
+
+
+def test_a_reading_for_the_other_class_logits_is_refused(tmp_path):
+    import json
+
+    from vitkit.detection import Postprocessing
+    from vitkit.infer import detect, load_detector
+    from vitkit.infer.detect import reading
+
+    deformable = vitkit.create_model(
+        "deformable_detr_digits", hidden_dim=32, num_heads=2, dim_feedforward=32, backbone_width=8, num_classes=3
+    )
+    detr = vitkit.create_model("detr_tiny", backbone_width=8, hidden_dim=32, dim_feedforward=32, num_classes=3)
+    # Deformable DETR's K logits read as K + 1 would lose the last class; DETR's "no object" read as a class
+    with pytest.raises(ValueError, match="predicts them without one: read them with no_object_logit=False"):
+        reading(deformable, Postprocessing("focal", top_k=100))
+    with pytest.raises(ValueError, match="predicts them with one: read them with no_object_logit=True"):
+        reading(detr, Postprocessing("focal", no_object_logit=False))
+    assert reading(detr, None) == Postprocessing() and reading(deformable, None) == Postprocessing.default(False)
+    with pytest.raises(ValueError, match="no_object_logit=False"):
+        detect(deformable, None, [object()], postprocessing=Postprocessing("focal"))
+    # a postprocess.json without the key takes the model's declaration; one that contradicts it names the file
+    vitkit.save_pretrained(deformable, tmp_path)
+    (tmp_path / "postprocess.json").write_text(json.dumps({"classification": "focal", "top_k": 50}))
+    assert load_detector(tmp_path)[2] == Postprocessing("focal", top_k=50, no_object_logit=False)
+    (tmp_path / "postprocess.json").write_text(json.dumps({"classification": "focal", "no_object_logit": True}))
+    with pytest.raises(ValueError, match=r"postprocess.json: the postprocessing reads class logits with a"):
+        load_detector(tmp_path)

@@ -468,3 +468,4 @@ def test_cost_memory_against_measured(dtype, backend):
     grads = {"attn": sum(p.numel() * p.element_size() for p in layer.parameters())}
     estimate = training_peak_bytes(ops, grads)
     assert abs(estimate - measured.peak) <= (0.10 if backend == "sdpa" else 0.05) * measured.peak
+

@@ -21,7 +21,7 @@ from torch import nn
 
 import vitkit
 from vitkit.layers import SampledAttention, capture_attention, set_attention_backend, to_2tuple
-from vitkit.models.interface import VitkitDetector, VitkitModel, num_class_logits
+from vitkit.models.interface import VitkitDetector, VitkitModel, has_no_object_logit
 from vitkit.models.registry import DETECTION, families, family_of, model_entry
 
 
@@ -33,7 +33,7 @@ def task_outputs(model: nn.Module) -> object:
     c = model.config
     if family_of(model).task != DETECTION:
         return (2, c.num_classes)
-    logits = num_class_logits(model, c.num_classes)
+    logits = c.num_classes + has_no_object_logit(model)  # K, and "no object" where the model declares one
     layer = {"pred_logits": (2, c.num_queries, logits), "pred_boxes": (2, c.num_queries, 4)}
     earlier = len(model.object_attention_layers()) - 1 if c.aux_loss else 0
     return {**layer, "aux_outputs": [layer] * earlier}

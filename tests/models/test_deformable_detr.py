@@ -58,21 +58,26 @@ def test_variants_cite_the_paper_and_declare_k_logits():
 
 
 @pytest.mark.parametrize(
-    ("name", "count"),
+    ("name", "options", "count"),
     [
-        ("deformable_detr_resnet50", 40_069_665),
-        ("deformable_detr_resnet50_box_refine", 40_849_660),
-        ("deformable_detr_resnet50_two_stage", 41_181_529),
+        ("deformable_detr_resnet50", {}, 40_069_665),
+        ("deformable_detr_resnet50_box_refine", {"with_box_refine": True}, 40_849_660),
+        ("deformable_detr_resnet50_two_stage", {"with_box_refine": True, "two_stage": True}, 41_181_529),
     ],
 )
-def test_resnet50_variants_have_the_papers_parameter_counts(name, count):
-    # Counted on fundamentalvision/Deformable-DETR's models, built with K = 91 (unique parameters, frozen BatchNorm
-    # holding buffers only); transformers 5.24's DeformableDetrForObjectDetection(num_labels=91) counts the same for
-    # the plain and two-stage models, and for box refinement once its per-layer class heads are loaded untied
-    # (freshly built it ties them: 40,732,725). Building either here would take seconds; the numbers are enough.
-    with torch.device("meta"):
+def test_resnet50_variants_count_the_parameters_of_transformers_model(name, options, count):
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):  # shapes only: built in milliseconds
         model = vitkit.create_model(name)
-    assert sum(p.numel() for p in model.parameters()) == count
+        config = transformers.DeformableDetrConfig(num_labels=91, use_pretrained_backbone=False, **options)
+        theirs = transformers.DeformableDetrForObjectDetection(config)
+    ours = sum(p.numel() for p in model.parameters())
+    expected = sum(p.numel() for p in theirs.parameters())  # tied heads counted once
+    if options.get("with_box_refine") and not options.get("two_stage"):
+        # the paper's box refinement has a class head per decoder layer; transformers ties them to one
+        class_head = 256 * 91 + 91
+        expected += (config.decoder_layers - 1) * class_head
+    assert ours == expected == count  # the paper's 40M (Table 1), counted
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     assert frozen and all(n.startswith(("backbone.conv1.", "backbone.layer1.")) for n in frozen)
 
@@ -251,3 +256,23 @@ def test_padding_changes_nothing_of_the_image_it_does_not_pad(name):
     with torch.no_grad():
         unmasked = model(images)
     assert not torch.allclose(unmasked["pred_logits"][1], batched["pred_logits"][1])
+
+
+def test_bfloat16_places_the_encoders_points_at_the_token_centres():
+    """In bfloat16 a coordinate beyond 128 pixels steps by a pixel or more: the encoder's reference points (each
+    token's centre) and the sampling locations are made in float32. With the first layer's offsets at zero its
+    points are the token centres, exactly."""
+    model = tiny("deformable_detr_digits").to(torch.bfloat16)
+    layer = model.encoder.layers[0].self_attn
+    with torch.no_grad():
+        layer.sampling_offsets.weight.zero_()
+        layer.sampling_offsets.bias.zero_()
+    images = torch.randn(1, 3, 64, 8 * 150, dtype=torch.bfloat16)  # level 0: 8 x 150 tokens
+    with torch.no_grad(), vitkit.capture_attention(model, ["encoder.layers.0.self_attn"]) as records:
+        model(images)
+    locations = records["encoder.layers.0.self_attn"].locations  # (1, N, h, L, K, 2)
+    assert locations.dtype == torch.float32
+    H, W = model.level_sizes((64, 8 * 150))[0]
+    x = (torch.arange(W) + 0.5) / W
+    first_level = locations[0, : H * W, 0, 0, 0, 0].view(H, W)  # x of each level-0 token's point on level 0
+    torch.testing.assert_close(first_level, x.expand(H, W), atol=1e-6, rtol=0)

@@ -184,10 +184,11 @@ class Postprocessing:
         return cls("focal", top_k=PAPER_TOP_K, no_object_logit=False)
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> Postprocessing:
-        """The settings of a saved dict; keys it lacks take DETR's defaults, unknown keys are an error."""
+    def from_dict(cls, values: Mapping[str, Any], no_object_logit: bool = True) -> Postprocessing:
+        """The settings of a saved dict; keys it lacks take DETR's defaults, and `no_object_logit` (the model's
+        declaration) when it lacks that key; unknown keys are an error."""
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ValueError(f"unknown postprocess setting(s) {unknown}; known: {', '.join(known)}")
-        return cls(**values)
+        return cls(**{"no_object_logit": no_object_logit, **values})

@@ -27,8 +27,19 @@ MAX_SIZE = 1333  # the longer side of a detector's input is at most this (DETR's
 
 def reading(model: VitkitDetector, postprocessing: Postprocessing | None) -> Postprocessing:
     """`postprocessing`, or with None how `model`'s outputs are read by default (`Postprocessing.default` for its
-    class logits: DETR's softmax with "no object", or Deformable DETR's sigmoid and top 100 pairs)."""
-    return postprocessing if postprocessing is not None else Postprocessing.default(has_no_object_logit(model))
+    class logits: DETR's softmax with "no object", or Deformable DETR's sigmoid and top 100 pairs). ValueError when
+    `postprocessing` expects the other layout of class logits than the model declares (`no_object_logit`): read
+    with it, the last real class would be dropped, or "no object" read as a class."""
+    declared = has_no_object_logit(model)
+    if postprocessing is None:
+        return Postprocessing.default(declared)
+    if postprocessing.no_object_logit != declared:
+        raise ValueError(
+            f"the postprocessing reads class logits {'with' if postprocessing.no_object_logit else 'without'} a "
+            f"'no object' logit, but {type(model).__name__} predicts them {'with' if declared else 'without'} one: "
+            f"read them with no_object_logit={declared}"
+        )
+    return postprocessing
 
 
 @dataclass(frozen=True)
@@ -115,11 +126,12 @@ def detect(
     """The objects a detector finds in each image: its queries whose class probability is above `threshold`,
     boxes in pixels of the image given, most probable first; its outputs read as `postprocessing` says (None: the
     model's default, `reading`)."""
+    read = reading(model, postprocessing)  # before any work: a reading for the other class logits is refused
     if not images:
         return []
     pixels, mask, sizes = detector_inputs(model, info, images)
     outputs = detector_outputs(model.eval(), pixels, mask)
-    results = reading(model, postprocessing)(outputs, sizes, threshold)
+    results = read(outputs, sizes, threshold)
     return [image_detections(result, info) for result in results]
 
 

@@ -29,6 +29,7 @@ from vitkit.data import DataInfo, DetectionInfo
 from vitkit.data.detection import IMAGENET_MEAN, IMAGENET_STD
 from vitkit.data.sources import INFO_NAME
 from vitkit.detection import Postprocessing
+from vitkit.infer.detect import reading
 from vitkit.infer.runtime import resolve_device
 from vitkit.models.interface import has_no_object_logit
 from vitkit.models.registry import DETECTION
@@ -69,7 +70,7 @@ def load_detection_settings(directory: str | os.PathLike, no_object_logit: bool 
         values = json.loads(path.read_text())
         if not isinstance(values, dict):
             raise TypeError(f"expected a JSON object, got {type(values).__name__}")
-        return Postprocessing.from_dict(values)
+        return Postprocessing.from_dict(values, no_object_logit)
     except (json.JSONDecodeError, TypeError, ValueError) as err:
         raise ValueError(f"{path} is not a vitkit postprocess description: {err}") from err
 
@@ -144,4 +145,9 @@ def load_detector(
     else:
         classes, mean, std = model_dir_classes(model)
         info = DetectionInfo("", classes, tuple(range(len(classes))), mean, std)
-    return model, info, load_detection_settings(directory, has_no_object_logit(model))
+    settings = load_detection_settings(directory, has_no_object_logit(model))
+    try:
+        reading(model, settings)
+    except ValueError as err:
+        raise ValueError(f"{Path(directory) / SETTINGS_NAME}: {err}") from err
+    return model, info, settings

@@ -305,9 +305,7 @@ def cost_reference(
     _, Q, _, L, K, _ = locations.shape
     sample = _in(ctx, torch.promote_types(ctx.dtype, torch.float32))
     cast = sample.dtype != ctx.dtype
-    ops = Ops(locations)
-    if cast:
-        ops(copy_op(name, "locations_float", locations, locations.shape, sample))
+    ops = Ops(locations)  # in at least float32 already (`MultiScaleDeformableAttention.sampling_locations`)
     ops(elementwise_op(name, "2*locations", ops.out, 1, sample))  # one multiply per coordinate
     grids = ops(elementwise_op(name, "-1", ops.out, 1, sample))  # one subtraction per coordinate
     samples = []
@@ -364,7 +362,7 @@ def cost_gather(
     held = (size, upper, step, corner_steps, first)
     table = ops(copy_op(name, "pad_levels", heads, (B, Np, h, d), ctx))  # zeros, then each level's map copied in
     # `_padded_pixels`: clamped to [zero, upper] (with autograd out of place: it keeps both bounds)
-    loc = ops(copy_op(name, "locations_float", locations, xy, coord)) if coord.dtype != ctx.dtype else locations
+    loc = locations  # in at least float32 already (`MultiScaleDeformableAttention.sampling_locations`)
     half = ops(OpCost(name, "half", (loc,), new_value((), coord), 0, 0))  # 0-d: the offset of the border, 0.5
     zero = ops(OpCost(name, "zero", (loc,), new_value((), coord), 0, 0))  # 0-d: the lower bound
     pixel = OpCost(name, "pixels", (loc, size, half), new_value(xy, coord), 0, 2 * numel(xy), (size,))
@@ -497,20 +495,23 @@ class MultiScaleDeformableAttention(nn.Module):
     def sampling_locations(self, query: Tensor, reference_points: Tensor, spatial_shapes: SpatialShapes) -> Tensor:
         """The sampling points (B, Q, h, L, K, 2), normalised (x, y): the reference point plus the offsets predicted
         from the query, in pixels of each level (reference points (B, Q, L, 2)) or in units of half the reference
-        box's size over K (boxes (B, Q, L, 4)), as the paper."""
+        box's size over K (boxes (B, Q, L, 4)), as the paper. Computed in at least float32 (in bfloat16 a level
+        wider than 128 pixels could not place a point within a pixel)."""
         shapes = level_shapes(spatial_shapes)
         B, Q, _ = query.shape
         h, L, K = self.num_heads, self.num_levels, self.num_points
-        offsets = self.sampling_offsets(query).view(B, Q, h, L, K, 2)  # (B, Q, h L K 2) -> (B, Q, h, L, K, 2)
-        centre = reference_points[:, :, None, :, None, :2].expand(B, Q, 1, L, K, 2).contiguous()  # (B, Q, 1, L, K, 2)
+        dtype = torch.promote_types(query.dtype, torch.float32)  # coordinates: a bfloat16 step is a pixel past 128
+        offsets = self.sampling_offsets(query).view(B, Q, h, L, K, 2).to(dtype)  # (B, Q, h L K 2) -> (.., K, 2)
+        centre = reference_points[:, :, None, :, None, :2].to(dtype).expand(B, Q, 1, L, K, 2).contiguous()
         if reference_points.shape[-1] == 2:  # offsets in pixels of each level: divided by (W_l, H_l)
+
             def size(n: int) -> Tensor:  # a 0-d tensor; from a symbolic size, under export, a symbolic one
-                return torch.scalar_tensor(n, dtype=offsets.dtype, device=offsets.device)
+                return torch.scalar_tensor(n, dtype=dtype, device=offsets.device)
 
             sizes = torch.stack([torch.stack([size(W), size(H)]) for H, W in shapes])  # (L, 2): (W_l, H_l)
             scale = (1 / sizes)[:, None].expand(L, K, 2).contiguous()  # (L, K, 2)
         else:  # offsets in units of half the box over K
-            scale = reference_points[:, :, None, :, None, 2:] * (0.5 / K)  # (B, Q, 1, L, 1, 2)
+            scale = reference_points[:, :, None, :, None, 2:].to(dtype) * (0.5 / K)  # (B, Q, 1, L, 1, 2)
         return torch.addcmul(centre, offsets, scale)  # (B, Q, h, L, K, 2)
 
     def cost(
@@ -558,17 +559,21 @@ class MultiScaleDeformableAttention(nn.Module):
         B, Q, D = query.shape
         h, L, K = self.num_heads, self.num_levels, self.num_points
         shape = (B, Q, h, L, K, 2)
-        offsets = linear(name, "sampling_offsets", query, self.sampling_offsets, ctx)  # B Q D h L K 2 MACs
-        centre = copy_op(name, "centre", reference_points, (B, Q, 1, L, K, 2), ctx)  # repeated over K, contiguous
+        coord = _in(ctx, torch.promote_types(ctx.dtype, torch.float32))
+        ops = Ops(query)
+        ops(linear(name, "sampling_offsets", query, self.sampling_offsets, ctx))  # B Q D h L K 2 MACs
+        if coord.dtype != ctx.dtype:
+            ops(copy_op(name, "offsets_float", ops.out, shape, coord))
+        offsets = ops.out
+        centre = ops(copy_op(name, "centre", reference_points, (B, Q, 1, L, K, 2), coord))  # repeated over K
         if reference_points.shape[-1] == 4:  # half the box over K: one multiply per (B, Q, L, 2)
             size = (B, Q, 1, L, 1, 2)
-            scale = OpCost(name, "box_scale", (reference_points,), new_value(size, ctx), 0, numel(size))
+            scale = ops(OpCost(name, "box_scale", (reference_points,), new_value(size, coord), 0, numel(size)))
         else:  # 1 / (W_l, H_l), made from the shapes (L x 2 divisions) and laid out over (L, K, 2)
-            scale = OpCost(name, "level_scale", (reference_points,), new_value((L, K, 2), ctx), 0, 2 * L)
-        factors = (centre.output, offsets.output, scale.output)
+            scale = ops(OpCost(name, "level_scale", (reference_points,), new_value((L, K, 2), coord), 0, 2 * L))
         # addcmul: a multiply and an add per coordinate; backward needs the scale (the offsets' factor)
-        locations = OpCost(name, "locations", factors, new_value(shape, ctx), 0, 2 * numel(shape), (scale.output,))
-        return [offsets, centre, scale, dataclasses.replace(locations, named=True)]
+        locations = OpCost(name, "locations", (centre, offsets, scale), new_value(shape, coord), 0, 2 * numel(shape))
+        return ops + [dataclasses.replace(locations, saved=(scale,), named=True)]
 
     def path(self, training: bool) -> str:
         """Which of `PATHS` computes a call of the layer in training mode (`training`) or not.

@@ -736,17 +736,18 @@ class DeformableDETR(CostFromImages, nn.Module):
         levels = self.feature_levels(images)  # L x (B, D, H_l, W_l)
         B, D = images.shape[0], c.hidden_dim
         shapes = tuple((level.shape[-2], level.shape[-1]) for level in levels)
+        coord = torch.promote_types(levels[0].dtype, torch.float32)  # reference points: bfloat16 misplaces them
         if pixel_mask is None:
             masks = [torch.ones(B, h, w, dtype=torch.bool, device=images.device) for h, w in shapes]
             padding, ratios = None, None
         else:
             masks = [nearest_mask(pixel_mask, hw) for hw in shapes]  # L x (B, H_l, W_l), True where real
             padding = ~torch.cat([mask.flatten(1) for mask in masks], 1)  # (B, N), True at padding
-            ratios = valid_ratios(masks, levels[0].dtype)  # (B, L, 2)
+            ratios = valid_ratios(masks, coord)  # (B, L, 2)
         x = torch.cat([level.flatten(2).transpose(1, 2) for level in levels], 1)  # L x (B, H_l W_l, D) -> (B, N, D)
         pos = self.positions(masks, images.dtype, x.dtype)  # (B, N, D)
         del levels, masks
-        points = encoder_reference_points(shapes, ratios, B, x.dtype, x.device)  # (B, N, L, 2)
+        points = encoder_reference_points(shapes, ratios, B, coord, x.device)  # (B, N, L, 2)
         memory = self.encoder(x, pos, points, shapes, padding)  # (B, N, D)
         enc_outputs = None
         if c.two_stage:
@@ -856,7 +857,8 @@ class DeformableDETR(CostFromImages, nn.Module):
             pos = ops(self.position_embedding.cost("position_embedding", mask, ctx))  # (B, H_l W_l, D)
             positions.append(ops(elementwise_op("level_embed", "+level_embed", pos, 1, ctx)))
         pos = ops(OpCost("level_embed", "cat", tuple(positions), new_value((B, N, D), ctx), 0, 0))
-        points = ops(OpCost("encoder", "reference_points", (x,), new_value((1, N, 2), ctx), 0, 0))  # the centres
+        coord = dataclasses.replace(ctx, dtype=torch.promote_types(ctx.dtype, torch.float32))  # as forward's
+        points = ops(OpCost("encoder", "reference_points", (x,), new_value((1, N, 2), coord), 0, 0))  # the centres
         points = view(points, (B, N, len(shapes), 2))  # expanded over the batch and the levels
         memory = ops(self.encoder.cost("encoder", x, ctx, pos, points, shapes))
         if c.two_stage:

@@ -154,12 +154,6 @@ def has_no_object_logit(detector: object) -> bool:
     return value
 
 
-def num_class_logits(detector: object, num_classes: int) -> int:
-    """The class logits a detector predicts per query for `num_classes` classes: K + 1 with a "no object" logit,
-    K without (`has_no_object_logit`)."""
-    return num_classes + has_no_object_logit(detector)
-
-
 class CostFromImages:
     """`VitkitModel.cost` written once, for a model that checks its images with `check_input(x)` and lists its
     operators on an image batch with `cost_images(x, ctx)`."""

@@ -258,7 +258,9 @@ def _stages_from_hf(hf: dict[str, Any], levels: int, source: str) -> tuple[int, 
 def config_from_hf(hf: dict[str, Any], keys: set[str], source: str) -> DeformableDetrConfig:
     """The vitkit Deformable DETR config equal to a transformers `DeformableDetrConfig` (arguments: see
     `vitkit.weights.family.ConfigReader`). Two-stage keeps `two_stage_num_proposals` proposals (vitkit's
-    `num_queries`); `auxiliary_loss` becomes `aux_loss`."""
+    `num_queries`); `auxiliary_loss` becomes `aux_loss`. vitkit's feed-forward block drops out after its activation
+    at `dropout` as the paper's code does (transformers' `activation_dropout`, 0.0 by default, is not kept: it only
+    matters in training)."""
     for field, allowed in (("position_embedding_type", "sine"), ("activation_function", "relu")):
         if hf.get(field, allowed) != allowed:
             raise ValueError(
