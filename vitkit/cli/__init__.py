@@ -1,6 +1,7 @@
 """`vitkit <command>`: argument parsing only; each command lives in its own module and calls the library.
 
-A command module `vitkit/cli/NAME.py` defines `HELP`, `add_parser(parser)` and `run(args) -> int`.
+A command module `vitkit/cli/NAME.py` defines `HELP`, `add_parser(parser)` and `run(args) -> int` (a '-' in the
+command's name is a '_' in the module's).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ COMMANDS = (
     "bench",
     "convert",
     "export",
+    "example-data",
     "train",
     "eval",
     "predict",
@@ -30,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        module = importlib.import_module(f"vitkit.cli.{name}")
+        module = importlib.import_module(f"vitkit.cli.{name.replace('-', '_')}")  # example-data: example_data.py
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         command.set_defaults(run=module.run)
         module.add_parser(command)

@@ -1,13 +1,15 @@
-"""Data for training and evaluation: bundled datasets, ImageFolder trees, COCO-format detection datasets, transforms
-(torchvision v2), batching."""
+"""Data for training and evaluation: bundled datasets, ImageFolder trees, COCO-format detection datasets (and a
+generated one, `shapes`), transforms (torchvision v2), batching."""
 
 from vitkit.data.detection import (
     DIGITS_DETECT,
     CocoDetection,
     CocoReport,
     DetectionInfo,
+    DetectionStats,
     DigitsDetection,
     Skipped,
+    detection_stats,
     load_coco_folder,
     load_detection,
     load_digits_detect,
@@ -23,6 +25,7 @@ from vitkit.data.loader import (
     make_loader,
     summarize_unreadable,
 )
+from vitkit.data.shapes import EXAMPLE_DATA, write_example_data, write_shapes_folder
 from vitkit.data.sources import (
     BUILTIN_PREFIX,
     DEFAULT_DATA,
@@ -60,12 +63,14 @@ __all__ = [
     "DEFAULT_DATA",
     "DEFAULT_VAL_FRACTION",
     "DIGITS_DETECT",
+    "EXAMPLE_DATA",
     "ArrayImages",
     "Batch",
     "CocoDetection",
     "CocoReport",
     "DataInfo",
     "DetectionInfo",
+    "DetectionStats",
     "DigitsDetection",
     "EpochSampler",
     "ImageFiles",
@@ -78,6 +83,7 @@ __all__ = [
     "channel_stats",
     "collate",
     "convert_image",
+    "detection_stats",
     "eval_transform",
     "check_eval_classes",
     "eval_split",
@@ -100,5 +106,7 @@ __all__ = [
     "to_8bit",
     "train_transform",
     "write_coco_folder",
+    "write_example_data",
     "write_image_folder",
+    "write_shapes_folder",
 ]

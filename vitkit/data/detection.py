@@ -9,7 +9,8 @@ dict as DETR's criterion and vitkit's COCO evaluation take it:
 
 `vitkit.detection.collate_detection` batches them (padding to the largest image) and reports images that could
 not be read. Class indices are contiguous; `DetectionInfo.category_ids` maps them back to the dataset's category ids
-(to write predictions in COCO's results format).
+(to write predictions in COCO's results format). `detection_stats` describes a dataset from its annotations alone
+(image sides, boxes per class and per image, box sizes), to choose training settings by.
 
 Augmentation is kept minimal: digits-detect draws fresh training canvases every epoch and is not augmented
 otherwise; COCO images are resized so the shorter side is `short_side` and the longer at most `max_size` (DETR's
@@ -344,6 +345,14 @@ SKIP_REASONS = (
 )
 
 
+def _count(n: int, noun: str) -> str:
+    """ "1 image", "2 images"."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+CLIPPED_SHOWN = 10  # ids of clipped annotations a report lists before "... N more"
+
+
 @dataclass(frozen=True)
 class Skipped:
     """An image or annotation of a COCO file left out, and why."""
@@ -361,6 +370,8 @@ class CocoReport:
     path: str  # the instances JSON
     images: int = 0  # images kept
     annotations: int = 0  # annotations kept
+    listed_images: int = 0  # image entries the file lists, kept or not
+    listed_annotations: int = 0  # annotation entries the file lists, kept or not
     skipped: list[Skipped] = field(default_factory=list)  # images and annotations left out
     clipped: list[Any] = field(default_factory=list)  # ids of annotations whose box was clipped to the image
     crowd: int = 0  # crowd annotations (iscrowd 1), left out of the targets as DETR's training does
@@ -370,10 +381,12 @@ class CocoReport:
         return dict(Counter(s.reason for s in self.skipped))
 
     def __str__(self) -> str:
-        lines = [f"{self.path}: {self.images} images, {self.annotations} annotations"]
+        lines = [f"{self.path}: {_count(self.images, 'image')}, {_count(self.annotations, 'annotation')}"]
         lines += [f"  skipped {n} ({reason})" for reason, n in self.counts().items()]
         if self.clipped:
-            lines.append(f"  clipped {len(self.clipped)} boxes to their image")
+            shown = ", ".join(str(i) for i in self.clipped[:CLIPPED_SHOWN])
+            more = f", ... {len(self.clipped) - CLIPPED_SHOWN} more" if len(self.clipped) > CLIPPED_SHOWN else ""
+            lines.append(f"  clipped {len(self.clipped)} boxes to their image: annotations {shown}{more}")
         if self.crowd:
             lines.append(f"  left out {self.crowd} crowd annotations")
         lines += [f"  {s.kind} {s.id}: {s.reason}" + (f" ({s.detail})" if s.detail else "") for s in self.skipped]
@@ -574,6 +587,7 @@ class CocoDetection(Dataset):
                 )
             )
         self.report.images, self.report.annotations = len(samples), sum(len(s.labels) for s in samples)
+        self.report.listed_images, self.report.listed_annotations = len(data["images"]), len(data["annotations"])
         return samples
 
     def _skip(self, kind: str, item_id: Any, reason: str, detail: str = "") -> None:
@@ -616,6 +630,31 @@ class CocoDetection(Dataset):
         return tensor, _target(sample.boxes, sample.labels, sample.areas, sample.image_id, sample.size, size)
 
 
+def _require_boxes(data: CocoDetection, split: str) -> None:
+    """ValueError unless `data`, the `split` ("train" or "val") of a folder, kept a box: saying what its file lists,
+    what was kept and why the rest was left out."""
+    report = data.report
+    if report.annotations:
+        return
+    purpose = "train on" if split == "train" else "evaluate on (COCO mAP is undefined without ground-truth boxes)"
+    parts = [
+        f"the file lists {_count(report.listed_images, 'image')} and {_count(report.listed_annotations, 'annotation')}",
+        f"kept {_count(report.images, 'image')} and 0 annotations",
+    ]
+    for kind in ("image", "annotation"):
+        reasons = Counter(s.reason for s in report.skipped if s.kind == kind)
+        if reasons:
+            detail = ", ".join(f"{n} {reason}" for reason, n in reasons.items())
+            parts.append(f"skipped {_count(sum(reasons.values()), kind)} ({detail})")
+    if report.crowd:
+        parts.append(f"left out {_count(report.crowd, 'crowd annotation')}")
+    skipped = sum(s.kind == "annotation" for s in report.skipped)
+    with_skipped_images = report.listed_annotations - skipped - report.crowd  # none was kept
+    if with_skipped_images:
+        parts.append(f"left out {_count(with_skipped_images, 'annotation')} of skipped images")
+    raise ValueError(f"{report.path}: no boxes to {purpose}: {'; '.join(parts)}")
+
+
 def _find_split(root: Path, split: str) -> tuple[Path, Path]:
     """(instances JSON, image folder) of `split` ("train" or "val") under `root`; see `load_coco_folder`."""
     found = sorted((root / "annotations").glob(f"instances_{split}*.json"))
@@ -642,12 +681,19 @@ def load_coco_folder(
     ``instances_``); or a ``root/train*/`` folder with the images and a single JSON, and the same for val (as
     several annotation tools export). Both splits must list the same categories. With `val_only` the training
     annotations are not read (train is None; evaluation needs only val).
+
+    A split that keeps no box (after the skips `CocoDetection` reports) is a ValueError naming its file, with what
+    it lists and why nothing was kept: training would learn nothing, and COCO mAP is undefined without boxes.
     """
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory: expected a COCO-format dataset folder")
-    train = None if val_only else CocoDetection(*_find_split(root, "train"), **options)
+    train = None
+    if not val_only:
+        train = CocoDetection(*_find_split(root, "train"), **options)
+        _require_boxes(train, "train")
     val = CocoDetection(*_find_split(root, "val"), **options)
+    _require_boxes(val, "val")
     if train is None:
         return None, val, DetectionInfo(str(root), val.classes, val.category_ids, tuple(val.mean), tuple(val.std))
     if (train.category_ids, train.classes) != (val.category_ids, val.classes):
@@ -677,3 +723,96 @@ def load_detection(
     if img_size is not None:
         options["short_side"] = img_size
     return load_coco_folder(source, val_only=val_only, channels=channels, **options)
+
+
+# --- What a dataset holds -------------------------------------------------------------------------------------------
+
+SMALL_OBJECT = 32  # COCO's small objects: area below 32 * 32 pixels, so a size sqrt(w * h) below 32
+
+
+@dataclass(frozen=True)
+class DetectionStats:
+    """What a detection dataset holds, read from its annotations alone (no image is decoded).
+
+    Sides and box sizes are in pixels of the images as stored; a box's size is sqrt(w * h), so COCO's small
+    objects (area below 32 * 32) are those of size below SMALL_OBJECT. Without boxes, the box figures are nan.
+    """
+
+    images: int  # images
+    boxes: int  # boxes of all images
+    classes: tuple[str, ...]  # class names, in class-index order
+    boxes_per_class: tuple[int, ...]  # boxes of each class, in the same order
+    max_objects: int  # most boxes in one image
+    median_objects: float  # median boxes per image (images without boxes count)
+    short_side_median: float  # the images' shorter side: median, smallest, largest
+    short_side_min: int
+    short_side_max: int
+    long_side_median: float  # the images' longer side: median, smallest, largest
+    long_side_min: int
+    long_side_max: int
+    box_size_median: float  # median box size sqrt(w * h)
+    box_size_p10: float  # 10th percentile of box sizes (linear interpolation, numpy's default)
+    small_share: float  # share of boxes of size below SMALL_OBJECT
+
+    def summary(self) -> str:
+        """Three lines: images and their sides; boxes per class; objects per image and box sizes."""
+        short, long = (self.short_side_min, self.short_side_max), (self.long_side_min, self.long_side_max)
+        if short[0] == short[1] == long[0] == long[1]:
+            sides = f"{short[0]}x{short[0]} px"
+        elif short[0] == short[1] and long[0] == long[1]:
+            sides = f"sides {short[0]} and {long[0]} px"
+        else:
+            sides = f"shorter side {short[0]}-{short[1]} px, longer {long[0]}-{long[1]} px"
+        per_class = ", ".join(f"{name}: {n}" for name, n in zip(self.classes, self.boxes_per_class, strict=True))
+        return "\n".join(
+            [
+                f"{self.images} images ({sides})",
+                f"{self.boxes} boxes: {per_class}",
+                f"objects per image: median {self.median_objects:g}, at most {self.max_objects}; box size: median "
+                f"{self.box_size_median:.0f} px, 10th percentile {self.box_size_p10:.0f} px, "
+                f"{self.small_share:.0%} small (< {SMALL_OBJECT} px)",
+            ]
+        )
+
+
+def detection_stats(dataset: CocoDetection | DigitsDetection) -> DetectionStats:
+    """A `DetectionStats` of a COCO-format split (its kept images and boxes, clipped to their image) or of the
+    digits-detect canvases of the dataset's current epoch (each canvas's layout is drawn; no canvas is painted)."""
+    if isinstance(dataset, CocoDetection):
+        sides = np.array([s.size for s in dataset.samples], dtype=np.int64).reshape(-1, 2)  # (N, 2) height, width
+        boxes = [s.boxes for s in dataset.samples]  # (n, 4) x0, y0, x1, y1 each
+        labels = [s.labels for s in dataset.samples]
+        classes = dataset.classes
+    elif isinstance(dataset, DigitsDetection):
+        layouts = [dataset.layout(i) for i in range(len(dataset))]
+        sides = np.full((len(layouts), 2), CANVAS, dtype=np.int64)
+        boxes = [np.array([p.box for p in placed], dtype=np.float64).reshape(-1, 4) for placed in layouts]
+        labels = [np.array([p.label for p in placed], dtype=np.int64) for placed in layouts]
+        classes = tuple(str(d) for d in range(10))
+    else:
+        raise TypeError(f"expected a CocoDetection or a DigitsDetection, got {type(dataset).__name__}")
+    if len(sides) == 0:
+        raise ValueError("the dataset has no images: there is nothing to describe")
+    all_boxes = np.concatenate(boxes).astype(np.float64).reshape(-1, 4)  # (B, 4)
+    sizes = np.sqrt((all_boxes[:, 2] - all_boxes[:, 0]) * (all_boxes[:, 3] - all_boxes[:, 1]))  # (B,)
+    counts = np.array([len(b) for b in boxes])  # (N,) boxes per image
+    short, long = sides.min(axis=1), sides.max(axis=1)
+    per_class = np.bincount(np.concatenate(labels).astype(np.int64), minlength=len(classes))
+    nan = float("nan")
+    return DetectionStats(
+        images=len(sides),
+        boxes=len(all_boxes),
+        classes=tuple(classes),
+        boxes_per_class=tuple(int(n) for n in per_class),
+        max_objects=int(counts.max()),
+        median_objects=float(np.median(counts)),
+        short_side_median=float(np.median(short)),
+        short_side_min=int(short.min()),
+        short_side_max=int(short.max()),
+        long_side_median=float(np.median(long)),
+        long_side_min=int(long.min()),
+        long_side_max=int(long.max()),
+        box_size_median=float(np.median(sizes)) if len(sizes) else nan,
+        box_size_p10=float(np.percentile(sizes, 10)) if len(sizes) else nan,
+        small_share=float(np.mean(sizes < SMALL_OBJECT)) if len(sizes) else nan,
+    )
