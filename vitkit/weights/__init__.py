@@ -16,6 +16,7 @@ from vitkit.weights.convert import (
     load_pretrained,
     load_weights,
     read_model_info,
+    saved_config,
 )
 from vitkit.weights.family import FamilyWeights
 from vitkit.weights.io import CheckpointMismatch, ModelInfo, model_info, save_pretrained
@@ -34,4 +35,5 @@ __all__ = [
     "model_info",
     "read_model_info",
     "save_pretrained",
+    "saved_config",
 ]

@@ -2,9 +2,11 @@
 
 Formats (`formats()`): "vitkit" (= "timm": vitkit keeps timm's parameter names) and those the families declare in
 their weights files (`vitkit.weights.<family>`, `FamilyWeights.layouts`): today torchvision, hf (Hugging Face
-transformers) and facebookresearch/detr's DETR. A checkpoint is renamed by its format's table for the model's
-family, fitted to the model (e.g. a ViT's position table resampled; the classifier kept on request), its keys and
-shapes checked, and only then loaded. Every library stores Linear weights as (out, in) and convolutions as
+transformers), facebookresearch/detr's DETR and fundamentalvision/Deformable-DETR. A checkpoint is renamed by its
+format's table for the model's family, fitted to the model (e.g. a ViT's position table resampled; the classifier,
+and whatever else is sized by the classes, kept on request), its keys and shapes checked, and only then loaded. A
+format may hold one part of a model (a detector's "torchvision" files are ResNet classifiers: its backbone), the
+rest keeping its initialisation. Every library stores Linear weights as (out, in) and convolutions as
 (out, in, kh, kw), so no tensor is transposed: conversions rename, concatenate and split.
 Whole model directories (vitkit's and Hugging Face's) are read by `from_pretrained` / `load_pretrained`;
 `convert` reads a directory or a checkpoint file in one layout and writes another.
@@ -42,6 +44,7 @@ from vitkit.weights.io import (
     is_hf_config,
     model_info,
     read_checkpoint,
+    read_config,
     read_json,
     read_saved_info,
     save_pretrained,
@@ -63,11 +66,23 @@ class LoadReport:
     loaded: int = 0  # tensors copied into the model
     unwrapped: list[str] = field(default_factory=list)  # wrapper entries and key prefixes removed
     resampled: list[str] = field(default_factory=list)  # tensors fitted to the model's size, with old -> new
+    loaded_keys: list[str] = field(default_factory=list)  # the model keys loaded, in the model's order
     head_reset: bool = False  # the checkpoint's classifier was skipped; the model kept its own
+    checkpoint_classes: int | None = None  # the classes of the checkpoint's classifier (its rows less the family's
+    # extra outputs); None when it has none
+    reset: list[str] = field(default_factory=list)  # model keys sized by the classes (the classifier's and the
+    # family's `class_sized`) that keep the model's initialisation: skipped (reset_head), or not in the checkpoint
+    uncovered: list[str] = field(default_factory=list)  # the other model keys outside the part that a checkpoint of
+    # one part holds (`Layout.part`: a ResNet classifier's file gives a detector's backbone), left as initialised
     dropped: list[str] = field(default_factory=list)  # checkpoint keys with no vitkit counterpart, skipped
     missing: list[str] = field(default_factory=list)  # model keys left as initialised (strict=False only)
     unexpected: list[str] = field(default_factory=list)  # checkpoint keys not used (strict=False only)
     mismatched: list[str] = field(default_factory=list)  # keys skipped for their shape (strict=False only)
+
+    @property
+    def adapted(self) -> bool:
+        """Whether the model differs from the checkpoint beyond renaming: tensors resampled, reset or not in it."""
+        return bool(self.resampled or self.reset or self.uncovered)
 
     def summary(self) -> str:
         """A few lines for people: format, counts and everything that was adapted or skipped."""
@@ -75,6 +90,8 @@ class LoadReport:
         for label, items in (
             ("unwrapped", self.unwrapped),
             ("resampled", self.resampled),
+            ("sized by the classes, left as initialised", self.reset),
+            ("not in a checkpoint of part of the model (left as initialised)", self.uncovered),
             ("dropped (no vitkit counterpart)", self.dropped),
             ("missing (left as initialised)", self.missing),
             ("unexpected (ignored)", self.unexpected),
@@ -150,13 +167,14 @@ def _lookalikes(state: Mapping[str, torch.Tensor]) -> tuple[list[str], list[str]
         for fam, weights in registered.items():
             layout = weights.layout(fmt)
             if layout is not None and layout.matches(keys):
-                others.append(fam if fmt == fam else f"{fmt} {fam}")  # a format named as its family: once
+                # a format named as its family: once; a file of one part: as that part ("torchvision ResNet")
+                others.append(f"{fmt} {layout.part_name}" if layout.part else fam if fmt == fam else f"{fmt} {fam}")
                 models += shapes.models_with(fam, weights.read_fields(layout.to_vitkit(dict(state))[0]))
     for fam, weights in registered.items():
         if weights.markers and keys.issuperset(weights.markers):
             others.append(f"vitkit {fam}")
             models += shapes.models_with(fam, weights.read_fields(state))
-    return others, list(dict.fromkeys(models))
+    return list(dict.fromkeys(others)), list(dict.fromkeys(models))
 
 
 def _layout(family: str, weights: FamilyWeights, fmt: str) -> Layout:
@@ -188,11 +206,16 @@ def load_weights(
         format: "auto" (recognised from the keys), "vitkit" / "timm", or a format of the model's family (see
             `formats()`; its weights file `vitkit.weights.<family>` describes each): torchvision, hf, or detr
             (facebookresearch/detr's files, e.g. `detr-r50-e632da11.pth`, or the training checkpoints its
-            `main.py` writes: ``{"model": ..., "optimizer": ..., "args": Namespace(...)}``).
+            `main.py` writes: ``{"model": ..., "optimizer": ..., "args": Namespace(...)}``), deformable_detr
+            (fundamentalvision/Deformable-DETR's). A detector's torchvision format is a ResNet classifier's file
+            (torchvision's or timm's): it fills the backbone, the rest of the model keeps its initialisation
+            (`LoadReport.uncovered`).
         strict: raise ValueError for missing, unexpected and shape-mismatched keys; when False, load what
             fits and list the rest in the report.
-        reset_head: skip the checkpoint's classifier and keep the model's own (freshly initialised) one, to
-            fine-tune on another number of classes. Without it a classifier of another size is an error.
+        reset_head: skip the checkpoint's classifier, and the other tensors the family sizes by the classes
+            (`FamilyWeights.class_sized`), and keep the model's own (freshly initialised) ones, to fine-tune on
+            another number of classes (`LoadReport.reset` lists them). Without it a classifier of another size is
+            an error.
 
     Returns:
         a `LoadReport`.
@@ -213,61 +236,116 @@ def _load(
     fmt = detect_format(state, fam, name) if format == "auto" else "vitkit" if format == "timm" else format
     report = LoadReport(source=name, format=fmt, unwrapped=unwrapped)
     unmatched: list[str] = []
-    if fmt != "vitkit":
-        state, report.dropped, unmatched = _layout(fam, weights, fmt).to_vitkit(state)
+    layout = None if fmt == "vitkit" else _layout(fam, weights, fmt)
+    if layout is not None:
+        state, report.dropped, unmatched = layout.to_vitkit(state)
 
     expected = model.state_dict()
     names_note = "" if fmt == "vitkit" else " (named as in vitkit)"
+    part = layout.part if layout is not None else ""
     if strict:
-        _check_architecture(fam, expected, state, name)
-    own_head: dict[str, torch.Tensor] = {}
+        _check_architecture(fam, expected, state, name, layout)
+    classes = weights.head + weights.class_sized  # the keys sized by the number of classes
+    report.checkpoint_classes = _classes_of(state, weights)
+    # The model's own tensors stand in for those the checkpoint does not give (the part it does not hold, a reset
+    # classifier), so the key check and the load see a whole model.
+    own = {k: v for k, v in expected.items() if not k.startswith(part)} if part else {}
     if reset_head:
-        state = {k: v for k, v in state.items() if not k.startswith(weights.head)}
-        # The model's own head stands in for the checkpoint's, so the key check and the load see a whole model.
-        own_head = {k: v for k, v in expected.items() if k.startswith(weights.head)}
+        state = {k: v for k, v in state.items() if not k.startswith(classes)}
+        own.update((k, v) for k, v in expected.items() if k.startswith(classes))
         report.head_reset = True
-    else:
-        body = {k for k in expected if not k.startswith(weights.head)}
-        body_fits = not unmatched and body == {k for k in state if not k.startswith(weights.head)}
+    elif not part:
+        # class-sized tensors on one side only: the model keeps its own, the checkpoint's are dropped
+        extra = [k for k in state if k.startswith(weights.class_sized) and k not in expected]
+        state = {k: v for k, v in state.items() if k not in extra}
+        report.dropped += extra
+        own.update((k, v) for k, v in expected.items() if k.startswith(weights.class_sized) and k not in state)
+        body = {k for k in expected if not k.startswith(classes)}
+        body_fits = not unmatched and body == {k for k in state if not k.startswith(classes)}
         _check_head(expected, state, weights.head, name, strict and body_fits, weights.extra_outputs)
+    report.reset = [k for k in expected if k in own and k.startswith(classes)]
+    report.uncovered = [k for k in expected if k in own and not k.startswith(classes)]
     try:
         report.resampled = weights.adapt(model, state)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from err
 
     if strict:
-        check_state_dict(model, {**state, **own_head}, source=name, unmatched=unmatched)
+        check_state_dict(model, {**state, **own}, source=name, unmatched=unmatched)
     else:
-        report.missing = [k for k in expected if k not in state and k not in own_head]
+        report.missing = [k for k in expected if k not in state and k not in own]
         report.unexpected = [*unmatched, *(k for k in state if k not in expected)]
         report.mismatched = [k for k in expected if k in state and state[k].shape != expected[k].shape]
         state = {k: v for k, v in state.items() if k in expected and v.shape == expected[k].shape}
     check_finite(state, name, names_note)
-    model.load_state_dict({**state, **own_head}, strict=strict)
+    model.load_state_dict({**state, **own}, strict=strict)
+    report.loaded_keys = [k for k in expected if k in state]
     report.loaded = len(state)
     return report
 
 
+def _classes_of(state: Mapping[str, torch.Tensor], weights: FamilyWeights) -> int | None:
+    """The number of classes of a (renamed) checkpoint's classifier: the rows of its first weight less the family's
+    extra outputs; None when it has no classifier."""
+    key = next((k for k in state if k.startswith(weights.head) and k.endswith("weight")), None)
+    return None if key is None else state[key].shape[0] - weights.extra_outputs
+
+
 def _check_architecture(
-    family: str, expected: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor], source: str
+    family: str,
+    expected: Mapping[str, torch.Tensor],
+    state: Mapping[str, torch.Tensor],
+    source: str,
+    layout: Layout | None = None,
 ) -> None:
     """CheckpointMismatch when the checkpoint's tensors fix config fields (width, depth, patch size, ...) to other
-    values than the model's: one line naming them, the fields to set and the registered models of that size."""
+    values than the model's: one line naming them, the fields to set and the registered models of that size. A
+    checkpoint of one part of the model (`layout.part`) is named as that part, with its layers that do not fit."""
     read_fields = family_weights(family).read_fields
     theirs = read_fields(state)
     differ = shapes.differences(theirs, read_fields(expected))
     if not differ:
         return
-    theirs_text = shapes.describe(family, {k: v for k, (v, _) in differ.items()})
-    if len(differ) == 1:  # "a ViT with embed_dim 192, the model has 384"
-        ours_text = ", the model has " + shapes.show_value(next(iter(differ.values()))[1])
+    listed = {k: v for k, (v, _) in differ.items()}
+    part = layout.part if layout is not None else ""
+    if part:  # "a torchvision ResNet with backbone_width 64, the model's backbone has 32"
+        fields_text = ", ".join(f"{k} {shapes.show_value(v)}" for k, v in listed.items())
+        theirs_text, whose = f"a {layout.format} {layout.part_name} with {fields_text}", f"the model's {part[:-1]}"
     else:
-        ours_text = "; the model has " + ", ".join(f"{k} {shapes.show_value(v)}" for k, (_, v) in differ.items())
+        theirs_text, whose = shapes.describe(family, listed), "the model"
+    if len(differ) == 1:  # "a ViT with embed_dim 192, the model has 384"
+        ours_text = f", {whose} has " + shapes.show_value(next(iter(differ.values()))[1])
+    else:
+        ours_text = f"; {whose} has " + ", ".join(f"{k} {shapes.show_value(v)}" for k, (_, v) in differ.items())
+    layers = f"; {_layers_that_differ(expected, state, part)}" if part else ""
     raise CheckpointMismatch(
-        f"{source} is {theirs_text}{ours_text}",
-        fields={k: v for k, (v, _) in differ.items()},
+        f"{source} is {theirs_text}{ours_text}{layers}",
+        fields=listed,
         models=shapes.models_with(family, theirs),
     )
+
+
+def _layers_that_differ(expected: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor], part: str) -> str:
+    """The layers (modules) of the model's `part` that a checkpoint of that part does not fit, in words: those of
+    another shape (the first with both shapes), those the checkpoint lacks and those the model lacks, a few of each
+    with counts."""
+    ours = {k: v for k, v in expected.items() if k.startswith(part)}
+    shaped = [k for k, v in ours.items() if k in state and state[k].shape != v.shape]
+    groups = (
+        ("of another shape", shaped),
+        ("missing from the checkpoint", [k for k in ours if k not in state]),
+        ("not in the model", [k for k in state if k not in ours]),
+    )
+    found = []
+    for what, keys in groups:
+        layers = list(dict.fromkeys(k.rsplit(".", 1)[0] for k in keys))
+        if layers:
+            shown = ", ".join(layers[:4]) + (", ..." if len(layers) > 4 else "")
+            found.append(f"{len(layers)} layer{'s' if len(layers) > 1 else ''} {what} [{shown}]")
+    if shaped:
+        key = shaped[0]
+        found[0] += f" ({key}: checkpoint {tuple(state[key].shape)}, model {tuple(ours[key].shape)})"
+    return "; ".join(found)
 
 
 def _check_head(
@@ -340,19 +418,40 @@ def load_pretrained(
         info = read_saved_info(directory)
         report = load_weights(model, directory / WEIGHTS_NAME, format="vitkit", reset_head=reset_head)
         return _with_info(model.eval(), info, reset_head), report
+    obj = read_checkpoint(directory)
+    family_name, config = _hf_config(directory, saved, obj, overrides)
+    model = build_model(family_name, config)
+    report = _load(model, obj, str(directory), "hf", strict=True, reset_head=reset_head)
+    return _with_info(model.eval(), _hf_info(directory, saved), reset_head), report
+
+
+def _hf_config(
+    directory: Path, saved: dict[str, Any], obj: Mapping[str, Any], overrides: Mapping[str, Any]
+) -> tuple[str, Any]:
+    """(family, the vitkit config) of a transformers directory: its parsed config.json `saved`, its checkpoint `obj`."""
     model_type = saved["model_type"]
     readers = hf_model_types()
     if model_type not in readers:
         raise ValueError(
-            f"{config_path}: Hugging Face model_type {model_type!r} is not supported; supported: {sorted(readers)}"
+            f"{directory / CONFIG_NAME}: Hugging Face model_type {model_type!r} is not supported; supported: "
+            f"{sorted(readers)}"
         )
-    obj = read_checkpoint(directory)
     state, _ = unwrap_state_dict(obj, str(directory))
     family_name, read_config = readers[model_type]
-    config = replace_config(read_config(saved, set(state), str(config_path)), **overrides)
-    model = build_model(family_name, config)
-    report = _load(model, obj, str(directory), "hf", strict=True, reset_head=reset_head)
-    return _with_info(model.eval(), _hf_info(directory, saved), reset_head), report
+    return family_name, replace_config(read_config(saved, set(state), str(directory / CONFIG_NAME)), **overrides)
+
+
+def saved_config(directory: str | os.PathLike, **overrides: Any) -> Any:
+    """The config of the model in a vitkit or Hugging Face transformers directory, as `load_pretrained` builds it,
+    with `overrides` replaced (e.g. the image size a run trains at). Nothing is built or loaded."""
+    directory = Path(directory)
+    config_path = directory / CONFIG_NAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: expected a vitkit or Hugging Face model directory")
+    saved = read_json(config_path)
+    if not is_hf_config(saved):
+        return read_config(directory, **overrides)
+    return _hf_config(directory, saved, read_checkpoint(directory), overrides)[1]
 
 
 def _hf_info(directory: Path, saved: dict[str, Any]) -> ModelInfo:
@@ -558,4 +657,5 @@ __all__ = [
     "load_weights",
     "read_model_info",
     "same_layout",
+    "saved_config",
 ]

@@ -8,7 +8,7 @@ vitkit's Deformable DETR keeps vitkit's DETR layout (`backbone.*` in torchvision
 `output_proj`). Without box refinement its one class head and one box head are `class_embed` and `bbox_embed`; with
 it, a ModuleList of each, one per decoder layer (`class_embed.{i}`, `bbox_embed.{i}`), the two-stage proposal heads
 last. Its class heads have K rows (sigmoid logits, no "no object"). Fine-tuning on other classes replaces the class
-heads only.
+heads and the other tensors sized by the classes (denoising queries' `label_embed`, where the model has it) only.
 
 transformers (format "hf"): `DeformableDetrForObjectDetection`, the model under `model.` and its heads beside it,
 with timm's ResNet as the backbone (its released checkpoints; `out_indices` name the stages that feed the levels) or
@@ -40,6 +40,9 @@ its state dicts write every name. Import resolves them as transformers' (`resolv
 all. The paper's code computes a few steps in float32 whatever the input type (the sine encoding, the valid
 ratios, reference grids), where vitkit follows the input's: equal in float32, not bit for bit in float64. Not read:
 two-stage without box refinement (transformers neither), learned position encodings (`backbone.1.row_embed`).
+
+torchvision (format "torchvision"): a ResNet classifier's file (torchvision's or timm's names) holds the backbone
+alone, as for DETR (`vitkit.weights.detr`): the rest of the model keeps its initialisation. It is not written.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from vitkit.weights.detr import (
     _hf_timm_backbone,
     _resnet,
     hf_resnet_config,
+    resnet_classifier,
     resnet_name,
 )
 from vitkit.weights.family import FamilyWeights, State
@@ -70,6 +74,9 @@ from vitkit.weights.rename import Layout, Rename, rename
 from vitkit.weights.shapes import count
 
 _HEADS = ("class_embed", "bbox_embed")  # beside `model.` in DeformableDetrForObjectDetection
+# The denoising queries' label embeddings (a row per class): used in training only, so neither transformers' model nor
+# the paper's has them, and the detections do not depend on them; not written.
+_TRAINING_ONLY = ("label_embed.",)
 
 
 def read_fields(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
@@ -322,7 +329,8 @@ def to_hf(config: DeformableDetrConfig, state: State) -> tuple[State, dict[str, 
     A standard ResNet (18 / 34 / 50 / 101 / 152, 64 wide) is written as timm's backbone, as transformers' released
     checkpoints are; any other width or depth as transformers' own ResNet, which cannot dilate (no DC5). Every head
     is written under every name transformers gives it, with `tie_word_embeddings` on: transformers ties the copies
-    (and keeps box refinement's distinct class heads apart).
+    (and keeps box refinement's distinct class heads apart). The denoising label embeddings (training only) are not
+    written.
     """
     timm_name = resnet_name(config)
     if timm_name is None and config.dilation:
@@ -331,6 +339,7 @@ def to_hf(config: DeformableDetrConfig, state: State) -> tuple[State, dict[str, 
             f"{config.backbone_block} {config.backbone_depths} at width {config.backbone_width}"
         )
     layout = HF_TIMM if timm_name else HF_NATIVE
+    state = {k: v for k, v in state.items() if not k.startswith(_TRAINING_ONLY)}
     heads = {k: v for k, v in state.items() if k.startswith(_HEADS)}
     body = layout.from_vitkit({k: v for k, v in state.items() if k not in heads})
     renamed = {"model." + k: v for k, v in body.items()} | _hf_heads(config, heads)
@@ -438,7 +447,7 @@ def _original_heads(state: State) -> State:
 
 class OriginalLayout(Layout):
     """The paper's layout: the heads resolved from their repeated names (`resolve_heads`), the rest renamed by the
-    rules; export writes every name the paper's model has."""
+    rules; export writes every name the paper's model has (not the denoising label embeddings, training only)."""
 
     def to_vitkit(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
         if f"{_T}enc_output.weight" in state and not any(k.startswith(f"{_T}decoder.bbox_embed.") for k in state):
@@ -453,7 +462,9 @@ class OriginalLayout(Layout):
 
     def from_vitkit(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         heads = {k: v for k, v in state.items() if k.startswith(_HEADS)}
-        body = super().from_vitkit({k: v for k, v in state.items() if k not in heads})
+        body = super().from_vitkit(
+            {k: v for k, v in state.items() if k not in heads and not k.startswith(_TRAINING_ONLY)}
+        )
         return body | _original_heads(state)
 
 
@@ -501,11 +512,18 @@ ORIGINAL = OriginalLayout(
 )
 
 
+# A ResNet classifier's file (torchvision's, or timm's of the same names): the backbone alone (see vitkit.weights.detr).
+TORCHVISION = resnet_classifier("deformable_detr", f"vitkit, hf or {_ORIGINAL_FORMAT}")
+
+
 WEIGHTS = FamilyWeights(
     markers=("level_embed", "encoder.layers.0.norm1.weight", "decoder.layers.0.norm3.weight"),
-    head=("class_embed.",),  # the class heads only: the box heads predict boxes of any class, so fine-tuning keeps them
+    # the class heads only (every decoder layer's and two-stage's proposal head): the box heads predict boxes of any
+    # class, so fine-tuning keeps them
+    head=("class_embed.",),
+    class_sized=_TRAINING_ONLY,  # the denoising queries' label embeddings, a row per class
     extra_outputs=0,  # K sigmoid logits, no "no object"
-    layouts=(HF, ORIGINAL),
+    layouts=(TORCHVISION, HF, ORIGINAL),  # torchvision first, as the classifiers list it: one order of formats
     read_fields=read_fields,
     hf_model_types={"deformable_detr": config_from_hf},
     hf_export=to_hf,
@@ -515,6 +533,7 @@ __all__ = [
     "HF",
     "ORIGINAL",
     "TIMM_RESNETS",
+    "TORCHVISION",
     "WEIGHTS",
     "check_original_export",
     "config_from_hf",

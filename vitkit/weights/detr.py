@@ -27,11 +27,15 @@ backbone (`use_timm_backbone`, as its released checkpoints) or transformers' own
 the files transformers 5 writes) name the backbone `backbone.conv_encoder.model`, the attention output `out_proj` and
 the feed-forward `fc1` / `fc2`; inside transformers 5 models they are `backbone.model`, `o_proj`, `mlp.fc1` /
 `mlp.fc2`. Import accepts all of them.
+
+torchvision (format "torchvision"): a ResNet classifier's state dict, torchvision's `resnet18` .. `resnet152` or
+timm's ResNets of those names (the same names: conv1, bn1, layer1..4, fc), holds the backbone alone: it loads into
+`backbone.` (its classifier `fc` dropped) and the rest of the detector keeps its initialisation. It is not written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -91,13 +95,13 @@ _NORMS = ("bn1", "layer{s}.{b}.bn{n}", "layer{s}.{b}.downsample.1")
 _NORM_TENSORS = ("weight", "bias", "running_mean", "running_var")  # FrozenBatchNorm2d's buffers
 
 
-def _resnet() -> tuple[Rename, ...]:
-    """vitkit's backbone keeps torchvision's names: `backbone.X` <- `backbone.0.body.X`, tensor by tensor, so that a
-    BatchNorm's `num_batches_tracked` (absent from DETR's frozen norms, present if a norm was a BatchNorm2d) is
-    dropped rather than carried along."""
+def _resnet(body: str = f"{_BODY}.") -> tuple[Rename, ...]:
+    """vitkit's backbone keeps torchvision's names: `backbone.X` <- `{body}X` (facebookresearch/detr's
+    `backbone.0.body.X`; a ResNet classifier's `X`), tensor by tensor, so that a BatchNorm's `num_batches_tracked`
+    (absent from DETR's frozen norms, present if a norm was a BatchNorm2d) is dropped rather than carried along."""
     return (
-        *(rename(f"backbone.{conv}.weight", f"{_BODY}.{conv}.weight") for conv in _CONVS),  # (out, in, kh, kw) both
-        *(rename(f"backbone.{norm}.{t}", f"{_BODY}.{norm}.{t}") for norm in _NORMS for t in _NORM_TENSORS),
+        *(rename(f"backbone.{conv}.weight", f"{body}{conv}.weight") for conv in _CONVS),  # (out, in, kh, kw) both
+        *(rename(f"backbone.{norm}.{t}", f"{body}{norm}.{t}") for norm in _NORMS for t in _NORM_TENSORS),
     )
 
 
@@ -161,6 +165,42 @@ ORIGINAL = Layout(
     check_export=check_original_export,
     wrapper="model",  # its main.py and hubconf.py read checkpoint["model"]
 )
+
+
+# --- torchvision's and timm's ResNet classifiers: the backbone alone --------------------------------------------------
+
+
+def backbone_only_export(family: str, formats: str) -> Callable[[Any], None]:
+    """The `check_export` of a format that holds a detector's backbone alone: always a ValueError naming `formats`,
+    those that write the whole model."""
+
+    def refuse(config: Any) -> None:
+        raise ValueError(
+            f"the torchvision layout of {family} models is a ResNet classifier's file, which initialises the backbone "
+            f"alone (loading leaves the rest as initialised); write the whole model as {formats}"
+        )
+
+    return refuse
+
+
+def resnet_classifier(family: str, formats: str) -> Layout:
+    """torchvision's `resnet18` .. `resnet152` (and timm's ResNets of the same names, which keep torchvision's names:
+    conv1, bn1, layer1..4, fc) as `family`'s backbone: `backbone.X` <- `X`, the classifier `fc` and BatchNorm's step
+    counts dropped, the rest of the detector left as initialised. A pretrained classifier is where DETR and
+    Deformable DETR start their backbones (their papers' ImageNet ResNet-50)."""
+    return Layout(
+        format="torchvision",
+        family=family,
+        rules=_resnet(""),
+        markers=("conv1.weight", "bn1.running_var", "layer1.0.conv1.weight"),
+        dropped=("fc", *(f"{norm}.num_batches_tracked" for norm in _NORMS)),
+        check_export=backbone_only_export(family, formats),
+        part="backbone.",
+        part_name="ResNet",
+    )
+
+
+TORCHVISION = resnet_classifier("detr", "vitkit, hf or detr")
 
 
 # --- Hugging Face transformers ----------------------------------------------------------------------------------------
@@ -379,7 +419,7 @@ WEIGHTS = FamilyWeights(
     markers=("input_proj.weight", "query_embed.weight", "decoder.norm.weight"),
     head=("class_embed.",),  # the class head only: the box head predicts boxes of any class, so fine-tuning keeps it
     extra_outputs=1,  # "no object"
-    layouts=(HF, ORIGINAL),
+    layouts=(TORCHVISION, HF, ORIGINAL),  # torchvision first, as the classifiers list it: one order of formats
     read_fields=read_fields,
     hf_model_types={"detr": config_from_hf},
     hf_export=to_hf,

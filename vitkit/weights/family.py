@@ -2,10 +2,10 @@
 `vitkit.weights.<family>` (the module its registration names as `Family.weights`).
 
 Loading, format detection, the shape and key checks, vitkit directories and Hugging Face directories read a family's
-checkpoints through this declaration only: which keys identify vitkit's (timm's) own layout, where the classifier
-is, what is fitted to the model's size, one rename table per source format, the config fields a state dict's shapes
-fix, and the translations to and from transformers' config.json. A family registered without a weights module reads
-and writes vitkit's own names only, its classifier under `head.`.
+checkpoints through this declaration only: which keys identify vitkit's (timm's) own layout, where the classifier and
+the other tensors sized by the number of classes are, what is fitted to the model's size, one rename table per source
+format, the config fields a state dict's shapes fix, and the translations to and from transformers' config.json. A
+family registered without a weights module reads and writes vitkit's own names only, its classifier under `head.`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ class FamilyWeights:
     markers: tuple[str, ...] = ()  # vitkit keys whose presence, all of them, identifies vitkit's (timm's) own layout;
     # (): whatever none of `layouts` matches is read as vitkit's names
     head: tuple[str, ...] = ("head.",)  # vitkit key prefixes of the classifier(s), skipped with reset_head=True
+    class_sized: tuple[str, ...] = ()  # vitkit key prefixes of the other tensors sized by the number of classes
+    # (e.g. denoising queries' label embeddings): skipped with the classifier, and left as the model initialises them
+    # where the checkpoint lacks them (one written before they existed); the checkpoint's are dropped where the
+    # model has none
     adapt: Callable[[nn.Module, State], list[str]] = unchanged  # fits size-dependent tensors to the model, in place,
     # before the shape check; returns a line per tensor changed; ValueError when one cannot be fitted
     extra_outputs: int = 0  # classifier rows beyond num_classes (DETR's "no object")

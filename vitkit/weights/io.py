@@ -318,14 +318,23 @@ def read_vitkit_config(path: Path) -> dict[str, Any]:
     return saved
 
 
-def build_from_config(directory: str | os.PathLike, **overrides: Any) -> nn.Module:
-    """The model described by a vitkit directory's `config.json` (freshly initialised; weights not loaded)."""
+def _saved_config(directory: str | os.PathLike, overrides: dict[str, Any]) -> tuple[str, Any]:
+    """(family, config) of a vitkit directory's `config.json`, `overrides` replaced."""
     config_path = Path(directory) / CONFIG_NAME
     saved = read_vitkit_config(config_path)
     fam = family(saved["family"])
     fields = {**saved["config"], **overrides}
-    config = _config_from_dict(fam.config_cls, fields, fam.name, saved["format_version"], str(config_path))
-    return build_model(fam.name, config)
+    return fam.name, _config_from_dict(fam.config_cls, fields, fam.name, saved["format_version"], str(config_path))
+
+
+def read_config(directory: str | os.PathLike, **overrides: Any) -> Any:
+    """The config in a vitkit directory's `config.json`, `overrides` replaced (nothing built)."""
+    return _saved_config(directory, overrides)[1]
+
+
+def build_from_config(directory: str | os.PathLike, **overrides: Any) -> nn.Module:
+    """The model described by a vitkit directory's `config.json` (freshly initialised; weights not loaded)."""
+    return build_model(*_saved_config(directory, overrides))
 
 
 def read_saved_info(directory: str | os.PathLike) -> ModelInfo:
@@ -414,6 +423,7 @@ __all__ = [
     "info_for",
     "model_info",
     "read_checkpoint",
+    "read_config",
     "read_json",
     "read_saved_info",
     "read_vitkit_config",

@@ -9,6 +9,8 @@ A rule with several source names concatenates their tensors along dim 0 on impor
 splits the vitkit tensor into that many equal parts along dim 0 on export (q, k, v <-> the fused qkv).
 Where two rules name the same vitkit key (older or newer spellings of a source name), import accepts
 either and export writes the first.
+A layout may hold one part of a model only (`Layout.part`, e.g. a ResNet classifier's file for a detector's
+backbone): loading fills that part and leaves the rest of the model as initialised.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ class Layout:
     # source-named tensors the format stores but vitkit recomputes (e.g. torchvision's relative position index)
     wrapper: str | None = None  # the entry of the format's `torch.save` files that holds the state dict (e.g.
     # facebookresearch/detr's {"model": state_dict}), written so on export; None: the state dict itself
+    part: str = ""  # the vitkit key prefix of the one part of the model that the format's files hold (a ResNet
+    # classifier's file: a detector's "backbone."): loading fills that part and leaves the rest as initialised;
+    # "": the whole model
+    part_name: str = ""  # what such a file is, in words (e.g. "ResNet"), for messages
 
     def matches(self, keys: set[str]) -> bool:
         """Whether a state dict with these keys is in this layout."""
