@@ -177,6 +177,6 @@ def test_train_alone_on_detection_data_trains_the_default_detector(monkeypatch, 
 
     monkeypatch.setattr("vitkit.cli.train.fit", fake_fit)
     assert main(["train", "--data", "builtin:digits-detect", "--out", str(tmp_path)]) == 0
-    assert seen["config"].model == "detr_digits" and seen["config"].task == "detection"
+    assert seen["config"].model == "deformable_detr_small" and seen["config"].task == "detection"
     args = ["train", "--data", "builtin:digits-detect", "--model", "vit_digits_patch7_28", "--out", str(tmp_path)]
     assert main(args) == 2

@@ -119,9 +119,26 @@ def test_matcher_takes_no_boxes_and_rejects_bad_input():
     with pytest.raises(ValueError, match=r"expected labels \(n,\) and boxes \(n, 4\)"):
         HungarianMatcher()(outputs, [targets[0], {"labels": torch.tensor([1]), "boxes": torch.rand(1, 3)}])
     outputs["pred_boxes"][0, 0, 0] = float("nan")
-    with pytest.raises(ValueError, match="not finite"):
+    with pytest.raises(ValueError, match="not finite: pred_logits hold 0 and pred_boxes 1 NaN or inf values"):
         HungarianMatcher()(outputs, targets)
     with pytest.raises(ValueError, match="not all 0"):
         HungarianMatcher(cost_class=0, cost_bbox=0, cost_giou=0)
     with pytest.raises(ValueError, match="classification must be one of"):
         HungarianMatcher(classification="sigmoid")
+
+
+@pytest.mark.parametrize("classification", ["ce", "focal"])
+def test_matcher_costs_bf16_outputs_in_float32(classification):
+    """Under bf16 autocast a model's outputs are bfloat16: the cost matrix is float32 (bf16's 8 bits of mantissa
+    tie the costs and flip assignments; its focal costs of confident logits overflow), equal to the cost of the same
+    values in float32, and the assignment is the same."""
+    outputs, targets = random_case(3, [4, 2, 5], queries=6)
+    outputs["pred_logits"] = outputs["pred_logits"] * 40  # confident logits: p near 0 and 1
+    low = {k: v.to(torch.bfloat16) for k, v in outputs.items()}
+    upcast = {k: v.float() for k, v in low.items()}
+    matcher = HungarianMatcher(classification=classification, no_object_logit=classification == "ce")
+    cost = matcher.cost_matrix(low, targets)
+    assert cost.dtype == torch.float32 and cost.isfinite().all()
+    torch.testing.assert_close(cost, matcher.cost_matrix(upcast, targets), rtol=0, atol=0)
+    for (q, t), (q32, t32) in zip(matcher(low, targets), matcher(upcast, targets), strict=True):
+        assert q.tolist() == q32.tolist() and t.tolist() == t32.tolist()

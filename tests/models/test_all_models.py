@@ -60,10 +60,11 @@ def deformable_detr_no_gradient(c: Any) -> frozenset[str]:
       weight a head samples: the gradient to the queries is zero. The encoder's tokens reach the loss as values too,
       but `level_embed` only through the positions added to the queries, so it gets none. (The offsets and weights
       themselves get theirs: their output moves the samples and their softmax.)
+    - with denoising queries, `label_embed`: only training with the ground truth feeds it (`forward(..., denoising)`).
     """
     heads = [f"bbox_embed.{i}." for i in range(c.dec_layers + c.two_stage)] if c.box_refine else ["bbox_embed."]
     first_two = {f"{head}layers.{i}.{p}" for head in heads for i in (0, 1) for p in ("weight", "bias")}
-    return frozenset({*first_two, "level_embed"})
+    return frozenset({*first_two, "level_embed", *(["label_embed.weight"] if c.dn_queries else [])})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,7 @@ two-stage proposals), the paper's top-100 reading of detections, config errors, 
 padded batches. Equality with transformers' Deformable DETR is in tests/weights/test_convert_deformable_detr.py, the
 deformable attention in tests/layers/test_deformable.py, the proposals' loss in tests/detection/test_criterion.py."""
 
+import dataclasses
 import math
 
 import pytest
@@ -10,10 +11,10 @@ import torch
 
 import vitkit
 from vitkit.analysis.profile import part_of
-from vitkit.detection import Postprocessing, criterion_for, pad_images, postprocess
+from vitkit.detection import Postprocessing, criterion_for, make_denoising, pad_images, postprocess
 from vitkit.layers.pos_embed import nearest_mask
 from vitkit.models.deformable_detr import DeformableDETR, DeformableDetrConfig, box_from_reference, inverse_sigmoid
-from vitkit.models.interface import has_no_object_logit
+from vitkit.models.interface import DenoisingSettings, has_no_object_logit
 from vitkit.models.registry import model_entry
 from vitkit.train.recipe import recipe_for
 
@@ -51,7 +52,11 @@ def test_variants_cite_the_paper_and_declare_k_logits():
         "deformable_detr_resnet50",
         "deformable_detr_resnet50_box_refine",
         "deformable_detr_resnet50_two_stage",
+        "deformable_detr_small",
     ]
+    small = model_entry("deformable_detr_small").config  # the digits model, two-stage, with denoising queries
+    digits = model_entry("deformable_detr_digits").config
+    assert small == dataclasses.replace(digits, two_stage=True, dn_queries=40)
     for name in names:
         assert "arXiv:2010.04159" in model_entry(name).paper
     assert has_no_object_logit(DeformableDETR) is False  # K sigmoid class logits
@@ -276,3 +281,61 @@ def test_bfloat16_places_the_encoders_points_at_the_token_centres():
     x = (torch.arange(W) + 0.5) / W
     first_level = locations[0, : H * W, 0, 0, 0, 0].view(H, W)  # x of each level-0 token's point on level 0
     torch.testing.assert_close(first_level, x.expand(H, W), atol=1e-6, rtol=0)
+
+
+def denoising_batch(model, seed=0):
+    """Denoising queries for two images of 3 and 1 boxes, with the model's settings."""
+    g = torch.Generator().manual_seed(seed)
+    targets = [
+        {"labels": torch.randint(0, K, (n,), generator=g), "boxes": torch.rand(n, 4, generator=g) * 0.3 + 0.2}
+        for n in (3, 1)
+    ]
+    torch.manual_seed(seed)
+    return make_denoising(targets, model.denoising_settings(), K)[0]
+
+
+def test_denoising_queries_do_not_leak_into_the_object_queries():
+    """The object queries' predictions are the same with or without denoising queries beside them (float64, weights
+    off their init); denoising group 0's do not change when group 1's inputs do."""
+    model = tiny("deformable_detr_resnet50_two_stage", dn_queries=12, mixed_queries=True).double()
+    images = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    dn = denoising_batch(model)
+    assert dn.groups == 2 and dn.labels.shape == (2, 12)
+    with torch.no_grad():
+        alone = model(images)
+        beside = model(images, None, dn)
+        other = dataclasses.replace(dn, labels=dn.labels.clone(), boxes=dn.boxes.clone())
+        other.labels[:, 6:] = (other.labels[:, 6:] + 1).clamp(max=K - 1)
+        other.boxes[:, 6:] = other.boxes[:, 6:].flip(1)
+        changed = model(images, None, other)
+    for key in ("pred_logits", "pred_boxes"):
+        torch.testing.assert_close(beside[key], alone[key], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(changed["dn_outputs"][key][:, :6], beside["dn_outputs"][key][:, :6])
+        assert not torch.allclose(changed["dn_outputs"][key][:, 6:], beside["dn_outputs"][key][:, 6:])
+    assert beside["dn_outputs"]["pred_logits"].shape == (2, 12, K) and len(beside["dn_outputs"]["aux_outputs"]) == 2
+    assert "dn_outputs" not in alone
+
+
+def test_denoising_needs_two_stage_and_follows_the_classes():
+    with pytest.raises(ValueError, match="dn_queries needs two_stage=True"):
+        DeformableDetrConfig(box_refine=True, dn_queries=10)
+    with pytest.raises(ValueError, match="mixed_queries needs two_stage=True"):
+        DeformableDetrConfig(mixed_queries=True)
+    plain = tiny("deformable_detr_resnet50_two_stage")
+    assert plain.denoising_settings() is None and not hasattr(plain, "label_embed")
+    model = tiny("deformable_detr_resnet50_two_stage", dn_queries=8, dn_label_noise=0.2, dn_box_noise=0.4)
+    with pytest.raises(ValueError, match="no denoising queries"):
+        plain(torch.randn(2, 3, 64, 64), None, denoising_batch(model))
+    assert model.denoising_settings() == DenoisingSettings(8, 0.2, 0.4)
+    model.reset_classifier(3)
+    assert model.label_embed.weight.shape == (3, 32)
+
+
+def test_mixed_queries_take_their_contents_from_a_table():
+    """With mixed query selection the first decoder layer's contents are `tgt_embed`, whatever the proposals."""
+    model = tiny("deformable_detr_resnet50_two_stage", mixed_queries=True)
+    seen = []
+    model.decoder.layers[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    with torch.no_grad():
+        model(torch.randn(2, 3, 64, 64))
+    torch.testing.assert_close(seen[0], model.tgt_embed.weight.expand(2, -1, -1))

@@ -18,10 +18,10 @@ from vitkit.train import DEFAULT_DETECTOR, DEFAULT_MODEL, TrainConfig, fit
 from vitkit.train.config import LEGACY_DEFAULT_MODEL, LEGACY_DEFAULT_MODEL_ARGS, current_model_name
 from vitkit.train.recipe import recipe_for
 
-# The recipes --help names: the classifiers', the small DETRs' (their registry entries' own), DETR's, and the same
-# two of Deformable DETR.
+# The recipes --help names: the classifiers', the small DETRs' (their registry entries' own), DETR's, and for
+# Deformable DETR its two small variants' (deformable_detr_small's sized from the data) and the family's.
 CLASSIFIER_RECIPE = recipe_for("classification", DEFAULT_MODEL)
-SMALL_DETR_RECIPE = recipe_for("detection", DEFAULT_DETECTOR)
+SMALL_DETR_RECIPE = recipe_for("detection", "detr_digits")
 DETR_RECIPE = recipe_for("detection", "detr_resnet50")
 SMALL_DEFORMABLE_RECIPE = recipe_for("detection", "deformable_detr_digits")
 DEFORMABLE_RECIPE = recipe_for("detection", "deformable_detr_resnet50")
@@ -34,10 +34,12 @@ def test_every_field_is_a_train_option():
     assert options["model_args"].option_strings == ["--model-arg"]
     # a task-dependent default names the value of each recipe
     recipes = f"{CLASSIFIER_RECIPE.epochs}; small DETRs {SMALL_DETR_RECIPE.epochs}; DETR {DETR_RECIPE.epochs}"
-    recipes += f"; small Deformable DETRs {SMALL_DEFORMABLE_RECIPE.epochs}; Deformable DETR {DEFORMABLE_RECIPE.epochs}"
+    recipes += f"; deformable_detr_digits {SMALL_DEFORMABLE_RECIPE.epochs}; deformable_detr_small from the data"
+    recipes += f"; Deformable DETR {DEFORMABLE_RECIPE.epochs}"
     assert options["epochs"].help == f"passes over the training data (default: {recipes})"
     assert options["lr"].help.endswith(
-        "(default: 0.002; small DETRs 0.0003; DETR 0.0001; small Deformable DETRs 0.0003; Deformable DETR 0.0002)"
+        "(default: 0.002; small DETRs 0.0003; DETR 0.0001; deformable_detr_digits 0.0003; deformable_detr_small "
+        "0.0003; Deformable DETR 0.0002)"
     )
     assert options["precision"].choices == ("fp32", "bf16")
 

@@ -134,7 +134,11 @@ def test_two_processes_compute_a_detectors_box_loss_gradients_of_the_global_batc
 
 
 def test_torchrun_trains_a_detector_and_only_rank_0_writes(tmp_path, tiny_detector_config):
-    config = tiny_detector_config(tmp_path / "ddp", epochs=1)
+    # the default detector (denoising queries, two-stage) at a tiny size: every parameter gets a gradient in every
+    # process's step, as DistributedDataParallel needs
+    tiny = {"backbone_width": 8, "hidden_dim": 32, "num_heads": 2, "dim_feedforward": 32, "num_queries": 6}
+    tiny |= {"enc_layers": 1, "dec_layers": 2, "dn_queries": 12}
+    config = tiny_detector_config(tmp_path / "ddp", epochs=1, model="deformable_detr_small", model_args=tiny)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "vitkit"]
     command += ["train", "--out", config.out, "--data", config.data, "--epochs", "1", "--batch-size", "4"]
     command += ["--device", "cpu"] + [f"--model-arg={k}={v}" for k, v in config.model_args.items()]

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -155,7 +156,12 @@ def test_box_classification_trains_only_when_asked(tmp_path, tiny_detector_confi
 
 
 @pytest.mark.parametrize(
-    ("model", "model_args"), [("detr_digits", {}), ("deformable_detr_digits", TINY_DEFORMABLE_DETR)]
+    ("model", "model_args"),
+    [
+        ("detr_digits", {}),
+        ("deformable_detr_digits", TINY_DEFORMABLE_DETR),
+        ("deformable_detr_small", {**TINY_DEFORMABLE_DETR, "dn_queries": 12, "mixed_queries": True}),
+    ],
 )
 def test_every_detection_option_runs(tmp_path, tiny_detector_config, model, model_args):
     """Every option at once, for DETR (K + 1 logits) and Deformable DETR (K logits, no "no object")."""
@@ -166,6 +172,8 @@ def test_every_detection_option_runs(tmp_path, tiny_detector_config, model, mode
     )  # fmt: skip
     result = fit(config)
     assert all(np.isfinite(result.last[k]) for k in ("train_loss", "loss_ce", "ap"))
+    if "dn_queries" in model_args:  # the denoising terms, weighted as in the total: part of the training loss
+        assert result.last["train_loss"] > result.last["loss_dn"] > 0
     settings = load_detection_settings(tmp_path / "final")
     assert settings.classification == "focal" and settings.no_object_logit == (model == "detr_digits")
     final = from_pretrained(tmp_path / "final")
@@ -177,19 +185,38 @@ def test_every_detection_option_runs(tmp_path, tiny_detector_config, model, mode
 
 
 def test_the_data_picks_the_default_detector_and_its_recipe(tmp_path, digits_coco):
-    for data in ("builtin:digits-detect", str(digits_coco)):
+    recipe = recipe_for("detection", DEFAULT_DETECTOR)
+    # digits-detect: 4000 canvases of 96 x 96 a epoch, the budget's 1.8e8 pixels in 5 epochs; the folder: 24
+    # canvases, 1.8e8 / (24 * 96 * 96) = 814 epochs, kept to the most (200), batches of 2 (24 // 32 is less)
+    for data, epochs, batch in (("builtin:digits-detect", 5, 16), (str(digits_coco), 200, 2)):
         config = TrainConfig(data=data).resolved()
-        assert config.task == "detection" and config.model == DEFAULT_DETECTOR == "detr_digits"
-        recipe = recipe_for("detection", "detr_digits")
-        assert (config.lr, config.backbone_lr, config.epochs, config.clip_grad) == (
-            recipe.lr, recipe.backbone_lr, recipe.epochs, recipe.clip_grad
+        assert config.task == "detection" and config.model == DEFAULT_DETECTOR == "deformable_detr_small"
+        assert (config.lr, config.backbone_lr, config.clip_grad, config.box_cls_loss) == (
+            recipe.lr, recipe.backbone_lr, recipe.clip_grad, 0.0
         )  # fmt: skip
+        assert (config.img_size, config.epochs, config.batch_size, config.model_args) == (96, epochs, batch, {})
+    given = TrainConfig(data="builtin:digits-detect", img_size=128, batch_size=4).resolved()
+    assert (given.img_size, given.epochs, given.batch_size) == (128, 3, 4)  # 1.8e8 / (4000 * 128 * 128) = 2.7
     detr = TrainConfig(data="builtin:digits-detect", model="detr_resnet50").resolved()
     assert (detr.lr, detr.backbone_lr, detr.weight_decay, detr.clip_grad) == (1e-4, 1e-5, 1e-4, 0.1)
     assert (detr.detection_loss, detr.box_cls_loss) == ("ce", 0.0)
     classifier = TrainConfig().resolved()
     assert classifier.task == "classification" and classifier.backbone_lr is None
     assert (classifier.lr, classifier.label_smoothing, classifier.epochs) == (2e-3, 0.1, 40)
+
+
+def test_the_start_summary_says_what_the_data_chose(tmp_path, tiny_detector_config, caplog):
+    """Options left unset that the default detector's recipe sizes from the data are printed with why; those given
+    are not."""
+    args = {**TINY_DEFORMABLE_DETR, "dn_queries": 12}
+    config = tiny_detector_config(tmp_path, model="deformable_detr_small", model_args=args, epochs=1, batch_size=None)
+    with caplog.at_level(logging.INFO, logger="vitkit.train"):
+        fit(config)
+    summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))
+    assert "  sized   img size 96: median shorter side 96 px\n" in summary
+    assert "          batch size 2: 24 training images, at least 32 steps an epoch\n" in summary
+    assert "  epochs " not in summary.split("  sized")[1]  # given
+    assert json.loads((tmp_path / "config.json").read_text())["img_size"] == 96
 
 
 def test_a_model_that_does_not_fit_the_data_is_a_clear_error(digits_coco, digit_folder):

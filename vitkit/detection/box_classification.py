@@ -36,12 +36,12 @@ class BoxClassification(nn.Module):
         self.head = nn.Linear(detector.backbone.out_channels[-1], num_classes)
 
     def forward(
-        self, images: torch.Tensor, pixel_mask: torch.Tensor | None, boxes: list[torch.Tensor]
+        self, images: torch.Tensor, pixel_mask: torch.Tensor | None, boxes: list[torch.Tensor], **detector: Any
     ) -> tuple[dict[str, Any], torch.Tensor]:
         features: list[torch.Tensor] = []
         hook = self.detector.backbone.register_forward_hook(lambda module, args, out: features.append(out[-1]))
         try:
-            outputs = self.detector(images, pixel_mask)
+            outputs = self.detector(images, pixel_mask, **detector)  # `detector`: e.g. denoising queries
         finally:
             hook.remove()
         feature_map = features[-1].float()  # (B, C5, h, w)

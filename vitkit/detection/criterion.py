@@ -172,10 +172,16 @@ class SetCriterion(nn.Module):
             raise ValueError(f"expected {what} (B, Q, {expected}) for {layout}, got {tuple(logits.shape)}")
 
     def layer_losses(
-        self, outputs: Mapping[str, torch.Tensor], targets: Sequence[Mapping[str, torch.Tensor]], num_boxes: float
+        self,
+        outputs: Mapping[str, torch.Tensor],
+        targets: Sequence[Mapping[str, torch.Tensor]],
+        num_boxes: float,
+        indices: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Match one decoder layer's predictions and return its `loss_ce`, `loss_bbox`, `loss_giou`."""
-        indices = self.matcher(outputs, targets)
+        """One decoder layer's `loss_ce`, `loss_bbox`, `loss_giou`: its predictions matched to the boxes, or paired
+        as `indices` says (per image, (query indices, box indices): denoising queries know their box)."""
+        if indices is None:
+            indices = self.matcher(outputs, targets)
         logits = outputs["pred_logits"]
         batch = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)]).to(logits.device)  # (M,)
         query = torch.cat([q for q, _ in indices]).to(logits.device)  # (M,)
@@ -185,7 +191,10 @@ class SetCriterion(nn.Module):
         return {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
 
     def forward(
-        self, outputs: Mapping[str, torch.Tensor | list], targets: Sequence[Mapping[str, torch.Tensor]]
+        self,
+        outputs: Mapping[str, torch.Tensor | list],
+        targets: Sequence[Mapping[str, torch.Tensor]],
+        denoised: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> dict[str, torch.Tensor]:
         """The losses of a DETR output against the targets.
 
@@ -193,13 +202,16 @@ class SetCriterion(nn.Module):
             outputs: the model's output: `pred_logits` (B, Q, K + 1) (or (B, Q, K) without `no_object_logit`),
                 `pred_boxes` (B, Q, 4) and, used with `aux_loss`, `aux_outputs`: a list of such dicts, one per
                 earlier decoder layer, and `enc_outputs` when the model gives it: such a dict of the encoder's
-                proposals (B, N, ...).
+                proposals (B, N, ...); with denoising queries, `dn_outputs`: such a dict of their predictions (B, P,
+                ...) with its own `aux_outputs`.
             targets: per image, `labels` (n,) int64 in [0, K) and `boxes` (n, 4) (cx, cy, w, h) in [0, 1].
+            denoised: with `dn_outputs`, per image (slot indices, box indices) of the positive denoising queries
+                (`vitkit.detection.make_denoising`); their losses are divided by the boxes times the groups.
 
         Returns:
             `loss_ce`, `loss_bbox`, `loss_giou` of the last layer, the same suffixed `_0`, `_1`, ... per
-            auxiliary layer and `_enc` for the encoder's proposals, and `total`, their weighted sum (what to call
-            backward on).
+            auxiliary layer, `_enc` for the encoder's proposals and `_dn`, `_dn_0`, ... for the denoising queries,
+            and `total`, their weighted sum (what to call backward on).
         """
         logits = outputs["pred_logits"]
         self.check_logits(logits, "pred_logits")
@@ -217,6 +229,20 @@ class SetCriterion(nn.Module):
             for name, value in self.layer_losses(layer, layer_targets, num_boxes).items():
                 losses[name + suffix] = value
                 total = total + self.weights[name] * value
+        if "dn_outputs" in outputs:
+            if denoised is None:
+                raise ValueError("the outputs hold dn_outputs: pass the denoising queries' boxes (denoised)")
+            dn = outputs["dn_outputs"]
+            self.check_logits(dn["pred_logits"], "dn_outputs' pred_logits")
+            # each box has G positive copies: their losses are divided by G times the boxes
+            groups = max(sum(len(q) for q, _ in denoised) / max(sum(len(t["labels"]) for t in targets), 1), 1.0)
+            dn_layers = [("_dn", dn)]
+            if self.aux_loss:
+                dn_layers += [(f"_dn_{i}", layer) for i, layer in enumerate(dn.get("aux_outputs", []))]
+            for suffix, layer in dn_layers:
+                for name, value in self.layer_losses(layer, targets, num_boxes * groups, list(denoised)).items():
+                    losses[name + suffix] = value
+                    total = total + self.weights[name] * value
         losses["total"] = total
         return losses
 

@@ -135,9 +135,14 @@ class HungarianMatcher(nn.Module):
         if sum(sizes) == 0:
             empty = torch.empty(0, dtype=torch.int64)
             return [(empty, empty) for _ in targets]
-        cost = self.cost_matrix(outputs, targets).cpu()  # (B, Q, T)
+        cost = self.cost_matrix(outputs, targets).cpu()  # (B, Q, T), float32 whatever the outputs' precision
         if not torch.isfinite(cost).all():
-            raise ValueError("the matching cost is not finite: the model's logits or boxes hold NaN or inf")
+            bad = {name: int((~outputs[name].isfinite()).sum()) for name in ("pred_logits", "pred_boxes")}
+            raise ValueError(
+                f"the matching cost is not finite: pred_logits hold {bad['pred_logits']} and pred_boxes "
+                f"{bad['pred_boxes']} NaN or inf values; the model has diverged (try a lower learning rate, gradient "
+                "clipping, or fp32 instead of bf16)"
+            )
         indices = []
         for i, block in enumerate(cost.split(sizes, dim=-1)):  # block i: (B, Q, n_i)
             queries, boxes = linear_sum_assignment(block[i].numpy())

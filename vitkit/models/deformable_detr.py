@@ -78,8 +78,21 @@ from vitkit.layers.cost import (
 )
 from vitkit.layers.pos_embed import POS_SCALE, POS_TEMPERATURE, SinePositionEmbedding, nearest_mask
 from vitkit.models.detr import BLOCKS, BoxMLP, resnet_backbone
-from vitkit.models.interface import CostFromImages, check_detector_input, checkpoint_blocks
-from vitkit.models.registry import check_field_types, check_positive, check_rates, register_family, register_model
+from vitkit.models.interface import (
+    CostFromImages,
+    DenoisingQueries,
+    DenoisingSettings,
+    check_detector_input,
+    checkpoint_blocks,
+)
+from vitkit.models.registry import (
+    check_field_types,
+    check_positive,
+    check_rates,
+    model_entry,
+    register_family,
+    register_model,
+)
 from vitkit.models.transformer import add_norm
 
 DEFORMABLE_DETR_PAPER = (
@@ -127,6 +140,13 @@ class DeformableDetrConfig:
     box_refine: bool = False  # iterative box refinement: heads per decoder layer, each layer's box the next
     # layer's reference
     two_stage: bool = False  # the encoder proposes the decoder's reference boxes; needs box_refine (as transformers)
+    mixed_queries: bool = False  # two-stage: the proposals give the queries' positions, a learned table their
+    # contents (DINO's mixed query selection, arXiv:2203.03605); False: both from the proposals (the paper's)
+    dn_queries: int = 0  # denoising queries per image in training (DN-DETR / DINO; `vitkit.detection.denoising`):
+    # noised ground-truth boxes and labels beside the object queries, in groups of a positive and a negative copy of
+    # every box; 0: off. Needs two_stage (the decoder's references are boxes); adds `label_embed`
+    dn_label_noise: float = 0.5  # share of denoising copies whose label is redrawn (DINO: 0.5, half of it at random)
+    dn_box_noise: float = 1.0  # scale of the denoising boxes' noise, in half box sides (DINO: 1.0)
     dynamic_img_size: bool = True  # accept any image size (batches of several sizes are padded); False: img_size only
     attn_backend: str = "auto"  # "auto", "sdpa" or "math" (the reference formulas), for the dense decoder
     # self-attention and the deformable attentions alike; see layers.attention and layers.deformable
@@ -136,7 +156,12 @@ class DeformableDetrConfig:
         check_positive(self, "in_chans", "num_classes", "backbone_width", "num_feature_levels", "hidden_dim")
         check_positive(self, "num_heads", "enc_layers", "dec_layers", "enc_points", "dec_points", "dim_feedforward")
         check_positive(self, "num_queries")
-        check_rates(self, "drop_rate", "attn_drop_rate")
+        check_rates(self, "drop_rate", "attn_drop_rate", "dn_label_noise")
+        if self.dn_queries < 0 or self.dn_box_noise < 0:
+            raise ValueError(f"dn_queries and dn_box_noise must be >= 0, got {self.dn_queries} and {self.dn_box_noise}")
+        if (self.dn_queries or self.mixed_queries) and not self.two_stage:
+            what = "dn_queries" if self.dn_queries else "mixed_queries"
+            raise ValueError(f"{what} needs two_stage=True (and box_refine): the decoder's references must be boxes")
         H, W = to_2tuple(self.img_size)
         if H <= 0 or W <= 0:
             raise ValueError(f"img_size must be positive, got {self.img_size!r}")
@@ -185,12 +210,14 @@ class DeformableDecoding:
             None without.
         enc_outputs: two-stage only, the encoder's proposals for the loss: `pred_logits` (B, N, K) and `pred_boxes`
             (B, N, 4); None otherwise.
+        denoised: P, the denoising queries placed before the Q object queries (training only; 0 without).
     """
 
     states: Tensor
     reference: Tensor
     boxes: Tensor | None = None
     enc_outputs: dict[str, Tensor] | None = None
+    denoised: int = 0
 
 
 def inverse_sigmoid(x: Tensor, eps: float = INVERSE_SIGMOID_EPS) -> Tensor:
@@ -398,10 +425,12 @@ class DeformableDecoderLayer(nn.Module):
         memory: Tensor,
         spatial_shapes: Sequence[tuple[int, int]],
         padding_mask: Tensor | None,
+        allowed: Tensor | None = None,
     ) -> Tensor:
         """tgt, query_pos (B, Q, D); reference_points (B, Q, L, 2 | 4); memory (B, N, D); padding_mask (B, N) True
-        at padding, or None."""
-        tgt = self.norm1(tgt + self.self_attn(tgt + query_pos, value=tgt))
+        at padding, or None; allowed (Q, Q) True where query i may attend to query j in the self-attention, or None
+        (all)."""
+        tgt = self.norm1(tgt + self.self_attn(tgt + query_pos, allowed, value=tgt))
         attended = self.cross_attn(tgt + query_pos, reference_points, memory, spatial_shapes, padding_mask)
         tgt = self.norm2(tgt + self.cross_attn_drop(attended))
         return self.norm3(tgt + self.mlp(tgt))
@@ -475,19 +504,21 @@ class DeformableDecoder(nn.Module):
         padding_mask: Tensor | None = None,
         valid_ratios: Tensor | None = None,
         box_heads: Sequence[nn.Module] | None = None,
+        allowed: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Query slots tgt and their positions query_pos (B, Q, D), reference points (B, Q, 2) or boxes (B, Q, 4) in
         [0, 1] of each image's real part, memory (B, N, D) -> (the states of every layer (L_d, B, Q, D), the boxes
         of every layer (L_d, B, Q, 4) with `box_heads`, else None).
 
         With `box_heads` (iterative box refinement), layer l's head turns its output into a box around its reference
-        (`box_from_reference`), and that box, without gradient, is the next layer's reference.
+        (`box_from_reference`), and that box, without gradient, is the next layer's reference. `allowed` (Q, Q)
+        limits which queries each one's self-attention sees (denoising groups), as `DeformableDecoderLayer`.
         """
         num_levels = len(spatial_shapes)
         states, boxes = [], []
         for i, layer in enumerate(self.layers):
             points = level_references(reference, valid_ratios, num_levels)  # (B, Q, L, 2|4)
-            tgt = layer(tgt, query_pos, points, memory, spatial_shapes, padding_mask)
+            tgt = layer(tgt, query_pos, points, memory, spatial_shapes, padding_mask, allowed)
             states.append(tgt)
             if box_heads is not None:
                 boxes.append(box_from_reference(box_heads[i](tgt), inverse_sigmoid(reference)))  # (B, Q, 4)
@@ -570,6 +601,10 @@ class DeformableDETR(CostFromImages, nn.Module):
             self.enc_output_norm = nn.LayerNorm(D)
             self.pos_trans = nn.Linear(2 * D, 2 * D)
             self.pos_trans_norm = nn.LayerNorm(2 * D)
+            if c.mixed_queries:
+                self.tgt_embed = nn.Embedding(c.num_queries, D)  # the object queries' contents
+            if c.dn_queries:
+                self.label_embed = nn.Embedding(c.num_classes, D)  # a denoising query's content: its noised class
         else:
             self.query_embed = nn.Embedding(c.num_queries, 2 * D)  # [position | content] of each query
             self.reference_points = nn.Linear(D, 2)
@@ -617,6 +652,9 @@ class DeformableDETR(CostFromImages, nn.Module):
         if not self.config.two_stage:
             nn.init.zeros_(self.reference_points.bias)
             nn.init.normal_(self.query_embed.weight)
+        for table in ("tgt_embed", "label_embed"):  # mixed query selection and denoising (DINO's init)
+            if hasattr(self, table):
+                nn.init.normal_(getattr(self, table).weight)
         nn.init.normal_(self.level_embed)
         for projection in self.input_proj:
             nn.init.xavier_uniform_(projection[0].weight)
@@ -714,23 +752,62 @@ class DeformableDETR(CostFromImages, nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
         """Two-stage: (query_pos, tgt (B, Q, D), reference boxes (B, Q, 4), the proposals for the loss): the Q
         proposals the encoder's class head scores highest on its first class, their boxes (without gradient) as the
-        references, and the sine encoding of those boxes through `pos_trans` as the queries' positions and contents.
+        references, and the sine encoding of those boxes through `pos_trans` as the queries' positions and contents
+        (with `mixed_queries`, the contents are the learned `tgt_embed` instead, as DINO).
         """
-        D, n = self.config.hidden_dim, self.config.dec_layers
+        n = self.config.dec_layers
         query, anchors = self.encoder_proposals(memory, padding_mask, shapes)
         logits = self.class_embed[n](query)  # (B, N, K)
         coords = self.bbox_embed[n](query) + anchors  # (B, N, 4), inverse sigmoids (+inf where unused)
         best = logits[..., 0].topk(self.config.num_queries, dim=1).indices  # (B, Q)
         chosen = coords.gather(1, best[..., None].expand(-1, -1, 4)).detach()  # (B, Q, 4)
         reference = chosen.sigmoid()
-        embedded = self.pos_trans_norm(self.pos_trans(proposal_encoding(reference, D // 2)))  # (B, Q, 2D)
-        query_pos, tgt = embedded.split(D, dim=-1)  # (B, Q, D) each
+        query_pos, tgt = self.box_queries(reference)  # (B, Q, D) each
+        if self.config.mixed_queries:
+            tgt = self.tgt_embed.weight.to(tgt.dtype).expand(tgt.shape[0], -1, -1)  # (B, Q, D)
         return query_pos, tgt, reference, {"pred_logits": logits, "pred_boxes": coords.sigmoid()}
+
+    def box_queries(self, boxes: Tensor) -> tuple[Tensor, Tensor]:
+        """Boxes (B, Q, 4) in [0, 1] -> (query_pos, tgt) (B, Q, D) each: the two halves of their sine encoding
+        through `pos_trans` and its norm (two-stage)."""
+        D = self.config.hidden_dim
+        embedded = self.pos_trans_norm(self.pos_trans(proposal_encoding(boxes, D // 2)))  # (B, Q, 2D)
+        query_pos, tgt = embedded.split(D, dim=-1)
+        return query_pos, tgt
+
+    def denoising_settings(self) -> DenoisingSettings | None:
+        """How the model trains with denoising queries (`vitkit.models.interface.DenoisingSettings`); None with
+        `dn_queries` 0."""
+        c = self.config
+        return DenoisingSettings(c.dn_queries, c.dn_label_noise, c.dn_box_noise) if c.dn_queries else None
+
+    def denoising_queries(self, denoising: DenoisingQueries, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """(query_pos, tgt (B, P, D), reference boxes (B, P, 4)) of the denoising queries: positions from their
+        noised boxes as a proposal's, contents the embeddings of their noised labels (zero for padding slots)."""
+        c = self.config
+        if not c.dn_queries:
+            raise ValueError("this Deformable DETR has no denoising queries (dn_queries 0): pass denoising=None")
+        labels, boxes = denoising.labels, denoising.boxes
+        if labels.ndim != 2 or boxes.shape != (*labels.shape, 4):
+            raise ValueError(
+                f"expected denoising labels (B, P) and boxes (B, P, 4), got {tuple(labels.shape)} and "
+                f"{tuple(boxes.shape)}"
+            )
+        if labels.numel() and labels.max() >= c.num_classes:
+            raise ValueError(f"denoising labels must be in [-1, {c.num_classes}), got {labels.max().item()}")
+        reference = boxes.to(dtype)
+        query_pos, _ = self.box_queries(reference)
+        real = (labels >= 0)[..., None]  # (B, P, 1)
+        tgt = self.label_embed(labels.clamp(min=0)).to(query_pos.dtype) * real  # (B, P, D)
+        return query_pos, tgt, reference
 
     # --- the model interface ----------------------------------------------------------------------------------------
 
-    def forward_features(self, images: Tensor, pixel_mask: Tensor | None = None) -> DeformableDecoding:
-        """Images (B, C, H, W) and pixel_mask (B, H, W) or None -> the decoder's states and what makes them boxes."""
+    def forward_features(
+        self, images: Tensor, pixel_mask: Tensor | None = None, denoising: DenoisingQueries | None = None
+    ) -> DeformableDecoding:
+        """Images (B, C, H, W) and pixel_mask (B, H, W) or None -> the decoder's states and what makes them boxes;
+        with `denoising` (training with `dn_queries`), its P queries come first in every layer's states."""
         c = self.config
         pixel_mask = self.check_input(images, pixel_mask)
         levels = self.feature_levels(images)  # L x (B, D, H_l, W_l)
@@ -759,21 +836,30 @@ class DeformableDETR(CostFromImages, nn.Module):
             query_pos, tgt = table.split(D, dim=1)  # (Q, D) each
             reference = self.reference_points(query_pos).sigmoid().expand(B, -1, -1)  # (Q, 2) -> (B, Q, 2)
             query_pos, tgt = query_pos.expand(B, -1, -1), tgt.expand(B, -1, -1)  # (B, Q, D)
+        allowed, denoised = None, 0
+        if denoising is not None:
+            dn_pos, dn_tgt, dn_reference = self.denoising_queries(denoising, reference.dtype)
+            denoised = dn_tgt.shape[1]
+            allowed = denoising.attention_allowed(c.num_queries).to(images.device)  # (P + Q, P + Q)
+            query_pos, tgt = torch.cat([dn_pos, query_pos], 1), torch.cat([dn_tgt, tgt], 1)  # (B, P + Q, D)
+            reference = torch.cat([dn_reference, reference], 1)  # (B, P + Q, 4)
         box_heads = self.box_heads()[: c.dec_layers] if c.box_refine else None
-        states, boxes = self.decoder(tgt, query_pos, reference, memory, shapes, padding, ratios, box_heads)
-        return DeformableDecoding(states, reference, boxes, enc_outputs)
+        states, boxes = self.decoder(tgt, query_pos, reference, memory, shapes, padding, ratios, box_heads, allowed)
+        return DeformableDecoding(states, reference, boxes, enc_outputs, denoised)
 
     def forward_head(self, x: DeformableDecoding, pre_logits: bool = False) -> dict[str, Any] | Tensor:
         """`forward_features`' decoding -> the predictions dict (see the class), or with `pre_logits` the last
         layer's object embeddings (B, Q, D)."""
+        P = x.denoised
         if pre_logits:
-            return x.states[-1]
+            return x.states[-1][:, P:]
         first = 0 if self.config.aux_loss else len(x.states) - 1
         logits, boxes = self.predictions(x, first)
-        aux = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1], strict=True)]
-        out = {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "aux_outputs": aux}
+        out = _layer_outputs([a[:, P:] for a in logits], [b[:, P:] for b in boxes])
         if x.enc_outputs is not None:
             out["enc_outputs"] = x.enc_outputs
+        if P:
+            out["dn_outputs"] = _layer_outputs([a[:, :P] for a in logits], [b[:, :P] for b in boxes])
         return out
 
     def predictions(self, x: DeformableDecoding, first: int) -> tuple[Sequence[Tensor], Sequence[Tensor]]:
@@ -785,8 +871,10 @@ class DeformableDETR(CostFromImages, nn.Module):
         logits = self.class_embed(states)  # (L', B, Q, K)
         return logits, box_from_reference(self.bbox_embed(states), inverse_sigmoid(x.reference))  # (L', B, Q, 4)
 
-    def forward(self, images: Tensor, pixel_mask: Tensor | None = None) -> dict[str, Any]:
-        return self.forward_head(self.forward_features(images, pixel_mask))
+    def forward(
+        self, images: Tensor, pixel_mask: Tensor | None = None, denoising: DenoisingQueries | None = None
+    ) -> dict[str, Any]:
+        return self.forward_head(self.forward_features(images, pixel_mask, denoising))
 
     def set_grad_checkpointing(self, enable: bool = True) -> int:
         """Recompute each backbone block and each encoder and decoder layer in backward
@@ -811,7 +899,7 @@ class DeformableDETR(CostFromImages, nn.Module):
     def reset_classifier(self, num_classes: int, prior: float | None = None) -> None:
         """Fresh class heads (every decoder layer's and two-stage's proposal head) for `num_classes` classes: PyTorch's
         Linear weights, biases of -log((1 - prior) / prior) so that every class starts at probability `prior` under
-        the sigmoid (default 0.01, the paper's initialisation)."""
+        the sigmoid (default 0.01, the paper's initialisation); with `dn_queries`, a fresh label embedding too."""
         if num_classes <= 0:
             raise ValueError(f"num_classes must be > 0, got {num_classes}")
         prior = PRIOR if prior is None else prior
@@ -825,6 +913,9 @@ class DeformableDETR(CostFromImages, nn.Module):
             for head in heads:
                 head.bias.fill_(-math.log((1 - prior) / prior))
         self.class_embed = nn.ModuleList(heads) if isinstance(self.class_embed, nn.ModuleList) else heads[0]
+        if self.config.dn_queries:  # the denoising queries' label embeddings are one per class too
+            self.label_embed = nn.Embedding(num_classes, D).to(weight.device, weight.dtype)
+            nn.init.normal_(self.label_embed.weight)
 
     def object_attention_layers(self) -> list[str]:
         """Each decoder layer's deformable cross-attention, first to last: `capture_attention` records a
@@ -932,6 +1023,13 @@ class DeformableDETR(CostFromImages, nn.Module):
         return rows + logit + cost_box_from_reference("bbox_embed", rows[-1].output, logit[-1].output, ctx)
 
 
+def _layer_outputs(logits: Sequence[Tensor], boxes: Sequence[Tensor]) -> dict[str, Any]:
+    """The predictions dict of decoder layers' logits and boxes, the last layer's first, the others' in
+    `aux_outputs`."""
+    aux = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1], strict=True)]
+    return {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "aux_outputs": aux}
+
+
 # The paper's recipe (Zhu et al., arXiv:2010.04159): AdamW, lr 2e-4 with the backbone at 2e-5 (the paper also trains
 # the reference-point and sampling-offset projections at a tenth), weight decay 1e-4, gradient clipping 0.1, the
 # sigmoid focal loss, 50 epochs with a tenfold drop at 40 (here the cosine decay ends at the same tenth: min_lr),
@@ -946,6 +1044,10 @@ SMALL_DEFORMABLE_DETR_RECIPE = dict(
     epochs=24, batch_size=16, lr=3e-4, min_lr=3e-6, warmup_epochs=0.5, backbone_lr=3e-4, box_cls_loss=1.0,
     detection_loss="focal", detection_top_k=100, nms_iou=0.0,
 )  # fmt: skip
+# The default detector's recipe: the small one's without the backbone's box classification, sized from the data:
+# epochs so that training sees about PIXEL_BUDGET image pixels (about 5 epochs of digits-detect).
+DN_QUERIES_SMALL = 40  # DINO gives COCO's 100; 5 groups of the digits' at most 4 boxes
+SMALL_DETECTOR_RECIPE = dict(SMALL_DEFORMABLE_DETR_RECIPE, box_cls_loss=0.0, pixel_budget=1.8e8)
 register_family(
     "deformable_detr",
     DeformableDetrConfig,
@@ -1008,4 +1110,15 @@ register_model(
     ),
     DEFORMABLE_DETR_PAPER,
     recipe=SMALL_DEFORMABLE_DETR_RECIPE,
+)
+# vitkit's default detector, for a user's own COCO-format folder or the bundled digits-detect, trained from scratch
+# on a few CPU cores: deformable_detr_digits with the ideas that make DETRs converge in a few epochs (BENCHMARKS.md,
+# "Detection from scratch": each measured): two-stage proposals, box refinement, the focal loss and DINO's
+# contrastive denoising queries. Its recipe sizes the run from the data (`vitkit.train.recipe.data_choices`).
+register_model(
+    "deformable_detr_small",
+    "deformable_detr",
+    dataclasses.replace(model_entry("deformable_detr_digits").config, two_stage=True, dn_queries=DN_QUERIES_SMALL),
+    DEFORMABLE_DETR_PAPER,
+    recipe=SMALL_DETECTOR_RECIPE,
 )

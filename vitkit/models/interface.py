@@ -10,6 +10,7 @@ from __future__ import annotations
 import types
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -103,6 +104,9 @@ class VitkitDetector(VitkitModel, Protocol):
     - ``backbone``: the convolutional feature extractor: its output is the list of feature maps the transformer
       reads, coarsest last, map i (B, backbone.out_channels[i], h_i, w_i); training may give it a learning rate of
       its own and read its output.
+    - optionally ``denoising_settings()``: a `DenoisingSettings` when the detector trains with denoising queries
+      (DN-DETR, DINO), None when it does not; such a detector's ``forward(images, pixel_mask, denoising)`` takes
+      a `DenoisingQueries` and adds ``dn_outputs`` to its dict (read it with `denoising_settings`).
     """
 
     backbone: nn.Module
@@ -152,6 +156,73 @@ def has_no_object_logit(detector: object) -> bool:
         name = detector.__name__ if isinstance(detector, type) else type(detector).__name__
         raise TypeError(f"{name}.no_object_logit must be a bool, got {value!r}")
     return value
+
+
+@dataclass(frozen=True)
+class DenoisingSettings:
+    """How a detector trains with denoising queries (DN-DETR, arXiv:2203.01305; DINO's contrastive form,
+    arXiv:2203.03605): noised copies of each image's ground-truth boxes and labels, fed to the decoder beside the
+    object queries, each taught to give back its box (or, for a negative, "no object").
+
+    Attributes:
+        queries: about how many denoising queries an image gets: `groups` (`DenoisingQueries`) copies of 2 n slots
+            (n the most boxes of an image in the batch: a positive and a negative copy of each box), as many
+            groups as fit in `queries` and at least one (DINO's dn_number 100).
+        label_noise: the share of copies whose label is replaced by a random class (DINO: 0.5, of which half
+            draw their own class back).
+        box_noise: the scale of the box noise: a positive copy moves each side by up to box_noise / 2 of the box's
+            width or height, a negative by between box_noise / 2 and box_noise (DINO: 1.0).
+    """
+
+    queries: int
+    label_noise: float
+    box_noise: float
+
+    def __post_init__(self) -> None:
+        if self.queries <= 0:
+            raise ValueError(f"denoising queries must be positive, got {self.queries}")
+        if not 0.0 <= self.label_noise <= 1.0 or self.box_noise < 0:
+            raise ValueError(
+                f"expected label_noise in [0, 1] and box_noise >= 0, got {self.label_noise} and {self.box_noise}"
+            )
+
+
+@dataclass(frozen=True)
+class DenoisingQueries:
+    """The denoising queries of a batch (made by `vitkit.detection.make_denoising`), placed before the object
+    queries in the decoder.
+
+    Attributes:
+        labels: (B, P) int64: each slot's noised class index, -1 for a padding slot (an image with fewer than n
+            boxes); P = groups * 2 n.
+        boxes: (B, P, 4) noised boxes (cx, cy, w, h) in [0, 1].
+        groups: G, the copies of the ground truth: group g holds slots [2 n g, 2 n (g + 1)), the n positives then
+            the n negatives.
+    """
+
+    labels: torch.Tensor
+    boxes: torch.Tensor
+    groups: int
+
+    def attention_allowed(self, num_queries: int) -> torch.Tensor:
+        """(P + Q, P + Q) bool, True where decoder query i may attend to query j: the object queries see only each
+        other (the noised ground truth would give the answer away), and each group sees itself and the object
+        queries, not the other groups."""
+        P = self.labels.shape[1]
+        size = P // self.groups if self.groups else 0
+        total = P + num_queries
+        index = torch.arange(total, device=self.labels.device)
+        group = torch.where(index < P, index // max(size, 1), -1)  # (P + Q,): -1 for the object queries
+        same = group[:, None] == group[None, :]  # (P + Q, P + Q)
+        to_objects = (group == -1)[None, :].expand(total, total)  # every query may attend to the object queries
+        return same | to_objects
+
+
+def denoising_settings(detector: object) -> DenoisingSettings | None:
+    """The `DenoisingSettings` `detector` (a detector) declares through its optional ``denoising_settings()``;
+    None when it declares none or trains without."""
+    method = getattr(detector, "denoising_settings", None)
+    return method() if method is not None else None
 
 
 class CostFromImages:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shlex
@@ -12,12 +13,30 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.analysis.precision import PRECISIONS
-from vitkit.data import BUILTIN_PREFIX, DEFAULT_DATA, DEFAULT_VAL_FRACTION, augment_defaults
+from vitkit.data import (
+    BUILTIN_PREFIX,
+    DEFAULT_DATA,
+    DEFAULT_VAL_FRACTION,
+    DetectionStats,
+    augment_defaults,
+    detection_stats,
+    load_detection,
+)
 from vitkit.data.sources import own_split
 from vitkit.detection import DETECTION_LOSSES
 from vitkit.models.interface import has_no_object_logit
-from vitkit.models.registry import family, model_entry
-from vitkit.train.recipe import CLASSIFICATION, DEFAULT_MODEL, declared_recipes, recipe_for, resolve_task
+from vitkit.models.registry import family, model_entry, replace_config
+from vitkit.train.recipe import (
+    CLASSIFICATION,
+    DEFAULT_MODEL,
+    SIZED_FROM_DATA,
+    DataChoice,
+    Recipe,
+    data_choices,
+    declared_recipes,
+    recipe_for,
+    resolve_task,
+)
 from vitkit.weights.family import saved_family
 from vitkit.weights.io import read_json
 
@@ -42,10 +61,17 @@ LEGACY_DEFAULT_MODEL_ARGS: dict[str, Any] = {
 def recipe_defaults(name: str) -> str:
     """ "default: 40; small DETRs 24; DETR 50" for a recipe field, for --help: its value in each recipe the
     registry declares (`vitkit.train.recipe.declared_recipes`), those where it does not apply left out."""
-    found = [(label, getattr(recipe, name)) for label, recipe in declared_recipes()]
+    found = [(label, _declared(recipe, name)) for label, recipe in declared_recipes()]
     return "default: " + "; ".join(
         " ".join(filter(None, (label, _shown(value)))) for label, value in found if value is not None
     )
+
+
+def _declared(recipe: Recipe, name: str) -> Any:
+    """A recipe's value of field `name`, or "from the data" for those its pixel budget sizes (`data_choices`)."""
+    if recipe.pixel_budget is not None and name in SIZED_FROM_DATA:
+        return "from the data"
+    return getattr(recipe, name)
 
 
 def _shown(value: Any) -> str:
@@ -92,7 +118,8 @@ class TrainConfig:
     # None: DEFAULT_MODEL, or DEFAULT_DETECTOR for detection data, unless init is given
     model: str | None = option(
         None,
-        help="registry name (see 'vitkit models'); default: a small ViT for 28x28 digits, detr_digits for detection",
+        help="registry name (see 'vitkit models'); default: a small ViT for 28x28 digits, deformable_detr_small "
+        "for detection",
     )
     # config fields replaced in the model, e.g. {"depth": 6}
     model_args: dict[str, Any] = option(
@@ -107,8 +134,9 @@ class TrainConfig:
     init: str | None = option(
         None,
         help="fine-tune from a model directory (vitkit, Hugging Face), or from a checkpoint file in any layout "
-        "'vitkit convert' reads (timm, torchvision, .pth / .safetensors) loaded into --model; the position table "
-        "and the classifier are adapted",
+        "'vitkit convert' reads (timm, torchvision, facebookresearch/detr, Deformable-DETR, .pth / .safetensors) "
+        "loaded into --model; the position table and the class heads are adapted to the data; a ResNet classifier's "
+        "file fills a detector's backbone",
     )
     # "builtin:NAME", an ImageFolder path or a COCO-format folder; detection data trains a detector
     data: str = option(
@@ -271,7 +299,14 @@ class TrainConfig:
         given = [name for name in unused if getattr(self, name) != defaults[name]]
         if given:
             raise ValueError(f"option(s) {given} do not apply to {task}; leave them out")
-        fill = {k: v for k, v in recipe.to_dict().items() if getattr(self, k) is None}
+        own = {f.name for f in dataclasses.fields(self)}  # a recipe's pixel_budget sizes the run (data_choices)
+        fill = {k: v for k, v in recipe.to_dict().items() if k in own and getattr(self, k) is None}
+        model_args = dict(self.model_args)
+        for choice in self.data_choices():
+            if choice.field == "num_queries":
+                model_args["num_queries"] = choice.value
+            else:
+                fill[choice.field] = choice.value
         if task == CLASSIFICATION:
             augment = augment_defaults(self.data)
             fill.update({k: v for k, v in augment.items() if getattr(self, k) is None})
@@ -284,11 +319,28 @@ class TrainConfig:
         return dataclasses.replace(
             self,
             model=model,
-            model_args=dict(self.model_args),
+            model_args=model_args,
             data=absolute_data(self.data),
             init=None if self.init is None else os.path.abspath(self.init),
             **fill,
         )
+
+    def data_choices(self) -> list[DataChoice]:
+        """The options left unset that a detection run's recipe sizes from its data (`vitkit.train.recipe.data_choices`:
+        image side, epochs, batch, object queries); empty for a recipe without a pixel budget."""
+        task, model = self._task_and_model()
+        if task == CLASSIFICATION:
+            return []
+        recipe = recipe_for(task, model, self.init)
+        if recipe.pixel_budget is None:
+            return []
+        from_scratch = self.init is None
+        model_config = replace_config(model_entry(model).config, **self.model_args) if model is not None else None
+        stats = training_stats(absolute_data(self.data), _data_version(self.data))
+        choices = data_choices(stats, recipe, model_config, from_scratch and model_config is not None, self.img_size)
+        given = {"epochs": self.epochs, "batch_size": self.batch_size}
+        given["num_queries"] = self.model_args.get("num_queries")
+        return [c for c in choices if given.get(c.field) is None]
 
     def minimal(self) -> TrainConfig:
         """The same run with the options that resolution would fill in with the same values left unset (a resumed
@@ -384,6 +436,22 @@ def _assigned_word(value: Any) -> str:
         except json.JSONDecodeError:
             return value if value not in ("True", "False", "None") else json.dumps(value)
     return json.dumps(value, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=4)
+def training_stats(data: str, version: float) -> DetectionStats:
+    """The `vitkit.data.DetectionStats` of the training split of detection data `data` (read once per `version`,
+    the annotations' modification time)."""
+    train, _, _ = load_detection(data)
+    return detection_stats(train)
+
+
+def _data_version(data: str) -> float:
+    """The newest modification time of a COCO folder's annotation files (0 for builtin data)."""
+    if data.startswith(BUILTIN_PREFIX):
+        return 0.0
+    times = [p.stat().st_mtime for p in Path(data).rglob("*.json")]
+    return max(times, default=0.0)
 
 
 def absolute_data(data: str) -> str:

@@ -54,6 +54,7 @@ from tqdm import tqdm
 
 from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
+from vitkit.detection import FOCAL_PRIOR
 from vitkit.layers import to_2tuple
 from vitkit.models.registry import create_model
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -66,9 +67,9 @@ from vitkit.train.config import (
 )
 from vitkit.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, gather_objects, setup
 from vitkit.train.ema import ModelEma
-from vitkit.train.model import enable_grad_checkpointing, load_for_finetune
+from vitkit.train.model import describe_init, enable_grad_checkpointing, init_report, load_for_finetune
 from vitkit.train.optim import apply_schedule, create_optimizer, warmup_cosine
-from vitkit.train.recipe import CLASSIFICATION
+from vitkit.train.recipe import CLASSIFICATION, DataChoice
 from vitkit.train.task import Task, create_task
 from vitkit.viz.curves import write_curves
 from vitkit.weights.io import save_pretrained
@@ -129,12 +130,15 @@ class StopOnSignal:
 
 def build_training_model(config: TrainConfig, num_classes: int) -> nn.Module:
     """The model a (resolved) config trains: fresh from the registry, or fine-tuned from `config.init` (the model
-    saved in that directory, or the registry model `config.model` loaded from it; `load_for_finetune`)."""
+    saved in that directory, or the registry model `config.model` loaded from it; `load_for_finetune`, whose
+    `init_report(model)` says what was loaded, kept and reset). A detector trained with the focal loss gets fresh
+    class heads that start every class at `FOCAL_PRIOR`, as a fresh model's do."""
     overrides = dict(config.model_args)
     if config.img_size is not None:
         overrides["img_size"] = config.img_size
     if config.init is not None:
-        return load_for_finetune(config.init, num_classes, model=config.model, **overrides)
+        prior = FOCAL_PRIOR if config.detection_loss == "focal" else None
+        return load_for_finetune(config.init, num_classes, model=config.model, prior=prior, **overrides)
     return create_model(config.model, num_classes=num_classes, **overrides)
 
 
@@ -259,6 +263,7 @@ class _Run:
         self.partial = self._fresh_partial()  # this epoch's train statistics so far
         self.skipped: list[Unreadable] = []  # unreadable samples met by this process in this epoch
         self.replaced: Path | None = None  # an earlier run's outputs moved aside, deleted after the first epoch
+        self.sized: list[DataChoice] = []  # the options the data chose (`TrainConfig.data_choices`), for the summary
         self.curves = True  # whether curves.png is drawn (off after matplotlib failed once)
 
     def _fresh_partial(self) -> dict[str, float]:
@@ -299,6 +304,11 @@ class _Run:
             f"{config.workers} loader workers",
             f"  output  {self.out.resolve()}",
         ]
+        for i, c in enumerate(self.sized):  # what the data chose, one line each, before device and output
+            lines.insert(-2, f"  {'sized' if i == 0 else '':8}{c.field.replace('_', ' ')} {c.value}: {c.why}")
+        init = init_report(self.model)
+        if init is not None and init.adapted:  # what the checkpoint gave, where the model is not it as it was
+            lines.insert(1, f"  init    {init.format} layout: {describe_init(init, task.num_classes)}")
         return "\n".join(lines)
 
     def state(self) -> dict[str, Any]:
@@ -573,6 +583,7 @@ def fit(
     try:
         resolved, state = _resolve_run(config, env, resume, force)
         run = _Run(resolved, env, allow_memory, memory_names)  # data and model (memory checked) before OUT changes
+        run.sized = config.data_choices() if state is None else []
         _begin(run, state)
         return _train(run)
     finally:

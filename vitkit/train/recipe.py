@@ -15,6 +15,7 @@ scratch; a fine-tuned model takes its family's).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,9 @@ from vitkit.weights.family import saved_family
 DETECTION_BUILTINS = (DIGITS_DETECT,)  # bundled detection datasets (builtin:NAME)
 
 # The default models: a small ViT for the bundled 28x28 digits, 16 tokens of 7x7 patches (models/vit.py), and the
-# small DETR sized for the bundled digits-detect canvases (models/detr.py) for detection data.
+# small Deformable DETR trained from scratch in minutes (models/deformable_detr.py) for detection data.
 DEFAULT_MODEL = "vit_digits_patch7_28"
-DEFAULT_DETECTOR = "detr_digits"
+DEFAULT_DETECTOR = "deformable_detr_small"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class Recipe:
     box_cls_loss: float | None = None  # detection only: weight of the backbone's box classification (0: off)
     detection_top_k: int | None = None  # detection only: (query, class) pairs scored per image (0: each query's best)
     nms_iou: float | None = None  # detection only: IoU of per-class non-maximum suppression of detections (0: off)
+    pixel_budget: float | None = None  # detection only: with it, the run is sized from the data (`data_choices`):
+    # epochs so that training sees about this many image pixels, the image side, the batch and the queries
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,6 +66,74 @@ TASK_RECIPES: dict[str, dict[str, Any]] = {
     ),
     DETECTION: {},
 }  # fmt: skip
+
+
+# How a recipe with a pixel budget sizes a detection run from its data (`data_choices`).
+MIN_BOX_SIDE = 12  # the smallest tenth of the boxes is enlarged to at least this many pixels (1.5 cells of the
+# finest, stride-8 level) ...
+MAX_UPSCALE = 2.0  # ... by at most this factor of the images' stored size
+SIDE_MULTIPLE = 16  # the chosen shorter side is rounded to this
+SIDE_RANGE = (64, 800)  # and kept within this (800: the DETR papers' training side)
+MIN_EPOCHS, MAX_EPOCHS = 3, 200
+STEPS_PER_EPOCH = 32  # the batch is at most the training images over this, so a small dataset gets enough steps
+QUERIES_PER_OBJECT = 2  # object queries per object of the fullest image, when the model has fewer
+SIZED_FROM_DATA = ("epochs", "batch_size")  # the Recipe fields a pixel budget replaces
+
+
+@dataclass(frozen=True)
+class DataChoice:
+    """A run option chosen from the data: its `TrainConfig` field (or "num_queries", a model field), the value and
+    why (for the start summary)."""
+
+    field: str
+    value: Any
+    why: str
+
+
+def data_choices(
+    stats: Any, recipe: Recipe, model_config: Any, from_scratch: bool, img_size: int | None = None
+) -> list[DataChoice]:
+    """The image side, epochs, batch and (for a model trained from scratch) object queries of a detection run whose
+    recipe declares a `pixel_budget`, from a `vitkit.data.DetectionStats` of its training data:
+
+    - img_size: the median shorter side of the images, enlarged so the smallest tenth of the boxes is at least
+      MIN_BOX_SIDE pixels (at most MAX_UPSCALE times), rounded to SIDE_MULTIPLE and kept within SIDE_RANGE;
+    - epochs: the pixel budget over the pixels of one epoch at that side (within MIN_EPOCHS..MAX_EPOCHS);
+    - batch_size: the recipe's, at most the power of two below the training images over STEPS_PER_EPOCH (at
+      least 2);
+    - num_queries: QUERIES_PER_OBJECT per object of the fullest image, when the model has fewer.
+
+    An empty list when the recipe has no budget. A given `img_size` is kept (not a choice) and sizes the epochs.
+    """
+    if recipe.pixel_budget is None:
+        return []
+    short = float(stats.short_side_median)
+    scale = 1.0
+    if stats.boxes and stats.box_size_p10 < MIN_BOX_SIDE:
+        scale = min(MAX_UPSCALE, MIN_BOX_SIDE / max(stats.box_size_p10, 1.0))
+    side = int(min(max(round(short * scale / SIDE_MULTIPLE) * SIDE_MULTIPLE, SIDE_RANGE[0]), SIDE_RANGE[1]))
+    side = img_size or side
+    why_side = f"median shorter side {short:g} px"
+    if scale > 1:
+        why_side += f", enlarged: the smallest tenth of the boxes ({stats.box_size_p10:.0f} px) to >= {MIN_BOX_SIDE} px"
+    aspect = float(stats.long_side_median) / max(short, 1.0)
+    epoch_pixels = stats.images * side * side * aspect
+    epochs = int(min(max(round(recipe.pixel_budget / epoch_pixels), MIN_EPOCHS), MAX_EPOCHS))
+    fits = 2 ** int(math.log2(max(stats.images // STEPS_PER_EPOCH, 1)))  # a power of two, as batches usually are
+    batch = int(max(2, min(recipe.batch_size, fits)))
+    choices = [DataChoice("img_size", side, why_side)] if img_size is None else []
+    choices += [
+        DataChoice(
+            "epochs", epochs, f"{stats.images} training images of about {side}x{side * aspect:.0f} px, a budget of "
+            f"{recipe.pixel_budget:.2g} pixels",
+        ),
+        DataChoice("batch_size", batch, f"{stats.images} training images, at least {STEPS_PER_EPOCH} steps an epoch"
+                   if batch < recipe.batch_size else "the recipe's"),
+    ]  # fmt: skip
+    queries = QUERIES_PER_OBJECT * stats.max_objects
+    if from_scratch and queries > getattr(model_config, "num_queries", queries):
+        choices.append(DataChoice("num_queries", queries, f"up to {stats.max_objects} objects in one image"))
+    return choices
 
 
 def is_detection_data(source: str) -> bool:
@@ -142,19 +213,21 @@ def _recipe(task: str, fam: Family | None, variant: dict[str, Any]) -> Recipe:
 def declared_recipes() -> list[tuple[str, Recipe]]:
     """Every recipe the registry's models train with from scratch, each with how `vitkit train --help` names the
     models it serves, in registration order: "" for the classification task's defaults; for each family declaring
-    a recipe, the variants with one of their own ("small <Family>s": such variants are vitkit's small models,
-    trained from scratch on a few CPU cores), then the family (its `display_name`)."""
+    a recipe, the recipes its variants declare ("small <Family>s" when one recipe serves them all, such variants
+    being vitkit's small models trained from scratch on a few CPU cores; else each recipe's variants by name), then
+    the family (its `display_name`)."""
     found = [("", _recipe(CLASSIFICATION, None, {}))]
     for fam in families():
         if not fam.recipe:
             continue
         own = _recipe(fam.task, fam, {})
-        variants = [
-            _recipe(fam.task, fam, dict(entry.recipe))
-            for entry in map(model_entry, list_models())
-            if entry.family == fam.name and entry.recipe
-        ]
-        for recipe in dict.fromkeys(r for r in variants if r != own):
-            found.append((f"small {fam.display_name}s", recipe))
+        served: dict[Recipe, list[str]] = {}
+        for entry in map(model_entry, list_models()):
+            if entry.family == fam.name and entry.recipe:
+                recipe = _recipe(fam.task, fam, dict(entry.recipe))
+                if recipe != own:
+                    served.setdefault(recipe, []).append(entry.name)
+        for recipe, names in served.items():
+            found.append((f"small {fam.display_name}s" if len(served) == 1 else ", ".join(names), recipe))
         found.append((fam.display_name, own))
     return found

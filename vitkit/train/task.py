@@ -36,15 +36,16 @@ from vitkit.detection import (
     average_num_boxes,
     collate_detection,
     criterion_for,
+    make_denoising,
 )
 from vitkit.infer import autocast, evaluate, evaluate_detector, save_detection_settings
 from vitkit.layers import to_2tuple
-from vitkit.models.interface import has_no_object_logit
+from vitkit.models.interface import denoising_settings, has_no_object_logit
 from vitkit.models.registry import model_entry, replace_config
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import DistEnv
 from vitkit.train.recipe import CLASSIFICATION, DETECTION
-from vitkit.weights.io import build_from_config
+from vitkit.weights import saved_config
 
 log = logging.getLogger("vitkit.train")
 
@@ -200,7 +201,7 @@ def _detector_config(config: TrainConfig) -> Any:
         overrides["img_size"] = config.img_size
     if config.model is not None:
         return replace_config(model_entry(config.model).config, **overrides)
-    return build_from_config(config.init, **overrides).config
+    return saved_config(config.init, **overrides)  # a vitkit or Hugging Face directory
 
 
 def _detection_loader(dataset: Dataset, sampler: EpochSampler, batch_size: int, workers: int, pin: bool) -> DataLoader:
@@ -267,6 +268,9 @@ class DetectionTask(Task):
         if config.detection_loss == "focal" and config.init is None:  # a fresh model: every class starts unlikely
             model.reset_classifier(model.config.num_classes, prior=FOCAL_PRIOR)
         self.boxes = BoxClassification(model, self.num_classes).to(env.device) if config.box_cls_loss > 0 else None
+        self.denoising = denoising_settings(model)
+        if self.denoising is not None:
+            self.loss_parts += ("loss_dn",)
         return self.boxes if self.boxes is not None else model
 
     def state_dict(self) -> dict[str, Any]:
@@ -286,13 +290,20 @@ class DetectionTask(Task):
         if not batch.targets:  # every image was unreadable
             return self._empty_step(model)
         batch = batch.to(device, non_blocking=True)
+        extra, denoised = {}, None
+        if self.denoising is not None:  # noised copies of the boxes beside the object queries (DN-DETR, DINO)
+            extra["denoising"], denoised = make_denoising(batch.targets, self.denoising, self.num_classes)
         with autocast(device, self.config.precision):
             if self.boxes is not None:
-                outputs, box_logits = model(batch.images, batch.pixel_mask, _pixel_boxes(batch.targets))  # (T, K)
+                outputs, box_logits = model(batch.images, batch.pixel_mask, _pixel_boxes(batch.targets), **extra)
             else:
-                outputs = model(batch.images, batch.pixel_mask)  # pred_logits (B, Q, K + 1 | K), pred_boxes (B, Q, 4)
-        losses = self.criterion(outputs, batch.targets)  # float32
+                outputs = model(batch.images, batch.pixel_mask, **extra)  # pred_logits (B, Q, K + 1 | K), pred_boxes
+        losses = self.criterion(outputs, batch.targets, denoised)  # float32
         parts = {name: losses[name] for name in ("loss_ce", "loss_bbox", "loss_giou")}
+        if self.denoising is not None:  # the last layer's denoising terms, weighted as in the total
+            weights = self.criterion.weights
+            dn = [weights[name] * losses[f"{name}_dn"] for name in weights if f"{name}_dn" in losses]
+            parts["loss_dn"] = sum(dn) if dn else losses["total"].new_zeros(())
         loss = losses["total"]
         if self.boxes is not None:
             labels = torch.cat([t["labels"] for t in batch.targets])  # (T,)
@@ -306,10 +317,14 @@ class DetectionTask(Task):
         images that keeps the processes in step."""
         device = self.env.device
         images = torch.zeros(1, *self.image_shape, device=device)
+        extra = {}
+        if self.denoising is not None:  # padding slots only: the same parameters as a step with boxes
+            empty = {"labels": torch.zeros(0, dtype=torch.int64, device=device), "boxes": images.new_zeros(0, 4)}
+            extra["denoising"] = make_denoising([empty], self.denoising, self.num_classes)[0]
         if self.boxes is not None:
-            outputs = model(images, None, [torch.zeros(0, 4, device=device)])
+            outputs = model(images, None, [torch.zeros(0, 4, device=device)], **extra)
         else:
-            outputs = model(images)
+            outputs = model(images, **extra)
         average_num_boxes([], device)
         loss = _zero_loss(outputs)
         return loss, {"train_loss": loss.detach(), **{k: loss.detach() for k in self.loss_parts}}, 0

@@ -1,0 +1,66 @@
+"""How a recipe with a pixel budget sizes a detection run from its data (`vitkit.train.recipe.data_choices`)."""
+
+import pytest
+
+from vitkit.data import DetectionStats
+from vitkit.models.registry import model_entry
+from vitkit.train.config import recipe_defaults
+from vitkit.train.recipe import data_choices, recipe_for
+
+RECIPE = recipe_for("detection", "deformable_detr_small")  # batch 16, budget 1.8e8 pixels
+MODEL = model_entry("deformable_detr_small").config  # 20 queries
+
+
+def stats(images=300, short=128.0, long=160.0, p10=20.0, max_objects=5) -> DetectionStats:
+    return DetectionStats(
+        images=images, boxes=3 * images, classes=("a", "b"), boxes_per_class=(2 * images, images),
+        max_objects=max_objects, median_objects=3.0, short_side_median=short, short_side_min=int(short),
+        short_side_max=int(short), long_side_median=long, long_side_min=int(long), long_side_max=int(long),
+        box_size_median=40.0, box_size_p10=p10, small_share=0.3,
+    )  # fmt: skip
+
+
+def chosen(*args, **kwargs) -> dict:
+    return {c.field: c.value for c in data_choices(*args, **kwargs)}
+
+
+def test_the_side_keeps_the_images_unless_the_small_boxes_need_more():
+    assert RECIPE.pixel_budget == 1.8e8
+    # 128 x 160 images, boxes large enough: the stored side; 1.8e8 / (300 * 128 * 160) = 29.3 epochs; 300 // 32 = 9,
+    # the power of two below: 8
+    assert chosen(stats(), RECIPE, MODEL, True) == {"img_size": 128, "epochs": 29, "batch_size": 8}
+    # the smallest tenth of the boxes at 8 px: enlarged 12 / 8 = 1.5 times, 192; 1.8e8 / (300 * 192 * 240) = 13
+    assert chosen(stats(p10=8.0), RECIPE, MODEL, True)["img_size"] == 192
+    assert chosen(stats(p10=8.0), RECIPE, MODEL, True)["epochs"] == 13
+    # at most twice the stored size (3 px boxes would ask for 4 times), rounded to 16
+    assert chosen(stats(p10=3.0, short=100, long=100), RECIPE, MODEL, True)["img_size"] == 192
+    # within 64..800 pixels
+    assert chosen(stats(short=40, long=40), RECIPE, MODEL, True)["img_size"] == 64
+    assert chosen(stats(short=1200, long=1600), RECIPE, MODEL, True)["img_size"] == 800
+
+
+def test_epochs_batch_and_queries_follow_the_data():
+    big = chosen(stats(images=100_000), RECIPE, MODEL, True)
+    assert (big["epochs"], big["batch_size"]) == (3, 16)  # at least 3 epochs, the recipe's batch
+    assert chosen(stats(images=10), RECIPE, MODEL, True)["epochs"] == 200  # at most 200
+    assert chosen(stats(images=10), RECIPE, MODEL, True)["batch_size"] == 2
+    crowded = chosen(stats(max_objects=15), RECIPE, MODEL, True)
+    assert crowded["num_queries"] == 30  # 2 per object of the fullest image, more than the model's 20
+    assert "num_queries" not in chosen(stats(max_objects=15), RECIPE, MODEL, False)  # fine-tuning keeps the model's
+    assert "num_queries" not in chosen(stats(max_objects=10), RECIPE, MODEL, True)
+
+
+def test_a_given_side_sizes_the_epochs_and_a_recipe_without_budget_chooses_nothing():
+    given = chosen(stats(), RECIPE, MODEL, True, img_size=256)
+    assert given == {"epochs": 7, "batch_size": 8}  # 1.8e8 / (300 * 256 * 320) = 6.9
+    assert data_choices(stats(), recipe_for("detection", "deformable_detr_digits"), MODEL, True) == []
+    reasons = {c.field: c.why for c in data_choices(stats(p10=8.0), RECIPE, MODEL, True)}
+    assert reasons["img_size"] == (
+        "median shorter side 128 px, enlarged: the smallest tenth of the boxes (8 px) to >= 12 px"
+    )
+    assert reasons["epochs"] == "300 training images of about 192x240 px, a budget of 1.8e+08 pixels"
+
+
+@pytest.mark.parametrize("field", ["epochs", "batch_size"])
+def test_help_says_a_budget_sizes_from_the_data(field):
+    assert "deformable_detr_small from the data" in recipe_defaults(field)
