@@ -12,6 +12,7 @@ import torch
 import vitkit
 from vitkit.analysis.profile import part_of
 from vitkit.detection import Postprocessing, criterion_for, make_denoising, pad_images, postprocess
+from vitkit.layers.norm import FrozenBatchNorm2d
 from vitkit.layers.pos_embed import nearest_mask
 from vitkit.models.deformable_detr import DeformableDETR, DeformableDetrConfig, box_from_reference, inverse_sigmoid
 from vitkit.models.interface import DenoisingSettings, has_no_object_logit
@@ -54,9 +55,9 @@ def test_variants_cite_the_paper_and_declare_k_logits():
         "deformable_detr_resnet50_two_stage",
         "deformable_detr_small",
     ]
-    small = model_entry("deformable_detr_small").config  # the digits model, two-stage, with denoising queries
+    small = model_entry("deformable_detr_small").config  # the digits model, two-stage, denoising, BatchNorm
     digits = model_entry("deformable_detr_digits").config
-    assert small == dataclasses.replace(digits, two_stage=True, dn_queries=40)
+    assert small == dataclasses.replace(digits, two_stage=True, dn_queries=40, backbone_norm="batch")
     for name in names:
         assert "arXiv:2010.04159" in model_entry(name).paper
     assert has_no_object_logit(DeformableDETR) is False  # K sigmoid class logits
@@ -339,3 +340,25 @@ def test_mixed_queries_take_their_contents_from_a_table():
     with torch.no_grad():
         model(torch.randn(2, 3, 64, 64))
     torch.testing.assert_close(seen[0], model.tgt_embed.weight.expand(2, -1, -1))
+
+
+def test_a_backbone_from_scratch_trains_its_batch_norms(tmp_path):
+    """backbone_norm "batch": every norm of the backbone is a BatchNorm2d that learns (its statistics move in
+    training, its affine terms are parameters); in eval mode it is the frozen norm of the same values, so the model
+    exports to transformers' layout and loads back as a frozen-norm model giving the same boxes."""
+    with pytest.raises(ValueError, match=r"backbone_norm must be one of \('frozen', 'batch'\), got 'group'"):
+        DeformableDetrConfig(backbone_norm="group")
+    model = tiny("deformable_detr_resnet50", backbone_norm="batch", train_stem=True)
+    norms = [m for m in model.backbone.modules() if isinstance(m, (torch.nn.BatchNorm2d, FrozenBatchNorm2d))]
+    assert norms and all(type(m) is torch.nn.BatchNorm2d for m in norms)
+    assert all(m.weight.requires_grad for m in norms)
+    before = norms[0].running_mean.clone()
+    model.train()(torch.randn(2, 3, 64, 64))
+    assert not torch.equal(norms[0].running_mean, before)
+    model.eval()
+    vitkit.export_weights(model, tmp_path / "hf", format="hf")
+    frozen = tiny("deformable_detr_resnet50")
+    vitkit.load_weights(frozen, tmp_path / "hf")
+    x = torch.randn(2, 3, 64, 64)  # batch 2: the 1x1 fourth level has one value per GroupNorm group and image
+    with torch.no_grad():
+        torch.testing.assert_close(frozen(x)["pred_boxes"], model(x)["pred_boxes"])

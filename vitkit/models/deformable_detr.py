@@ -77,7 +77,7 @@ from vitkit.layers.cost import (
     view,
 )
 from vitkit.layers.pos_embed import POS_SCALE, POS_TEMPERATURE, SinePositionEmbedding, nearest_mask
-from vitkit.models.detr import BLOCKS, BoxMLP, resnet_backbone
+from vitkit.models.detr import BLOCKS, BoxMLP, check_backbone_norm, resnet_backbone
 from vitkit.models.interface import (
     CostFromImages,
     DenoisingQueries,
@@ -123,6 +123,8 @@ class DeformableDetrConfig:
     # maps are the first levels, in increasing order; None: the last min(num_feature_levels, 3) of layer2..layer4
     # ((2, 3, 4) for 4 levels as the paper; (4,) for one level)
     dilation: bool = False  # DC5: layer4 dilates its 3x3 convolutions instead of striding (stride 16, not 32)
+    backbone_norm: str = "frozen"  # "frozen" (the paper's frozen BatchNorm) or "batch" (trained: a backbone from
+    # scratch, whose frozen norms would normalise nothing)
     train_stem: bool = False  # train conv1 and layer1 too; the paper freezes them (requires_grad False)
     num_feature_levels: int = 4  # levels L: the backbone stages' maps, then stride-2 3x3 convolutions for the rest
     hidden_dim: int = 256  # transformer width D; a multiple of 32 (the input projections' GroupNorm groups)
@@ -157,6 +159,7 @@ class DeformableDetrConfig:
         check_positive(self, "num_heads", "enc_layers", "dec_layers", "enc_points", "dec_points", "dim_feedforward")
         check_positive(self, "num_queries")
         check_rates(self, "drop_rate", "attn_drop_rate", "dn_label_noise")
+        check_backbone_norm(self.backbone_norm)
         if self.dn_queries < 0 or self.dn_box_noise < 0:
             raise ValueError(f"dn_queries and dn_box_noise must be >= 0, got {self.dn_queries} and {self.dn_box_noise}")
         if (self.dn_queries or self.mixed_queries) and not self.two_stage:
@@ -1118,7 +1121,9 @@ register_model(
 register_model(
     "deformable_detr_small",
     "deformable_detr",
-    dataclasses.replace(model_entry("deformable_detr_digits").config, two_stage=True, dn_queries=DN_QUERIES_SMALL),
+    dataclasses.replace(
+        model_entry("deformable_detr_digits").config, two_stage=True, dn_queries=DN_QUERIES_SMALL, backbone_norm="batch"
+    ),
     DEFORMABLE_DETR_PAPER,
     recipe=SMALL_DETECTOR_RECIPE,
 )

@@ -41,7 +41,7 @@ from vitkit.layers.cost import SIGMOID_FLOPS, Ops, conv_op, copy_op, elementwise
 from vitkit.layers.pos_embed import SinePositionEmbedding, nearest_mask
 from vitkit.models.interface import CostFromImages, check_detector_input, checkpoint_blocks
 from vitkit.models.registry import check_field_types, check_positive, check_rates, register_family, register_model
-from vitkit.models.resnet import BasicBlock, Bottleneck, ResNet, make_stem, stage_plan
+from vitkit.models.resnet import BACKBONE_NORMS, BasicBlock, Bottleneck, ResNet, make_stem, stage_plan
 from vitkit.models.transformer import Decoder, Encoder
 
 DETR_PAPER = "End-to-End Object Detection with Transformers (Carion et al., arXiv:2005.12872)"
@@ -60,6 +60,7 @@ class DetrConfig:
     # (3, 4, 23, 3), ResNet-18 (2, 2, 2, 2), ResNet-34 (3, 4, 6, 3) with basic blocks
     backbone_width: int = 64  # stem channels and layer1's inner width, doubled by each later stage (64: torchvision)
     dilation: bool = False  # DC5: layer4 dilates its 3x3 convolutions instead of striding (feature stride 16, not 32)
+    backbone_norm: str = "frozen"  # "frozen" (DETR's frozen BatchNorm) or "batch" (trained: a backbone from scratch)
     train_stem: bool = False  # train conv1 and layer1 too; DETR freezes them (requires_grad False)
     hidden_dim: int = 256  # transformer width D
     num_heads: int = 8  # attention heads of every attention; must divide hidden_dim
@@ -80,6 +81,7 @@ class DetrConfig:
         )
         check_positive(self, "dim_feedforward", "num_queries")
         check_rates(self, "drop_rate", "attn_drop_rate")
+        check_backbone_norm(self.backbone_norm)
         H, W = to_2tuple(self.img_size)
         if H <= 0 or W <= 0:
             raise ValueError(f"img_size must be positive, got {self.img_size!r}")
@@ -96,24 +98,31 @@ class DetrConfig:
         check_backend(self.attn_backend)
 
 
+def check_backbone_norm(norm: str) -> None:
+    """ValueError unless `norm` names a detector backbone's norm (`vitkit.models.resnet.BACKBONE_NORMS`)."""
+    if norm not in BACKBONE_NORMS:
+        raise ValueError(f"backbone_norm must be one of {tuple(BACKBONE_NORMS)}, got {norm!r}")
+
+
 def resnet_backbone(config: Any, out_indices: Sequence[int] = (3,)) -> ResNet:
     """torchvision's ResNet with frozen BatchNorm (basic or bottleneck blocks, layer4 dilated for DC5), built from a
     detector config's backbone fields (`in_chans`, `backbone_block`, `backbone_depths`, `backbone_width`,
-    `dilation`, as `DetrConfig`'s): images (B, C, H, W) -> the maps of the stages in `out_indices` (0: layer1 ..
-    3: layer4), coarsest last. DETR's default reads layer4 alone: [(B, C5, H / 32, W / 32)] (H / 16, W / 16 with
-    `dilation`)."""
+    `dilation`, `backbone_norm`, as `DetrConfig`'s): images (B, C, H, W) -> the maps of the stages in `out_indices`
+    (0: layer1 .. 3: layer4), coarsest last. DETR's default reads layer4 alone: [(B, C5, H / 32, W / 32)] (H / 16,
+    W / 16 with `dilation`)."""
     c = config
-    stem = make_stem(c.in_chans, c.backbone_width, "torchvision")
+    norm = BACKBONE_NORMS[c.backbone_norm]
+    stem = make_stem(c.in_chans, c.backbone_width, "torchvision", norm=norm)
     stages, in_chs = [], c.backbone_width
     for s, plan in enumerate(stage_plan(c.backbone_depths, dilate_last=c.dilation)):
         width = c.backbone_width * 2**s
         blocks = []
         for stride, dilation, first in plan:
             if c.backbone_block == "bottleneck":
-                blocks.append(Bottleneck(in_chs, 4 * width, width, stride, dilation, first))
+                blocks.append(Bottleneck(in_chs, 4 * width, width, stride, dilation, first, norm=norm))
                 in_chs = 4 * width
             else:
-                blocks.append(BasicBlock(in_chs, width, stride, dilation, first))
+                blocks.append(BasicBlock(in_chs, width, stride, dilation, first, norm=norm))
                 in_chs = width
         stages.append(blocks)
     return ResNet(stem, stages, "torchvision", out_indices)

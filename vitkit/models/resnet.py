@@ -30,6 +30,10 @@ from vitkit.layers.cost import Ops, add_op, cost_of, given, relu_op, sequence
 from vitkit.layers.norm import FrozenBatchNorm2d, fold_frozen_norms
 
 LAYOUTS = ("torchvision", "timm")
+# A detector backbone's norm: "frozen", DETR's frozen BatchNorm, for a backbone from pretrained weights (its statistics
+# and affine terms fixed); "batch", BatchNorm trained with the detector, for a backbone trained from scratch (frozen
+# at their initial values, the norms normalise nothing)
+BACKBONE_NORMS: dict[str, Callable[[int], nn.Module]] = {"frozen": FrozenBatchNorm2d, "batch": nn.BatchNorm2d}
 STEMS = ("7x7", "tiered")
 
 
@@ -171,13 +175,20 @@ def stage_plan(depths: Sequence[int], dilate_last: bool = False) -> list[list[tu
     return plan
 
 
-def make_stem(in_chans: int, out_chs: int, layout: str, stem_type: str = "7x7") -> OrderedDict[str, nn.Module]:
+def make_stem(
+    in_chans: int,
+    out_chs: int,
+    layout: str,
+    stem_type: str = "7x7",
+    norm: Callable[[int], nn.Module] = FrozenBatchNorm2d,
+) -> OrderedDict[str, nn.Module]:
     """The stride-4 stem's modules in forward order: a 7x7 stride-2 conv (or, "tiered", three 3x3 convs to 3/8, 1/2
-    and 1 x out_chs, the first striding), norm and ReLU, then a 3x3 stride-2 max pool."""
+    and 1 x out_chs, the first striding), norm (`norm` in the "torchvision" layout) and ReLU, then a 3x3 stride-2
+    max pool."""
     pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
     if layout == "torchvision":
         conv = nn.Conv2d(in_chans, out_chs, 7, 2, 3, bias=False)
-        return OrderedDict(conv1=conv, bn1=FrozenBatchNorm2d(out_chs), act=nn.ReLU(inplace=True), maxpool=pool)
+        return OrderedDict(conv1=conv, bn1=norm(out_chs), act=nn.ReLU(inplace=True), maxpool=pool)
     if stem_type == "7x7":
         convs = [ConvNormAct(in_chans, out_chs, 7, stride=2)]
     else:

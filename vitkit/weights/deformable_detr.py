@@ -67,6 +67,7 @@ from vitkit.weights.detr import (
     hf_resnet_config,
     resnet_classifier,
     resnet_name,
+    without_step_counts,
 )
 from vitkit.weights.family import FamilyWeights, State
 from vitkit.weights.hf import labels, num_labels
@@ -339,7 +340,7 @@ def to_hf(config: DeformableDetrConfig, state: State) -> tuple[State, dict[str, 
             f"{config.backbone_block} {config.backbone_depths} at width {config.backbone_width}"
         )
     layout = HF_TIMM if timm_name else HF_NATIVE
-    state = {k: v for k, v in state.items() if not k.startswith(_TRAINING_ONLY)}
+    state = {k: v for k, v in without_step_counts(state).items() if not k.startswith(_TRAINING_ONLY)}
     heads = {k: v for k, v in state.items() if k.startswith(_HEADS)}
     body = layout.from_vitkit({k: v for k, v in state.items() if k not in heads})
     renamed = {"model." + k: v for k, v in body.items()} | _hf_heads(config, heads)

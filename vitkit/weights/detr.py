@@ -352,6 +352,12 @@ def config_from_hf(hf: dict[str, Any], keys: set[str], source: str) -> DetrConfi
     )
 
 
+def without_step_counts(state: State) -> State:
+    """`state` without the `num_batches_tracked` counters of a backbone trained with BatchNorm (`backbone_norm`
+    "batch"): transformers' and the original codes' backbones keep frozen norms, which count no steps."""
+    return {k: v for k, v in state.items() if not k.endswith(".num_batches_tracked")}
+
+
 def to_hf(config: DetrConfig, state: State) -> tuple[State, dict[str, Any]]:
     """A vitkit DETR state dict and config as transformers writes a `DetrForObjectDetection`.
 
@@ -366,6 +372,7 @@ def to_hf(config: DetrConfig, state: State) -> tuple[State, dict[str, Any]]:
             f"{config.backbone_block} {config.backbone_depths} at width {config.backbone_width}"
         )
     layout = HF_TIMM if timm_name else HF_NATIVE
+    state = without_step_counts(state)
     renamed = {(k if k.split(".")[0] in _HF_HEADS else "model." + k): v for k, v in layout.from_vitkit(state).items()}
     hf: dict[str, Any] = {
         "architectures": ["DetrForObjectDetection"],
