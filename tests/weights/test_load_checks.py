@@ -66,7 +66,7 @@ def _saved(tmp_path, **overrides):
 
 def test_config_missing_a_field_names_it(tmp_path):
     config = _saved(tmp_path)
-    assert config["format_version"] == FORMAT_VERSION == 2
+    assert config["format_version"] == FORMAT_VERSION == 3
     del config["config"]["embed_dim"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"config.json: config lacks field\(s\) \['embed_dim'\] of ViTConfig"):
@@ -93,9 +93,9 @@ def test_version_1_files_may_lack_only_the_fields_added_since(tmp_path):
 @pytest.mark.parametrize(
     "version,message",
     [
-        (99, r"format_version 99 is not one this vitkit reads \(1, 2\); it was written by a newer vitkit"),
-        ("2", r"format_version '2' is not one this vitkit reads \(1, 2\)$"),
-        (None, r"has no 'format_version'; this vitkit reads versions \[1, 2\]"),
+        (99, r"format_version 99 is not one this vitkit reads \(1, 2, 3\); it was written by a newer vitkit"),
+        ("2", r"format_version '2' is not one this vitkit reads \(1, 2, 3\)$"),
+        (None, r"has no 'format_version'; this vitkit reads versions \[1, 2, 3\]"),
     ],
 )
 def test_unknown_format_version_is_refused(tmp_path, version, message):
@@ -155,3 +155,27 @@ def test_checkpoint_of_another_family_suggests_its_models():
     assert caught.value.cli_message().endswith(
         ": pass --model NAME with a registered model of that size: swin_tiny_patch4_window7_224"
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "added"),
+    [
+        ("detr_digits", ["backbone_norm"]),
+        ("deformable_detr_digits", ["backbone_norm", "mixed_queries", "dn_queries", "dn_label_noise", "dn_box_noise"]),
+    ],
+)
+def test_detectors_saved_as_version_2_load_with_the_fields_added_since(tmp_path, name, added):
+    """A detector directory written before the backbone norm and denoising fields existed (format version 2) loads
+    as it was built: frozen norms, no denoising; a version 3 file lacking them is an error."""
+    model = vitkit.create_model(name, num_classes=3)
+    vitkit.save_pretrained(model, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for field in added:
+        del config["config"][field]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"lacks field\(s\)"):
+        vitkit.from_pretrained(tmp_path)
+    config["format_version"] = 2
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = vitkit.from_pretrained(tmp_path)
+    assert loaded.config == model.config and loaded.config.backbone_norm == "frozen"

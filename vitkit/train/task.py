@@ -231,6 +231,8 @@ class DetectionTask(Task):
     and weighted 2, with a fresh model's class biases set to the prior probability 0.01 as Deformable DETR does.
     "ce" needs a model with a "no object" logit (`vitkit.models.interface.has_no_object_logit`); the config's
     resolution refuses it for one without.
+    A detector that declares denoising settings (`vitkit.models.interface.denoising_settings`) gets each batch's
+    denoising queries (`vitkit.detection.make_denoising`) and their losses (`loss_dn`: the last layer's, weighted).
     With `box_cls_loss` > 0 the backbone's classification of the ground-truth boxes
     (`vitkit.detection.BoxClassification`) is added with that weight (`loss_box_cls`); its classifier is part of the
     checkpoint, not of the saved model.
@@ -301,9 +303,7 @@ class DetectionTask(Task):
         losses = self.criterion(outputs, batch.targets, denoised)  # float32
         parts = {name: losses[name] for name in ("loss_ce", "loss_bbox", "loss_giou")}
         if self.denoising is not None:  # the last layer's denoising terms, weighted as in the total
-            weights = self.criterion.weights
-            dn = [weights[name] * losses[f"{name}_dn"] for name in weights if f"{name}_dn" in losses]
-            parts["loss_dn"] = sum(dn) if dn else losses["total"].new_zeros(())
+            parts["loss_dn"] = sum(weight * losses[f"{name}_dn"] for name, weight in self.criterion.weights.items())
         loss = losses["total"]
         if self.boxes is not None:
             labels = torch.cat([t["labels"] for t in batch.targets])  # (T,)
