@@ -82,6 +82,22 @@ def test_predict_draws_and_lists_the_detections_of_a_folder(trained, capsys, tmp
     assert "detections written to" in capsys.readouterr().out
 
 
+def test_predict_shows_detections_above_the_threshold_training_chose(trained, capsys, tmp_path):
+    """Without --threshold, predict keeps the detections above the threshold the run chose on the validation split
+    (postprocess.json); --threshold replaces it."""
+    out, data = trained
+    settings = load_detection_settings(out / "final")
+    assert settings.threshold is not None and 0 <= settings.threshold < 1  # written by vitkit train
+    images = sorted((data / "val").glob("*.png"))
+    model, info = from_pretrained(out / "final"), DetectionInfo.load(out / "final")
+    args = ["predict", "--model-dir", str(out / "final"), str(data / "val"), "--out", str(tmp_path / "p"), "--json"]
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows == [found.to_dict() for found in detect_files(model, info, images, settings.threshold, settings)]
+    assert main([*args, "--threshold", "0.999"]) == 0
+    assert all(not row["detections"] for row in json.loads(capsys.readouterr().out))
+
+
 def test_predict_skips_unreadable_images_of_folders_and_patterns(trained, capsys, tmp_path):
     out, data = trained
     images = sorted((data / "val").glob("*.png"))

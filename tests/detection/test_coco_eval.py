@@ -138,3 +138,31 @@ def test_results_in_coco_format_with_category_ids():
         to_coco_results([prediction], [42], category_ids=[3])
     with pytest.raises(ValueError, match="one image id per prediction"):
         to_coco_results([prediction], [1, 2])
+
+
+def test_best_threshold_keeps_the_detections_of_the_best_f1():
+    """Two objects of class 0; detections: the first exactly (0.9), its duplicate (0.8), the second exactly (0.6),
+    a wrong class on the second (0.5) and a box on nothing (0.3). F1 after each: 0.67, 0.5, 0.8, 0.67, 0.57: the best
+    keeps the top three, so the threshold lies between 0.6 and 0.5."""
+    evaluator = CocoEvaluator(num_classes=2)
+    target = {
+        "image_id": torch.tensor(1), "orig_size": torch.tensor([100, 100]), "labels": torch.tensor([0, 0]),
+        "boxes": torch.tensor([[0.2, 0.2, 0.2, 0.2], [0.7, 0.7, 0.2, 0.2]]),
+    }  # fmt: skip
+    first, second, nothing = [10.0, 10.0, 30.0, 30.0], [60.0, 60.0, 80.0, 80.0], [40.0, 0.0, 50.0, 10.0]
+    prediction = {
+        "boxes": torch.tensor([first, first, second, second, nothing]),
+        "scores": torch.tensor([0.9, 0.8, 0.6, 0.5, 0.3]),
+        "labels": torch.tensor([0, 0, 0, 1, 0]),
+    }
+    evaluator.update([prediction], [target])
+    assert evaluator.best_threshold() == pytest.approx(0.55)
+    # at IoU 0.99 a box 1 px off no longer counts: only exact boxes are found
+    shifted = {**prediction, "boxes": prediction["boxes"] + torch.tensor([1.0, 0.0, 1.0, 0.0])}
+    off = CocoEvaluator(num_classes=2)
+    off.update([shifted], [target])
+    assert off.best_threshold(iou=0.5) == pytest.approx(0.55)
+    assert off.best_threshold(iou=0.99) == pytest.approx((0.9 + 0.8) / 2)  # nothing found: the best F1 is 0, the top kept
+    empty = CocoEvaluator(num_classes=2)
+    empty.update([{k: v[:0] for k, v in prediction.items()}], [target])
+    assert empty.best_threshold() is None

@@ -176,6 +176,7 @@ def test_every_detection_option_runs(tmp_path, tiny_detector_config, model, mode
         assert result.last["train_loss"] > result.last["loss_dn"] > 0
     settings = load_detection_settings(tmp_path / "final")
     assert settings.classification == "focal" and settings.no_object_logit == (model == "detr_digits")
+    assert settings.threshold is not None and 0 <= settings.threshold < 1  # the last evaluation's best F1
     final = from_pretrained(tmp_path / "final")
     assert final.config.img_size == 64
     state = load_checkpoint(tmp_path / "checkpoint.pt")

@@ -64,7 +64,11 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--grid", action="store_true", help="one map per layer (rows) and head (columns)")
     parser.add_argument(
-        "--threshold", type=float, default=None, help="a detector's smallest class probability shown (default: 0.5)"
+        "--threshold",
+        type=float,
+        default=None,
+        help="a detector's smallest class probability shown (default: the one vitkit train chose, saved in the "
+        "model's postprocess.json; 0.5 without)",
     )
     parser.add_argument("--alpha", type=float, default=0.5, help="weight of the heat map in the blend (default: 0.5)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
@@ -85,8 +89,8 @@ def _run_detector(args: argparse.Namespace) -> int:
         raise ValueError("--head all draws a classifier's heads; for a detector pick one head or the mean")
     head = None if args.head in (None, "mean") else args.head
     layer = -1 if args.layer is None else args.layer
-    threshold = 0.5 if args.threshold is None else args.threshold
     model, info, postprocessing = load_detector(args.model_dir, args.device)
+    threshold = postprocessing.shown_above(args.threshold)
     check_inference_memory(model, args, capture=True)
     _note(missing_info_note(args.model_dir))
     figure, detections = detection_attention_figure(

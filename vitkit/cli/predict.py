@@ -18,6 +18,7 @@ from tqdm import tqdm
 from vitkit.cli.options import add_memory_option, check_inference_memory
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.sources import IMAGE_EXTENSIONS
+from vitkit.detection.postprocess import DEFAULT_THRESHOLD
 from vitkit.infer import (
     detect_paths,
     format_predictions,
@@ -34,7 +35,7 @@ from vitkit.infer import (
 
 HELP = "classify images with a trained or converted model, or find objects with a detector"
 STDOUT = "-"
-DEFAULTS = {"top_k": 5, "batch_size": 32, "threshold": 0.5, "out": "runs/predict"}
+DEFAULTS = {"top_k": 5, "batch_size": 32, "out": "runs/predict"}  # a detector's threshold: its postprocess.json
 CLASSIFIER_ONLY = ("top_k", "batch_size", "csv")
 DETECTOR_ONLY = ("threshold", "out")
 
@@ -72,7 +73,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         "--threshold",
         type=float,
         default=None,
-        help=f"a detector's smallest class probability kept (default: {DEFAULTS['threshold']})",
+        help="a detector's smallest class probability kept (default: the one vitkit train chose on the validation "
+        f"split, saved in the model's postprocess.json; {DEFAULT_THRESHOLD} without)",
     )
     parser.add_argument(
         "--out",
@@ -127,7 +129,8 @@ def _run_detector(args: argparse.Namespace) -> int:
     note = missing_info_note(args.model_dir)
     if note:
         print(f"vitkit predict: note: {note}", file=sys.stderr)
-    found, skipped = detect_paths(model, info, paths, args.threshold, postprocessing, args.workers, on_unreadable=_warn)
+    threshold = postprocessing.shown_above(args.threshold)
+    found, skipped = detect_paths(model, info, paths, threshold, postprocessing, args.workers, on_unreadable=_warn)
     rows = [item.to_dict() for item in found]
     notes = sys.stdout
     if found:

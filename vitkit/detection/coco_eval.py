@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
-from torchvision.ops import box_convert
+from torchvision.ops import box_convert, box_iou
 
 COCO_METRICS = ("ap", "ap50", "ap75", "ap_small", "ap_medium", "ap_large")  # pycocotools' first six stats
 
@@ -164,6 +164,41 @@ class CocoEvaluator:
             ground_truth.createIndex()
             results.createIndex()
         return ground_truth, results
+
+    def best_threshold(self, iou: float = 0.5) -> float | None:
+        """The score threshold whose detections (scores above it) best match the ground truth: the largest F1 of
+        precision and recall, a detection counting as found when it has a ground-truth box of its class at IoU >=
+        `iou` not already taken by a more probable detection (COCO's greedy matching at one IoU). None when there
+        is no detection or no ground truth; the threshold lies halfway between the last detection kept and the next.
+        """
+        found, total = [], 0  # (score, matched) of every detection; ground-truth boxes
+        for record in self.images.values():
+            total += len(record["gt_labels"])
+            if not len(record["scores"]):
+                continue
+            order = np.argsort(-record["scores"], kind="stable")
+            truth = torch.as_tensor(record["gt_boxes"], dtype=torch.float64)
+            ious = box_iou(
+                box_convert(torch.as_tensor(record["boxes"], dtype=torch.float64), "xywh", "xyxy"),
+                box_convert(truth, "xywh", "xyxy"),
+            ).numpy()  # (detections, ground truth)
+            taken = np.zeros(len(truth), dtype=bool)
+            for d in order:
+                same = (record["gt_labels"] == record["labels"][d]) & ~taken & (ious[d] >= iou)
+                hit = int(np.argmax(np.where(same, ious[d], -1.0))) if same.any() else -1
+                if hit >= 0:
+                    taken[hit] = True
+                found.append((float(record["scores"][d]), hit >= 0))
+        if not found or total == 0:
+            return None
+        found.sort(key=lambda pair: -pair[0])
+        scores = np.array([s for s, _ in found])
+        hits = np.cumsum([m for _, m in found])  # true positives among the top 1, 2, ...
+        precision, recall = hits / np.arange(1, len(found) + 1), hits / total
+        f1 = np.where(hits > 0, 2 * precision * recall / np.maximum(precision + recall, 1e-12), 0.0)
+        last = np.flatnonzero(scores > scores[np.argmax(f1)] - 1e-12)[-1]  # ties with the best cut are kept together
+        below = scores[last + 1] if last + 1 < len(scores) else 0.0
+        return float((scores[last] + below) / 2)
 
     def compute(self, verbose: bool = False) -> dict[str, float]:
         """COCO box mAP as {"ap", "ap50", "ap75", "ap_small", "ap_medium", "ap_large"}, fractions in [0, 1] (NaN

@@ -24,6 +24,7 @@ from torchvision.ops import batched_nms, box_convert
 from vitkit.detection.losses import DETECTION_LOSSES, check_no_object_logit
 
 PAPER_TOP_K = 100  # the (query, class) pairs Deformable DETR's `PostProcess` scores per image
+DEFAULT_THRESHOLD = 0.5  # the class probability detections are shown above when nothing says otherwise
 
 
 def postprocess(
@@ -146,6 +147,9 @@ class Postprocessing:
     top_k: int | None = None  # None: each query's best class; k: the k most probable (query, class) pairs
     nms_iou: float | None = None  # None: no suppression; IoU of per-class non-maximum suppression
     no_object_logit: bool = True  # the model's logits end with "no object" (K + 1, DETR) or not (K, Deformable DETR)
+    # the class probability above which a detection is shown when no threshold is given (vitkit predict, attention):
+    # training chooses it on the validation split (`CocoEvaluator.best_threshold`); None: DEFAULT_THRESHOLD
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.classification not in DETECTION_LOSSES:
@@ -158,6 +162,8 @@ class Postprocessing:
             raise ValueError(f"nms_iou must be in (0, 1] or None, got {self.nms_iou}")
         if not isinstance(self.no_object_logit, bool):
             raise ValueError(f"no_object_logit must be a bool, got {self.no_object_logit!r}")
+        if self.threshold is not None and not 0 <= self.threshold < 1:
+            raise ValueError(f"threshold must be in [0, 1) or None, got {self.threshold}")
         check_no_object_logit(self.classification, self.no_object_logit)
 
     def __call__(
@@ -173,6 +179,13 @@ class Postprocessing:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def shown_above(self, threshold: float | None = None) -> float:
+        """The threshold detections are shown above: `threshold` when given, else the saved one, else
+        DEFAULT_THRESHOLD."""
+        if threshold is not None:
+            return threshold
+        return self.threshold if self.threshold is not None else DEFAULT_THRESHOLD
 
     @classmethod
     def default(cls, no_object_logit: bool = True) -> Postprocessing:

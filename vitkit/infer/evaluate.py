@@ -88,6 +88,7 @@ class DetectionResult:
     metrics: dict[str, float]  # ap, ap50, ap75, ap_small, ap_medium, ap_large in [0, 1]; NaN with nothing to score
     count: int  # images evaluated
     skipped: tuple[Unreadable, ...]  # images that could not be read, with the reason
+    threshold: float | None = None  # the score threshold of the best F1 at IoU 0.5 (`CocoEvaluator.best_threshold`)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values: images, the six COCO metrics (None where NaN), skipped (a list of {image, reason})."""
@@ -215,7 +216,7 @@ def evaluate_detector(
         evaluator.gather()
     if len(evaluator) == 0:
         raise ValueError("no readable images to evaluate")
-    return DetectionResult(evaluator.compute(), len(evaluator), tuple(skipped))
+    return DetectionResult(evaluator.compute(), len(evaluator), tuple(skipped), evaluator.best_threshold())
 
 
 def evaluate_detector_dir(

@@ -271,6 +271,7 @@ class DetectionTask(Task):
             model.reset_classifier(model.config.num_classes, prior=FOCAL_PRIOR)
         self.boxes = BoxClassification(model, self.num_classes).to(env.device) if config.box_cls_loss > 0 else None
         self.denoising = denoising_settings(model)
+        self.threshold: float | None = None  # the score threshold of the last evaluation's best F1
         if self.denoising is not None:
             self.loss_parts += ("loss_dn",)
         return self.boxes if self.boxes is not None else model
@@ -332,6 +333,7 @@ class DetectionTask(Task):
     def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[Unreadable, ...]]:
         distributed, precision = self.env.world_size > 1, self.config.precision
         result = evaluate_detector(model, self.val_loader, self.info, self.postprocessing, distributed, precision)
+        self.threshold = result.threshold  # saved with the model evaluated (postprocess.json), for predict
         return result.metrics, result.skipped
 
     def describe(self, metrics: dict[str, Any]) -> str:
@@ -343,11 +345,12 @@ class DetectionTask(Task):
 
     @property
     def postprocessing(self) -> Postprocessing:
-        """How validation and the saved model read detections: the config's loss, top-k and NMS (0: off), and the
-        model's class logits (with or without "no object")."""
+        """How validation and the saved model read detections: the config's loss, top-k and NMS (0: off), the
+        model's class logits (with or without "no object") and the threshold the last evaluation chose (None
+        before)."""
         config = self.config
         top_k, nms_iou = config.detection_top_k or None, config.nms_iou or None
-        return Postprocessing(config.detection_loss, top_k, nms_iou, self.no_object_logit)
+        return Postprocessing(config.detection_loss, top_k, nms_iou, self.no_object_logit, self.threshold)
 
 
 def create_task(config: TrainConfig, env: DistEnv) -> Task:
