@@ -409,10 +409,7 @@ def load_pretrained(
         overrides: config fields to replace, e.g. ``attn_backend="math"``.
     """
     directory = Path(directory)
-    config_path = directory / CONFIG_NAME
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: expected a vitkit or Hugging Face model directory")
-    saved = read_json(config_path)
+    saved = _directory_config(directory)
     if not is_hf_config(saved):
         model = build_from_config(directory, **overrides)
         info = read_saved_info(directory)
@@ -423,6 +420,14 @@ def load_pretrained(
     model = build_model(family_name, config)
     report = _load(model, obj, str(directory), "hf", strict=True, reset_head=reset_head)
     return _with_info(model.eval(), _hf_info(directory, saved), reset_head), report
+
+
+def _directory_config(directory: Path) -> dict[str, Any]:
+    """The parsed config.json of a vitkit or Hugging Face model directory; FileNotFoundError without one."""
+    config_path = directory / CONFIG_NAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: expected a vitkit or Hugging Face model directory")
+    return read_json(config_path)
 
 
 def _hf_config(
@@ -445,10 +450,7 @@ def saved_config(directory: str | os.PathLike, **overrides: Any) -> Any:
     """The config of the model in a vitkit or Hugging Face transformers directory, as `load_pretrained` builds it,
     with `overrides` replaced (e.g. the image size a run trains at). Nothing is built or loaded."""
     directory = Path(directory)
-    config_path = directory / CONFIG_NAME
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: expected a vitkit or Hugging Face model directory")
-    saved = read_json(config_path)
+    saved = _directory_config(directory)
     if not is_hf_config(saved):
         return read_config(directory, **overrides)
     return _hf_config(directory, saved, read_checkpoint(directory), overrides)[1]
