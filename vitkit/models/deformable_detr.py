@@ -20,6 +20,11 @@ Two options of the paper:
   pixel, 0.05 * 2^l wide on level l, refined by an extra box head; an extra class head scores it) and the Q best
   proposals become the decoder's reference boxes, their sine encodings its queries.
 
+Beyond the paper, for training from scratch in minutes (`deformable_detr_small`): denoising queries (`dn_queries`,
+DN-DETR and DINO's contrastive groups: noised ground-truth boxes and labels placed before the object queries in
+training, masked from them in the decoder's self-attention; `vitkit.detection.denoising`), DINO's mixed query
+selection (`mixed_queries`) and a backbone whose BatchNorm trains (`backbone_norm="batch"`).
+
 Data path: images (B, 3, H, W) + pixel_mask (B, H, W) -> ResNet maps -> input_proj L x (B, D, H_l, W_l) -> tokens
 (B, N, D) + positions (B, N, D) -> encoder x enc_layers -> memory (B, N, D); queries (B, Q, D) + reference points
 (B, Q, 2 | 4) -> decoder x dec_layers -> states (L_d, B, Q, D) -> class_embed (B, Q, K), bbox_embed (B, Q, 4).
@@ -1048,7 +1053,7 @@ SMALL_DEFORMABLE_DETR_RECIPE = dict(
     detection_loss="focal", detection_top_k=100, nms_iou=0.0,
 )  # fmt: skip
 # The default detector's recipe: the small one's without the backbone's box classification, sized from the data:
-# epochs so that training sees about PIXEL_BUDGET image pixels (about 5 epochs of digits-detect).
+# epochs so that training sees about 1.8e8 image pixels (5 epochs of digits-detect; `vitkit.train.recipe`).
 DN_QUERIES_SMALL = 40  # DINO gives COCO's 100; 5 groups of the digits' at most 4 boxes
 SMALL_DETECTOR_RECIPE = dict(SMALL_DEFORMABLE_DETR_RECIPE, box_cls_loss=0.0, pixel_budget=1.8e8)
 register_family(
