@@ -104,7 +104,9 @@ def test_fit_trains_a_detector_and_logs_what_pycocotools_finds(tmp_path, tiny_de
     assert saved["clip_grad"] == 0.1 and saved["label_smoothing"] is None and saved["detection_loss"] == "ce"
     for name in ("best", "final"):
         assert DetectionInfo.load(tmp_path / name).classes == tuple("0123456789")
-        assert load_detection_settings(tmp_path / name) == Postprocessing("ce", top_k=100, nms_iou=0.7)
+        settings = load_detection_settings(tmp_path / name)  # with the threshold its evaluation chose
+        assert dataclasses.replace(settings, threshold=None) == Postprocessing("ce", top_k=100, nms_iou=0.7)
+        assert 0 <= settings.threshold < 1
     final = from_pretrained(tmp_path / "final")
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     assert all(torch.equal(v, state["model"][k]) for k, v in final.state_dict().items())
@@ -293,8 +295,10 @@ def test_each_detection_comes_with_its_querys_cross_attention(detector, digits_c
 def test_how_a_run_reads_detections(tmp_path, digits_coco):
     """The small DETRs' recipe scores (query, class) pairs and suppresses duplicates; DETR keeps the paper's
     PostProcess; either can be changed, and neither option exists for a classifier."""
-    small = TrainConfig(data=str(digits_coco), out=str(tmp_path)).resolved()
+    small = TrainConfig(data=str(digits_coco), model="detr_digits", out=str(tmp_path)).resolved()
     assert (small.model, small.detection_top_k, small.nms_iou) == ("detr_digits", 100, 0.7)
+    default = TrainConfig(data=str(digits_coco), out=str(tmp_path)).resolved()  # Deformable DETR's top 100, no NMS
+    assert (default.model, default.detection_top_k, default.nms_iou) == ("deformable_detr_small", 100, 0.0)
     detr = TrainConfig(data=str(digits_coco), model="detr_resnet50", out=str(tmp_path)).resolved()
     assert (detr.detection_top_k, detr.nms_iou) == (0, 0.0)
     plain = TrainConfig(data=str(digits_coco), nms_iou=0.0, detection_top_k=0, out=str(tmp_path)).resolved()
@@ -343,4 +347,5 @@ def test_a_detection_run_saved_before_top_k_and_nms_resumes_as_it_was(tmp_path, 
     save_checkpoint(state, tmp_path / "checkpoint.pt")
     result = fit(TrainConfig.for_resume(tmp_path, epochs=2), resume=True)
     assert result.last["epoch"] == 2
-    assert load_detection_settings(tmp_path / "final") == Postprocessing()  # DETR's, as the run evaluated before
+    settings = load_detection_settings(tmp_path / "final")
+    assert dataclasses.replace(settings, threshold=None) == Postprocessing()  # DETR's, as the run evaluated before
