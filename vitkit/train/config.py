@@ -450,7 +450,7 @@ def _data_version(data: str) -> float:
     """The newest modification time of a COCO folder's annotation files (0 for builtin data)."""
     if data.startswith(BUILTIN_PREFIX):
         return 0.0
-    times = [p.stat().st_mtime for p in Path(data).rglob("*.json")]
+    times = [p.stat().st_mtime for p in Path(data).glob("*/*.json")]  # annotations/*.json, or train*/ and val*/
     return max(times, default=0.0)
 
 
