@@ -1,5 +1,6 @@
 import os
 
+import huggingface_hub.constants
 import pytest
 import torch
 
@@ -10,3 +11,13 @@ def one_thread_per_worker():
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(scope="module")
+def hub_offline():
+    """No Hub look-ups while a module builds transformers models offline (its tests use this fixture through
+    `pytestmark`): transformers reads huggingface_hub's flag on every call."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        yield

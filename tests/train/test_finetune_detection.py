@@ -11,7 +11,6 @@ import dataclasses
 import logging
 import math
 
-import huggingface_hub.constants
 import pytest
 import torch
 import torchvision
@@ -41,13 +40,7 @@ TINY_DEFORMABLE_DETR = dict(
 BIAS = -math.log((1 - FOCAL_PRIOR) / FOCAL_PRIOR)  # a class at probability FOCAL_PRIOR under the sigmoid
 
 
-@pytest.fixture(autouse=True, scope="module")
-def offline():
-    """No Hub look-ups: transformers reads huggingface_hub's flag on every call."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        yield
+pytestmark = pytest.mark.usefixtures("hub_offline")  # tests/conftest.py: no Hub look-ups
 
 
 def randomize(model: nn.Module) -> nn.Module:

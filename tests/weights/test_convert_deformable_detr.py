@@ -9,7 +9,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import huggingface_hub.constants
 import pytest
 import torch
 import transformers
@@ -76,13 +75,7 @@ SAVED_HEADS = {
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def offline():
-    """No Hub look-ups: transformers reads huggingface_hub's flag on every call."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        yield
+pytestmark = pytest.mark.usefixtures("hub_offline")  # tests/conftest.py: no Hub look-ups
 
 
 def hf_deformable_detr(**config) -> transformers.DeformableDetrForObjectDetection:

@@ -16,7 +16,6 @@ import argparse
 import copy
 import re
 
-import huggingface_hub.constants
 import pytest
 import torch
 import torchvision
@@ -66,13 +65,7 @@ TO_TRANSFORMERS = (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def offline():
-    """No Hub look-ups: transformers reads huggingface_hub's flag on every call."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        yield
+pytestmark = pytest.mark.usefixtures("hub_offline")  # tests/conftest.py: no Hub look-ups
 
 
 def transformers_name(key: str) -> str:
