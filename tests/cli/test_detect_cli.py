@@ -68,8 +68,10 @@ def test_predict_draws_and_lists_the_detections_of_a_folder(trained, capsys, tmp
     model, info = from_pretrained(out / "final"), DetectionInfo.load(out / "final")
     settings = load_detection_settings(out / "final")  # the recipe's top-k pairs and NMS
     assert settings.nms_iou == 0.7
-    expected = detect_files(model, info, images, 0.05, settings)
+    expected = detect_files(model, info, images, 0.05, settings.one_per_query())  # one box per object
     assert rows == [found.to_dict() for found in expected]
+    pairs = detect_files(model, info, images, 0.05, settings)  # the top-k pairs evaluation scores
+    assert sum(len(f.detections) for f in pairs) > sum(len(row["detections"]) for row in rows)
     listing = json.loads((tmp_path / "pred" / "detections.json").read_text())
     assert [row["picture"] for row in listing] == [str(tmp_path / "pred" / p.name) for p in images]
     for row, path in zip(listing, images, strict=True):
@@ -93,7 +95,8 @@ def test_predict_shows_detections_above_the_threshold_training_chose(trained, ca
     args = ["predict", "--model-dir", str(out / "final"), str(data / "val"), "--out", str(tmp_path / "p"), "--json"]
     assert main(args) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert rows == [found.to_dict() for found in detect_files(model, info, images, settings.threshold, settings)]
+    shown = settings.one_per_query()
+    assert rows == [found.to_dict() for found in detect_files(model, info, images, settings.threshold, shown)]
     assert main([*args, "--threshold", "0.999"]) == 0
     assert all(not row["detections"] for row in json.loads(capsys.readouterr().out))
 
@@ -115,7 +118,7 @@ def test_predict_skips_unreadable_images_of_folders_and_patterns(trained, capsys
         DetectionInfo.load(out / "final"),
         readable,
         0.0,
-        load_detection_settings(out / "final"),
+        load_detection_settings(out / "final").one_per_query(),
     )
     assert json.loads(listing.read_text()) == [found.to_dict() for found in expected]
     assert (
@@ -172,7 +175,7 @@ def test_attention_draws_each_detection_with_its_map(trained, capsys, tmp_path):
     args = ["attention", "--model-dir", str(out / "final"), image, "--out", str(target), "--threshold", "0"]
     assert main(args) == 0
     model, info = from_pretrained(out / "final"), DetectionInfo.load(out / "final")
-    settings = load_detection_settings(out / "final")
+    settings = load_detection_settings(out / "final").one_per_query()  # one panel per object
     shown, _ = detection_attention(model, info, Image.open(image), 0.0, settings)
     objects = f"{len(shown)} object{'' if len(shown) == 1 else 's'} above 0.00"
     assert 1 <= len(shown) <= 6 and objects in capsys.readouterr().out

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 import vitkit
-from vitkit.detection import postprocess
+from vitkit.detection import Postprocessing, postprocess
 
 
 def random_outputs(batch: int = 3, queries: int = 20, classes: int = 6) -> dict[str, torch.Tensor]:
@@ -116,6 +116,13 @@ def test_top_k_offers_a_second_class_of_an_unsure_query():
     torch.testing.assert_close(pairs["boxes"][1], pairs["boxes"][2])  # both pairs of query 0 carry its box
     assert one["queries"].tolist() == [0, 1] and pairs["queries"].tolist() == [1, 0, 0]
     torch.testing.assert_close(pairs["boxes"][1], torch.tensor([4.0, 4.0, 6.0, 6.0]))
+    # What predict and attention show: the saved reading with one class per query, its other settings kept.
+    saved = Postprocessing("ce", top_k=3, nms_iou=0.7, threshold=0.3)
+    shown = saved.one_per_query()
+    assert shown == Postprocessing("ce", top_k=None, nms_iou=0.7, threshold=0.3)
+    (read,) = shown(outputs, [(10, 10)], 0.0)
+    assert read["labels"].tolist() == [2, 0] and read["queries"].tolist() == [1, 0]  # most probable first (nms)
+    assert saved(outputs, [(10, 10)], 0.0)[0]["queries"].tolist() == [1, 0, 0]
 
 
 def test_nms_drops_a_less_probable_duplicate_of_the_same_class():

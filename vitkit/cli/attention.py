@@ -90,6 +90,7 @@ def _run_detector(args: argparse.Namespace) -> int:
     head = None if args.head in (None, "mean") else args.head
     layer = -1 if args.layer is None else args.layer
     model, info, postprocessing = load_detector(args.model_dir, args.device)
+    postprocessing = postprocessing.one_per_query()  # one box per object, with its best class
     threshold = postprocessing.shown_above(args.threshold)
     check_inference_memory(model, args, capture=True)
     _note(missing_info_note(args.model_dir))

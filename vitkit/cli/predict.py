@@ -125,6 +125,7 @@ def _finish(skipped: list[Unreadable], total: int, read: int) -> int:
 def _run_detector(args: argparse.Namespace) -> int:
     paths = image_paths(args.images)
     model, info, postprocessing = load_detector(args.model_dir, args.device)
+    postprocessing = postprocessing.one_per_query()  # one box per object, with its best class
     check_inference_memory(model, args)  # one image at a time
     note = missing_info_note(args.model_dir)
     if note:

@@ -15,7 +15,7 @@ Letters: B images, Q queries, K classes, k scored (query, class) pairs per image
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -186,6 +186,12 @@ class Postprocessing:
         if threshold is not None:
             return threshold
         return self.threshold if self.threshold is not None else DEFAULT_THRESHOLD
+
+    def one_per_query(self) -> Postprocessing:
+        """The same reading with each query's best class only (`top_k` None): one box per object, as `vitkit
+        predict` and `vitkit attention` show them. The k best (query, class) pairs score more COCO AP (a query
+        unsure between two classes offers both), but put two labels on one object."""
+        return replace(self, top_k=None)
 
     @classmethod
     def default(cls, no_object_logit: bool = True) -> Postprocessing:
