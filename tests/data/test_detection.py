@@ -300,3 +300,79 @@ def test_evaluation_reads_only_the_val_annotations(tmp_path, digits):
     assert info.source == str(tmp_path)
     with pytest.raises(ValueError, match="instances_train2017.json"):
         load_detection(str(tmp_path), channels=1)
+
+
+# --- Augmentation of a COCO training split ----------------------------------------------------------------------------
+
+COLOURS = ((230, 30, 30), (30, 230, 30), (30, 30, 230))  # the colour of class i's rectangle
+
+
+def coloured_boxes(root: Path) -> Path:
+    """One 90 x 64 (width x height) black image holding three filled rectangles, class i in COLOURS[i]: the
+    image shows where each box is, so an augmented sample can be checked against its own pixels."""
+    boxes = [(4, 6, 22, 30), (40, 20, 70, 52), (75, 2, 88, 14)]  # (x0, y0, x1, y1), x1 and y1 exclusive
+    array = np.zeros((64, 90, 3), dtype=np.uint8)
+    for (x0, y0, x1, y1), colour in zip(boxes, COLOURS, strict=True):
+        array[y0:y1, x0:x1] = colour
+    Image.fromarray(array).save(root / "boxes.png")
+    data = {
+        "images": [{"id": 7, "file_name": "boxes.png", "width": 90, "height": 64}],
+        "annotations": [
+            {"id": i + 1, "image_id": 7, "category_id": i + 1, "bbox": [x0, y0, x1 - x0, y1 - y0]}
+            for i, (x0, y0, x1, y1) in enumerate(boxes)
+        ],
+        "categories": [{"id": i + 1, "name": name} for i, name in enumerate(("red", "green", "blue"))],
+    }
+    (root / "boxes.json").write_text(json.dumps(data))
+    return root / "boxes.json"
+
+
+def pixel_box(mask: torch.Tensor) -> list[float]:
+    """The tight (x0, y0, x1, y1) of a (H, W) boolean mask, x1 and y1 exclusive."""
+    ys, xs = torch.nonzero(mask, as_tuple=True)
+    return [xs.min().item(), ys.min().item(), xs.max().item() + 1, ys.max().item() + 1]
+
+
+def test_augmented_boxes_follow_the_pixels_and_the_labels_their_boxes(tmp_path):
+    augment = det.DetectionAugment(hflip=0.5, scale_jitter=0.3, crop=0.7)
+    options = dict(short_side=64, max_size=None, mean=(0.0,) * 3, std=(1.0,) * 3)
+    data = CocoDetection(coloured_boxes(tmp_path), tmp_path, augment=augment, **options)
+    plain = CocoDetection(tmp_path / "boxes.json", tmp_path, **options)
+    torch.testing.assert_close(data[0][0], plain[0][0])  # a plain index (evaluation) is not augmented
+    sizes, flipped, dropped = set(), 0, 0
+    for seed in range(40):
+        image, target = data[(0, seed)]
+        again, target_again = data[(0, seed)]  # the same seed, the same sample
+        assert torch.equal(image, again) and torch.equal(target["boxes"], target_again["boxes"])
+        height, width = image.shape[1:]
+        assert target["size"].tolist() == target["orig_size"].tolist() == [height, width]
+        sizes.add(min(height, width))
+        assert 64 * 0.7 - 1 <= min(height, width) <= 64 * 1.3 + 1
+        scale = torch.tensor([width, height, width, height])
+        xyxy = box_convert(target["boxes"], "cxcywh", "xyxy") * scale  # (n, 4) pixels of the augmented image
+        assert len(target["labels"]) == len(target["area"]) and len(target["labels"]) >= 1
+        dropped += 3 - len(target["labels"])
+        for box, label, area in zip(xyxy, target["labels"].tolist(), target["area"].tolist(), strict=True):
+            colour = torch.tensor(COLOURS[label], dtype=torch.float32)[:, None, None] / 255
+            mask = (image - colour).abs().amax(0) < 0.25  # (H, W) pixels of this class's colour
+            # the drawn rectangle, resized with antialiasing: its tight box is the target's within a pixel
+            torch.testing.assert_close(torch.tensor(pixel_box(mask), dtype=torch.float32), box, atol=1.2, rtol=0)
+            stored = [(4, 6, 22, 30), (40, 20, 70, 52), (75, 2, 88, 14)][label]
+            assert area == (stored[2] - stored[0]) * (stored[3] - stored[1])  # the stored object's area
+        red = target["labels"] == 0
+        if red.any() and xyxy[red][0, 0] > width / 2:  # the red box starts on the left of the stored image
+            flipped += 1
+    assert len(sizes) > 5 and 5 < flipped < 35 and dropped > 0  # every augmentation drew both ways
+
+
+def test_augmentation_settings_are_checked_and_the_bundled_canvases_take_none(tmp_path):
+    coloured_boxes(tmp_path)
+    with pytest.raises(ValueError, match="augmentation resizes to a random shorter side around short_side"):
+        CocoDetection(tmp_path / "boxes.json", tmp_path, short_side=None, augment=det.DetectionAugment(hflip=0.5))
+    with pytest.raises(ValueError, match="scale_jitter must be in"):
+        CocoDetection(tmp_path / "boxes.json", tmp_path, augment=det.DetectionAugment(scale_jitter=1.0))
+    with pytest.raises(ValueError, match="digits-detect draws fresh training canvases every epoch and is not"):
+        load_detection("builtin:digits-detect", augment=det.DetectionAugment(crop=0.5))
+    assert load_detection("builtin:digits-detect", augment=det.DetectionAugment())[0] is not None
+    assert not det.detection_augment_defaults("builtin:digits-detect")
+    assert det.detection_augment_defaults(str(tmp_path)) == det.COCO_AUGMENT

@@ -55,6 +55,37 @@ def test_epoch_sampler_resumes_inside_an_epoch_and_seeds_follow_samples():
     assert dict(single) != seeds
 
 
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_grouped_batches_hold_one_group_and_share_a_step_seed(replicas):
+    size, batch = 50, 4
+    groups = [int(i % 5 == 0) for i in range(size)]  # 10 of group 1, 40 of group 0
+    shares = []
+    for rank in range(replicas):
+        sampler = EpochSampler(size, replicas, rank, seed=3, batch_size=batch, groups=groups)
+        sampler.set_epoch(2)
+        shares.append(list(sampler))
+        assert len(shares[-1]) == len(sampler)
+        sampler.set_epoch(2, start=batch)  # a resumed epoch continues where it stopped
+        assert list(sampler) == shares[-1][batch:]
+    plain = EpochSampler(size, seed=3)
+    plain.set_epoch(2)
+    assert {i: s for share in shares for i, s, _ in share} == dict(plain)  # a sample's own seed is unchanged
+    steps = [[share[i : i + batch] for i in range(0, len(share), batch)] for share in shares]
+    mixed = 0
+    for step in zip(*steps, strict=False):  # one step: a batch in each process
+        step_seeds = {seed for samples in step for _, _, seed in samples}
+        assert len(step_seeds) == 1  # one size for every image of the step
+        mixed += any(len({groups[i] for i, _, _ in samples}) > 1 for samples in step)
+    assert mixed <= 1  # only the last step mixes groups (the leftovers of each group)
+    every = sorted(i for share in shares for i, _, _ in share)
+    assert set(every) == set(range(size)) and len(every) == -(-size // replicas) * replicas
+    ungrouped = EpochSampler(size, seed=3, batch_size=batch)
+    ungrouped.set_epoch(2)
+    assert sum(len({groups[i] for i, _, _ in list(ungrouped)[k : k + batch]}) > 1 for k in range(0, 48, batch)) > 3
+    with pytest.raises(ValueError, match="groups needs a batch_size and one group per sample"):
+        EpochSampler(size, groups=groups)
+
+
 def test_eval_sharding_without_padding_covers_each_sample_once():
     shards = [EpochSampler(7, 3, rank, shuffle=False, pad=False) for rank in range(3)]
     assert sorted(i for shard in shards for i, _ in shard) == list(range(7))

@@ -113,6 +113,23 @@ def test_val_fraction_resolves_where_it_applies_and_an_ignored_one_says_so(tmp_p
         TrainConfig(val_fraction=1.5)
 
 
+def test_augmentation_defaults_follow_the_data_and_apply_to_their_task(digit_folder, digits_coco):
+    detector = TrainConfig(data=str(digits_coco)).resolved()
+    assert (detector.hflip, detector.scale_jitter, detector.crop) == (0.5, 0.25, 0.5)  # a COCO folder's
+    given = TrainConfig(data=str(digits_coco), hflip=0.0, crop=0.2).resolved()
+    assert (given.hflip, given.scale_jitter, given.crop) == (0.0, 0.25, 0.2)
+    classifier = TrainConfig(data=str(digit_folder), hflip=0.25).resolved()
+    assert (classifier.hflip, classifier.scale_jitter, classifier.crop) == (0.25, None, None)
+    with pytest.raises(ValueError, match=r"option\(s\) \['crop'\] do not apply to classification"):
+        TrainConfig(data=str(digit_folder), crop=0.5).resolved()
+    with pytest.raises(ValueError, match=r"option\(s\) \['min_scale'\] do not apply to detection"):
+        TrainConfig(data=str(digits_coco), min_scale=0.5).resolved()
+    with pytest.raises(ValueError, match="crop must be a probability in \\[0, 1\\], got 1.5"):
+        TrainConfig(crop=1.5)
+    with pytest.raises(ValueError, match="scale_jitter must be in \\[0, 1\\)"):
+        TrainConfig(scale_jitter=-0.1)
+
+
 def test_paths_are_resolved_absolute(tmp_path, monkeypatch):
     _tree(tmp_path / "data", splits=("train",))
     (tmp_path / "model.pth").write_bytes(b"")

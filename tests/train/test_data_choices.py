@@ -26,9 +26,9 @@ def chosen(*args, **kwargs) -> dict:
 
 def test_the_side_keeps_the_images_unless_the_small_boxes_need_more():
     assert RECIPE.pixel_budget == 1.8e8
-    # 128 x 160 images, boxes large enough: the stored side; 1.8e8 / (300 * 128 * 160) = 29.3 epochs; 300 // 32 = 9,
-    # the power of two below: 8
-    assert chosen(stats(), RECIPE, MODEL, True) == {"img_size": 128, "epochs": 29, "batch_size": 8}
+    # 128 x 160 images, boxes large enough: the stored side; 1.8e8 / (300 * 128 * 160) = 29.3 epochs; 300 // 128 = 2,
+    # a power of two
+    assert chosen(stats(), RECIPE, MODEL, True) == {"img_size": 128, "epochs": 29, "batch_size": 2}
     # the smallest tenth of the boxes at 8 px: enlarged 12 / 8 = 1.5 times, 192; 1.8e8 / (300 * 192 * 240) = 13
     assert chosen(stats(p10=8.0), RECIPE, MODEL, True)["img_size"] == 192
     assert chosen(stats(p10=8.0), RECIPE, MODEL, True)["epochs"] == 13
@@ -44,6 +44,8 @@ def test_epochs_batch_and_queries_follow_the_data():
     assert (big["epochs"], big["batch_size"]) == (3, 16)  # at least 3 epochs, the recipe's batch
     assert chosen(stats(images=10), RECIPE, MODEL, True)["epochs"] == 200  # at most 200
     assert chosen(stats(images=10), RECIPE, MODEL, True)["batch_size"] == 2
+    assert chosen(stats(images=1000), RECIPE, MODEL, True)["batch_size"] == 4  # 1000 // 128 = 7: 4
+    assert chosen(stats(images=2100), RECIPE, MODEL, True)["batch_size"] == 16  # 16, the recipe's
     crowded = chosen(stats(max_objects=15), RECIPE, MODEL, True)
     assert crowded["num_queries"] == 30  # 2 per object of the fullest image, more than the model's 20
     assert "num_queries" not in chosen(stats(max_objects=15), RECIPE, MODEL, False)  # fine-tuning keeps the model's
@@ -52,7 +54,7 @@ def test_epochs_batch_and_queries_follow_the_data():
 
 def test_a_given_side_sizes_the_epochs_and_a_recipe_without_budget_chooses_nothing():
     given = chosen(stats(), RECIPE, MODEL, True, img_size=256)
-    assert given == {"epochs": 7, "batch_size": 8}  # 1.8e8 / (300 * 256 * 320) = 6.9
+    assert given == {"epochs": 7, "batch_size": 2}  # 1.8e8 / (300 * 256 * 320) = 6.9
     assert data_choices(stats(), recipe_for("detection", "deformable_detr_digits"), MODEL, True) == []
     reasons = {c.field: c.why for c in data_choices(stats(p10=8.0), RECIPE, MODEL, True)}
     assert reasons["img_size"] == (

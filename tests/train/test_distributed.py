@@ -93,9 +93,10 @@ def _detector_first_step_gradients(coco: str, env: DistEnv, batch_size: int) -> 
     """Gradients of a detector's first training step as `fit` takes it, on this process's shard, with the box
     losses only: their normaliser, the number of boxes, is averaged over the processes, so that the sharded step
     is the global batch's step. (The cross-entropies average over each shard's queries or boxes, as DETR's.)"""
+    # unaugmented: a batch split over two processes pads each half to its own largest image
     config = TrainConfig(
         out="unused", data=coco, model="detr_digits", model_args=TINY_DETR, batch_size=batch_size, device="cpu",
-        box_cls_loss=0.0,
+        box_cls_loss=0.0, hflip=0.0, scale_jitter=0.0, crop=0.0,
     ).resolved()  # fmt: skip
     task = DetectionTask(config, env)
     torch.manual_seed(0)

@@ -217,7 +217,8 @@ def test_the_start_summary_says_what_the_data_chose(tmp_path, tiny_detector_conf
         fit(config)
     summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))
     assert "  sized   img size 96: median shorter side 96 px\n" in summary
-    assert "          batch size 2: 24 training images, at least 32 steps an epoch\n" in summary
+    assert "          batch size 2: 24 training images, at least 128 steps an epoch\n" in summary
+    assert "  augment flip 0.5, crop 0.5, shorter side 72-120 px\n" in summary  # a COCO folder's default
     assert "  epochs " not in summary.split("  sized")[1]  # given
     assert json.loads((tmp_path / "config.json").read_text())["img_size"] == 96
 
@@ -324,14 +325,18 @@ def test_a_damaged_postprocess_file_is_named(tmp_path):
 
 def test_older_detection_settings_are_the_ones_it_trained_with():
     older = {"model": "detr_digits", "detection_loss": "ce", "model_args": {"hidden_dim": 16}}
+    unaugmented = {"hflip": 0.0, "scale_jitter": 0.0, "crop": 0.0}
     assert older_detector_settings(older) == {
         **older,
         "detection_top_k": 0,
         "nms_iou": 0.0,
+        **unaugmented,
         "model_args": {"dec_layers": 2, "hidden_dim": 16},
     }
     assert older_detector_settings({**older, "model_args": {"dec_layers": 3}})["model_args"] == {"dec_layers": 3}
-    current = {**older, "detection_top_k": 100, "nms_iou": 0.7}
+    before_augment = {**older, "detection_top_k": 100, "nms_iou": 0.7, "hflip": None}
+    assert older_detector_settings(before_augment) == {**before_augment, **unaugmented}
+    current = {**before_augment, "hflip": 0.5, "scale_jitter": 0.25, "crop": 0.5}
     assert older_detector_settings(current) == current
     classifier = {"model": "vit_digits_patch7_28", "detection_loss": None}
     assert older_detector_settings(classifier) == classifier

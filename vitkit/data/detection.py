@@ -12,9 +12,10 @@ not be read. Class indices are contiguous; `DetectionInfo.category_ids` maps the
 (to write predictions in COCO's results format). `detection_stats` describes a dataset from its annotations alone
 (image sides, boxes per class and per image, box sizes), to choose training settings by.
 
-Augmentation is kept minimal: digits-detect draws fresh training canvases every epoch and is not augmented
-otherwise; COCO images are resized so the shorter side is `short_side` and the longer at most `max_size` (DETR's
-evaluation transform, 800 and 1333 by default), in training and evaluation alike.
+digits-detect draws fresh training canvases every epoch and is not augmented otherwise. COCO images are resized so
+the shorter side is `short_side` and the longer at most `max_size` (DETR's evaluation transform, 800 and 1333 by
+default); a training split may also be augmented as DETR trains (`DetectionAugment`: flips, random crops and
+multi-scale resizing, `vitkit.data.transforms.detection_train_transform`), each sample under its own seed.
 
 Letters: C channels, H, W image size, n objects of an image, K classes.
 """
@@ -34,10 +35,11 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
+from torchvision import tv_tensors
 
 from vitkit.data.loader import Unreadable
 from vitkit.data.sources import BUILTIN_PREFIX, INFO_NAME, load_builtin, open_image
-from vitkit.data.transforms import channel_stats, image_mode
+from vitkit.data.transforms import channel_stats, detection_train_transform, image_mode
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DETR normalises COCO images so
 
@@ -157,9 +159,32 @@ def _target(
 
 
 def _index(key: int | tuple[int, int]) -> int:
-    """A sample index from an index or an (index, augmentation seed) pair of `EpochSampler` (the seed is unused:
-    these datasets draw no random augmentation)."""
+    """A sample index from an index, or from an (index, seed) pair or (index, seed, batch seed) triple of
+    `EpochSampler`."""
     return int(key[0]) if isinstance(key, tuple) else int(key)
+
+
+@dataclass(frozen=True)
+class DetectionAugment:
+    """How a COCO training split is augmented (`vitkit.data.transforms.detection_train_transform`): the
+    probability of a horizontal flip, the relative range of the multi-scale shorter side, the probability of a
+    random crop. All 0: no augmentation."""
+
+    hflip: float = 0.0
+    scale_jitter: float = 0.0
+    crop: float = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.hflip or self.scale_jitter or self.crop)
+
+
+DIGITS_AUGMENT = DetectionAugment()  # fresh canvases every epoch; a flipped digit is another glyph
+COCO_AUGMENT = DetectionAugment(hflip=0.5, scale_jitter=0.25, crop=0.5)  # a COCO folder's training split
+
+
+def detection_augment_defaults(source: str) -> DetectionAugment:
+    """The default augmentation of a detection source's training split (a `--data` value)."""
+    return DIGITS_AUGMENT if source.startswith(BUILTIN_PREFIX) else COCO_AUGMENT
 
 
 class DigitsDetection(Dataset):
@@ -464,6 +489,9 @@ class CocoDetection(Dataset):
         channels: image channels given to the model (1 or 3).
         mean, std: per-channel normalisation statistics (ImageNet's, as DETR).
         check_images: decode every image at load and skip those that fail.
+        augment: augment each sample indexed by an (index, seed) pair or (index, seed, batch seed) triple of
+            `vitkit.data.EpochSampler` (`DetectionAugment`; needs `short_side`): its size drawn under the batch
+            seed, the rest under its own; a plain index gives the sample unaugmented.
     """
 
     def __init__(
@@ -476,10 +504,16 @@ class CocoDetection(Dataset):
         mean: tuple[float, ...] = IMAGENET_MEAN,
         std: tuple[float, ...] = IMAGENET_STD,
         check_images: bool = False,
+        augment: DetectionAugment | None = None,
     ) -> None:
         if short_side is not None and short_side <= 0 or max_size is not None and max_size <= 0:
             raise ValueError(f"short_side and max_size must be positive or None, got {short_side} and {max_size}")
         image_mode(channels)
+        self.transform = None
+        if augment:
+            if short_side is None:
+                raise ValueError("augmentation resizes to a random shorter side around short_side: give short_side")
+            self.transform = detection_train_transform(short_side, max_size, **asdict(augment))  # (image, batch)
         path = Path(annotations)
         data = read_coco_json(path)
         self.category_ids, self.classes = _categories(data, path)
@@ -625,9 +659,41 @@ class CocoDetection(Dataset):
                 self.describe(index),
                 f"the file is {image.size[0]}x{image.size[1]}, the annotations say {width}x{height}",
             )
+        if self.transform is not None and isinstance(key, tuple):
+            return self._augmented(image, sample, int(key[1]), int(key[-1]))
         size = self.model_size(height, width)
         tensor = _to_model_input(_resize(image, (size[1], size[0])), self.channels, self.mean, self.std)
         return tensor, _target(sample.boxes, sample.labels, sample.areas, sample.image_id, sample.size, size)
+
+    def orientations(self) -> list[int]:
+        """1 for each image taller than wide, else 0: the groups that batch with little padding
+        (`vitkit.data.EpochSampler`'s `groups`)."""
+        return [int(sample.size[0] > sample.size[1]) for sample in self.samples]
+
+    def _augmented(
+        self, image: Image.Image, sample: CocoImage, seed: int, batch_seed: int
+    ) -> tuple[torch.Tensor, dict]:
+        """A sample through the training transform: its flip and crop drawn under `seed`, its size under
+        `batch_seed` (the same for a batch, or `seed`). Its boxes follow the image, and the augmented image stands
+        for the stored one (`orig_size` = `size`); `area` stays each kept object's stored area."""
+        boxes = tv_tensors.BoundingBoxes(
+            torch.from_numpy(np.asarray(sample.boxes, dtype=np.float32).reshape(-1, 4)),
+            format="XYXY",
+            canvas_size=sample.size,
+        )
+        index = torch.arange(len(sample.labels))
+        per_image, per_batch = self.transform
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)  # the CPU generator only, as `TransformedImages`
+            target = {"boxes": boxes, "labels": torch.from_numpy(sample.labels), "index": index}
+            image, found = per_image(image, target)
+            torch.default_generator.manual_seed(batch_seed)
+            image, found = per_batch(image, found)
+        kept = found["index"].numpy()
+        size = (image.size[1], image.size[0])
+        tensor = _to_model_input(image, self.channels, self.mean, self.std)
+        xyxy = found["boxes"].as_subclass(torch.Tensor).numpy()
+        return tensor, _target(xyxy, sample.labels[kept], sample.areas[kept], sample.image_id, size, size)
 
 
 def _require_boxes(data: CocoDetection, split: str) -> None:
@@ -672,9 +738,10 @@ def _find_split(root: Path, split: str) -> tuple[Path, Path]:
 
 
 def load_coco_folder(
-    root: str | os.PathLike, val_only: bool = False, **options: Any
+    root: str | os.PathLike, val_only: bool = False, augment: DetectionAugment | None = None, **options: Any
 ) -> tuple[CocoDetection | None, CocoDetection, DetectionInfo]:
-    """A COCO-format dataset folder as (train, val, info); `options` go to `CocoDetection`.
+    """A COCO-format dataset folder as (train, val, info); `options` go to `CocoDetection`, `augment` to its
+    training split only.
 
     Layouts: COCO's, ``root/annotations/instances_train2017.json`` with images in ``root/train2017/`` and the same
     for val (any suffix after ``instances_train`` / ``instances_val``, the folder named as the JSON without
@@ -690,7 +757,7 @@ def load_coco_folder(
         raise FileNotFoundError(f"{root} is not a directory: expected a COCO-format dataset folder")
     train = None
     if not val_only:
-        train = CocoDetection(*_find_split(root, "train"), **options)
+        train = CocoDetection(*_find_split(root, "train"), augment=augment, **options)
         _require_boxes(train, "train")
     val = CocoDetection(*_find_split(root, "val"), **options)
     _require_boxes(val, "val")
@@ -707,22 +774,34 @@ def load_coco_folder(
 
 
 def load_detection(
-    source: str, seed: int = 0, channels: int = 3, img_size: int | None = None, val_only: bool = False, **options: Any
+    source: str,
+    seed: int = 0,
+    channels: int = 3,
+    img_size: int | None = None,
+    val_only: bool = False,
+    augment: DetectionAugment | None = None,
+    **options: Any,
 ) -> tuple[DigitsDetection | CocoDetection | None, DigitsDetection | CocoDetection, DetectionInfo]:
     """(train, val, info) of ``"builtin:digits-detect"`` or a COCO-format folder (`load_coco_folder`).
 
     `img_size` is the canvas side for digits-detect and the shorter side (`short_side`) for COCO images; `seed`
     draws the digits-detect training canvases; `val_only` leaves a COCO folder's training annotations unread
-    (train None); `options` go to `CocoDetection`.
+    (train None); `augment` augments a COCO folder's training split (digits-detect takes none: its canvases are
+    drawn afresh every epoch); `options` go to `CocoDetection`.
     """
     if source.startswith(BUILTIN_PREFIX):
         name = source[len(BUILTIN_PREFIX) :]
         if name != DIGITS_DETECT:
             raise ValueError(f"unknown builtin detection dataset {name!r}; the bundled one is {DIGITS_DETECT!r}")
+        if augment:
+            raise ValueError(
+                f"{source} draws fresh training canvases every epoch and is not augmented (a flipped digit is "
+                f"another glyph): leave out hflip, scale_jitter and crop, or set them to 0; got {augment}"
+            )
         return load_digits_detect(seed, channels, img_size)
     if img_size is not None:
         options["short_side"] = img_size
-    return load_coco_folder(source, val_only=val_only, channels=channels, **options)
+    return load_coco_folder(source, val_only=val_only, channels=channels, augment=augment, **options)
 
 
 # --- What a dataset holds -------------------------------------------------------------------------------------------

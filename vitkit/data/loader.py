@@ -10,7 +10,7 @@ Letters: B batch, C channels, H, W image size.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,46 +20,86 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from vitkit.data.sources import ImageSource
 
 
-class EpochSampler(Sampler[tuple[int, int]]):
+class EpochSampler(Sampler[tuple[int, ...]]):
     """This process's share of an epoch's samples, as (index, augmentation seed) pairs.
 
     As `torch.utils.data.DistributedSampler`: with `shuffle` the order is a permutation seeded by seed + epoch,
     padded by repeating its start to a multiple of `num_replicas` (only with `pad`), and process `rank` takes
     every `num_replicas`-th sample from position `rank`. `set_epoch(epoch, start)` selects the epoch and skips
     the first `start` samples of this process's share.
+
+    Given the `batch_size` of the loader, samples come as (index, seed, batch seed) triples: the batch seed is
+    the same for every sample of a step's batches in all processes (what one draw per batch, such as a training
+    size shared by the batch, is drawn from). Given also `groups` (a group id per sample, e.g. the images'
+    orientation), the permutation is rearranged so that each step's batches hold one group where it can, as
+    torchvision's `GroupedBatchSampler` does: images of one shape pad less when batched.
     """
 
     def __init__(
-        self, size: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = True, seed: int = 0, pad: bool = True
+        self,
+        size: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        pad: bool = True,
+        batch_size: int | None = None,
+        groups: Sequence[int] | None = None,
     ) -> None:
         if size <= 0:
             raise ValueError(f"cannot sample from an empty dataset (size {size})")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
+        if batch_size is not None and batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if groups is not None and (batch_size is None or len(groups) != size):
+            raise ValueError(f"groups needs a batch_size and one group per sample ({size}), got {len(groups)}")
         self.size, self.num_replicas, self.rank = size, num_replicas, rank
         self.shuffle, self.seed, self.pad = shuffle, seed, pad
+        self.batch_size, self.groups = batch_size, None if groups is None else list(groups)
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         self.epoch, self.start = epoch, start
 
-    def _share(self) -> tuple[list[int], list[int]]:
+    def _share(self) -> list[tuple[int, ...]]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.size, generator=generator) if self.shuffle else torch.arange(self.size)
         seeds = torch.randint(0, 2**62, (self.size,), generator=generator)
+        if self.groups is not None:
+            order = grouped_order(order, self.groups, self.batch_size * self.num_replicas)
         if self.pad:
             total = -(-self.size // self.num_replicas) * self.num_replicas
             order = order.repeat(-(-total // self.size))[:total]  # repeats the start, as often as needed
         mine = order[self.rank :: self.num_replicas]
-        return mine.tolist(), seeds[mine].tolist()
+        if self.batch_size is None:
+            return list(zip(mine.tolist(), seeds[mine].tolist(), strict=True))
+        steps = -(-len(mine) // self.batch_size)
+        step_seeds = torch.randint(0, 2**62, (steps,), generator=generator)  # one per step, shared by processes
+        shared = step_seeds.repeat_interleave(self.batch_size)[: len(mine)]
+        return list(zip(mine.tolist(), seeds[mine].tolist(), shared.tolist(), strict=True))
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        indices, seeds = self._share()
-        return iter(list(zip(indices, seeds, strict=True))[self.start :])
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        return iter(self._share()[self.start :])
 
     def __len__(self) -> int:
         share = -(-self.size // self.num_replicas) if self.pad else len(range(self.rank, self.size, self.num_replicas))
         return max(share - self.start, 0)
+
+
+def grouped_order(order: torch.Tensor, groups: Sequence[int], chunk: int) -> torch.Tensor:
+    """`order` rearranged into runs of `chunk` samples of one group, each run placed where its last sample was in
+    `order`; the samples of groups left short of a run follow in their order (torchvision's
+    `GroupedBatchSampler`, on positions instead of batches)."""
+    runs, pending = [], {}
+    for index in order.tolist():
+        run = pending.setdefault(groups[index], [])
+        run.append(index)
+        if len(run) == chunk:
+            runs += pending.pop(groups[index])
+    position = {index: i for i, index in enumerate(order.tolist())}
+    rest = sorted((i for run in pending.values() for i in run), key=position.__getitem__)
+    return torch.tensor(runs + rest, dtype=order.dtype)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from PIL import Image
+from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 CHANNEL_MODES = {1: "L", 3: "RGB"}  # model input channels -> PIL mode the image is converted to
@@ -181,3 +182,81 @@ def train_transform(
     if randaugment > 0:
         steps.append(v2.RandAugment(magnitude=randaugment))
     return v2.Compose([*steps, v2.PILToTensor()])
+
+
+def detection_train_transform(
+    short_side: int, max_size: int | None = None, hflip: float = 0.5, scale_jitter: float = 0.0, crop: float = 0.0
+) -> tuple[v2.Compose, v2.Compose]:
+    """The training augmentation of detection samples, as DETR trains: a horizontal flip, a random crop, then a
+    resize to a random shorter side (multi-scale training); as two transforms of (PIL image, {"boxes":
+    tv_tensors.BoundingBoxes, "labels": (n,) tensor, ...}), each drawn under its own seed: the flip and crop, drawn
+    for each image, and the resize, drawn once for a batch (so its images share a size and pad little, as mmdet's
+    `BatchSyncRandomResize`). Boxes follow the image; those left without area are dropped with their labels (and
+    with every other (n,) tensor the dict holds under `DETECTION_BOX_KEYS`).
+
+    Args:
+        short_side, max_size: the shorter side the images are resized to in evaluation, and the most the longer
+            side may be (the shorter side shrinks to fit), as `vitkit.data.CocoDetection` resizes them.
+        hflip: probability of a horizontal flip (0 for data whose meaning flips).
+        scale_jitter: the shorter side is drawn uniformly from the integers in short_side * (1 -+ scale_jitter).
+        crop: probability of a random crop (SSD's, torchvision's `RandomIoUCrop` without its IoU condition): each
+            side keeps CROP_MIN_SCALE to all of its length, the aspect within CROP_ASPECT of the image's (so an
+            image keeps its orientation), and a box is kept, clipped to the crop, when its centre lies inside. An
+            image without boxes is not cropped.
+    """
+    if short_side <= 0 or max_size is not None and max_size <= 0:
+        raise ValueError(f"short_side and max_size must be positive, got {short_side} and {max_size}")
+    for name, p in (("hflip", hflip), ("crop", crop)):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
+    if not 0.0 <= scale_jitter < 1.0:
+        raise ValueError(f"scale_jitter must be in [0, 1) (0 is off), got {scale_jitter}")
+    per_image: list[v2.Transform] = []
+    if hflip > 0:
+        per_image.append(v2.RandomHorizontalFlip(hflip))
+    if crop > 0:
+        per_image.append(v2.RandomApply([_RelativeAspectCrop(CROP_MIN_SCALE, CROP_ASPECT)], p=crop))
+    low, high = round(short_side * (1 - scale_jitter)), round(short_side * (1 + scale_jitter))
+    per_batch = [
+        v2.RandomShortestSize(list(range(max(low, 1), high + 1)), max_size, antialias=True),
+        v2.SanitizeBoundingBoxes(min_size=1, labels_getter=_box_tensors),
+    ]
+    return v2.Compose(per_image), v2.Compose(per_batch)
+
+
+CROP_MIN_SCALE = 0.5  # a random crop keeps at least this share of each side
+CROP_ASPECT = (0.75, 4 / 3)  # and an aspect (width over height) within these factors of the image's
+DETECTION_BOX_KEYS = ("labels", "index")  # (n,) tensors of a target dict that follow its boxes
+
+
+def _box_tensors(inputs: tuple) -> tuple[torch.Tensor, ...]:
+    """The (n,) tensors of a sample's target dict that `SanitizeBoundingBoxes` drops with their boxes."""
+    target = inputs[1] if len(inputs) == 2 and isinstance(inputs[1], dict) else inputs[0][1]
+    return tuple(target[key] for key in DETECTION_BOX_KEYS if key in target)
+
+
+class _RelativeAspectCrop(v2.Transform):
+    """torchvision's `RandomIoUCrop` with no IoU condition (a crop keeps the boxes whose centres it holds) and its
+    aspect range relative to the image's; a sample without boxes passes unchanged (there is no box to keep)."""
+
+    def __init__(self, min_scale: float, aspect: tuple[float, float]) -> None:
+        super().__init__()
+        self.min_scale, self.aspect = min_scale, aspect
+
+    def forward(self, *inputs: object) -> object:
+        sample = inputs if len(inputs) > 1 else inputs[0]
+        flat = _flatten(sample)
+        boxes = [b for b in flat if isinstance(b, tv_tensors.BoundingBoxes)]
+        if not boxes or boxes[0].shape[0] == 0:
+            return sample
+        height, width = boxes[0].canvas_size
+        low, high = (width / height * factor for factor in self.aspect)
+        return v2.RandomIoUCrop(self.min_scale, 1.0, low, high, sampler_options=[0.0])(*inputs)
+
+
+def _flatten(sample: object) -> list:
+    if isinstance(sample, dict):
+        return [x for v in sample.values() for x in _flatten(v)]
+    if isinstance(sample, list | tuple):
+        return [x for v in sample for x in _flatten(v)]
+    return [sample]

@@ -8,7 +8,7 @@ import json
 import os
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from vitkit.data import (
     DEFAULT_VAL_FRACTION,
     DetectionStats,
     augment_defaults,
+    detection_augment_defaults,
     detection_stats,
     load_detection,
 )
@@ -42,8 +43,8 @@ from vitkit.weights.io import read_json
 
 CONFIG_NAME = "config.json"
 DEFAULT_OUT = "runs/train"
-CLASSIFICATION_ONLY = ("label_smoothing", "mixup", "cutmix", "randaugment", "min_scale", "hflip")
-DETECTION_ONLY = ("backbone_lr", "detection_loss", "box_cls_loss", "detection_top_k", "nms_iou")
+CLASSIFICATION_ONLY = ("label_smoothing", "mixup", "cutmix", "randaugment", "min_scale")
+DETECTION_ONLY = ("backbone_lr", "detection_loss", "box_cls_loss", "detection_top_k", "nms_iou", "scale_jitter", "crop")
 
 # Runs written before the digits model had a name saved it as this model with these fields replaced: the same
 # architecture, which a resumed run accepts under either spelling (`current_model_name`).
@@ -209,8 +210,14 @@ class TrainConfig:
     seed: int = option(0, help="seed of initialisation, data order, augmentation and splits")
     # the random resized crop keeps min_scale..1 of the area; classification only
     min_scale: float | None = option(None, help="smallest area kept by the random crop (default: the data's)")
-    # the data's default: 0 for digits, 0.5 for folders; classification only
+    # the data's default: 0 for digits and digits-detect, 0.5 for folders
     hflip: float | None = option(None, help="horizontal flip probability (default: the data's)")
+    # in [0, 1); a detector's training images get a shorter side drawn from img_size * (1 -+ scale_jitter)
+    scale_jitter: float | None = option(
+        None, help="multi-scale detection training: shorter side within img_size * (1 -+ this) (default: the data's)"
+    )
+    # probability of a detection training image's random crop (`vitkit.data.transforms.detection_train_transform`)
+    crop: float | None = option(None, help="probability of a random crop of a detection image (default: the data's)")
     randaugment: int = option(0, help="RandAugment magnitude 0..30 (0: off)")
     mixup: float = option(0.0, help="MixUp alpha (0: off)")
     cutmix: float = option(0.0, help="CutMix alpha (0: off)")  # with both on, each batch picks one
@@ -256,6 +263,12 @@ class TrainConfig:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.img_size is not None and self.img_size <= 0:
             raise ValueError(f"img_size must be positive, got {self.img_size}")
+        for name in ("hflip", "crop"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
+        if self.scale_jitter is not None and not 0.0 <= self.scale_jitter < 1.0:
+            raise ValueError(f"scale_jitter must be in [0, 1) (0 is off), got {self.scale_jitter}")
 
     @property
     def init_is_file(self) -> bool:
@@ -309,7 +322,9 @@ class TrainConfig:
                 fill[choice.field] = choice.value
         if task == CLASSIFICATION:
             augment = augment_defaults(self.data)
-            fill.update({k: v for k, v in augment.items() if getattr(self, k) is None})
+        else:
+            augment = asdict(detection_augment_defaults(self.data))
+        fill.update({k: v for k, v in augment.items() if getattr(self, k) is None})
         if task != CLASSIFICATION:
             _check_detection_loss(self.detection_loss or fill.get("detection_loss"), model, self.init)
         if self._own_split(task) is not None:
@@ -462,16 +477,21 @@ def absolute_data(data: str) -> str:
 # Detection runs saved before `detection_top_k` and `nms_iou` existed read detections as DETR does, and their
 # detr_digits had 2 decoder layers: what `older_detector_settings` fills in so that such a run resumes as it was.
 OLDER_DETECTOR_SETTINGS: dict[str, Any] = {"detection_top_k": 0, "nms_iou": 0.0}
+OLDER_DETECTOR_AUGMENT: dict[str, Any] = {"hflip": 0.0, "scale_jitter": 0.0, "crop": 0.0}
 OLDER_DETR_DIGITS_ARGS: dict[str, Any] = {"dec_layers": 2}
 
 
 def older_detector_settings(values: Mapping[str, Any]) -> dict[str, Any]:
     """Config values (as in config.json) of a detection run saved before `detection_top_k` and `nms_iou` existed
-    with the settings it trained with (`OLDER_DETECTOR_SETTINGS`, and 2 decoder layers for detr_digits); other
-    values unchanged."""
+    with the settings it trained with (`OLDER_DETECTOR_SETTINGS`, and 2 decoder layers for detr_digits), and of one
+    saved before detection augmentation existed without it (`OLDER_DETECTOR_AUGMENT`); other values unchanged."""
     values = dict(values)
-    if values.get("detection_loss") is None or any(k in values for k in OLDER_DETECTOR_SETTINGS):
-        return values  # a classifier's settings, or a detector's saved by this version
+    if values.get("detection_loss") is None:
+        return values  # a classifier's settings
+    if "crop" not in values:  # saved before detection training was augmented
+        values.update(OLDER_DETECTOR_AUGMENT)
+    if any(k in values for k in OLDER_DETECTOR_SETTINGS):
+        return values  # a detector's saved by this version
     values.update(OLDER_DETECTOR_SETTINGS)
     if values.get("model") == "detr_digits":
         values["model_args"] = {**OLDER_DETR_DIGITS_ARGS, **(values.get("model_args") or {})}

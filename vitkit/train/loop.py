@@ -304,6 +304,9 @@ class _Run:
             f"{config.workers} loader workers",
             f"  output  {self.out.resolve()}",
         ]
+        augment = task.augmentation()
+        if augment:
+            lines.insert(2, f"  augment {augment}")
         for i, c in enumerate(self.sized):  # what the data chose, one line each, before device and output
             lines.insert(-2, f"  {'sized' if i == 0 else '':8}{c.field.replace('_', ' ')} {c.value}: {c.why}")
         init = init_report(self.model)

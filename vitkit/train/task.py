@@ -19,6 +19,7 @@ from torchvision.ops import box_convert
 from torchvision.transforms import v2
 
 from vitkit.data import (
+    DetectionAugment,
     EpochSampler,
     TransformedImages,
     Unreadable,
@@ -123,6 +124,10 @@ class Task:
     def set_epoch(self, epoch: int, start: int) -> None:
         """Select epoch `epoch`'s training samples, skipping this process's first `start`."""
         self.train_sampler.set_epoch(epoch, start=start)
+
+    def augmentation(self) -> str:
+        """How training images are augmented, for the run's summary ("" when they are not)."""
+        return ""
 
     def train_loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
         """(loss to minimise, {"train_loss": loss, and each of `loss_parts`}, images it averages over)."""
@@ -245,8 +250,9 @@ class DetectionTask(Task):
         super().__init__(config, env)
         model_config = _detector_config(config)
         side = config.img_size or min(to_2tuple(model_config.img_size))
+        augment = DetectionAugment(config.hflip or 0.0, config.scale_jitter or 0.0, config.crop or 0.0)
         self.train_set, self.val_set, self.info = load_detection(
-            config.data, seed=config.seed, channels=model_config.in_chans, img_size=side
+            config.data, seed=config.seed, channels=model_config.in_chans, img_size=side, augment=augment
         )
         self.num_classes = len(self.info.classes)
         self.loss_parts = ("loss_ce", "loss_bbox", "loss_giou") + (("loss_box_cls",) if config.box_cls_loss else ())
@@ -254,6 +260,16 @@ class DetectionTask(Task):
             report = getattr(split, "report", None)  # what a COCO file's loading skipped
             if report is not None and (report.skipped or report.clipped) and env.is_main:
                 log.warning(str(report))
+
+    def _samplers(self, train: Dataset, val: Dataset) -> EpochSampler:
+        """As a classifier's, with the training samples in batches of one orientation (they pad less) and a seed
+        per batch (the batch's size under multi-scale training)."""
+        env, groups = self.env, getattr(train, "orientations", None)
+        self.train_sampler = EpochSampler(
+            len(train), env.world_size, env.rank, seed=self.config.seed, batch_size=self.config.batch_size,
+            groups=groups() if groups is not None else None,
+        )  # fmt: skip
+        return EpochSampler(len(val), env.world_size, env.rank, shuffle=False, pad=False)
 
     def prepare(self, model: nn.Module) -> nn.Module:
         config, env = self.config, self.env
@@ -282,6 +298,19 @@ class DetectionTask(Task):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.boxes is not None:
             self.boxes.head.load_state_dict(state["box_head"])
+
+    def augmentation(self) -> str:
+        config, transform = self.config, getattr(self.train_set, "transform", None)
+        if transform is None:
+            return ""
+        parts = [f"flip {config.hflip:g}"] if config.hflip else []
+        if config.crop:
+            parts.append(f"crop {config.crop:g}")
+        if config.scale_jitter:
+            side = self.train_set.short_side
+            low, high = round(side * (1 - config.scale_jitter)), round(side * (1 + config.scale_jitter))
+            parts.append(f"shorter side {low}-{high} px")
+        return ", ".join(parts)
 
     def set_epoch(self, epoch: int, start: int) -> None:
         super().set_epoch(epoch, start)
