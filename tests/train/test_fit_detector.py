@@ -298,8 +298,8 @@ def test_how_a_run_reads_detections(tmp_path, digits_coco):
     PostProcess; either can be changed, and neither option exists for a classifier."""
     small = TrainConfig(data=str(digits_coco), model="detr_digits", out=str(tmp_path)).resolved()
     assert (small.model, small.detection_top_k, small.nms_iou) == ("detr_digits", 100, 0.7)
-    default = TrainConfig(data=str(digits_coco), out=str(tmp_path)).resolved()  # Deformable DETR's top 100, no NMS
-    assert (default.model, default.detection_top_k, default.nms_iou) == ("deformable_detr_small", 100, 0.0)
+    default = TrainConfig(data=str(digits_coco), out=str(tmp_path)).resolved()  # the top 100 pairs and NMS
+    assert (default.model, default.detection_top_k, default.nms_iou) == ("deformable_detr_small", 100, 0.7)
     detr = TrainConfig(data=str(digits_coco), model="detr_resnet50", out=str(tmp_path)).resolved()
     assert (detr.detection_top_k, detr.nms_iou) == (0, 0.0)
     plain = TrainConfig(data=str(digits_coco), nms_iou=0.0, detection_top_k=0, out=str(tmp_path)).resolved()
