@@ -677,7 +677,7 @@ class CocoDetection(Dataset):
         `batch_seed` (the same for a batch, or `seed`). Its boxes follow the image, and the augmented image stands
         for the stored one (`orig_size` = `size`); `area` stays each kept object's stored area."""
         boxes = tv_tensors.BoundingBoxes(
-            torch.from_numpy(np.asarray(sample.boxes, dtype=np.float32).reshape(-1, 4)),
+            torch.from_numpy(np.asarray(sample.boxes, dtype=np.float32).reshape(-1, 4)),  # (n, 4) pixels
             format="XYXY",
             canvas_size=sample.size,
         )
@@ -692,7 +692,7 @@ class CocoDetection(Dataset):
         kept = found["index"].numpy()
         size = (image.size[1], image.size[0])
         tensor = _to_model_input(image, self.channels, self.mean, self.std)
-        xyxy = found["boxes"].as_subclass(torch.Tensor).numpy()
+        xyxy = found["boxes"].as_subclass(torch.Tensor).numpy()  # (n', 4) pixels of the augmented image
         return tensor, _target(xyxy, sample.labels[kept], sample.areas[kept], sample.image_id, size, size)
 
 
