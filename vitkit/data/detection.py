@@ -794,9 +794,11 @@ def load_detection(
         if name != DIGITS_DETECT:
             raise ValueError(f"unknown builtin detection dataset {name!r}; the bundled one is {DIGITS_DETECT!r}")
         if augment:
+            given = ", ".join(f"{k} {v:g}" for k, v in asdict(augment).items() if v)
             raise ValueError(
                 f"{source} draws fresh training canvases every epoch and is not augmented (a flipped digit is "
-                f"another glyph): leave out hflip, scale_jitter and crop, or set them to 0; got {augment}"
+                f"another glyph): leave out hflip, scale_jitter and crop (--hflip, --scale-jitter, --crop) or set "
+                f"them to 0; got {given}"
             )
         return load_digits_detect(seed, channels, img_size)
     if img_size is not None:
