@@ -376,3 +376,28 @@ def test_augmentation_settings_are_checked_and_the_bundled_canvases_take_none(tm
     assert load_detection("builtin:digits-detect", augment=det.DetectionAugment())[0] is not None
     assert not det.detection_augment_defaults("builtin:digits-detect")
     assert det.detection_augment_defaults(str(tmp_path)) == det.COCO_AUGMENT
+
+
+def test_detection_batches_hold_one_orientation(tmp_path):
+    sizes = [(40, 30), (30, 40)] * 4 + [(40, 30)]  # (width, height): 5 landscape, 4 portrait, alternating
+    data = {
+        "images": [
+            {"id": i, "file_name": png(tmp_path / f"{i}.png", size), "width": size[0], "height": size[1]}
+            for i, size in enumerate(sizes)
+        ],
+        "annotations": [{"id": i, "image_id": i, "category_id": 1, "bbox": [2, 2, 8, 8]} for i in range(len(sizes))],
+        "categories": [{"id": 1, "name": "thing"}],
+    }
+    (tmp_path / "a.json").write_text(json.dumps(data))
+    split = CocoDetection(tmp_path / "a.json", tmp_path, short_side=None)
+    assert split.orientations() == [i % 2 for i in range(len(sizes))]
+    for shuffle in (False, True):
+        keys = list(det.detection_sampler(split, 2, shuffle=shuffle))
+        assert sorted(k[0] for k in keys) == list(range(len(sizes)))  # each image once
+        batches = [keys[i : i + 2] for i in range(0, len(keys), 2)]
+        mixed = [b for b in batches if len({split.orientations()[k[0]] for k in b}) > 1]
+        assert len(mixed) <= 1  # only the leftovers of the two orientations share a batch
+        shapes = [{split[k[0]][0].shape for k in b} for b in batches]
+        assert sum(len(s) > 1 for s in shapes) == len(mixed)
+    plain = list(det.detection_sampler(load_digits_detect()[1], 4))  # no orientations: the stored order
+    assert [k[0] for k in plain] == list(range(len(plain)))

@@ -37,7 +37,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
-from vitkit.data.loader import Unreadable
+from vitkit.data.loader import EpochSampler, Unreadable
 from vitkit.data.sources import BUILTIN_PREFIX, INFO_NAME, load_builtin, open_image
 from vitkit.data.transforms import channel_stats, detection_train_transform, image_mode
 
@@ -694,6 +694,18 @@ class CocoDetection(Dataset):
         tensor = _to_model_input(image, self.channels, self.mean, self.std)
         xyxy = found["boxes"].as_subclass(torch.Tensor).numpy()  # (n', 4) pixels of the augmented image
         return tensor, _target(xyxy, sample.labels[kept], sample.areas[kept], sample.image_id, size, size)
+
+
+def detection_sampler(
+    dataset: Dataset, batch_size: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = False, seed: int = 0
+) -> EpochSampler:
+    """The sampler of a detection split: a COCO split's batches hold images of one orientation (`orientations`), so
+    they pad little. Training (`shuffle`) pads the processes' shares to equal length, evaluation does not. Padding
+    is not free even under the pixel mask: the backbone's convolutions see it at the right and bottom edges (the
+    shapes folder's best model scores AP 0.595 in mixed batches of 25, 0.614 in batches of one orientation)."""
+    orientations = getattr(dataset, "orientations", None)
+    groups = orientations() if orientations is not None else None
+    return EpochSampler(len(dataset), num_replicas, rank, shuffle, seed, shuffle, batch_size, groups)
 
 
 def _require_boxes(data: CocoDetection, split: str) -> None:

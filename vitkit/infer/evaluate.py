@@ -26,6 +26,7 @@ from vitkit.data import (
     TransformedImages,
     Unreadable,
     check_eval_classes,
+    detection_sampler,
     eval_split,
     eval_transform,
     load_detection,
@@ -244,6 +245,6 @@ def evaluate_detector_dir(
         info = replace(info, classes=found.classes, category_ids=found.category_ids)
     if found.classes != info.classes:
         raise ValueError(f"{data} has classes {list(found.classes)}, the model knows {list(info.classes)}")
-    sampler = EpochSampler(len(val), shuffle=False, pad=False)
+    sampler = detection_sampler(val, batch_size)  # batches of one orientation
     loader = DataLoader(val, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate_detection)
     return evaluate_detector(model, loader, info, postprocessing), info

@@ -23,6 +23,7 @@ from vitkit.data import (
     EpochSampler,
     TransformedImages,
     Unreadable,
+    detection_sampler,
     eval_transform,
     load_data,
     load_detection,
@@ -262,14 +263,11 @@ class DetectionTask(Task):
                 log.warning(str(report))
 
     def _samplers(self, train: Dataset, val: Dataset) -> EpochSampler:
-        """As a classifier's, with the training samples in batches of one orientation (they pad less) and a seed
-        per batch (the batch's size under multi-scale training)."""
-        env, groups = self.env, getattr(train, "orientations", None)
-        self.train_sampler = EpochSampler(
-            len(train), env.world_size, env.rank, seed=self.config.seed, batch_size=self.config.batch_size,
-            groups=groups() if groups is not None else None,
-        )  # fmt: skip
-        return EpochSampler(len(val), env.world_size, env.rank, shuffle=False, pad=False)
+        """As a classifier's, with batches of one orientation (they pad less; `vitkit.data.detection_sampler`) and a
+        seed per training batch (the batch's size under multi-scale training)."""
+        env, batch = self.env, self.config.batch_size
+        self.train_sampler = detection_sampler(train, batch, env.world_size, env.rank, True, self.config.seed)
+        return detection_sampler(val, batch, env.world_size, env.rank)
 
     def prepare(self, model: nn.Module) -> nn.Module:
         config, env = self.config, self.env
