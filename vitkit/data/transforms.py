@@ -216,12 +216,17 @@ def detection_train_transform(
         per_image.append(v2.RandomHorizontalFlip(hflip))
     if crop > 0:
         per_image.append(v2.RandomApply([_RelativeAspectCrop(CROP_MIN_SCALE, CROP_ASPECT)], p=crop))
-    low, high = round(short_side * (1 - scale_jitter)), round(short_side * (1 + scale_jitter))
+    low, high = jittered_sides(short_side, scale_jitter)
     per_batch = [
-        v2.RandomShortestSize(list(range(max(low, 1), high + 1)), max_size, antialias=True),
+        v2.RandomShortestSize(list(range(low, high + 1)), max_size, antialias=True),
         v2.SanitizeBoundingBoxes(min_size=1, labels_getter=_box_tensors),
     ]
     return v2.Compose(per_image), v2.Compose(per_batch)
+
+
+def jittered_sides(short_side: int, scale_jitter: float) -> tuple[int, int]:
+    """(smallest, largest) shorter side of multi-scale training: short_side * (1 -+ scale_jitter), rounded."""
+    return max(round(short_side * (1 - scale_jitter)), 1), round(short_side * (1 + scale_jitter))
 
 
 CROP_MIN_SCALE = 0.5  # a random crop keeps at least this share of each side

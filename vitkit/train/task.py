@@ -25,6 +25,7 @@ from vitkit.data import (
     Unreadable,
     detection_sampler,
     eval_transform,
+    jittered_sides,
     load_data,
     load_detection,
     make_loader,
@@ -305,8 +306,7 @@ class DetectionTask(Task):
         if config.crop:
             parts.append(f"crop {config.crop:g}")
         if config.scale_jitter:
-            side = self.train_set.short_side
-            low, high = round(side * (1 - config.scale_jitter)), round(side * (1 + config.scale_jitter))
+            low, high = jittered_sides(self.train_set.short_side, config.scale_jitter)
             parts.append(f"shorter side {low}-{high} px")
         return ", ".join(parts)
 
