@@ -172,8 +172,10 @@ def test_parameter_layout_equals_timm(name):
     if name not in timm.list_models():
         pytest.skip(f"timm has no {name}")
     with torch.device("meta"):
-        ours = vitkit.create_model(name).state_dict()
-        theirs = timm.create_model(name, pretrained=False).state_dict()
+        ours = vitkit.create_model(name)
+        # timm builds some (vit_huge_patch14_224) without a head by default: compare at the same number of classes
+        theirs = timm.create_model(name, pretrained=False, num_classes=ours.config.num_classes).state_dict()
+        ours = ours.state_dict()
     assert {k: tuple(v.shape) for k, v in ours.items()} == {k: tuple(v.shape) for k, v in theirs.items()}
 
 
@@ -276,6 +278,11 @@ def test_grad_checkpointing_keeps_gradients_and_state(name):
     fields = {f.name for f in dataclasses.fields(entry.config)}
     plain = small_model(name, **{rate: 0.0 for rate in DROP_RATES if rate in fields}).train()
     wrapped = copy.deepcopy(plain)
+    units = plain.shard_units()
+    assert len(units) == row(name).blocks(plain.config)
+    submodules = {id(m) for m in plain.modules()}
+    assert all(isinstance(u, nn.Module) and id(u) in submodules and u is not plain for u in units)
+    assert len({id(u) for u in units}) == len(units)
     assert wrapped.set_grad_checkpointing() == row(name).blocks(plain.config)
     assert list(wrapped.state_dict()) == list(plain.state_dict())
     x = images(plain)

@@ -320,10 +320,14 @@ class BotNet(CostFromImages, ResNet):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
+    def shard_units(self) -> list[nn.Module]:
+        """Each bottleneck and BoT block of every stage (the stem stays with the root) (`vitkit.models.interface.VitkitModel`)."""
+        return list(self.blocks())
+
     def set_grad_checkpointing(self, enable: bool = True) -> int:
         """Recompute each bottleneck and BoT block of every stage in backward (`vitkit.models.interface.VitkitModel`;
         the stem is not checkpointed; BatchNorm statistics move once per step); the blocks now checkpointed."""
-        return checkpoint_blocks(self.blocks(), enable)
+        return checkpoint_blocks(self.shard_units(), enable)
 
     def token_grid(self, img_size: tuple[int, int]) -> None:
         """None: a BoT block attends over its whole feature map, but the map shrinks between BoT blocks (and the

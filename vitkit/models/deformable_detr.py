@@ -884,10 +884,14 @@ class DeformableDETR(CostFromImages, nn.Module):
     ) -> dict[str, Any]:
         return self.forward_head(self.forward_features(images, pixel_mask, denoising))
 
+    def shard_units(self) -> list[nn.Module]:
+        """Each backbone block and each encoder and decoder layer (`vitkit.models.interface.VitkitModel`)."""
+        return [*self.backbone.blocks(), *self.encoder.layers, *self.decoder.layers]
+
     def set_grad_checkpointing(self, enable: bool = True) -> int:
         """Recompute each backbone block and each encoder and decoder layer in backward
         (`vitkit.models.interface.VitkitModel`); the blocks now checkpointed."""
-        return checkpoint_blocks([*self.backbone.blocks(), *self.encoder.layers, *self.decoder.layers], enable)
+        return checkpoint_blocks(self.shard_units(), enable)
 
     def token_grid(self, img_size: tuple[int, int]) -> None:
         """None: the encoder's tokens lie on several maps, and the decoder attends over object queries."""

@@ -243,10 +243,14 @@ class DETR(CostFromImages, nn.Module):
     def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
         return self.forward_head(self.forward_features(images, pixel_mask))
 
+    def shard_units(self) -> list[nn.Module]:
+        """Each backbone block and each encoder and decoder layer (`vitkit.models.interface.VitkitModel`)."""
+        return [*self.backbone.blocks(), *self.encoder.layers, *self.decoder.layers]
+
     def set_grad_checkpointing(self, enable: bool = True) -> int:
         """Recompute each backbone block and each encoder and decoder layer in backward
         (`vitkit.models.interface.VitkitModel`); the blocks now checkpointed."""
-        return checkpoint_blocks([*self.backbone.blocks(), *self.encoder.layers, *self.decoder.layers], enable)
+        return checkpoint_blocks(self.shard_units(), enable)
 
     def token_grid(self, img_size: tuple[int, int]) -> None:
         """None: the encoder attends over the feature map's tokens, but the decoder over object queries, so no one

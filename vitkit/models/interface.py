@@ -30,8 +30,10 @@ class VitkitModel(Protocol):
     - ``forward(x)``: images (B, C, H, W) -> logits (B, num_classes), always
       ``forward_head(forward_features(x))``.
     - ``cost(...)``: the analytic cost of `forward`, one row per operator in forward order.
-    - ``set_grad_checkpointing(enable)``: recompute the model's blocks in backward instead of storing their
-      activations.
+    - ``shard_units()``: the model's repeated blocks, the units that gradient checkpointing recomputes and that
+      FSDP (`vitkit train --strategy fsdp`) shards and gathers one at a time.
+    - ``set_grad_checkpointing(enable)``: recompute the model's blocks (`shard_units`) in backward instead of
+      storing their activations.
     - ``token_grid(img_size)``: how attention tokens map to the image, for attention maps.
     - ``no_weight_decay()``: parameters that take no weight decay besides every one of ndim <= 1 (timm's
       convention: learned tokens, position tables).
@@ -59,6 +61,12 @@ class VitkitModel(Protocol):
         self, img_size: tuple[int, int], batch: int = 1, dtype: torch.dtype = torch.float32, device: Device = "cpu"
     ) -> list[OpCost]:
         """Analytic cost of `forward` on a (batch, C, H, W) input of `dtype` on `device`, one row per operator."""
+        ...
+
+    def shard_units(self) -> list[nn.Module]:
+        """The model's repeated blocks, in forward order: what `set_grad_checkpointing` recomputes and what
+        `torch.distributed.fsdp.fully_shard` wraps one by one under `vitkit train --strategy fsdp` (the rest of the
+        model, the embeddings and heads, is sharded with the root). Each is a submodule of the model."""
         ...
 
     def set_grad_checkpointing(self, enable: bool = True) -> int:

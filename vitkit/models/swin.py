@@ -606,10 +606,14 @@ class SwinTransformer(CostFromImages, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
+    def shard_units(self) -> list[nn.Module]:
+        """Each Swin block of every stage (patch merging stays with the root) (`vitkit.models.interface.VitkitModel`)."""
+        return [block for stage in self.layers for block in stage.blocks]
+
     def set_grad_checkpointing(self, enable: bool = True) -> int:
         """Recompute each Swin block of every stage in backward (`vitkit.models.interface.VitkitModel`; patch
         merging is not checkpointed); the blocks now checkpointed."""
-        return checkpoint_blocks((block for stage in self.layers for block in stage.blocks), enable)
+        return checkpoint_blocks(self.shard_units(), enable)
 
     def token_grid(self, img_size: tuple[int, int]) -> None:
         """None: each block attends within (shifted) windows of its stage's map, never over the whole image."""

@@ -45,6 +45,7 @@ from vitkit.models.registry import (
 GLOBAL_POOLS = ("token", "avg", "bilinear")
 VIT_PAPER = "An Image is Worth 16x16 Words (Dosovitskiy et al., arXiv:2010.11929)"
 DEIT_PAPER = "Training data-efficient image transformers & distillation through attention (arXiv:2012.12877)"
+SCALING_PAPER = "Scaling Vision Transformers (Zhai et al., arXiv:2106.04560)"
 
 
 @dataclass(frozen=True)
@@ -217,10 +218,14 @@ class VisionTransformer(CostFromImages, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
+    def shard_units(self) -> list[nn.Module]:
+        """The encoder blocks (`vitkit.models.interface.VitkitModel`)."""
+        return list(self.blocks)
+
     def set_grad_checkpointing(self, enable: bool = True) -> int:
         """Recompute each encoder block in backward (`vitkit.models.interface.VitkitModel`); the blocks now
         checkpointed."""
-        return checkpoint_blocks(self.blocks, enable)
+        return checkpoint_blocks(self.shard_units(), enable)
 
     def token_grid(self, img_size: tuple[int, int]) -> tuple[int, tuple[int, int]]:
         """Every block attends over all tokens: the P prefix tokens, then the (H / p, W / p) patch grid."""
@@ -320,6 +325,8 @@ _TINY = dict(embed_dim=192, depth=12, num_heads=3)
 _SMALL = dict(embed_dim=384, depth=12, num_heads=6)
 _BASE = dict(embed_dim=768, depth=12, num_heads=12)
 _LARGE = dict(embed_dim=1024, depth=24, num_heads=16)
+_HUGE = dict(embed_dim=1280, depth=32, num_heads=16)  # the ViT paper's ViT-H
+_GIANT = dict(embed_dim=1408, depth=40, num_heads=16, mlp_ratio=48 / 11)  # ViT-g, "Scaling Vision Transformers"
 
 _vit("vit_tiny_patch16_224", **_TINY)
 _vit("vit_small_patch16_224", **_SMALL)
@@ -329,6 +336,10 @@ _vit("vit_base_patch16_384", img_size=384, **_BASE)
 _vit("vit_base_patch32_224", patch_size=32, **_BASE)
 _vit("vit_base_patch32_384", img_size=384, patch_size=32, **_BASE)
 _vit("vit_large_patch16_224", **_LARGE)
+# the sizes people shard (`vitkit train --strategy fsdp`), with timm's names: 304M, 632M and 1.01B parameters
+_vit("vit_large_patch14_224", patch_size=14, **_LARGE)
+_vit("vit_huge_patch14_224", patch_size=14, **_HUGE)
+_vit("vit_giant_patch14_224", SCALING_PAPER, patch_size=14, **_GIANT)
 # vitkit's small ViT for the bundled 28x28 digits (16 tokens of 7x7 patches): what `vitkit train` trains by default.
 _DIGITS = dict(embed_dim=128, depth=4, num_heads=4, mlp_ratio=2.0)
 _vit("vit_digits_patch7_28", img_size=28, patch_size=7, num_classes=10, **_DIGITS)
