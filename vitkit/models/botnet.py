@@ -321,7 +321,8 @@ class BotNet(CostFromImages, ResNet):
         return self.forward_head(self.forward_features(x))
 
     def shard_units(self) -> list[nn.Module]:
-        """Each bottleneck and BoT block of every stage (the stem stays with the root) (`vitkit.models.interface.VitkitModel`)."""
+        """Each bottleneck and BoT block of every stage, the stem staying with the root
+        (`vitkit.models.interface.VitkitModel`)."""
         return list(self.blocks())
 
     def set_grad_checkpointing(self, enable: bool = True) -> int:

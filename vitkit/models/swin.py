@@ -607,7 +607,8 @@ class SwinTransformer(CostFromImages, nn.Module):
         return self.forward_head(self.forward_features(x))
 
     def shard_units(self) -> list[nn.Module]:
-        """Each Swin block of every stage (patch merging stays with the root) (`vitkit.models.interface.VitkitModel`)."""
+        """Each Swin block of every stage, patch merging staying with the root
+        (`vitkit.models.interface.VitkitModel`)."""
         return [block for stage in self.layers for block in stage.blocks]
 
     def set_grad_checkpointing(self, enable: bool = True) -> int:
