@@ -29,7 +29,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 
 test: lint
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

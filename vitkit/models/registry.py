@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,9 +144,13 @@ def family(name: str) -> Family:
 
 
 def family_of(model: nn.Module) -> Family:
-    """The registered family whose module class built `model`."""
+    """The registered family whose module class built `model` (sharded by FSDP, which subclasses it, or not)."""
+    cls = type(model)
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # not imported: nothing was sharded (and it imports slowly)
+    if fsdp is not None and issubclass(cls, fsdp.FSDPModule):  # fully_shard made it FSDP<class>(FSDPModule, class)
+        cls = next(c for c in cls.__mro__ if not issubclass(c, fsdp.FSDPModule))
     for fam in _FAMILIES.values():
-        if type(model) is fam.model_cls:
+        if cls is fam.model_cls:
             return fam
     raise ValueError(f"{type(model).__name__} is not a vitkit model (registered families: {sorted(_FAMILIES)})")
 

@@ -27,6 +27,7 @@ from vitkit.data.sources import own_split
 from vitkit.detection import DETECTION_LOSSES
 from vitkit.models.interface import has_no_object_logit
 from vitkit.models.registry import family, model_entry, replace_config
+from vitkit.train.distributed import STRATEGIES
 from vitkit.train.recipe import (
     CLASSIFICATION,
     DEFAULT_MODEL,
@@ -206,6 +207,15 @@ class TrainConfig:
     # bf16: bfloat16 autocast of the forward pass
     precision: str = option("fp32", help="fp32, or bf16 autocast", choices=tuple(PRECISIONS))
     device: str | None = option(None, help="cpu or cuda (default: cuda when available)", choices=("cpu", "cuda"))
+    # `vitkit.train.sharding`; a single process trains the whole model either way, but with fsdp writes sharded
+    # checkpoints, which resume on any number of processes
+    strategy: str = option(
+        "ddp",
+        help="how torchrun's processes share the run: ddp replicates the model in each, fsdp shards its parameters, "
+        "gradients and optimizer state across them (models larger than one device; checkpoints resume on any "
+        "number of processes)",
+        choices=STRATEGIES,
+    )
     workers: int = option(0, help="data loader worker processes")  # 0 loads in the training process
     seed: int = option(0, help="seed of initialisation, data order, augmentation and splits")
     # the random resized crop keeps min_scale..1 of the area; classification only
@@ -255,6 +265,13 @@ class TrainConfig:
             raise ValueError(f"ema_decay must be in [0, 1) (0 is off), got {self.ema_decay}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be {' or '.join(map(repr, PRECISIONS))}, got {self.precision!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be {' or '.join(map(repr, STRATEGIES))}, got {self.strategy!r}")
+        if self.strategy == "fsdp" and self.ema_decay > 0:
+            raise ValueError(
+                f"ema_decay {self.ema_decay} keeps a whole copy of the weights in every process, which strategy "
+                "fsdp shards to save that memory: train with one or the other (ema_decay 0, or strategy ddp)"
+            )
         if self.detection_loss is not None and self.detection_loss not in DETECTION_LOSSES:
             raise ValueError(f"detection_loss must be 'ce' or 'focal', got {self.detection_loss!r}")
         if self.nms_iou is not None and not 0.0 <= self.nms_iou <= 1.0:

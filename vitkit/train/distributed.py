@@ -16,6 +16,10 @@ import torch.distributed as dist
 
 from vitkit.infer.runtime import resolve_device
 
+STRATEGIES = ("ddp", "fsdp")
+"""How the processes of a run share it: "ddp" replicates the model in each (DistributedDataParallel), "fsdp"
+shards it (`vitkit.train.sharding`)."""
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -76,6 +80,15 @@ def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
     gathered: list[Any] = [None] * env.world_size
     dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def broadcast_object(obj: Any, env: DistEnv) -> Any:
+    """Rank 0's `obj` in every process."""
+    if env.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def barrier(env: DistEnv) -> None:

@@ -70,6 +70,17 @@ from vitkit.train.ema import ModelEma
 from vitkit.train.model import describe_init, enable_grad_checkpointing, init_report, load_for_finetune
 from vitkit.train.optim import apply_schedule, create_optimizer, warmup_cosine
 from vitkit.train.recipe import CLASSIFICATION, DataChoice
+from vitkit.train.sharding import (
+    FOLDER_PREFIX,
+    POINTER_NAME,
+    full_state_dict,
+    load_sharded,
+    load_trainer_state,
+    resharded_batch,
+    save_sharded,
+    shard,
+    sharded_checkpoint,
+)
 from vitkit.train.task import Task, create_task
 from vitkit.viz.curves import write_curves
 from vitkit.weights.io import save_pretrained
@@ -78,7 +89,8 @@ log = logging.getLogger("vitkit.train")
 
 METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
-OUTPUTS = (CONFIG_NAME, METRICS_NAME, CURVES_NAME, CHECKPOINT_NAME, "best", "final")  # what a fresh run replaces
+# what a fresh run replaces, with the folders of sharded checkpoints (checkpoint-K, named by POINTER_NAME)
+OUTPUTS = (CONFIG_NAME, METRICS_NAME, CURVES_NAME, CHECKPOINT_NAME, POINTER_NAME, "best", "final")
 # Options a resumed run may set differently: none changes the model, the data or a step's arithmetic. `epochs` may
 # only grow (the schedule is recomputed over the new total, see the module docstring). The output folder is where
 # the run is found, whatever its config.json holds.
@@ -159,6 +171,7 @@ def _comparable(values: dict[str, Any]) -> dict[str, Any]:
     """Resolved settings as a resumed run compares them: the default model under its current name, and a data or
     init path (relative in runs written before paths were stored absolute) made absolute."""
     values = current_model_name(older_detector_settings(values))
+    values.setdefault("strategy", "ddp")  # runs written before strategies were replicated
     if isinstance(values.get("data"), str):
         values["data"] = absolute_data(values["data"])
     if isinstance(values.get("init"), str):
@@ -248,8 +261,14 @@ class _Run:
         if config.grad_checkpointing:
             enable_grad_checkpointing(self.model)
         self.ema = ModelEma(self.model, config.ema_decay) if config.ema_decay > 0 else None
-        device_ids = [env.device.index] if env.device.type == "cuda" else None
-        self.trained = DistributedDataParallel(net, device_ids) if env.world_size > 1 else net
+        self.sharded = config.strategy == "fsdp"  # sharded checkpoints, and on several processes a sharded model
+        if env.world_size > 1 and self.sharded:
+            self.trained = shard(net, self.model, config.precision)
+        elif env.world_size > 1:
+            device_ids = [env.device.index] if env.device.type == "cuda" else None
+            self.trained = DistributedDataParallel(net, device_ids)
+        else:
+            self.trained = net
         self.steps_per_epoch = math.ceil(len(self.task.train_sampler) / config.batch_size)
 
         self.optimizer = create_optimizer(net, config.lr, config.weight_decay, backbone_lr=config.backbone_lr)
@@ -293,7 +312,7 @@ class _Run:
         else:
             side = config.img_size or min(to_2tuple(self.model.config.img_size))
             seen = f"{channels} channel(s), resized to a shorter side of {side} px"
-        processes = f" x {env.world_size} processes" if env.world_size > 1 else ""
+        processes = f" x {env.world_size} processes ({config.strategy})" if env.world_size > 1 else ""
         lines = [
             f"training {name} ({task.name}){source}: {trainable:,} trainable parameters",
             f"  data    {config.data}: {len(classes)} classes ({shown}), {len(task.train_loader.dataset)} train / "
@@ -314,43 +333,63 @@ class _Run:
             lines.insert(1, f"  init    {init.format} layout: {describe_init(init, task.num_classes)}")
         return "\n".join(lines)
 
-    def state(self) -> dict[str, Any]:
-        rng = gather_objects(rng_state(), self.env)
-        return {
+    def state(self, weights: bool = True) -> dict[str, Any]:
+        """The checkpoint's contents; without `weights`, all but the model's, the optimizer's and the task's trained
+        state (which a sharded checkpoint holds in its shards). Every process takes part (gathering the processes'
+        RNG states and epoch sums)."""
+        state = {
             "format_version": 1,
             "config": json.dumps(self.config.to_dict()),
             "world_size": self.env.world_size,
             "epoch": self.epoch,
             "step": self.step,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "ema": self.ema.state_dict() if self.ema is not None else None,
-            "task": self.task.state_dict(),
-            "rng": rng,
+            "rng": gather_objects(rng_state(), self.env),
             "best_value": self.best_value,
             "best_epoch": self.best_epoch,
-            "partial": dict(self.partial),
+            "partials": gather_objects(dict(self.partial), self.env),  # each process's sums over this epoch so far
         }
+        if weights:
+            state["model"] = self.model.state_dict()
+            state["optimizer"] = self.optimizer.state_dict()
+            state["ema"] = self.ema.state_dict() if self.ema is not None else None
+            state["task"] = self.task.state_dict()
+        return state
 
     def save(self, epoch_end: bool = True) -> None:
-        """Write the checkpoint; at an epoch's end, also delete the earlier run's outputs that `--force` moved
-        aside (a run stopped within its first epoch, e.g. by Ctrl-C on a wrong --out, leaves them)."""
-        state = self.state()  # every process takes part in gathering the RNG states
+        """Write the checkpoint (`checkpoint.pt`, or a sharded one under strategy fsdp); at an epoch's end, also
+        delete the earlier run's outputs that `--force` moved aside (a run stopped within its first epoch, e.g. by
+        Ctrl-C on a wrong --out, leaves them)."""
+        if self.sharded:  # every process writes its shards
+            save_sharded(self.out, self.trained, self.optimizer, self.state(weights=False), self.env)
+        else:
+            state = self.state()
+            if self.env.is_main:
+                save_checkpoint(state, self.out / CHECKPOINT_NAME)
         if self.env.is_main:
-            save_checkpoint(state, self.out / CHECKPOINT_NAME)
             if epoch_end and self.replaced is not None:  # a whole epoch trained: the earlier run is not needed
                 shutil.rmtree(self.replaced)
                 log.info(f"deleted the earlier run's outputs in {self.replaced}")
                 self.replaced = None
 
     def restore(self, state: dict[str, Any]) -> None:
-        if state["world_size"] != self.env.world_size:
+        """Continue from the checkpoint `state` (`_check_out`'s): written by this number of processes, or by any
+        number for a sharded checkpoint, whose shards are then split anew."""
+        env, saved_world = self.env, state["world_size"]
+        if "sharded" in state:
+            load_sharded(state["sharded"], self.trained, self.optimizer)
+        elif saved_world != env.world_size:
             raise ValueError(
-                f"the checkpoint was written by {state['world_size']} processes, this run has {self.env.world_size}"
+                f"the checkpoint in {self.out} was written by {saved_world} processes and this run has "
+                f"{env.world_size}: a run under strategy ddp resumes on as many processes as it had (runs under "
+                "--strategy fsdp write checkpoints that resume on any number)"
             )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.ema is not None:
+                self.ema.load_state_dict(state["ema"])
+            self.task.load_state_dict(state.get("task", {}))
         self.scheduler.load_state_dict(state["scheduler"])
         saved_epochs = json.loads(state["config"])["epochs"]
         if saved_epochs != self.config.epochs:
@@ -361,19 +400,33 @@ class _Run:
                 f"recomputed over {self.config.epochs} epochs, so the learning rate at step "
                 f"{self.scheduler.last_epoch} becomes {after:.3g} (was {before:.3g})"
             )
-        if self.ema is not None:
-            self.ema.load_state_dict(state["ema"])
-        self.task.load_state_dict(state.get("task", {}))
-        set_rng_state(state["rng"][self.env.rank])
+        if env.rank < len(state["rng"]):  # a process added by resharding keeps the seed it started with
+            set_rng_state(state["rng"][env.rank])
         self.epoch, self.step = state["epoch"], state["step"]
         # checkpoints written before detection training named the best value best_acc
         self.best_value = state["best_value"] if "best_value" in state else state["best_acc"]
         self.best_epoch = state["best_epoch"]
-        self.partial = {**self._fresh_partial(), **state["partial"]}
+        self.partial = self._resumed_partial(state)
         if self.env.is_main:
             self._truncate_metrics()
         where = f"epoch {self.epoch + 1}" + (f", step {self.step + 1}" if self.step else "")
-        self.info_line(f"resuming at {where} from {self.out / CHECKPOINT_NAME}")
+        source = state.get("sharded", self.out / CHECKPOINT_NAME)
+        moved = f" (written by {saved_world} processes)" if saved_world != env.world_size else ""
+        self.info_line(f"resuming at {where} from {source}{moved}")
+
+    def _resumed_partial(self, state: dict[str, Any]) -> dict[str, float]:
+        """This process's epoch sums from the checkpoint: rank 0 takes the sums of every process that wrote it (only
+        their total over the processes is read, at the epoch's end), the others start from zero; the learning rate
+        and the seconds are rank 0's."""
+        fresh = self._fresh_partial()
+        saved = state.get("partials", [state.get("partial", {})])  # checkpoints before "partials" kept rank 0's
+        mine = dict(fresh)
+        for key in fresh:
+            if key in ("lr", "seconds"):
+                mine[key] = saved[0].get(key, fresh[key])
+            elif self.env.is_main:
+                mine[key] = sum(p.get(key, 0.0) for p in saved)
+        return mine
 
     def _truncate_metrics(self) -> None:
         """Drop metrics lines of epochs the checkpoint does not include (written just before a crash)."""
@@ -471,11 +524,10 @@ class _Run:
             with open(self.out / METRICS_NAME, "a") as handle:
                 handle.write(json.dumps(metrics) + "\n")
             self.draw_curves()
-        value = validation[task.best_metric]
+        value = validation[task.best_metric]  # the same in every process
         if value > self.best_value:
             self.best_value, self.best_epoch = value, self.epoch
-            if env.is_main:
-                self.write_model("best")
+            self.write_model("best")
         self.save()
         return metrics
 
@@ -496,12 +548,16 @@ class _Run:
 
     def write_model(self, name: str) -> Path:
         """Save the evaluated model (EMA weights with EMA) as OUT/name, with the class names and normalisation of
-        the data in its config.json and the task's files beside it."""
-        info = self.task.info
-        directory = save_pretrained(
-            self.eval_model, self.out / name, class_names=info.classes, mean=info.mean, std=info.std
-        )
-        self.task.save_beside(directory)
+        the data in its config.json and the task's files beside it: rank 0 writes, every process calls it (a
+        sharded model's weights are gathered from all)."""
+        info, model = self.task.info, self.eval_model
+        weights = full_state_dict(model)
+        directory = self.out / name
+        if self.env.is_main:
+            save_pretrained(
+                model, directory, class_names=info.classes, mean=info.mean, std=info.std, state_dict=weights
+            )
+            self.task.save_beside(directory)
         return directory
 
 
@@ -509,6 +565,7 @@ def _check_out(out: Path, resume: bool, force: bool, given: TrainConfig) -> dict
     """The checkpoint to resume from, or None for a fresh run; ValueError, with the commands that work, when OUT
     does not hold what `resume` / `force` expect. Changes nothing."""
     checkpoint = out / CHECKPOINT_NAME
+    sharded = sharded_checkpoint(out)
     if resume and force:
         raise ValueError(
             f"--resume continues the run in {out} and --force replaces it: pass one. Continue: {resume_command(out)}"
@@ -516,6 +573,8 @@ def _check_out(out: Path, resume: bool, force: bool, given: TrainConfig) -> dict
         )
     used = out.is_dir() and any(out.iterdir())
     if resume:
+        if sharded is not None and (not checkpoint.is_file() or _newer(out / POINTER_NAME, checkpoint)):
+            return {**load_trainer_state(sharded), "sharded": sharded}
         if checkpoint.is_file():
             return load_checkpoint(checkpoint)
         where = "does not exist" if not out.exists() else "holds no checkpoint" if used else "is empty"
@@ -526,7 +585,7 @@ def _check_out(out: Path, resume: bool, force: bool, given: TrainConfig) -> dict
         )
     if used and not force:
         given = given.minimal()
-        if checkpoint.is_file():
+        if checkpoint.is_file() or sharded is not None:
             ways = f"continue the run there with: {resume_command(out)}  or start over with: {given.command('--force')}"
         else:
             ways = f"start there anyway with: {given.command('--force')}"
@@ -538,6 +597,10 @@ def _check_out(out: Path, resume: bool, force: bool, given: TrainConfig) -> dict
     return None
 
 
+def _newer(a: Path, b: Path) -> bool:
+    return a.stat().st_mtime > b.stat().st_mtime
+
+
 def _clear_out(out: Path, env: DistEnv) -> Path | None:
     """Make OUT ready for a fresh run: created, with an earlier run's outputs (`OUTPUTS`) moved to a sibling
     OUT.old-<time>, which is returned (None when there was nothing to move). Other files in OUT stay."""
@@ -545,6 +608,7 @@ def _clear_out(out: Path, env: DistEnv) -> Path | None:
     aside = None
     if env.is_main:
         found = [out / name for name in OUTPUTS if (out / name).exists()]
+        found += sorted(p for p in out.glob(f"{FOLDER_PREFIX}*") if p.is_dir())
         if found:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             aside = out.resolve().with_name(f"{out.resolve().name}.old-{stamp}")
@@ -608,6 +672,14 @@ def _resolve_run(
     state = _check_out(Path(config.out), resume, force, given)
     if state is not None:
         _check_resume(json.loads(state["config"]), config, given)
+        if "sharded" in state and state["world_size"] != env.world_size:  # keep the global batch
+            batch = resharded_batch(config.batch_size, state["world_size"], env.world_size)
+            if env.is_main and batch != config.batch_size:
+                log.info(
+                    f"the run had {state['world_size']} processes of batch {config.batch_size}; each of the "
+                    f"{env.world_size} now takes {batch}, the same global batch"
+                )
+            config = dataclasses.replace(config, batch_size=batch)
     return config, state
 
 
@@ -638,8 +710,8 @@ def _train(run: _Run) -> FitResult:
                 )
                 return run.result(last, interrupted=True)
             last = run.end_epoch()
+    final = run.write_model("final")
     if env.is_main:
-        final = run.write_model("final")
         run.info_line(
             f"best {run.task.best_metric} {run.best_value:.4f} (epoch {run.best_epoch}); final model in {final}"
         )

@@ -9,6 +9,8 @@ by COCO mAP. `create_task(config, env)` picks the one the resolved config's `tas
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -43,11 +45,12 @@ from vitkit.detection import (
 )
 from vitkit.infer import autocast, evaluate, evaluate_detector, save_detection_settings
 from vitkit.layers import to_2tuple
-from vitkit.models.interface import denoising_settings, has_no_object_logit
+from vitkit.models.interface import denoising_settings, has_no_object_logit, require_model
 from vitkit.models.registry import model_entry, replace_config
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import DistEnv
 from vitkit.train.recipe import CLASSIFICATION, DETECTION
+from vitkit.train.sharding import Lockstep, is_sharded, most_batches
 from vitkit.weights import saved_config
 
 log = logging.getLogger("vitkit.train")
@@ -143,6 +146,21 @@ class Task:
         """The validation part of an epoch's log line."""
         raise NotImplementedError
 
+    def val_batches(self, model: nn.Module) -> Iterable[Any]:
+        """The validation loader; for a model sharded over several processes, one that keeps them in step: each
+        runs as many forward passes as the process with the most batches (`vitkit.train.sharding.Lockstep`)."""
+        env = self.env
+        if env.world_size == 1 or not is_sharded(model):
+            return self.val_loader
+        share = math.ceil(len(self.val_loader.dataset) / env.world_size)  # rank 0's, the largest
+        passes = most_batches(share, self.config.batch_size)
+        first = require_model(model, "sharded evaluation").shard_units()[0]
+        return Lockstep(self.val_loader, passes, first, lambda: self.idle_forward(model))
+
+    def idle_forward(self, model: nn.Module) -> None:
+        """An evaluation forward pass of `model` on one blank image, which keeps the processes in step."""
+        raise NotImplementedError
+
     def save_beside(self, directory: str) -> None:
         """Write what a saved model needs besides its weights (the data description) into `directory`."""
         self.info.save(directory)
@@ -194,8 +212,11 @@ class ClassificationTask(Task):
         return loss, {"train_loss": loss.detach()}, len(targets)
 
     def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[Unreadable, ...]]:
-        result = evaluate(model, self.val_loader, self.info, self.env.world_size > 1, self.config.precision)
+        result = evaluate(model, self.val_batches(model), self.info, self.env.world_size > 1, self.config.precision)
         return {"val_loss": result.loss, "val_acc": result.top1}, result.skipped
+
+    def idle_forward(self, model: nn.Module) -> None:
+        model(torch.zeros(1, *self.image_shape, device=self.env.device))
 
     def describe(self, metrics: dict[str, Any]) -> str:
         return f"val_loss {metrics['val_loss']:.4f}  val_acc {metrics['val_acc']:.4f}"
@@ -359,9 +380,13 @@ class DetectionTask(Task):
 
     def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[Unreadable, ...]]:
         distributed, precision = self.env.world_size > 1, self.config.precision
-        result = evaluate_detector(model, self.val_loader, self.info, self.postprocessing, distributed, precision)
+        batches = self.val_batches(model)
+        result = evaluate_detector(model, batches, self.info, self.postprocessing, distributed, precision)
         self.threshold = result.threshold  # saved with the model evaluated (postprocess.json), for predict
         return result.metrics, result.skipped
+
+    def idle_forward(self, model: nn.Module) -> None:
+        model.predict(torch.zeros(1, *self.image_shape, device=self.env.device))  # as evaluate_detector runs it
 
     def describe(self, metrics: dict[str, Any]) -> str:
         return "  ".join(f"{k} {metrics[k]:.4f}" for k in ("ap", "ap50", "ap75"))

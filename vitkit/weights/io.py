@@ -148,6 +148,7 @@ def save_pretrained(
     class_names: Sequence[str] | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write `model` to `directory` as `config.json` (family, every config field, class names and normalisation
     when known) and `model.safetensors`. Returns the directory. `from_pretrained(directory)` rebuilds an equal model.
@@ -158,6 +159,8 @@ def save_pretrained(
         class_names: one name per classifier output, in label order (None: not written).
         mean, std: the per-channel normalisation of images scaled to [0, 1] that the model expects (e.g. the
             training data's; None: not written).
+        state_dict: the weights to write, when not `model.state_dict()`: a sharded model's, gathered
+            (`vitkit.train.sharding.full_state_dict`).
     """
     fam = family_of(model)
     info = info_for(model, class_names, mean, std, source="save_pretrained")
@@ -169,7 +172,8 @@ def save_pretrained(
         "config": dataclasses.asdict(model.config),
         **info.to_json(),
     }
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    weights = model.state_dict() if state_dict is None else state_dict
+    state = {k: v.detach().contiguous() for k, v in weights.items()}
     atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     text = json.dumps(config, indent=2) + "\n"
     atomic_write(directory / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text))
