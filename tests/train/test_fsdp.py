@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -14,13 +15,30 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 from safetensors.torch import load_file
+from torch import nn
+from torch.distributed.tensor import DTensor
 
-from vitkit.train import TrainConfig, fit
-from vitkit.train.sharding import POINTER_NAME, TRAINER_STATE, resharded_batch
+from vitkit import create_model, from_pretrained
+from vitkit.data import (
+    EpochSampler,
+    TransformedImages,
+    load_digits_detect,
+    load_folder,
+    make_loader,
+    normalize,
+    train_transform,
+    write_coco_folder,
+)
+from vitkit.train import TrainConfig, fit, forward_loss
+from vitkit.train.distributed import DistEnv, cleanup, setup
+from vitkit.train.sharding import POINTER_NAME, TRAINER_STATE, Lockstep, resharded_batch, shard
 
+TINY_MODEL = {"img_size": 28, "patch_size": 7, "embed_dim": 16, "depth": 2, "num_heads": 2, "mlp_ratio": 1.0}
 pytestmark = pytest.mark.xdist_group("fsdp")  # one worker makes the runs the tests share (make test: loadgroup)
 
+CLIP = 0.1  # below the tiny ViT's gradient norms: every step clips, by the norm over all shards
 GLOBAL_BATCH = 6  # 30 training digits: 5 steps an epoch on 1, 2 or 3 processes (batches of 6, 3, 2)
 # A process that kills itself (SIGKILL, no chance to save) after the step KILL_AT = "epoch,step,rank" (0-based
 # epoch, steps done in it), then runs `vitkit` with its arguments.
@@ -61,7 +79,8 @@ class Runs:
         if resume:
             args = ["vitkit", "train", "--out", str(out), "--resume"]
         else:
-            args = self.train_command(config, batch_size=GLOBAL_BATCH // processes) + ["--strategy", strategy]
+            args = self.train_command(config, batch_size=GLOBAL_BATCH // processes)
+            args += ["--strategy", strategy, "--clip-grad", str(CLIP)]
         program = [str(self.killer), *args[1:]] if kill_at else ["-m", *args]
         if processes > 1:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
@@ -78,7 +97,7 @@ class Runs:
         """The output folder of an uninterrupted run (one process: `fit` in this process)."""
         if name not in self.made:
             if processes == 1:
-                fit(self.tiny_config(self.root / name, batch_size=GLOBAL_BATCH, strategy=strategy))
+                fit(self.tiny_config(self.root / name, batch_size=GLOBAL_BATCH, strategy=strategy, clip_grad=CLIP))
             else:
                 self.launch(name, processes, strategy)
             self.made.add(name)
@@ -131,6 +150,61 @@ def test_fsdp_trains_like_one_process_and_like_ddp(runs):
     assert best["family"] == "vit" and best["class_names"] == [str(i) for i in range(10)]
 
 
+def _first_step_gradients(
+    folder: str, env: DistEnv, batch_size: int, precision: str, checkpointing: bool
+) -> dict[str, torch.Tensor]:
+    """The whole gradients of the first training step as `fit` takes it on this process's batch: under fsdp (the
+    model sharded when there are several processes) with `precision` and gradient checkpointing or not."""
+    train, _, info = load_folder(folder, 0.25, seed=0)
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16_224", num_classes=10, **TINY_MODEL)
+    if checkpointing:
+        model.set_grad_checkpointing()
+    trained = shard(model, model, precision) if env.world_size > 1 else model
+    sampler = EpochSampler(len(train), env.world_size, env.rank, seed=0)
+    images = TransformedImages(train, train_transform((28, 28), 3, min_scale=0.5, hflip=0.5))
+    batch = next(iter(make_loader(images, sampler, batch_size)))
+    pixels = normalize(batch.images, info.mean, info.std)
+    forward_loss(trained, pixels, batch.labels, nn.CrossEntropyLoss(), precision).backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    return {k: g.full_tensor() if isinstance(g, DTensor) else g for k, g in grads.items()}
+
+
+def _gradients_worker(rank: int, port: int, folder: str, out: str, precision: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    env = setup("cpu")
+    try:
+        gradients = _first_step_gradients(folder, env, 4, precision, checkpointing=True)
+        if env.is_main:
+            torch.save(gradients, out)
+    finally:
+        cleanup(env)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_two_sharded_processes_average_the_gradients_of_the_global_batch(tmp_path, digit_folder, precision):
+    """AdamW's steps do not show a gradient scale (sums instead of averages over the processes, the Gloo bug of
+    pytorch #162338): the gradients themselves are compared, of 2 processes of 4 images, sharded and checkpointed,
+    against one process of 8. In bf16, FSDP computes with bf16 copies of the weights, the single process under
+    autocast: the same up to bf16 rounding."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "gradients.pt"
+    mp.spawn(_gradients_worker, args=(port, str(digit_folder), str(out), precision), nprocs=2, join=True)
+    sharded = torch.load(out, weights_only=True)
+    single = _first_step_gradients(str(digit_folder), setup("cpu"), 8, precision, checkpointing=False)
+    assert sharded.keys() == single.keys()
+    for name, grad in single.items():
+        if precision == "fp32":
+            torch.testing.assert_close(sharded[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+        else:  # within bf16's rounding of the gradient's scale, far from a factor of 2
+            scale = grad.abs().max().item()
+            torch.testing.assert_close(sharded[name], grad, rtol=0, atol=0.05 * scale, msg=name)
+            assert sharded[name].float().norm() == pytest.approx(grad.float().norm().item(), rel=0.05)
+
+
 def test_fsdp_resumes_bit_identically_after_a_rank_is_killed(runs):
     whole = runs.finished("fsdp", 2, "fsdp")
     out = runs.killed(2, copy="resumed")
@@ -169,3 +243,43 @@ def test_ddp_checkpoint_names_fsdp_when_the_processes_change(runs):
 def test_fsdp_refuses_an_ema():
     with pytest.raises(ValueError, match="ema_decay 0.99 keeps a whole copy .* strategy fsdp"):
         TrainConfig(strategy="fsdp", ema_decay=0.99)
+
+
+def test_lockstep_runs_the_passes_a_process_lacks():
+    unit = torch.nn.Linear(2, 2)
+    calls = []
+    unit.register_forward_hook(lambda *_: calls.append("pass"))
+
+    def evaluate(batches):  # an evaluation that skips an empty batch
+        for batch in batches:
+            if batch:
+                unit(torch.zeros(1, 2))
+
+    evaluate(Lockstep([[1], [], [1]], passes=4, counted=unit, idle=lambda: unit(torch.ones(1, 2))))
+    assert len(calls) == 4  # 2 batches with images, then 2 blank passes
+    calls.clear()
+    evaluate(Lockstep([[1], [1]], passes=2, counted=unit, idle=lambda: unit(torch.ones(1, 2))))
+    assert len(calls) == 2
+
+
+def test_fsdp_trains_and_evaluates_a_detector_on_uneven_shares(tmp_path):
+    """The default detector (denoising queries, two-stage) at a tiny size, sharded over 2 processes; 5 validation
+    images in batches of 2 give one process 2 batches and the other 1 (`Lockstep` keeps them in step)."""
+    train, val, _ = load_digits_detect()
+    data = tmp_path / "coco"
+    write_coco_folder(train, data, "train", limit=8)
+    write_coco_folder(val, data, "val", limit=5)
+    tiny = {"backbone_width": 8, "hidden_dim": 32, "num_heads": 2, "dim_feedforward": 32, "num_queries": 6}
+    tiny |= {"enc_layers": 1, "dec_layers": 2, "dn_queries": 12}
+    out = tmp_path / "detector"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "vitkit"]
+    command += ["train", "--out", str(out), "--data", str(data), "--epochs", "1", "--batch-size", "2"]
+    command += ["--device", "cpu", "--strategy", "fsdp"] + [f"--model-arg={k}={v}" for k, v in tiny.items()]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = json.loads((out / "metrics.jsonl").read_text())
+    assert 0.0 <= line["ap"] <= 1.0
+    assert (out / "final" / "postprocess.json").is_file()
+    model = from_pretrained(out / "final")
+    assert model.config.dn_queries == 12 and not any(isinstance(p, DTensor) for p in model.parameters())
