@@ -228,6 +228,16 @@ def test_fsdp_resumes_on_another_number_of_processes(runs, before, after):
     assert_same(weights(runs.finished("single", 1, "ddp")), weights(out), atol=1e-5)
 
 
+def test_a_fresh_run_replaces_a_sharded_checkpoint(runs):
+    out = runs.root / "replaced"
+    shutil.copytree(runs.finished("fsdp", 2, "fsdp"), out)
+    fit(runs.tiny_config(out, epochs=1, batch_size=GLOBAL_BATCH, strategy="fsdp"), force=True)
+    folders = [p.name for p in out.glob("checkpoint-*")]
+    assert folders == [json.loads((out / POINTER_NAME).read_text())["folder"]]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+    assert not list(runs.root.glob("replaced.old-*"))  # moved aside, deleted after the first epoch
+
+
 def test_resharding_keeps_the_global_batch():
     assert resharded_batch(3, 2, 1) == 6 and resharded_batch(6, 1, 3) == 2
     with pytest.raises(ValueError, match="global batch of 6 images .* 4 processes cannot share.*1, 2, 3, 6"):
