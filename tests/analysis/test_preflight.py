@@ -1,13 +1,20 @@
-"""The memory preflight: estimates against the memory a real step takes, the refusal and its ways out, the
-override, and the available memory read from /proc and the cgroup files."""
+"""The memory preflight: estimates against the memory a real step takes (one process, and one process of an FSDP
+run), the refusal and its ways out, the override, and the available memory read from /proc and the cgroup files."""
 
 import dataclasses
+import json
+import math
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.profiler import ProfilerActivity
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import vitkit
 from vitkit.analysis import (
@@ -34,9 +41,9 @@ def loss_of(outputs):
     return sum(t.float().mean() for t in parts)
 
 
-def measured_training_peak(model, batch, size, precision):
-    """Peak extra memory of two training steps in `vitkit train`'s order (forward, zero_grad, backward, AdamW):
-    the second step runs with the optimizer state the first one made and the first one's gradients."""
+def training_step(model, batch, size, precision):
+    """A training step in `vitkit train`'s order (forward, zero_grad, backward, AdamW), with its optimizer and batch
+    made beforehand."""
     optimizer = create_optimizer(model, lr=1e-4, weight_decay=0.05)
     x = torch.randn(batch, model.config.in_chans, size, size)
 
@@ -47,6 +54,13 @@ def measured_training_peak(model, batch, size, precision):
         loss.backward()
         optimizer.step()
 
+    return step
+
+
+def measured_training_peak(model, batch, size, precision):
+    """Peak extra memory of two training steps: the second step runs with the optimizer state the first one made
+    and the first one's gradients."""
+    step = training_step(model, batch, size, precision)
     with PeakMemory() as memory:
         step()
         step()
@@ -136,6 +150,7 @@ def test_every_model_is_estimated_without_allocating(name):
         one = estimate_memory(name, None, 1, training=True)
         two = estimate_memory(name, None, 2, training=True)
         checkpointed = estimate_memory(name, None, 2, training=True, grad_checkpointing=True)
+        sharded = estimate_memory(name, None, 1, training=True, strategy="fsdp", world=8)
     assert memory.peak == 0
     with torch.device("meta"):
         model = vitkit.create_model(name)
@@ -146,6 +161,7 @@ def test_every_model_is_estimated_without_allocating(name):
     assert one.resident_bytes == 0  # nothing of a named model is loaded yet
     assert 0 < one.step_bytes < two.step_bytes
     assert checkpointed.step_bytes < two.step_bytes
+    assert sharded.weights_bytes < one.weights_bytes / 4 and sharded.gathered_bytes > 0  # every model has units
     inference = estimate_memory(name, None, 2, training=False)
     assert 0 < inference.step_bytes < two.step_bytes and inference.optimizer_bytes == 0
 
@@ -313,3 +329,206 @@ def test_captured_attention_maps_are_counted(name):
     captured = sum(m.numel() * m.element_size() for m in maps.values())
     assert plain.step_bytes <= estimate.step_bytes <= plain.step_bytes + captured  # the peak may come earlier
     assert abs(estimate.step_bytes - memory.peak) <= 0.01 * memory.peak
+
+
+def test_fsdp_keeps_a_share_of_the_states_and_gathers_one_unit_at_a_time():
+    """ViT-S/16 with 4 blocks over 4 processes, bf16, from the parameters' shapes: FSDP keeps ceil(rows / 4) rows of
+    each parameter, its gradient and its two AdamW moments in each process, and the peak (the end of forward) holds
+    the root's parameters and the last block's, gathered in bf16, beside its all-gather buffer."""
+    model = vitkit.create_model("vit_small_patch16_224", depth=4)
+    ddp = estimate_memory(model, None, 8, training=True, precision="bf16")
+    fsdp = estimate_memory(model, None, 8, training=True, precision="bf16", strategy="fsdp", world=4)
+
+    def kept(p):  # elements of `p` one process keeps: dim 0 in 4 chunks of ceil(rows / 4), the last ones padded
+        return math.ceil(p.shape[0] / 4) * (p.numel() // p.shape[0])
+
+    shards = 4 * sum(kept(p) for p in model.parameters())  # fp32
+    C = 384
+    unit = 2 * (12 * C * C + 13 * C)  # a block in bf16: qkv, proj, fc1, fc2 (MLP ratio 4), two LayerNorms
+    assert all(2 * sum(p.numel() for p in block.parameters()) == unit for block in model.blocks)  # C % 4 == 0
+    root = 2 * 4 * sum(kept(p) for name, p in model.named_parameters() if not name.startswith("blocks."))
+    assert fsdp.weights_bytes == fsdp.resident_bytes == shards and fsdp.optimizer_bytes == 2 * shards
+    # a quarter of the whole model's, and the one-row tensors (class token, position table) that every process
+    # keeps whole: 3% more here
+    assert ddp.weights_bytes / 4 < shards < 1.03 * ddp.weights_bytes / 4
+    assert fsdp.gradient_bytes == shards  # the previous step's gradient shards, freed by zero_grad
+    assert fsdp.gathered_bytes == root + 2 * unit
+    # the same activations as the whole model's step at its peak, which also holds every gradient and autocast's
+    # bf16 copies of the linear and convolution weights (under FSDP the gathered parameters are bf16 already)
+    copies = 2 * sum(p.numel() for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d) for p in m.parameters())
+    assert ddp.gradient_bytes == ddp.weights_bytes and ddp.gathered_bytes == 0
+    activations = fsdp.step_bytes - fsdp.gradient_bytes - fsdp.gathered_bytes
+    assert abs(activations - (ddp.step_bytes - ddp.gradient_bytes - copies)) <= 0.001 * activations
+    # what is held for the parameters: a quarter of the whole model's (weights, two moments, gradients) and the
+    # gathered units
+    whole = ddp.weights_bytes + ddp.optimizer_bytes + ddp.gradient_bytes
+    held = fsdp.weights_bytes + fsdp.optimizer_bytes + fsdp.gradient_bytes + fsdp.gathered_bytes
+    assert held == 4 * shards + root + 2 * unit and abs(held - whole / 4 - root - 2 * unit) < 0.03 * whole / 4
+    assert (fsdp.strategy, fsdp.world, fsdp.sharded) == ("fsdp", 4, True)
+
+
+def test_ddp_and_a_single_process_are_estimated_as_before():
+    model = vitkit.create_model("vit_small_patch16_224", depth=2, img_size=96)
+    plain = estimate_memory(model, None, 4, training=True)
+    assert (plain.strategy, plain.world, plain.sharded) == ("ddp", 1, False)
+    assert estimate_memory(model, None, 4, training=True, world=8) == dataclasses.replace(plain, world=8)
+    single = estimate_memory(model, None, 4, training=True, strategy="fsdp")  # one process holds the whole model
+    assert single == dataclasses.replace(plain, strategy="fsdp") and not single.sharded
+    with pytest.raises(ValueError, match=r"strategy must be one of \['ddp', 'fsdp'\], got 'zero'"):
+        estimate_memory(model, None, 4, training=True, strategy="zero")
+    with pytest.raises(ValueError, match="world must be >= 1, got 0"):
+        estimate_memory(model, None, 4, training=True, world=0)
+    with pytest.raises(ValueError, match="strategy 'fsdp' is a training strategy"):
+        estimate_memory(model, None, 4, training=False, strategy="fsdp", world=2)
+    with pytest.raises(ValueError, match=r"processes on this machine \(4\) cannot exceed the processes of the run"):
+        check_memory(model, None, 4, training=True, strategy="fsdp", world=2, processes=4)
+
+
+FLAGS = SettingNames("--batch-size", "--img-size", "--grad-checkpointing", "--ignore-memory-check", "--strategy")
+
+
+def refused(monkeypatch, available, *args, **kwargs) -> str:
+    monkeypatch.setattr(preflight, "available_memory", lambda device="cpu": available)
+    with pytest.raises(NotEnoughMemory) as caught:
+        check_memory(*args, **kwargs)
+    return str(caught.value)
+
+
+def fits_fsdp(world, available, processes=1, **kwargs):
+    """Whether `processes` on one device of `available` bytes fit ViT-L at batch 4 under fsdp over `world`."""
+    estimate = estimate_memory("vit_large_patch14_224", None, 4, training=True, strategy="fsdp", world=world, **kwargs)
+    return processes * estimate.needed_bytes <= preflight.SAFETY * available
+
+
+def test_a_ddp_refusal_names_fsdp_over_the_fewest_processes_that_fit(monkeypatch):
+    # ViT-L/14 at batch 4 needs 6 GiB whole; on a 4 GiB GPU neither a smaller batch nor checkpointing fits
+    message = refused(monkeypatch, 4 * GiB, "vit_large_patch14_224", None, 4, training=True, device="cuda", names=FLAGS)
+    found = re.search(r"--strategy fsdp with (\d+) or more processes \(about (\d+\.\d) GiB each\)\.", message)
+    fewest = int(found.group(1))
+    assert fits_fsdp(fewest, 4 * GiB, device="cuda") and not fits_fsdp(fewest - 1, 4 * GiB, device="cuda")
+    each = estimate_memory("vit_large_patch14_224", None, 4, training=True, strategy="fsdp", world=fewest)
+    assert found.group(2) == f"{each.total_bytes / GiB:.1f}"
+    assert "needs about 6.0 GiB of cuda memory (weights 1.1 GiB" in message  # the run's own figures as before
+    # a run that has enough processes already only needs the strategy; the library's spelling
+    message = refused(monkeypatch, 4 * GiB, "vit_large_patch14_224", None, 4, training=True, device="cuda", world=8)
+    each = estimate_memory("vit_large_patch14_224", None, 4, training=True, strategy="fsdp", world=8)
+    assert f'strategy="fsdp" (over the run\'s 8 processes: about {each.total_bytes / GiB:.1f} GiB each)' in message
+    # not offered where the caller has no such setting, nor for inference
+    names = dataclasses.replace(FLAGS, strategy=None)
+    message = refused(monkeypatch, 4 * GiB, "vit_large_patch14_224", None, 4, training=True, device="cuda", names=names)
+    assert "fsdp" not in message
+
+
+def test_on_cpu_sharding_is_offered_over_machines_not_more_processes_on_this_one(monkeypatch):
+    message = refused(monkeypatch, 4 * GiB, "vit_large_patch14_224", None, 4, training=True, names=FLAGS)
+    fewest = int(re.search(r"--strategy fsdp with (\d+) or more processes, one per machine", message).group(1))
+    assert fits_fsdp(fewest, 4 * GiB) and not fits_fsdp(fewest - 1, 4 * GiB)
+    assert "more processes on this machine do not help, as each holds its own activations" in message
+    assert not fits_fsdp(fewest, 4 * GiB, processes=fewest)  # all of them here would not fit: said so
+    # 4 processes here: sharding over them fits when their states are shared
+    four = estimate_memory("vit_large_patch14_224", None, 4, training=True, strategy="fsdp", world=4)
+    room = int(4 * four.needed_bytes / preflight.SAFETY) + 1
+    message = refused(
+        monkeypatch, room, "vit_large_patch14_224", None, 4, training=True, processes=4, world=4, names=FLAGS
+    )
+    total = f"{4 * four.total_bytes / GiB:.1f} GiB on this machine"
+    assert (
+        f"--strategy fsdp (over the run's 4 processes: about {four.total_bytes / GiB:.1f} GiB each, {total})" in message
+    )
+
+
+def test_an_fsdp_refusal_gives_per_process_figures_and_more_processes(monkeypatch):
+    message = refused(
+        monkeypatch, 5 * GiB // 2, "vit_large_patch14_224", None, 4, training=True, device="cuda", strategy="fsdp",
+        world=2, names=FLAGS,
+    )  # fmt: skip
+    two = estimate_memory("vit_large_patch14_224", None, 4, training=True, strategy="fsdp", world=2)
+    assert message.startswith(
+        f"vit_large_patch14_224 training at batch 4, 224x224, fp32, fsdp over 2 processes needs about "
+        f"{two.total_bytes / GiB:.1f} GiB of cuda memory per process "
+        f"(weight shards {two.weights_bytes / 2**20:.0f} MiB, optimizer state shards "
+        f"{two.optimizer_bytes / GiB:.1f} GiB, activations, gradients and backward "
+        f"{two.step_bytes / GiB:.1f} GiB (gathered units {two.gathered_bytes / 2**20:.0f} MiB)"
+    )
+    fewest = int(re.search(r"fsdp over (\d+) or more processes \(about", message).group(1))
+    assert fits_fsdp(fewest, 5 * GiB // 2, device="cuda") and not fits_fsdp(fewest - 1, 5 * GiB // 2, device="cuda")
+
+
+def test_only_train_offers_the_strategy_flag():
+    from vitkit.cli.options import memory_flags
+    from vitkit.perf.bench import MEMORY_NAMES
+
+    assert memory_flags().strategy == "--strategy"  # vitkit train's
+    assert memory_flags(batch="--batch", grad_checkpointing=None, strategy=None).strategy is None  # bench, profile
+    assert MEMORY_NAMES.strategy is None and SettingNames().strategy == "strategy"
+
+
+# A ViT whose parameters outweigh its activations (7 MB of weights, 0.1 MB of activations a block), so that what
+# FSDP holds decides the peak: AdamW's state and the gradients sharded, the units gathered one at a time.
+SHARDED_VIT = {"img_size": 32, "patch_size": 8, "embed_dim": 192, "depth": 4, "num_heads": 3, "num_classes": 10}
+
+
+def allocated_peak(profiler: torch.profiler.profile, trace: Path) -> int:
+    """Peak bytes allocated through torch's CPU allocator while `profiler` ran: what `PeakMemory` counts, and also
+    what no operator returns, such as the storages FSDP resizes. The memory events of its trace (written to `trace`)
+    in time order, each free matched by address to an allocation made while profiling: the allocator reports a free
+    by the size it last recorded at that address, which may be stale from an earlier profiling session."""
+    profiler.export_chrome_trace(str(trace))
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("name") == "[memory]"]
+    allocated: dict[int, int] = {}  # address -> bytes of a block allocated while profiling and not yet freed
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e["ts"]):
+        address, nbytes = e["args"]["Addr"], e["args"]["Bytes"]
+        if nbytes > 0:
+            live += nbytes - allocated.pop(address, 0)
+            allocated[address] = nbytes
+            peak = max(peak, live)
+        else:
+            live -= allocated.pop(address, 0)  # 0: a block from before
+    return peak
+
+
+@pytest.mark.parametrize(("world", "rank", "precision"), [(2, 1, "fp32"), (4, 0, "bf16")])
+def test_fsdp_estimate_against_the_measured_peak_of_one_process(world, rank, precision, tmp_path):
+    """One process of an FSDP2 run, sharded as `vitkit train --strategy fsdp` does (each shard unit, then the root;
+    bf16: FSDP's mixed precision under autocast): the peak of two AdamW steps against the estimate of the model
+    before sharding.
+
+    The process group is torch's FakeProcessGroup (what torchtitan estimates memory with): FSDP allocates, gathers
+    into and frees its buffers as with Gloo or NCCL, only the collectives return at once. Under Gloo the measurement
+    is not reliable: Gloo's worker thread sometimes drops the last reference to a buffer (the all-gather output FSDP
+    frees after its copy-out in backward, the copy of the reduce-scatter input Gloo makes), and torch's CPU memory
+    profiling sees only the frees of the profiled thread, so peaks of two processes varied by one or two units."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the profiler sees the allocations of the thread it profiles, not those of helpers
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        torch.manual_seed(0)
+        model = vitkit.create_model("vit_tiny_patch16_224", **SHARDED_VIT).train()
+        sharded, whole = (
+            estimate_memory(model, None, 4, training=True, precision=precision, strategy=strategy, world=world)
+            for strategy in ("fsdp", "ddp")
+        )
+        mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        policy = mixed if precision == "bf16" else MixedPrecisionPolicy()
+        for unit in model.shard_units():
+            fully_shard(unit, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        fully_shard.state(model)._lazy_init()  # else its first forward allocates the shards again
+        step = training_step(model, 4, SHARDED_VIT["img_size"], precision)
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+            step()
+            step()
+        measured = allocated_peak(profiler, tmp_path / "trace.json")
+        shards = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)
+    # the weights already there are this process's shards (padded, so rank 0's are the largest)
+    assert shards <= sharded.weights_bytes == sharded.resident_bytes
+    assert sharded.weights_bytes - shards < 0.01 * shards
+    # the optimizer state and the step's allocations, as for one process above: FSDP's buffers are sized exactly;
+    # left out are small ones (AdamW's step counters, the bf16 copy of a shard before its all-gather, LayerNorm
+    # weights cast to fp32 by autocast)
+    assert abs(sharded.optimizer_bytes + sharded.step_bytes - measured) <= 0.01 * measured
+    assert whole.optimizer_bytes + whole.step_bytes > 1.25 * measured  # a whole model's figures are far off

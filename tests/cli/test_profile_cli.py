@@ -99,3 +99,43 @@ def test_ignore_memory_check_measures_anyway_and_the_analytic_report_needs_no_ch
         assert main(["profile", "vit_tiny_patch16_224", "--measure", "--ignore-memory-check"]) == 0
     assert "measured peak activation memory" in capsys.readouterr().out
     assert main(["profile", "vit_tiny_patch16_224"]) == 0  # nothing runs: nothing to check
+
+
+def test_training_memory_per_process_for_a_strategy_and_world(capsys):
+    args = ["profile", "vit_small_patch16_224", "--train", "--batch", "8", "--dtype", "bf16"]
+    assert main([*args, "--strategy", "fsdp", "--world", "4"]) == 0
+    out = capsys.readouterr().out
+    e = estimate_memory("vit_small_patch16_224", None, 8, training=True, precision="bf16", strategy="fsdp", world=4)
+    assert "\ntraining memory per process (fsdp over 4 processes, batch 8, 224x224, bf16):\n" in out
+    rows = dict(
+        line.strip().rsplit(None, 2)[:2] for line in out.split("training memory per process")[1].splitlines()[1:]
+    )
+    figures = {
+        "weight shards": e.weights_bytes,
+        "gradients at the step's peak": e.gradient_bytes,
+        "AdamW state shards": e.optimizer_bytes,
+        "activations and backward work": e.step_bytes - e.gradient_bytes - e.gathered_bytes,
+        "gathered units": e.gathered_bytes,
+        "input": e.input_bytes,
+        "total": e.total_bytes,
+    }
+    assert rows == {label: f"{value / 2**20:,.1f}" for label, value in figures.items()}
+    assert e.gathered_bytes > 0 and e.weights_bytes < e.total_bytes / 10
+    assert out.startswith("vit_small_patch16_224  input 8x224x224")  # the report above it as before
+    # ddp at the default world: the whole model in the process, nothing gathered
+    assert main([*args, "--strategy", "ddp"]) == 0
+    out = capsys.readouterr().out
+    whole = estimate_memory("vit_small_patch16_224", None, 8, training=True, precision="bf16")
+    assert "(ddp over 1 process, batch 8" in out and f"{whole.total_bytes / 2**20:,.1f} MiB" in out
+    assert "gathered units" not in out and "weights " in out
+
+
+def test_training_memory_in_json_and_only_with_train(capsys):
+    assert main(["profile", "vit_tiny_patch16_224", "--train", "--world", "2", "--strategy", "fsdp", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    e = estimate_memory("vit_tiny_patch16_224", None, 1, training=True, strategy="fsdp", world=2)
+    assert data["training_memory"]["total_bytes"] == e.total_bytes and data["training_memory"]["world"] == 2
+    assert main(["profile", "vit_tiny_patch16_224", "--train", "--json"]) == 0
+    assert "training_memory" not in json.loads(capsys.readouterr().out)  # the report as before
+    assert main(["profile", "vit_tiny_patch16_224", "--world", "2"]) == 2
+    assert "--strategy and --world estimate a training run's memory: add --train" in capsys.readouterr().err

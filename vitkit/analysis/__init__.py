@@ -3,9 +3,12 @@ memory preflight that refuses a run that would not fit."""
 
 from vitkit.analysis.memory import (
     PeakMemory,
+    Sharding,
+    StepPeak,
     inference_peak_bytes,
     measure_saved_bytes,
     saved_for_backward_bytes,
+    training_peak,
     training_peak_bytes,
 )
 from vitkit.analysis.precision import PRECISIONS, precision_dtype
@@ -30,6 +33,8 @@ __all__ = [
     "PeakMemory",
     "Report",
     "SettingNames",
+    "Sharding",
+    "StepPeak",
     "available_memory",
     "check_memory",
     "estimate_memory",
@@ -39,5 +44,6 @@ __all__ = [
     "precision_dtype",
     "profile",
     "saved_for_backward_bytes",
+    "training_peak",
     "training_peak_bytes",
 ]

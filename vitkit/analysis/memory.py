@@ -4,6 +4,10 @@
 operator lists of the layers' `cost()` methods into memory: which tensors are alive together, and which ones training
 keeps, by the lifetime rules written at the top of `vitkit.layers.cost`.
 
+Under FSDP (`Sharding`) a training step also holds, beside the activations, the parameters FSDP2 gathers unit by
+unit and the full gradients of the unit in backward until they are reduce-scattered; `training_peak` walks the same
+operators with them.
+
 torch reports peak memory only for CUDA (`torch.cuda.max_memory_allocated`). `PeakMemory` watches every tensor that
 an operator returns while it is active, counts the bytes of each storage once, and subtracts them when the last
 tensor using that storage is freed; its `peak` is the largest total seen. Tensors that existed before (weights,
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -167,12 +172,59 @@ def _recompute_peak(
     return peak
 
 
+@dataclass(frozen=True)
+class Sharding:
+    """How FSDP2 (`torch.distributed.fsdp.fully_shard` on each shard unit, then on the root) holds one process's
+    parameters through a training step, for `training_peak`. Bytes per process; "" names the root (the parameters
+    outside every unit: embeddings, norms, heads).
+
+    Forward: a unit's parameters are all-gathered just before it runs into one flat buffer, copied out into the
+    parameters and freed after it (the flat buffer lives until the next unit's copy-out); the root's stay gathered
+    from the start of forward to the end of backward (their flat buffer until the first unit's copy-out).
+    Backward: each unit is gathered again, the one before it prefetched (its flat buffer); its full gradients live
+    until its reduce-scatter, whose input buffer is held until the next unit's reduce-scatter and whose output is
+    the gradient shard.
+    """
+
+    units: tuple[str, ...]  # module names of the shard units, in forward order
+    gathered: Mapping[str, int]  # unit -> bytes of its parameters gathered in full (compute dtype, padded)
+    reduce_input: Mapping[str, int]  # unit -> bytes of its reduce-scatter input (reduce dtype, padded)
+    grad_shards: Mapping[str, int]  # unit -> bytes of its gradient shard on this process (padded)
+
+
+@dataclass(frozen=True)
+class StepPeak:
+    """The peak of one training step's own allocations (`training_peak`), in bytes, and what of it, at that
+    moment, is gradients and FSDP's gathered parameters and communication buffers; the rest is activations, weight
+    copies and backward work."""
+
+    total: int
+    gradients: int = 0
+    gathered: int = 0
+
+    def higher(self, total: int, gradients: int, gathered: int) -> StepPeak:
+        """This peak, or the moment given if it is higher."""
+        return StepPeak(total, gradients, gathered) if total > self.total else self
+
+
 def training_peak_bytes(
     ops: Sequence[OpCost],
     grad_bytes: Mapping[str, int] | None = None,
     copy_bytes: Mapping[str, int] | None = None,
     checkpointed: Sequence[str] = (),
 ) -> int:
+    """Peak bytes one training step allocates beyond the weights, optimizer state and input (`training_peak`'s
+    total, without sharding)."""
+    return training_peak(ops, grad_bytes, copy_bytes, checkpointed).total
+
+
+def training_peak(
+    ops: Sequence[OpCost],
+    grad_bytes: Mapping[str, int] | None = None,
+    copy_bytes: Mapping[str, int] | None = None,
+    checkpointed: Sequence[str] = (),
+    sharding: Sharding | None = None,
+) -> StepPeak:
     """Peak bytes one training step allocates beyond the weights, optimizer state and input, as `vitkit train` runs
     it: the forward with the previous step's gradients still alive, `zero_grad(set_to_none=True)`, the backward.
 
@@ -182,21 +234,95 @@ def training_peak_bytes(
     of the first operator that saved it. A checkpointed block keeps only its inputs through the forward and saves
     its tensors again when its backward begins (the recomputation).
 
+    Under FSDP (`sharding`) the previous step's gradients are shards, a unit's full gradients are replaced by its
+    shard when its backward ends, and the gathered parameters and communication buffers of `Sharding` are added
+    where they are alive.
+
     Args:
         ops: the operators of the forward, in order (a model's `cost()`).
-        grad_bytes: operator module name -> bytes of the gradients of the parameters it owns.
+        grad_bytes: operator module name -> bytes of the gradients of the parameters it owns (as autograd makes
+            them: in the compute dtype under FSDP mixed precision).
         copy_bytes: operator module name -> bytes of the low-precision weight copies autocast makes in its forward
             and autograd keeps until its backward.
         checkpointed: names of the modules whose forward is recomputed in backward (`set_grad_checkpointing`).
+        sharding: the FSDP units and their buffers; None for a model held whole (one process, DDP).
     """
     grad_bytes, copy_bytes = grad_bytes or {}, copy_bytes or {}
     spans = _release(ops)
     block = [next((b for b in checkpointed if _under(op.module, b)), None) for op in ops]
     kept, inner = _kept_for_backward(ops, spans, block, checkpointed)
-    forward_peak, copies = _training_forward_peak(ops, spans, kept, copy_bytes)
-    forward_peak += sum(grad_bytes.values())  # the previous step's gradients, freed by zero_grad after the forward
-    backward_peak = _backward_peak(ops, spans, block, kept, inner, grad_bytes, copy_bytes, copies)
-    return max(forward_peak, backward_peak)
+    layout = _Layout(ops, sharding) if sharding is not None else None
+    forward, copies = _training_forward_peak(ops, spans, kept, copy_bytes, grad_bytes, layout)
+    backward = _backward_peak(ops, spans, block, kept, inner, grad_bytes, copy_bytes, copies, layout)
+    return forward if forward.total >= backward.total else backward
+
+
+class _Layout:
+    """Where each operator stands among the FSDP units: which unit it runs in (-1: the root), and the gathered
+    and communication buffers alive while it runs forward and backward."""
+
+    def __init__(self, ops: Sequence[OpCost], sharding: Sharding) -> None:
+        self.sharding = sharding
+        names = sharding.units
+        self.unit = [next((k for k, u in enumerate(names) if _under(op.module, u)), -1) for op in ops]
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for i, k in enumerate(self.unit):
+            if k >= 0:
+                first.setdefault(k, i)
+                last[k] = i
+        self.first, self.last = first, last  # unit -> index of its first and last operator (if it runs any)
+        ran = sorted(first, key=first.get)  # the units in the order they run
+        self.previous = {k: ran[j - 1] if j > 0 else None for j, k in enumerate(ran)}
+        self.following = {k: ran[j + 1] if j + 1 < len(ran) else None for j, k in enumerate(ran)}
+        self.ran = ran
+
+    def gathered(self, k: int | None) -> int:
+        return 0 if k is None else self.sharding.gathered.get(self.sharding.units[k], 0)
+
+    def reduce_input(self, k: int | None) -> int:
+        return 0 if k is None else self.sharding.reduce_input.get(self.sharding.units[k], 0)
+
+    def shard(self, k: int) -> int:
+        return self.sharding.grad_shards.get(self.sharding.units[k], 0)
+
+    @property
+    def root(self) -> int:
+        return self.sharding.gathered.get("", 0)
+
+    def forward(self, i: int) -> int:
+        """FSDP's buffers while operator `i` runs forward: the root's parameters, and the running unit's parameters
+        and flat all-gather buffer; between units, the last unit's flat buffer (the root's before the first)."""
+        k = self.unit[i]
+        if k >= 0:
+            return self.root + 2 * self.gathered(k)
+        ran = [j for j in self.ran if self.first[j] < i]
+        return self.root + (self.gathered(ran[-1]) if ran else self.root)
+
+    def entering(self, i: int, backward: bool) -> int | None:
+        """FSDP's buffers while the unit whose forward begins (or whose backward begins, `backward`) at operator
+        `i` is copied out of its all-gather, or None if no unit begins there. Forward: its flat buffer and
+        parameters, and the flat buffer before it (held by `wait_for_unshard` until the copy-out is done);
+        backward: its flat buffer and parameters, and the reduce-scatter input of the unit after it."""
+        k = self.unit[i]
+        if k < 0 or i != (self.first[k] if not backward else self.last[k]):
+            return None
+        if backward:
+            return self.root + 2 * self.gathered(k) + self.reduce_input(self.following[k])
+        before = self.gathered(self.previous[k]) if self.previous[k] is not None else self.root
+        return self.root + 2 * self.gathered(k) + before
+
+    def backward(self, i: int) -> int:
+        """FSDP's buffers while operator `i` runs backward: the root's parameters; in a unit its parameters, the
+        unit before it prefetched and the reduce-scatter input of the unit after it; in the root, the reduce-scatter
+        input of the last unit reduced and the unit prefetched next (the last unit, before any)."""
+        k = self.unit[i]
+        if k >= 0:
+            return self.root + self.gathered(k) + self.gathered(self.previous[k]) + self.reduce_input(self.following[k])
+        reduced = [j for j in self.ran if self.first[j] > i]  # units whose backward is done
+        if not reduced:
+            return self.root + (self.gathered(self.ran[-1]) if self.ran else 0)
+        return self.root + self.reduce_input(reduced[0]) + self.gathered(self.previous[reduced[0]])
 
 
 def _kept_for_backward(
@@ -232,22 +358,34 @@ def _training_forward_peak(
     spans: dict[Storage, tuple[int, int]],
     kept: Mapping[Storage, int],
     copy_bytes: Mapping[str, int],
-) -> tuple[int, int]:
-    """(peak bytes of the training forward, bytes of the weight copies made by its end): live activations, every
-    kept one to the end, plus the weight copies of the modules reached so far."""
+    grad_bytes: Mapping[str, int],
+    layout: _Layout | None,
+) -> tuple[StepPeak, int]:
+    """(peak of the training forward, bytes of the weight copies made by its end): live activations, every kept
+    one to the end, the weight copies of the modules reached so far, the previous step's gradients (their shards
+    under FSDP) and FSDP's gathered parameters."""
     change = [0] * (len(ops) + 1)
     for storage, (first, last) in spans.items():
         change[first] += storage.nbytes
         if storage not in kept:
             change[last + 1] -= storage.nbytes
+    if layout is None:
+        grads = sum(grad_bytes.values())  # the previous step's gradients, freed by zero_grad after the forward
+    else:
+        grads = sum(layout.sharding.grad_shards.values())
     seen: set[str] = set()
-    live = copies = peak = 0
+    live = copies = 0
+    peak = StepPeak(0)
     for i, op in enumerate(ops):
         if op.module not in seen:
             seen.add(op.module)
             copies += copy_bytes.get(op.module, 0)
+        entering = layout.entering(i, backward=False) if layout is not None else None
+        if entering is not None:
+            peak = peak.higher(live + copies + grads + entering, grads, entering)
         live += change[i]
-        peak = max(peak, live + copies)
+        gathered = layout.forward(i) if layout is not None else 0
+        peak = peak.higher(live + copies + grads + gathered, grads, gathered)
     return peak, copies
 
 
@@ -260,9 +398,12 @@ def _backward_peak(
     grad_bytes: Mapping[str, int],
     copy_bytes: Mapping[str, int],
     copies: int,
-) -> int:
-    """Peak bytes of the backward: the operators in reverse, with what the forward kept (and the weight copies)
-    alive at its start, gradients appearing and saved tensors freed as `training_peak_bytes` says."""
+    layout: _Layout | None,
+) -> StepPeak:
+    """Peak of the backward: the operators in reverse, with what the forward kept (and the weight copies) alive at
+    its start, gradients appearing and saved tensors freed as `training_peak` says. Under FSDP a unit's gradients
+    give way to its shard once its first operator is done (at that moment its full gradients and the reduce-scatter
+    input are both alive), and the root's to its shard at the end."""
     freed_at: dict[int, int] = {}
     for saved in (kept, *inner.values()):
         for storage, i in saved.items():
@@ -274,18 +415,35 @@ def _backward_peak(
     for i, op in enumerate(ops):
         first_op.setdefault(op.module, i)
     done: set[str] = set()
-    peak = live
+    grads = 0  # gradients alive: full ones, and under FSDP the shards of the units done
+    unit_grads: dict[int, int] = {}  # FSDP unit -> bytes of its full gradients so far
+    peak = StepPeak(live)
     for i in range(len(ops) - 1, -1, -1):
         op, b = ops[i], block[i]
+        gathered = layout.backward(i) if layout is not None else 0
+        entering = layout.entering(i, backward=True) if layout is not None else None
+        if entering is not None:
+            peak = peak.higher(live + grads + entering, grads, entering)
         if b is not None and (i == len(ops) - 1 or block[i + 1] != b):  # the block's backward begins: recompute
-            peak = max(peak, live + _recompute_peak(ops, spans, block, i, inner[b]))
+            recompute = _recompute_peak(ops, spans, block, i, inner[b])
+            peak = peak.higher(live + grads + gathered + recompute, grads, gathered)
             live += sum(storage.nbytes for storage in inner[b])
         if op.module not in done:
             done.add(op.module)
-            live += grad_bytes.get(op.module, 0)
+            grads += grad_bytes.get(op.module, 0)
+            if layout is not None and layout.unit[i] >= 0:
+                unit_grads[layout.unit[i]] = unit_grads.get(layout.unit[i], 0) + grad_bytes.get(op.module, 0)
         work = op.output.nbytes + (op.inputs[0].nbytes if op.inputs else 0)  # gradients of output and input
-        peak = max(peak, live + work)
+        peak = peak.higher(live + grads + gathered + work, grads, gathered)
         if first_op[op.module] == i:
             live -= copy_bytes.get(op.module, 0)  # the module's first operator: its weight copies are done
         live -= freed_at.get(i, 0)
+        k = layout.unit[i] if layout is not None else -1
+        if k >= 0 and layout.first[k] == i:  # the unit's backward is done: its reduce-scatter
+            reducing = layout.root + layout.gathered(layout.previous[k]) + layout.reduce_input(k)
+            peak = peak.higher(live + grads + reducing, grads, reducing)
+            grads += layout.shard(k) - unit_grads.pop(k, 0)
+    if layout is not None:  # the root's reduce-scatter, its full gradients and its input both alive
+        root_input = layout.sharding.reduce_input.get("", 0)
+        peak = peak.higher(live + grads + root_input, grads, root_input)
     return peak

@@ -3,16 +3,26 @@ checked against the memory the device has free.
 
 The estimate adds up the weights, the input batch, AdamW's state (and an EMA copy) for training, and the peak of
 one step's own allocations: for inference the live activations (`inference_peak_bytes`), for training the
-activations kept for backward, the gradients and the backward's working tensors (`training_peak_bytes`). It needs
+activations kept for backward, the gradients and the backward's working tensors (`training_peak`). It needs
 only the operator lists of `cost()`, no forward pass, so it is cheap at any size.
+
+The training strategy changes what each process holds. Under "ddp" (and in a single process) every process holds the
+whole model, its gradients and AdamW's state. Under "fsdp" (FSDP2's `fully_shard` on each of the model's
+`shard_units()`, then on the root) a process of `world` keeps 1/world of every parameter, gradient and AdamW moment
+(flat-sharded on dim 0, padded to a multiple of world; buffers whole), and in its step the parameters FSDP gathers
+unit by unit and the full gradients of the unit in backward (`vitkit.analysis.memory.Sharding`); with bf16 those are
+FSDP's mixed precision (bf16 gathered parameters and gradients, fp32 shards and reduce-scatter), so autocast makes
+no weight copies.
 
 `check_memory` refuses a run that would not fit with `NotEnoughMemory`, a ValueError whose message gives the
 estimate, the memory available and the ways out (the largest batch that fits, gradient checkpointing, a smaller
-image), or with `allow=True` only warns.
+image, FSDP over enough processes), or with `allow=True` only warns.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -25,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitkit.analysis.memory import inference_peak_bytes, training_peak_bytes
+from vitkit.analysis.memory import Sharding, inference_peak_bytes, training_peak
 from vitkit.analysis.precision import precision_dtype
 from vitkit.analysis.profile import _resolve
 from vitkit.layers.cost import numel
@@ -40,6 +50,9 @@ NO_LIMIT = 1 << 60  # a cgroup limit at or above this is "max"
 MEMINFO = Path("/proc/meminfo")  # MemAvailable: what the kernel can give new allocations
 CGROUP_ROOT = Path("/sys/fs/cgroup")  # where the cgroup hierarchies are mounted
 SELF_CGROUP = Path("/proc/self/cgroup")  # this process's cgroups, one "id:controllers:path" line per hierarchy
+STRATEGIES = ("ddp", "fsdp")  # whole model in every process (DistributedDataParallel), or FSDP2's sharding
+REDUCE_DTYPE = torch.float32  # FSDP mixed precision's reduce_dtype: gradients are reduce-scattered in fp32
+MAX_PROCESSES = 4096  # the most processes a refusal considers sharding over
 
 
 class NotEnoughMemory(ValueError):
@@ -64,6 +77,7 @@ class SettingNames:
     img_size: str | None = "img_size"
     grad_checkpointing: str | None = "grad_checkpointing=True"
     allow: str = "allow=True"  # the override
+    strategy: str | None = "strategy"  # "--strategy" is shown as "--strategy fsdp", "strategy" as 'strategy="fsdp"'
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,15 @@ class MemoryEstimate:
     resident_bytes: int = 0  # of the weights, what is already allocated on the device (a built model's)
     available_bytes: int | None = None  # free memory on the device when checked; None: unknown, or not checked
     processes: int = 1  # processes on this machine each running this (torchrun on CPU), sharing its memory
+    strategy: str = "ddp"  # "ddp": each process holds the whole model; "fsdp": FSDP2 shards it over `world`
+    world: int = 1  # processes of the whole run (every machine); fsdp shards over all of them
+    gradient_bytes: int = 0  # of step_bytes: the gradients alive at the step's peak (training)
+    gathered_bytes: int = 0  # of step_bytes: FSDP's gathered parameters and reduce-scatter buffers at that peak
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the figures are one process's share of a model sharded by FSDP (fsdp over more than one)."""
+        return self.strategy == "fsdp" and self.world > 1
 
     @property
     def total_bytes(self) -> int:
@@ -217,6 +240,12 @@ def _checkpointed_blocks(model: nn.Module) -> list[str]:
     return names
 
 
+def _rows(p: torch.Tensor) -> tuple[int, int]:
+    """(rows on dim 0, elements per row): how FSDP splits a parameter (a scalar as one row)."""
+    rows = p.shape[0] if p.dim() > 0 else 1
+    return rows, (p.numel() // rows if rows else 0)
+
+
 class MemoryEstimator:
     """`MemoryEstimate`s of one model and setting at any batch size (call it with the batch); the per-parameter
     figures are worked out once. The arguments are `estimate_memory`'s."""
@@ -235,12 +264,15 @@ class MemoryEstimator:
         capture_attention: bool = False,
         name: str | None = None,
         processes: int = 1,
+        strategy: str = "ddp",
+        world: int = 1,
     ) -> None:
         dtype = precision_dtype(precision)  # what the activations are (bf16: autocast)
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
+        _check_strategy(strategy, world, processes, training)
         self.name = name or (model if isinstance(model, str) else type(model).__name__)
-        self.processes = processes
+        self.processes, self.strategy, self.world = processes, strategy, world
         self.model = require_model(_resolve(model, img_size, False, overrides or {}), "a memory estimate")
         self.size = to_2tuple(img_size if img_size is not None else self.model.config.img_size)
         self.training, self.precision, self.ema = training, precision, ema
@@ -248,40 +280,89 @@ class MemoryEstimator:
         self.grad_checkpointing = grad_checkpointing and training
         self.device = torch.device(device)
         self.dtype = dtype
+        self.buffers = sum(b.numel() * b.element_size() for b in {id(b): b for b in self.model.buffers()}.values())
         tensors = {id(t): t for t in (*self.model.parameters(), *self.model.buffers())}.values()
-        self.weights = sum(t.numel() * t.element_size() for t in tensors)
-        self.resident = sum(
+        self.whole = sum(t.numel() * t.element_size() for t in tensors)
+        self.loaded = sum(
             t.numel() * t.element_size()
             for t in tensors
             if t.device.type == self.device.type and (self.device.index is None or t.device == self.device)
         )
-        trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad] if training else []
-        self.optimizer = ADAMW_STATES * sum(p.numel() * p.element_size() for _, p in trainable)
-        self.optimizer += self.weights if ema and training else 0
         with _mode(self.model, training):
             ops = self.model.cost(self.size, 1, self.dtype, self.device)
+        self.first_module = ops[0].module
         modules = sorted({op.module for op in ops})
-        self.grads: dict[str, int] = {}  # operator module -> bytes of its parameters' gradients
-        for n, p in trainable:
-            key = _owner(n, modules) or ops[0].module
-            self.grads[key] = self.grads.get(key, 0) + p.numel() * p.element_size()
-        self.copies: dict[str, int] = {}  # operator module -> bytes of autocast's copies of its weights
-        if self.dtype != torch.float32:
-            for module_name, module in self.model.named_modules():
-                if isinstance(module, CAST_MODULES):
-                    for n, p in module.named_parameters(module_name):
-                        if p.dtype != self.dtype:
-                            key = _owner(n, modules) or ops[0].module
-                            self.copies[key] = self.copies.get(key, 0) + p.numel() * self.dtype.itemsize
+        names = {id(m): n for n, m in self.model.named_modules()}
+        self.units = tuple(names[id(u)] for u in self.model.shard_units()) if training else ()
+        # (parameter, its operator module, its shard unit ("" for the root), whether it trains), each once
+        self.params = [
+            (p, _owner(n, modules) or self.first_module, _unit(n, self.units), training and p.requires_grad)
+            for n, p in self.model.named_parameters()
+        ]
         self.blocks = _checkpointed_blocks(self.model) if self.grad_checkpointing else []
+        self._ops: dict[int, list[Any]] = {}  # batch -> the model's operators at that batch
+        self._hold()
+
+    def _hold(self) -> None:
+        """What each process holds under the strategy: its weights, optimizer state, the gradients each operator
+        module's backward makes and autocast's weight copies, and under fsdp the `Sharding`."""
+        self.sharding = None
+        self.grads: dict[str, int] = {}  # operator module -> bytes of its parameters' gradients
+        self.copies: dict[str, int] = {}  # operator module -> bytes of autocast's copies of its weights
+        if self.strategy == "fsdp" and self.world > 1:
+            self._hold_sharded()
+        else:
+            self.weights, self.resident = self.whole, self.loaded
+            self.optimizer = ADAMW_STATES * sum(
+                p.numel() * p.element_size() for p, _, _, trains in self.params if trains
+            )
+            for p, module, _, trains in self.params:
+                if trains:
+                    self.grads[module] = self.grads.get(module, 0) + p.numel() * p.element_size()
+            if self.dtype != torch.float32:
+                cast = {id(p) for m in self.model.modules() if isinstance(m, CAST_MODULES) for p in m.parameters()}
+                for p, module, _, _ in self.params:
+                    if id(p) in cast and p.dtype != self.dtype:
+                        self.copies[module] = self.copies.get(module, 0) + p.numel() * self.dtype.itemsize
+        self.optimizer += self.weights if self.ema and self.training else 0
+
+    def _hold_sharded(self) -> None:
+        """FSDP2 over `world` processes: each parameter split on dim 0 into world chunks of ceil(rows / world)
+        rows (the last ones padded), of which a process keeps one, with a gradient and AdamW's moments of the same
+        size; gathered in the compute dtype (bf16 under mixed precision), reduce-scattered in fp32."""
+        world, mixed = self.world, self.dtype != torch.float32
+        gathered: dict[str, int] = {}
+        reduce_input: dict[str, int] = {}
+        grad_shards: dict[str, int] = {}
+        weights = optimizer = 0
+        for p, module, unit, trains in self.params:
+            rows, row = _rows(p)
+            shard = math.ceil(rows / world) * row  # elements per process, padded
+            compute = self.dtype if mixed and p.dtype.is_floating_point else p.dtype
+            weights += shard * p.element_size()
+            gathered[unit] = gathered.get(unit, 0) + world * shard * compute.itemsize
+            if trains:
+                optimizer += ADAMW_STATES * shard * p.element_size()
+                reduce = REDUCE_DTYPE if mixed else p.dtype
+                reduce_input[unit] = reduce_input.get(unit, 0) + world * shard * reduce.itemsize
+                grad_shards[unit] = grad_shards.get(unit, 0) + shard * p.element_size()
+                self.grads[module] = self.grads.get(module, 0) + p.numel() * compute.itemsize
+        self.weights = weights + self.buffers
+        self.resident = min(self.loaded, self.weights)  # the whole model built here gives way to its shard
+        self.optimizer = optimizer
+        self.sharding = Sharding(self.units, gathered, reduce_input, grad_shards)
 
     def __call__(self, batch: int) -> MemoryEstimate:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
-        with _mode(self.model, self.training):
-            ops = self.model.cost(self.size, batch, self.dtype, self.device)
+        if batch not in self._ops:
+            with _mode(self.model, self.training):
+                self._ops[batch] = self.model.cost(self.size, batch, self.dtype, self.device)
+        ops = self._ops[batch]
+        gradients = gathered = 0
         if self.training:
-            step = training_peak_bytes(ops, self.grads, self.copies, self.blocks)
+            peak = training_peak(ops, self.grads, self.copies, self.blocks, self.sharding)
+            step, gradients, gathered = peak.total, peak.gradients, peak.gathered
         else:
             # capturing keeps each layer's detached weights (B, h, Nq, Nk), in fp32, to the end of the pass
             captured = {i: numel(op.out_shape) * 4 for i, op in enumerate(ops) if op.op == ATTENTION_WEIGHTS}
@@ -300,12 +381,28 @@ class MemoryEstimator:
             step_bytes=step,
             resident_bytes=self.resident,
             processes=self.processes,
+            strategy=self.strategy,
+            world=self.world,
+            gradient_bytes=gradients,
+            gathered_bytes=gathered,
         )
 
     def variant(
-        self, img_size: tuple[int, int] | None = None, grad_checkpointing: bool | None = None
+        self,
+        img_size: tuple[int, int] | None = None,
+        grad_checkpointing: bool | None = None,
+        strategy: str | None = None,
+        world: int | None = None,
     ) -> MemoryEstimator:
-        """The same run at another image size or with gradient checkpointing switched."""
+        """The same run at another image size, with gradient checkpointing switched, or under another strategy or
+        world size."""
+        strategy, world = strategy or self.strategy, world or self.world
+        if (img_size is None or img_size == self.size) and grad_checkpointing in (None, self.grad_checkpointing):
+            _check_strategy(strategy, world, self.processes, self.training)
+            other = copy.copy(self)  # the operators and parameter records are the same: only what is held changes
+            other.strategy, other.world = strategy, world
+            other._hold()
+            return other
         return MemoryEstimator(
             self.model,
             img_size or self.size,
@@ -317,7 +414,25 @@ class MemoryEstimator:
             capture_attention=self.capture,
             name=self.name,
             processes=self.processes,
+            strategy=strategy,
+            world=world,
         )
+
+
+def _check_strategy(strategy: str, world: int, processes: int, training: bool) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    if strategy == "fsdp" and not training:
+        raise ValueError("strategy 'fsdp' is a training strategy; estimate inference with the default 'ddp'")
+    if strategy == "fsdp" and processes > world:
+        raise ValueError(f"processes on this machine ({processes}) cannot exceed the processes of the run ({world})")
+
+
+def _unit(name: str, units: tuple[str, ...]) -> str:
+    """The shard unit a parameter lies in, or "" for the root's."""
+    return next((u for u in units if name.startswith(u + ".")), "")
 
 
 def estimate_memory(
@@ -332,6 +447,8 @@ def estimate_memory(
     device: torch.device | str = "cpu",
     overrides: dict[str, Any] | None = None,
     capture_attention: bool = False,
+    strategy: str = "ddp",
+    world: int = 1,
 ) -> MemoryEstimate:
     """The estimated peak memory of a run, from the model's operator lists (no forward pass; `available_bytes` is
     left None).
@@ -350,6 +467,10 @@ def estimate_memory(
         overrides: config fields for a model given by name, e.g. ``{"attn_backend": "math"}``.
         capture_attention: inference inside `vitkit.capture_attention` (every layer): the attention weights of
             all layers are kept until the pass ends.
+        strategy: how a training run spreads over its processes: "ddp" (each holds the whole model) or "fsdp"
+            (FSDP2 shards parameters, gradients and optimizer state over `world`; the figures are then one
+            process's, see the module docstring). One process (world 1) holds the whole model either way.
+        world: processes of the run, on every machine.
     """
     estimator = MemoryEstimator(
         model,
@@ -361,6 +482,8 @@ def estimate_memory(
         device=device,
         overrides=overrides,
         capture_attention=capture_attention,
+        strategy=strategy,
+        world=world,
     )
     return estimator(batch)
 
@@ -388,14 +511,70 @@ def _largest_batch(estimate_at: Callable[[int], MemoryEstimate], below: int, ava
     return low
 
 
+def _fewest_processes(sharded_at: Callable[[int], MemoryEstimate], low: int, available: int) -> int | None:
+    """The fewest processes from `low` to `MAX_PROCESSES` over which the FSDP estimate fits in `available` bytes, or
+    None. The estimate falls with the number at first (the shards shrink) and then rises again (a parameter of few
+    rows, a position table of one, is padded to one row per process and gathered from all): the first power of two
+    from `low` that fits is found by doubling, then the fewest below it by bisection."""
+
+    def fits(n: int) -> bool:
+        return replace(sharded_at(n), available_bytes=available).fits
+
+    if low > MAX_PROCESSES:
+        return None
+    if fits(low):
+        return low
+    failing = n = low
+    while not fits(n := min(2 * n, MAX_PROCESSES)):
+        if n == MAX_PROCESSES:
+            return None
+        failing = n
+    while n - failing > 1:  # fits(n), not fits(failing)
+        middle = (failing + n) // 2
+        failing, n = (failing, middle) if fits(middle) else (middle, n)
+    return n
+
+
+def _sharding_way_out(
+    e: MemoryEstimate, sharded_at: Callable[[int], MemoryEstimate], available: int, flag: str
+) -> str | None:
+    """FSDP as a way out for a training run: over the run's own processes when that fits, else over the fewest that
+    fit. The processes of one machine share a CPU's memory, each with its own activations: there sharding helps
+    through the processes already on the machine, and more processes go on other machines."""
+    p, run_world = e.processes, max(e.world, e.processes)
+    fewest = _fewest_processes(sharded_at, max(2, p), available)
+    if fewest is None or (e.sharded and fewest <= e.world):
+        return None
+    sharded = sharded_at(max(fewest, run_world))
+    each = f"about {_size(sharded.total_bytes)} each"
+    if p > 1:
+        each += f", {_size(p * sharded.total_bytes)} on this machine"
+    if e.sharded:
+        return f"fsdp over {fewest} or more processes ({each})"
+    choice = f"{flag} fsdp" if flag.startswith("-") else f'{flag}="fsdp"'
+    if fewest <= run_world:
+        return f"{choice} (over the run's {run_world} processes: {each})"
+    if not e.device.startswith("cpu"):
+        return f"{choice} with {fewest} or more processes ({each})"
+    if fewest * sharded_at(fewest).needed_bytes <= SAFETY * available:
+        return f"{choice} with {fewest} or more processes, on this machine too ({each})"
+    per_machine = "one" if p == 1 else f"at most {p}"
+    return (
+        f"{choice} with {fewest} or more processes, {per_machine} per machine ({each}; more processes on this "
+        "machine do not help, as each holds its own activations)"
+    )
+
+
 def refusal(
     estimate: MemoryEstimate,
     estimate_at: Callable[[int], MemoryEstimate],
     names: SettingNames,
     checkpointed_at: Callable[[int], MemoryEstimate] | None = None,
     smaller: Callable[[], MemoryEstimate] | None = None,
+    sharded_at: Callable[[int], MemoryEstimate] | None = None,
 ) -> str:
-    """The one-paragraph message for an estimate that does not fit: the figures and the ways out.
+    """The one-paragraph message for an estimate that does not fit: the figures (per process under fsdp) and the
+    ways out.
 
     Args:
         estimate: the run's estimate, with `available_bytes`.
@@ -403,26 +582,33 @@ def refusal(
         names: how the user changes each setting.
         checkpointed_at: the run's estimate with gradient checkpointing at a batch size, when it can be enabled.
         smaller: the run's estimate at a smaller image size (the model's own), when the run's is larger.
+        sharded_at: the run's estimate (at its batch) under fsdp over a number of processes, when it trains.
     """
     e, available = estimate, estimate.available_bytes or 0
     H, W = e.img_size
     run = f"{e.model} {'training' if e.training else 'inference'} at batch {e.batch}, {H}x{W}, {e.precision}" + (
         ", gradient checkpointing" if e.grad_checkpointing else ""
     )
-    parts = [f"weights {_size(e.weights_bytes)}"]
+    shards = " shards" if e.sharded else ""
+    parts = [f"{'weight shards' if e.sharded else 'weights'} {_size(e.weights_bytes)}"]
     if e.optimizer_bytes:
-        parts.append(f"optimizer state {_size(e.optimizer_bytes)}")
+        parts.append(f"optimizer state{shards} {_size(e.optimizer_bytes)}")
     step = "activations, gradients and backward" if e.training else "activations"
-    parts.append(f"{step} {_size(e.step_bytes)}")
+    gathered = f" (gathered units {_size(e.gathered_bytes)})" if e.sharded else ""
+    parts.append(f"{step} {_size(e.step_bytes)}{gathered}")
     parts.append(f"input {_size(e.input_bytes)}")
     resident = f", {_size(e.resident_bytes)} of it already loaded" if e.resident_bytes else ""
     shared = ""
     if e.processes > 1:
         together = _size(e.processes * e.needed_bytes)
-        shared = f" in each of {e.processes} processes on this machine, {together} more in all"
+        where = f", {e.processes} of them" if e.sharded else f" in each of {e.processes} processes"
+        shared = f"{where} on this machine, {together} more in all"
+    if e.sharded:
+        run += f", fsdp over {e.world} processes"
+    per_process = " per process" if e.sharded else ""
     message = (
-        f"{run} needs about {_size(e.total_bytes)} of {e.device} memory ({', '.join(parts)}{resident}){shared}, but "
-        f"only {_size(available)} is available and a run may plan to use {SAFETY:.0%} of it."
+        f"{run} needs about {_size(e.total_bytes)} of {e.device} memory{per_process} ({', '.join(parts)}{resident})"
+        f"{shared}, but only {_size(available)} is available and a run may plan to use {SAFETY:.0%} of it."
     )
     ways = []
     if names.batch is not None:
@@ -432,7 +618,7 @@ def refusal(
     if checkpointed_at is not None and names.grad_checkpointing is not None:
         with_checkpoints = replace(checkpointed_at(e.batch), available_bytes=available)
         if with_checkpoints.fits:
-            each = " a process" if e.processes > 1 else " in all"
+            each = " a process" if e.processes > 1 or e.sharded else " in all"
             ways.append(f"{names.grad_checkpointing} (about {_size(with_checkpoints.total_bytes)}{each})")
         elif names.batch is not None and (largest := _largest_batch(checkpointed_at, e.batch, available)):
             ways.append(f"{names.grad_checkpointing} with {_setting(names.batch, largest)}")
@@ -443,6 +629,10 @@ def refusal(
             ways.append(f"{_setting(names.img_size, h if h == w else f'{h}x{w}')} (the model's own size)")
         else:
             ways.append(f"a smaller {names.img_size} (activations grow with the pixel count)")
+    if sharded_at is not None and e.training and names.strategy is not None:
+        way = _sharding_way_out(e, sharded_at, available, names.strategy)
+        if way is not None:
+            ways.append(way)
     if ways:
         message += " Ways out: " + "; ".join(ways) + "."
     return message
@@ -456,6 +646,7 @@ def enforce(
     names: SettingNames = SettingNames(),
     checkpointed_at: Callable[[int], MemoryEstimate] | None = None,
     smaller: Callable[[], MemoryEstimate] | None = None,
+    sharded_at: Callable[[int], MemoryEstimate] | None = None,
 ) -> MemoryEstimate:
     """The estimate at `batch` with the memory now available on its device; `NotEnoughMemory` when it does not fit
     (a `MemoryWarning` instead with `allow`). For callers whose run is more than one model (`vitkit bench`):
@@ -464,7 +655,7 @@ def enforce(
     estimate = replace(estimate, available_bytes=available_memory(estimate.device))
     if estimate.fits:
         return estimate
-    message = refusal(estimate, estimate_at, names, checkpointed_at, smaller)
+    message = refusal(estimate, estimate_at, names, checkpointed_at, smaller, sharded_at)
     if allow:
         warnings.warn(f"{message} Running anyway ({names.allow}).", MemoryWarning, stacklevel=2)
         return estimate
@@ -486,18 +677,22 @@ def check_memory(
     overrides: dict[str, Any] | None = None,
     capture_attention: bool = False,
     processes: int = 1,
+    strategy: str = "ddp",
+    world: int = 1,
 ) -> MemoryEstimate:
     """Estimate the run's peak memory (`estimate_memory`, same arguments) and compare it with what `device` has
     available (`available_memory`); call it before allocating the batch. `processes`: how many processes on this
     machine run the same thing at once and share that memory (torchrun's `LOCAL_WORLD_SIZE` on CPU); together they
-    must fit.
+    must fit. `strategy` and `world` (torchrun's `WORLD_SIZE`): as `estimate_memory`'s; under fsdp the figures are
+    each process's share.
 
     Returns the estimate, `available_bytes` filled in. Raises `NotEnoughMemory` (a ValueError) when the memory
     still to allocate exceeds `SAFETY` of what is available; its message gives the estimate, the memory available
-    and the ways out: the largest batch that fits, gradient checkpointing (training), a smaller image, and the
-    override. With `allow=True` it warns (`MemoryWarning`) instead. `names` says how the caller's user changes
-    each setting (`vitkit.cli.options.memory_flags` for a command). When the available memory cannot be read,
-    nothing is refused.
+    and the ways out: the largest batch that fits, gradient checkpointing (training), a smaller image, fsdp over
+    enough processes (training, when `names.strategy` is set), and the override. With `allow=True` it warns
+    (`MemoryWarning`) instead. `names` says how the caller's user changes each setting
+    (`vitkit.cli.options.memory_flags` for a command). When the available memory cannot be read, nothing is
+    refused.
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
@@ -512,8 +707,22 @@ def check_memory(
         overrides=overrides,
         capture_attention=capture_attention,
         processes=processes,
+        strategy=strategy,
+        world=world,
     )
     checkpointed_at = at.variant(grad_checkpointing=True) if training and not grad_checkpointing else None
     own = to_2tuple(at.model.config.img_size)
     smaller = partial(at.variant(img_size=own), batch) if own[0] * own[1] < at.size[0] * at.size[1] else None
-    return enforce(at, batch, allow=allow, names=names, checkpointed_at=checkpointed_at, smaller=smaller)
+
+    def sharded_at(n: int) -> MemoryEstimate:
+        return at.variant(strategy="fsdp", world=n)(batch)
+
+    return enforce(
+        at,
+        batch,
+        allow=allow,
+        names=names,
+        checkpointed_at=checkpointed_at,
+        smaller=smaller,
+        sharded_at=sharded_at if training else None,
+    )

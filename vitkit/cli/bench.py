@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         optimizer=create_optimizer,
         allow_memory=args.ignore_memory_check,
-        memory_names=memory_flags(batch="--batch", grad_checkpointing=None),
+        memory_names=memory_flags(batch="--batch", grad_checkpointing=None, strategy=None),
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

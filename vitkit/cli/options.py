@@ -115,10 +115,12 @@ def memory_flags(
     batch: str | None = "--batch-size",
     img_size: str | None = "--img-size",
     grad_checkpointing: str | None = "--grad-checkpointing",
+    strategy: str | None = "--strategy",
 ) -> SettingNames:
     """The flags a command's memory refusal names as ways out (`vitkit.analysis.check_memory(..., names=...)`):
-    None for a setting the command does not have; the override is always --ignore-memory-check."""
-    return SettingNames(batch, img_size, grad_checkpointing, IGNORE_MEMORY_CHECK)
+    `vitkit train`'s by default, None for a setting the command does not have; the override is always
+    --ignore-memory-check."""
+    return SettingNames(batch, img_size, grad_checkpointing, IGNORE_MEMORY_CHECK, strategy)
 
 
 def check_inference_memory(
@@ -127,7 +129,7 @@ def check_inference_memory(
     """Before a command's forward pass: refuse (or with --ignore-memory-check, warn) when `model` at `batch` (with
     every attention map kept, `capture`) would not fit in its device's memory; the refusal names `batch_flag` (or
     no batch) and --ignore-memory-check as the ways out (`vitkit.analysis.check_memory`)."""
-    names = memory_flags(batch=batch_flag, img_size=None, grad_checkpointing=None)
+    names = memory_flags(batch=batch_flag, img_size=None, grad_checkpointing=None, strategy=None)
     device = next(model.parameters()).device
     allow = args.ignore_memory_check
     check_memory(model, None, batch, training=False, device=device, capture_attention=capture, allow=allow, names=names)

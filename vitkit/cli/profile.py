@@ -1,4 +1,5 @@
-"""`vitkit profile MODEL`: analytic FLOPs, parameters, activation memory and shape flow of a registered model."""
+"""`vitkit profile MODEL`: analytic FLOPs, parameters, activation memory and shape flow of a registered model; with
+--train --strategy/--world, the memory each process of a training run needs."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import json
 
 from vitkit.analysis.precision import PRECISIONS
-from vitkit.analysis.preflight import check_memory
+from vitkit.analysis.preflight import STRATEGIES, MemoryEstimate, check_memory, estimate_memory
 from vitkit.analysis.profile import Report, profile
 from vitkit.analysis.report import crossover, grouped, scaling, shape_flow, shares
 from vitkit.cli.options import add_memory_option, memory_flags, parse_size
@@ -29,6 +30,19 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--by", choices=("block", "op", "layer"), default="block", help="group rows (default block)")
     parser.add_argument("--train", action="store_true", help="also show forward+backward FLOPs and saved activations")
     parser.add_argument("--measure", action="store_true", help="run one forward pass and report the measured FLOPs")
+    parser.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default=None,
+        help="with --train: also estimate the training memory of each process under ddp or fsdp (default: not shown)",
+    )
+    parser.add_argument(
+        "--world",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --train: processes of the run, which fsdp shards over (default 1)",
+    )
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
     parser.add_argument("--plot", metavar="PNG", help="draw cost and activation memory against image size")
     add_memory_option(parser)
@@ -37,6 +51,21 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     overrides = {"attn_backend": args.backend}
     dtype = PRECISIONS[args.dtype]
+    memory = None
+    if args.strategy is not None or args.world is not None:
+        if not args.train:
+            raise ValueError("--strategy and --world estimate a training run's memory: add --train")
+        memory = estimate_memory(
+            args.model,
+            args.img_size,
+            args.batch,
+            training=True,
+            precision=args.dtype,
+            device=args.device,
+            overrides=overrides,
+            strategy=args.strategy or "ddp",
+            world=args.world or 1,
+        )
     if args.measure:  # the forward pass runs for real: refuse it if it would not fit
         check_memory(
             args.model,
@@ -51,9 +80,14 @@ def run(args: argparse.Namespace) -> int:
         )
     report = profile(args.model, args.img_size, args.batch, args.measure, dtype, args.device, overrides)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        data = report.to_dict()
+        if memory is not None:
+            data["training_memory"] = training_memory(memory)
+        print(json.dumps(data, indent=2))
     else:
         print_report(report, args.by, args.train)
+        if memory is not None:
+            print_training_memory(memory)
     if args.plot:
         sides = list(range(64, 2048 + 1, 64))
         points = scaling(args.model, sides, args.batch)
@@ -98,3 +132,39 @@ def print_report(report: Report, by: str, train: bool) -> None:
     if flow:
         print("\nshape flow of one block (B batch, N tokens, C channels, h heads, d = C/h):")
         print("\n".join(f"  {line}" for line in flow))
+
+
+def training_memory(e: MemoryEstimate) -> dict[str, int | str]:
+    """The per-process parts of a training estimate, in bytes: the gradients, gathered units and activations as
+    they stand at the step's peak (the activations with the backward's working tensors and autocast's weight
+    copies)."""
+    return {
+        "strategy": e.strategy,
+        "world": e.world,
+        "weights_bytes": e.weights_bytes,
+        "gradient_bytes": e.gradient_bytes,
+        "optimizer_bytes": e.optimizer_bytes,
+        "activation_bytes": e.step_bytes - e.gradient_bytes - e.gathered_bytes,
+        "gathered_bytes": e.gathered_bytes,
+        "input_bytes": e.input_bytes,
+        "total_bytes": e.total_bytes,
+    }
+
+
+def print_training_memory(e: MemoryEstimate) -> None:
+    """The per-process parts of a training estimate, one row each (`training_memory`)."""
+    H, W = e.img_size
+    processes = f"{e.world} process" + ("es" if e.world > 1 else "")
+    print(f"\ntraining memory per process ({e.strategy} over {processes}, batch {e.batch}, {H}x{W}, {e.precision}):")
+    parts = training_memory(e)
+    rows = [
+        ("weight shards" if e.sharded else "weights", "weights_bytes"),
+        ("gradients at the step's peak", "gradient_bytes"),
+        ("AdamW state shards" if e.sharded else "AdamW state", "optimizer_bytes"),
+        ("activations and backward work", "activation_bytes"),
+        *([("gathered units", "gathered_bytes")] if e.sharded else []),
+        ("input", "input_bytes"),
+        ("total", "total_bytes"),
+    ]
+    for label, key in rows:
+        print(f"  {label:<32}{parts[key] / 2**20:>12,.1f} MiB")

@@ -29,7 +29,9 @@ from vitkit.weights.convert import export_weights
 
 COMPARE = (None, "timm", "transformers")  # what a model can be benchmarked against
 # How a refusal of `bench` for memory names its settings (`vitkit bench` passes its flags).
-MEMORY_NAMES = SettingNames(batch="batch", img_size="img_size", grad_checkpointing=None, allow="allow_memory=True")
+MEMORY_NAMES = SettingNames(
+    batch="batch", img_size="img_size", grad_checkpointing=None, allow="allow_memory=True", strategy=None
+)
 
 
 @dataclass

@@ -226,6 +226,8 @@ def _check_training_memory(
             names=names,
             # CPU processes on one machine share its memory; each GPU process has its own device
             processes=env.local_world_size if env.device.type == "cpu" else 1,
+            strategy=config.strategy,
+            world=env.world_size,
         )
     except NotEnoughMemory as err:
         refused = err
