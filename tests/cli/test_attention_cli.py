@@ -225,3 +225,11 @@ def test_the_deformable_detector_figure_draws_sampling_points(deformable, capsys
     assert not (np.abs(pixels - np.array(COLORMAP[0])).max(axis=1) <= 6).any()
     assert main([*args, "--head", "2"]) == 2
     assert "head 2 is out of range for 2 heads" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("out", ["figure.xyz", "figure"])
+def test_an_out_that_cannot_take_a_picture_is_refused_before_the_model_is_read(tmp_path, capsys, out):
+    missing = tmp_path / "no_model_here"  # read after the check: the error is about --out, not the model
+    assert main(["attention", "--model-dir", str(missing), str(tmp_path / "x.png"), "--out", str(tmp_path / out)]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / out) in err and ".png" in err and "no_model_here" not in err

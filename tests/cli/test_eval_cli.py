@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+import vitkit.cli.eval as eval_cli
 from vitkit.cli import main
 from vitkit.data import DataInfo
 from vitkit.infer import evaluate_model_dir
@@ -106,3 +107,27 @@ def test_a_model_without_class_names_takes_the_datas(model, data, capsys, tmp_pa
     Image.new("RGB", (28, 28)).save(only_train / "train" / "circle" / "0.png")
     assert main(["eval", "--model-dir", str(plain), "--data", str(only_train)]) == 2
     assert f"{only_train} holds train/ but no val/: evaluate on a folder of class folders" in capsys.readouterr().err
+
+
+def test_top5_is_shown_only_with_more_than_five_classes(model, data, capsys, tmp_path):
+    """With 3 classes the five most probable are every class: top-5 is always 1 and left out, printed and in JSON."""
+    directory = save_pretrained(model, tmp_path / "three", CLASSES, MEAN, STD)
+    report, _ = _eval(directory, data, capsys)
+    assert "top5" not in report and report["top1"] == pytest.approx(_expected(model, data)["top1"])
+    assert main(["eval", "--model-dir", str(directory), "--data", str(data)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "top-1" in first and "top-5" not in first
+
+
+@pytest.mark.parametrize("plot", ["pics", "confusion.xyz", "confusion"])
+def test_a_plot_path_that_cannot_take_a_picture_is_refused_before_evaluating(
+    model, data, capsys, tmp_path, monkeypatch, plot
+):
+    directory = save_pretrained(model, tmp_path / "run", CLASSES, MEAN, STD)
+    (tmp_path / "pics").mkdir()
+    calls = []
+    monkeypatch.setattr(eval_cli, "evaluate_model_dir", lambda *a, **k: calls.append(a))
+    assert main(["eval", "--model-dir", str(directory), "--data", str(data), "--plot", str(tmp_path / plot)]) == 2
+    err = capsys.readouterr().err
+    assert not calls  # refused before the evaluation
+    assert str(tmp_path / plot) in err and ".png" in err

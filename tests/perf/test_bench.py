@@ -2,6 +2,7 @@
 
 import functools
 import json
+import os
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from vitkit.perf.bench import (
     bench_memory,
     build_candidates,
     gemm_rate,
+    quiet_profiler,
     time_candidates,
     time_split,
 )
@@ -274,3 +276,17 @@ def test_the_estimate_holds_every_candidates_model_at_once():
     bf16 = bench_memory("vit_tiny_patch16_224", (224, 224), "bf16", True, "timm")(4)
     assert bf16.weights_bytes == 3 * single.weights_bytes  # timm's autocast training builds a model of its own
     assert bf16.step_bytes == single.step_bytes  # the fp32 reference step is the largest
+
+
+def test_the_profilers_log_lines_stay_out_of_the_output(capfd):
+    """torch.profiler's C++ side writes "USDT:... profiler_start" and, without a GPU, "ERROR:... gpuGetDeviceCount
+    failed" to the process's stderr; `time_split` keeps them out, and passes on anything else written there."""
+    with quiet_profiler():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            torch.ones(2) + 1
+        os.write(2, b"a real warning\n")
+    split = time_split(lambda: torch.ones(8, 8) @ torch.ones(8, 8))
+    assert split["GEMMs"] > 0
+    err = capfd.readouterr().err
+    assert "a real warning" in err
+    assert "profiler_start" not in err and "gpuGetDeviceCount" not in err and ".cpp:" not in err

@@ -18,7 +18,7 @@ from vitkit.infer import (
     load_detector,
     missing_info_note,
 )
-from vitkit.viz.attention import save_picture
+from vitkit.viz.attention import check_picture_path, save_picture
 
 HELP = (
     "draw where a trained model looks in an image: the class token's attention of one layer (one head, their mean, "
@@ -105,6 +105,7 @@ def _run_detector(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_picture_path(args.out, figure=True)  # before loading and running the model
     if is_detector_dir(args.model_dir):
         return _run_detector(args)
     if args.threshold is not None:

@@ -12,6 +12,7 @@ from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.detection import COCO_METRICS
 from vitkit.infer import evaluate_detector_dir, evaluate_model_dir, is_detector_dir, missing_info_note
 from vitkit.viz import confusion_image
+from vitkit.viz.attention import check_picture_path
 
 HELP = "evaluate a trained or converted model: loss, top-1 / top-5 and per-class accuracy, or a detector's mAP"
 
@@ -66,12 +67,15 @@ def _run_detector(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if is_detector_dir(args.model_dir):
         return _run_detector(args)
+    if args.plot:  # before the evaluation, not after it
+        check_picture_path(args.plot)
     result, info = evaluate_model_dir(args.model_dir, args.data, args.batch_size, args.device, args.workers)
     _note(args)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        print(f"images {result.count}  loss {result.loss:.4f}  top-1 {result.top1:.4f}  top-5 {result.top5:.4f}")
+        top5 = f"  top-5 {result.top5:.4f}" if result.top5 is not None else ""  # only with more than 5 classes
+        print(f"images {result.count}  loss {result.loss:.4f}  top-1 {result.top1:.4f}{top5}")
         per_class = result.class_accuracies()
         width = max(len(name) for name in per_class)
         for name, acc in per_class.items():

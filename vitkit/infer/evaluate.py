@@ -53,7 +53,8 @@ def unreadable_dicts(skipped: Sequence[Unreadable]) -> list[dict[str, str]]:
 class EvalResult:
     loss: float  # mean cross-entropy (no label smoothing)
     top1: float  # fraction of images whose most probable class is right
-    top5: float  # fraction whose right class is among the five most probable (all classes when K < 5)
+    top5: float | None  # fraction whose right class is among the five most probable; None with K <= 5 classes,
+    # where the five most probable are every class (top-5 would always be 1)
     count: int  # images evaluated
     confusion: torch.Tensor  # (K, K) int64 counts: row = true class, column = predicted class
     skipped: tuple[Unreadable, ...]  # images that could not be read, with the reason
@@ -71,13 +72,12 @@ class EvalResult:
         return {name: None if math.isnan(acc) else acc for name, acc in zip(names, accuracies, strict=True)}
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values: images, loss, top1, top5, per_class (name -> accuracy or None), confusion, skipped
-        (a list of {image, reason})."""
-        return {
-            "images": self.count,
-            "loss": self.loss,
-            "top1": self.top1,
-            "top5": self.top5,
+        """Plain JSON values: images, loss, top1, top5 (only with more than 5 classes), per_class (name -> accuracy
+        or None), confusion, skipped (a list of {image, reason})."""
+        values = {"images": self.count, "loss": self.loss, "top1": self.top1, "top5": self.top5}
+        if self.top5 is None:
+            del values["top5"]
+        return values | {
             "per_class": self.class_accuracies(),
             "confusion": self.confusion.tolist(),
             "skipped": unreadable_dicts(self.skipped),
@@ -149,7 +149,9 @@ def evaluate(
     if count == 0:
         raise ValueError("no readable images to evaluate")
     loss, top1, top5 = (totals[:3] / count).tolist()
-    return EvalResult(loss, top1, top5, count, confusion, tuple(skipped), tuple(info.classes))
+    return EvalResult(
+        loss, top1, top5 if k < num_classes else None, count, confusion, tuple(skipped), tuple(info.classes)
+    )
 
 
 def evaluate_model_dir(

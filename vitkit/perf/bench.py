@@ -8,10 +8,14 @@ second by the dense GEMM rate measured on the spot for the candidate's precision
 from __future__ import annotations
 
 import json
+import os
+import re
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -156,9 +160,37 @@ def _category(name: str, in_optimizer: bool) -> str:
     return "norms and elementwise"
 
 
+# torch.profiler's own log lines, which its C++ side (Kineto) writes to the process's stderr: "USDT:2026-12-01
+# 22:22:22 17472:17472 SyncActivityProfilerHandler.cpp:39] profiler_start", and on a machine without a GPU "ERROR:...
+# DeviceProperties.cpp:56] gpuGetDeviceCount failed with code 35", which reads like the benchmark failing.
+PROFILER_CHATTER = re.compile(r"^[A-Z]+:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] ")
+
+
+@contextmanager
+def quiet_profiler() -> Iterator[None]:
+    """Keep torch.profiler's log lines (`PROFILER_CHATTER`) out of the user's output: while it runs, the process's
+    stderr (file descriptor 2, where C++ writes) goes to a temporary file, whose other lines are then passed on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not PROFILER_CHATTER.match(line))
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()
+
+
 def time_split(step: Callable[[], object]) -> dict[str, float]:
     """Share of one step's CPU time (operators' self time, torch.profiler) per `SPLIT` category."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with quiet_profiler(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         step()
     events = list(prof.events())
     scopes = [e.time_range for e in events if e.name.startswith("Optimizer.")]  # step and zero_grad

@@ -166,14 +166,30 @@ def figure_image(figure: Figure) -> Image.Image:
         return image.convert("RGB")
 
 
+def check_picture_path(path: str | os.PathLike, figure: bool = False) -> Path:
+    """`path` as a Path when a picture can be written there, else IsADirectoryError / ValueError saying what is
+    expected: a file name whose suffix names a format PIL writes (.png, .jpg, ...; for a matplotlib `figure` also
+    matplotlib's: .pdf, .svg, ...). Commands call it before their work, so a wrong name costs nothing."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: expected a file name such as {path / 'picture.png'}")
+    if not path.suffix:
+        raise ValueError(f"{path} has no suffix to tell the picture's format: expected a name such as {path}.png")
+    formats = set(Image.registered_extensions())
+    if figure:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats |= {f".{kind}" for kind in FigureCanvasBase.get_supported_filetypes()}
+    if path.suffix.lower() not in formats:
+        common = ".png, .jpg" + (", .pdf, .svg" if figure else "")
+        raise ValueError(f"{path}: {path.suffix} is not a picture format vitkit can write; use {common}")
+    return path
+
+
 def save_picture(picture: Image.Image | Figure, path: str | os.PathLike) -> Path:
     """Write a PIL image or a matplotlib figure to `path`, in the format its suffix names (.png, .jpg, ...; a
     figure also .pdf, .svg), creating its folder. Returns the path."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder: expected a file name such as {path / 'attention.png'}")
-    if not path.suffix:
-        raise ValueError(f"{path} has no suffix to tell the picture's format: expected a name such as {path}.png")
+    path = check_picture_path(path, figure=not isinstance(picture, Image.Image))
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(picture, Image.Image):
         picture.save(path)
