@@ -69,7 +69,9 @@ def test_the_original_command_plus_resume_resumes_and_extends(data, tmp_path, ca
     out = tmp_path / "run"
     assert main(_train(data, out)) == 0
     assert main(_train(data, out, "--resume")) == 0  # with its --model-arg values, as first given
-    assert "resuming at epoch 2" in capsys.readouterr().out
+    said = capsys.readouterr().out  # the run is complete: nothing to resume, and how to train it longer
+    assert f"the run in {out} is complete: it has trained 1 epoch (best val_acc" in said and "resuming" not in said
+    assert _hint(said, "give more epochs: ") == ["train", "--out", str(out), "--resume", "--epochs", "2"]
     more = _train(data, out, "--resume")
     more[more.index("--epochs") + 1] = "2"
     assert main([*more, "--workers", "1"]) == 0

@@ -79,9 +79,11 @@ def test_refuses_a_used_folder_unless_resumed_or_forced(tmp_path, tiny_config):
         fit(config)
     fit(config, force=True)
     assert (tmp_path / "notes.txt").read_text() == "mine"  # only vitkit's own outputs are replaced
-    resumed = fit(config, resume=True)  # nothing left to train: the final model is written again
-    assert resumed.epochs_done == 1
+    final = (tmp_path / "final" / "model.safetensors").stat().st_mtime_ns
+    resumed = fit(config, resume=True)  # nothing left to train: said, and nothing changed
+    assert resumed.epochs_done == 1 and resumed.last["epoch"] == 1 and not resumed.interrupted
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
+    assert (tmp_path / "final" / "model.safetensors").stat().st_mtime_ns == final
     with pytest.raises(ValueError, match=r"different settings \(lr: 0.002 -> 0.1\)"):
         fit(tiny_config(tmp_path, epochs=1, lr=0.1), resume=True)
     with pytest.raises(ValueError, match=r"continue the run there with: vitkit train --out \S+ --resume"):

@@ -651,6 +651,8 @@ def fit(
     run = None
     try:
         resolved, state = _resolve_run(config, env, resume, force)
+        if state is not None and state["epoch"] >= resolved.epochs:
+            return _complete(resolved, state, env)
         run = _Run(resolved, env, allow_memory, memory_names)  # data and model (memory checked) before OUT changes
         run.sized = config.data_choices() if state is None else []
         _begin(run, state)
@@ -659,6 +661,23 @@ def fit(
         if run is not None and run.replaced is not None and env.is_main:
             log.warning(f"the run ended within its first epoch; the earlier run's outputs are in {run.replaced}")
         cleanup(env)
+
+
+def _complete(config: TrainConfig, state: dict[str, Any], env: DistEnv) -> FitResult:
+    """A resumed run that has trained all its epochs: said, with how to train it longer, and nothing changed."""
+    out, epochs = Path(config.out), config.epochs
+    metric = "val_acc" if config.task == CLASSIFICATION else "ap"
+    best = state["best_value"] if "best_value" in state else state["best_acc"]
+    lines = (out / METRICS_NAME).read_text().splitlines() if (out / METRICS_NAME).is_file() else []
+    last = json.loads(lines[-1]) if lines else None
+    if env.is_main:
+        log.info(
+            f"the run in {out} is complete: it has trained {epochs} epoch{'s' if epochs != 1 else ''} (best {metric} "
+            f"{best:.4f} at epoch "
+            f"{state['best_epoch']}, in {out / 'best'}; the final model in {out / 'final'}). To train it longer, "
+            f"give more epochs: {resume_command(out, '--epochs', str(2 * epochs))}"
+        )
+    return FitResult(out, state["epoch"], metric, best, state["best_epoch"], last, interrupted=False)
 
 
 def _resolve_run(
