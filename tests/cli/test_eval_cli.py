@@ -131,3 +131,26 @@ def test_a_plot_path_that_cannot_take_a_picture_is_refused_before_evaluating(
     err = capsys.readouterr().err
     assert not calls  # refused before the evaluation
     assert str(tmp_path / plot) in err and ".png" in err
+
+
+def test_one_normalisation_check_for_dataset_json_and_config_json(tmp_path):
+    """A zero std would divide every image by zero: refused in a model's config.json and in its dataset.json alike,
+    in the same words, and so by every command that reads them (predict, eval, attention)."""
+    model = create_model("vit_digits_patch7_28", embed_dim=16, depth=1, num_heads=2)
+    with pytest.raises(ValueError, match=r"std must be > 0 for every channel"):
+        save_pretrained(model, tmp_path / "config", mean=[0.5], std=[0.0])
+    directory = save_pretrained(model, tmp_path / "dataset")
+    DataInfo("builtin:mnist5k", tuple("0123456789"), (0.5,), (0.0,), 0.0, 0).save(directory)
+    image = tmp_path / "digit.png"
+    Image.new("RGB", (28, 28)).save(image)
+    for command in (["predict", "--model-dir", str(directory), str(image)], ["eval", "--model-dir", str(directory)]):
+        assert main(command) == 2
+    with pytest.raises(ValueError, match=r"dataset.json: std must be > 0 for every channel"):
+        DataInfo.load(directory)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"detection"', "null"])
+def test_a_dataset_json_that_is_not_an_object_is_named(tmp_path, capsys, text):
+    (tmp_path / "dataset.json").write_text(text)
+    assert main(["eval", "--model-dir", str(tmp_path)]) == 2
+    assert "dataset.json holds a JSON" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from PIL import Image
 
 from vitkit.data import (
     DataInfo,
+    DetectionInfo,
     list_builtin,
     load_builtin,
     load_data,
@@ -217,7 +218,9 @@ def test_an_ignored_val_fraction_says_so(tmp_path, caplog):
         ({"classes": "ab"}, r"'classes' must be a list of class names \(strings\), got 'ab'"),
         ({"mean": []}, r"'mean' must be a non-empty list of numbers"),
         ({"split_seed": 1.5}, r"'split_seed' must be an integer, got 1.5"),
-        ({"std": [0.5, 0.5]}, r"'mean' has 1 values but 'std' 2"),
+        ({"std": [0.5, 0.5]}, r"mean has 1 values but std 2"),
+        ({"std": [0]}, r"std must be > 0 for every channel \(images are divided by it\), got \[0\]"),
+        ({"mean": [float("nan")]}, r"mean must be a non-empty list of finite numbers"),
     ],
 )
 def test_malformed_dataset_json_names_the_key(tmp_path, change, message):
@@ -236,3 +239,10 @@ def test_dataset_json_that_is_not_an_object(tmp_path):
     (tmp_path / "dataset.json").write_text("{")
     with pytest.raises(ValueError, match="dataset.json is not valid JSON"):
         DataInfo.load(tmp_path)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"detection"', "null"])
+def test_a_detection_dataset_json_that_is_not_an_object(tmp_path, text):
+    (tmp_path / "dataset.json").write_text(text)
+    with pytest.raises(ValueError, match="not a vitkit detection dataset description: it holds a JSON"):
+        DetectionInfo.load(tmp_path)

@@ -22,6 +22,7 @@ Letters: C channels, H, W image size, n objects of an image, K classes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -38,7 +39,7 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
 from vitkit.data.loader import EpochSampler, Unreadable
-from vitkit.data.sources import BUILTIN_PREFIX, INFO_NAME, load_builtin, open_image
+from vitkit.data.sources import BUILTIN_PREFIX, INFO_NAME, check_normalisation, load_builtin, open_image
 from vitkit.data.transforms import channel_stats, detection_train_transform, image_mode
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DETR normalises COCO images so
@@ -84,11 +85,16 @@ class DetectionInfo:
             raise FileNotFoundError(f"{path} not found: expected a model directory written by vitkit train")
         try:
             fields = json.loads(path.read_text())
+            if not isinstance(fields, dict):
+                names = [f.name for f in dataclasses.fields(cls)]
+                raise TypeError(f"it holds a JSON {type(fields).__name__}, expected an object with keys {names}")
             if fields.get("task") != "detection":
                 raise TypeError(f"task is {fields.get('task')!r}, not 'detection'")
-            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-        except (json.JSONDecodeError, TypeError, AttributeError) as err:
+            info = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        except (json.JSONDecodeError, TypeError) as err:
             raise ValueError(f"{path} is not a vitkit detection dataset description: {err}") from err
+        mean, std = check_normalisation(info.mean, info.std, str(path))
+        return dataclasses.replace(info, mean=mean, std=std)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -42,6 +43,26 @@ def _is_number_list(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_normalisation(
+    mean: Any, std: Any, source: str, in_chans: int | None = None
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel normalisation read from a file (dataset.json, config.json) as float tuples; ValueError naming
+    `source` and what is wrong otherwise: each a non-empty list of finite numbers, as many of each, every std above
+    zero (a zero std divides by zero: every output NaN), and for a model of `in_chans` channels 1, `in_chans` or 3
+    values."""
+    for name, values in (("mean", mean), ("std", std)):
+        numbers = isinstance(values, list | tuple) and _is_number_list(list(values))
+        if not numbers or not all(math.isfinite(v) for v in values):
+            raise ValueError(f"{source}: {name} must be a non-empty list of finite numbers, got {values!r}")
+    if len(mean) != len(std):
+        raise ValueError(f"{source}: mean has {len(mean)} values but std {len(std)}")
+    if in_chans is not None and len(mean) not in (1, in_chans, 3):
+        raise ValueError(f"{source}: {len(mean)} mean / std values for a model of {in_chans} channels")
+    if min(std) <= 0:
+        raise ValueError(f"{source}: std must be > 0 for every channel (images are divided by it), got {list(std)}")
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
 
 # dataset.json key -> (check, what it must be): `DataInfo.load` names the key that fails.
@@ -98,8 +119,7 @@ class DataInfo:
         for key, (check, expected) in _INFO_KEYS.items():
             if not check(saved[key]):
                 raise ValueError(f"{path}: {key!r} must be {expected}, got {saved[key]!r}")
-        if len(saved["mean"]) != len(saved["std"]):
-            raise ValueError(f"{path}: 'mean' has {len(saved['mean'])} values but 'std' {len(saved['std'])}")
+        saved["mean"], saved["std"] = check_normalisation(saved["mean"], saved["std"], str(path))
         return cls(**{f.name: tuple(v) if isinstance(v := saved[f.name], list) else v for f in fields(cls)})
 
 

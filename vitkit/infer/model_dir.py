@@ -48,9 +48,12 @@ def is_detector_dir(directory: str | os.PathLike) -> bool:
         found = saved_family(directory)
         return found is not None and found.task == DETECTION
     try:
-        return json.loads(path.read_text()).get("task") == DETECTION
-    except (json.JSONDecodeError, AttributeError) as err:
-        raise ValueError(f"{path} is not a vitkit dataset description: {err}") from err
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path} holds a JSON {type(saved).__name__}, expected an object (a vitkit dataset.json)")
+    return saved.get("task") == DETECTION
 
 
 def save_detection_settings(directory: str | os.PathLike, postprocessing: Postprocessing) -> Path:

@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from vitkit.data.sources import check_normalisation
 from vitkit.models.registry import build_model, family, family_of
 from vitkit.weights.family import family_weights
 
@@ -88,10 +89,6 @@ class ModelInfo:
         return {k: list(v) for k, v in values.items() if v is not None}
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == value  # not NaN
-
-
 def check_model_info(
     class_names: Any, mean: Any, std: Any, num_classes: int, source: str, in_chans: int | None = None
 ) -> ModelInfo:
@@ -109,17 +106,8 @@ def check_model_info(
             raise ValueError(f"{source}: class_names repeat {repeated}")
     if (mean is None) != (std is None):
         raise ValueError(f"{source}: mean and std come together; got only {'mean' if std is None else 'std'}")
-    if mean is not None:
-        for name, values in (("mean", mean), ("std", std)):
-            if not isinstance(values, Sequence) or not values or not all(_is_number(v) for v in values):
-                raise ValueError(f"{source}: {name} must be a non-empty list of numbers, got {values!r}")
-        if len(mean) != len(std):
-            raise ValueError(f"{source}: mean has {len(mean)} values but std {len(std)}")
-        if in_chans is not None and len(mean) not in (1, in_chans, 3):
-            raise ValueError(f"{source}: {len(mean)} mean / std values for a model of {in_chans} channels")
-        if min(std) <= 0:
-            raise ValueError(f"{source}: std must be > 0, got {list(std)}")
-        mean, std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    if mean is not None:  # the same check as dataset.json's
+        mean, std = check_normalisation(mean, std, source, in_chans)
     return ModelInfo(class_names, mean, std)
 
 
