@@ -87,13 +87,13 @@ def test_attention_map_of_a_model_uses_its_layers_in_order():
 
 def test_windowed_attention_is_refused_with_a_reason():
     model = create_model("swin_tiny_patch4_window7_224", img_size=56, depths=(1, 1), num_heads=(1, 2), embed_dim=16)
-    with pytest.raises(ValueError, match="attend over the whole image"):
+    with pytest.raises(ValueError, match="Swin has no one map of the image to draw: its attention layers attend"):
         attention_map(model, torch.randn(1, 3, 56, 56))
 
 
 def test_models_without_one_token_grid_are_refused():
     botnet = create_model("botnet26t_256", img_size=64, stem_chs=16, widths=(32, 64, 128, 256))
-    with pytest.raises(ValueError, match="BotNet has no token grid for attention maps"):
+    with pytest.raises(ValueError, match=r"BoTNet has no one map of the image to draw.*capture_attention\(model\)"):
         attention_map(botnet, torch.randn(1, 3, 64, 64))
     with pytest.raises(ValueError, match="attention maps needs a vitkit model .* Conv2d lacks config"):
         attention_map(torch.nn.Conv2d(3, 4, 2), torch.randn(1, 3, 4, 4))

@@ -100,9 +100,12 @@ def _capture(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, list
     (output, each attention layer's weights (B, h, N, N) from first to last, prefix tokens P, grid (Hp, Wp))."""
     tokens = require_model(model, "attention maps").token_grid(tuple(images.shape[-2:]))
     if tokens is None:
+        name = family_of(model).display_name
         raise ValueError(
-            f"{type(model).__name__} has no token grid for attention maps: its attention layers do not all attend "
-            "over the whole image on one grid (attention maps need a model such as ViT / DeiT)"
+            f"{name} has no one map of the image to draw: its attention layers attend within windows or over feature "
+            "maps that change size from layer to layer. vitkit attention draws models whose every layer attends over "
+            "one grid of patches of the whole image (ViT, DeiT) and detectors' objects; for "
+            f"{name}, read each layer's attention weights from Python with vitkit.capture_attention(model)"
         )
     prefix, grid = tokens
     was_training = model.training
