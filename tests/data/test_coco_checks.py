@@ -100,14 +100,18 @@ def test_the_report_names_the_clipped_annotations(tmp_path):
     assert report.clipped == [5, 7]
     assert str(report).splitlines() == [
         f"{path}: 1 image, 3 annotations",
-        "  clipped 2 boxes to their image: annotations 5, 7",
+        "  clipped 2 boxes to their images: annotations 5, 7",
     ]
     many = [box(100 + i, 1, [35, 2, 10, 5]) for i in range(13)]
     path = write_split(tmp_path, "many", [(1, 40, 30)], many)
     report = CocoDetection(path, tmp_path / "many", short_side=None).report
     assert report.clipped == list(range(100, 113))
     ids = ", ".join(str(i) for i in range(100, 110))
-    assert f"  clipped 13 boxes to their image: annotations {ids}, ... 3 more" in str(report).splitlines()
+    one = write_split(tmp_path, "one", [(1, 40, 30)], [box(9, 1, [35, 2, 10, 5])])
+    assert "  clipped 1 box to its image: annotation 9" in str(
+        CocoDetection(one, tmp_path / "one", short_side=None).report
+    )
+    assert f"  clipped 13 boxes to their images: annotations {ids}, ... 3 more" in str(report).splitlines()
 
 
 def test_detection_stats_of_a_hand_written_file(tmp_path):

@@ -41,7 +41,7 @@ def test_one_map_and_the_prediction(model, image, pixels):
     k = int(probabilities.argmax())
     assert maps.prediction == (NAMES[k], pytest.approx(probabilities[k].item(), rel=1e-5))
     assert maps.titles == ("head 2 of 4",) and maps.what == "layer 1 (of 0..2), head 2 of 4"
-    assert maps.model == "tiny: ViT, 3 layers x 4 heads, 4x4 patches"
+    assert maps.model == "tiny: ViT, 3 layers x 4 heads, a 4x4 grid of 7-px patches"
     assert maps.view.size == (224, 224)
     default = attention_maps(model, image, MEAN, STD)
     torch.testing.assert_close(default.heats, attention_map(model, pixels, layer=-1))

@@ -38,10 +38,18 @@ def test_patch_embed_rejects_bad_input(x, message):
 def test_patch_embed_dynamic_sizes():
     layer = PatchEmbed(32, 8, 3, 16, strict_img_size=False)
     assert layer(torch.randn(1, 3, 16, 40)).shape == (1, 2 * 5, 16)
-    with pytest.raises(ValueError, match="image width 20 is not a positive multiple of patch size 8"):
+    with pytest.raises(ValueError, match="image width 20 is not a positive multiple of patch size 8: .* 16 or 24"):
         layer(torch.randn(1, 3, 16, 20))
-    with pytest.raises(ValueError, match="image height 30 is not a multiple of patch size 8"):
+    with pytest.raises(
+        ValueError, match="height 30 is not a multiple of patch size 8: the nearest that are 24 or 32"
+    ):
         PatchEmbed(30, 8)
+    with pytest.raises(
+        ValueError, match="height 32 is not a multiple of patch size 7: the nearest that are 28 or 35"
+    ):
+        PatchEmbed(32, 7)
+    with pytest.raises(ValueError, match="image width 3 is not a multiple of patch size 7: the nearest that are 7$"):
+        PatchEmbed((7, 3), 7)
 
 
 def test_mlp_matches_timm():

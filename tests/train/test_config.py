@@ -169,3 +169,13 @@ def test_minimal_leaves_out_what_resolution_fills_in(digit_folder):
     assert chosen.resolved().minimal() == chosen
     detector = TrainConfig(data="builtin:digits-detect", model="detr_resnet50", epochs=2)
     assert detector.resolved().minimal() == detector
+
+
+def test_hints_leave_out_the_device_the_machine_picks_anyway(monkeypatch):
+    """A resumed run's settings hold the device it ran on; a hint built from them names it only where the machine
+    would pick another."""
+    config = TrainConfig(device="cpu", epochs=3, out="runs/x")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert config.minimal().command() == "vitkit train --epochs 3 --out runs/x"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert config.minimal().command() == "vitkit train --epochs 3 --device cpu --out runs/x"

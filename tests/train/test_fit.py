@@ -16,6 +16,7 @@ from PIL import Image
 
 from vitkit import create_model, from_pretrained, save_pretrained
 from vitkit.data import DataInfo, Unreadable, UnreadableImageError, load_folder, open_image, summarize_unreadable
+from vitkit.layers.helpers import counted
 from vitkit.train import build_training_model, enable_grad_checkpointing, fit, load_checkpoint
 from vitkit.viz import write_curves
 from vitkit.weights import read_model_info
@@ -292,7 +293,7 @@ def test_start_summary_curves_and_class_names_of_a_run_from_a_checkpoint_file(
         f"  data    {digit_folder}: 10 classes (0, 1, 2, 3, 4, ...), {len(train)} train / {len(val)} val images, "
         "seen as 3x28x28",
         "  run     2 epochs of 4 steps, batch 8, lr 0.002",
-        f"  device  cpu, fp32, {torch.get_num_threads()} threads, 0 loader workers",
+        f"  device  cpu, fp32, {counted(torch.get_num_threads(), 'thread')}, 0 loader workers",
         f"  output  {out}",
     ]
     assert read_model_info(out / "final").class_names == tuple("0123456789")

@@ -7,6 +7,7 @@ import json
 
 from vitkit.analysis.precision import PRECISIONS
 from vitkit.cli.options import add_memory_option, memory_flags, parse_size
+from vitkit.layers.helpers import counted
 from vitkit.perf.bench import COMPARE, Report, bench
 from vitkit.train import create_optimizer
 
@@ -60,7 +61,8 @@ def print_report(report: Report) -> None:
     H, W = report.img_size
     rates = ", ".join(f"{p} {r / 1e12:.2f} TFLOP/s" for p, r in report.gemm_flops_per_second.items())
     print(
-        f"{report.model}  {report.mode}  batch {report.batch}  {H}x{W}  {report.device} ({report.threads} threads)"
+        f"{report.model}  {report.mode}  batch {report.batch}  {H}x{W}  {report.device} "
+        f"({counted(report.threads, 'thread')})"
         f"  {report.flops_per_step / report.batch / 1e9:.2f} matmul GFLOPs per image"
     )
     print(f"measured GEMM rate: {rates}")

@@ -41,6 +41,7 @@ from torchvision import tv_tensors
 from vitkit.data.loader import EpochSampler, Unreadable
 from vitkit.data.sources import BUILTIN_PREFIX, INFO_NAME, check_normalisation, load_builtin, open_image
 from vitkit.data.transforms import channel_stats, detection_train_transform, image_mode
+from vitkit.layers.helpers import counted
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DETR normalises COCO images so
 
@@ -376,11 +377,6 @@ SKIP_REASONS = (
 )
 
 
-def _count(n: int, noun: str) -> str:
-    """ "1 image", "2 images"."""
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
 CLIPPED_SHOWN = 10  # ids of clipped annotations a report lists before "... N more"
 
 
@@ -412,14 +408,17 @@ class CocoReport:
         return dict(Counter(s.reason for s in self.skipped))
 
     def __str__(self) -> str:
-        lines = [f"{self.path}: {_count(self.images, 'image')}, {_count(self.annotations, 'annotation')}"]
+        lines = [f"{self.path}: {counted(self.images, 'image')}, {counted(self.annotations, 'annotation')}"]
         lines += [f"  skipped {n} ({reason})" for reason, n in self.counts().items()]
         if self.clipped:
             shown = ", ".join(str(i) for i in self.clipped[:CLIPPED_SHOWN])
             more = f", ... {len(self.clipped) - CLIPPED_SHOWN} more" if len(self.clipped) > CLIPPED_SHOWN else ""
-            lines.append(f"  clipped {len(self.clipped)} boxes to their image: annotations {shown}{more}")
+            if len(self.clipped) == 1:
+                lines.append(f"  clipped 1 box to its image: annotation {shown}")
+            else:
+                lines.append(f"  clipped {len(self.clipped)} boxes to their images: annotations {shown}{more}")
         if self.crowd:
-            lines.append(f"  left out {self.crowd} crowd annotations")
+            lines.append(f"  left out {counted(self.crowd, 'crowd annotation')}")
         lines += [f"  {s.kind} {s.id}: {s.reason}" + (f" ({s.detail})" if s.detail else "") for s in self.skipped]
         return "\n".join(lines)
 
@@ -722,20 +721,21 @@ def _require_boxes(data: CocoDetection, split: str) -> None:
         return
     purpose = "train on" if split == "train" else "evaluate on (COCO mAP is undefined without ground-truth boxes)"
     parts = [
-        f"the file lists {_count(report.listed_images, 'image')} and {_count(report.listed_annotations, 'annotation')}",
-        f"kept {_count(report.images, 'image')} and 0 annotations",
+        f"the file lists {counted(report.listed_images, 'image')} and "
+        f"{counted(report.listed_annotations, 'annotation')}",
+        f"kept {counted(report.images, 'image')} and 0 annotations",
     ]
     for kind in ("image", "annotation"):
         reasons = Counter(s.reason for s in report.skipped if s.kind == kind)
         if reasons:
             detail = ", ".join(f"{n} {reason}" for reason, n in reasons.items())
-            parts.append(f"skipped {_count(sum(reasons.values()), kind)} ({detail})")
+            parts.append(f"skipped {counted(sum(reasons.values()), kind)} ({detail})")
     if report.crowd:
-        parts.append(f"left out {_count(report.crowd, 'crowd annotation')}")
+        parts.append(f"left out {counted(report.crowd, 'crowd annotation')}")
     skipped = sum(s.kind == "annotation" for s in report.skipped)
     with_skipped_images = report.listed_annotations - skipped - report.crowd  # none was kept
     if with_skipped_images:
-        parts.append(f"left out {_count(with_skipped_images, 'annotation')} of skipped images")
+        parts.append(f"left out {counted(with_skipped_images, 'annotation')} of skipped images")
     raise ValueError(f"{report.path}: no boxes to {purpose}: {'; '.join(parts)}")
 
 

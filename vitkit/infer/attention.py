@@ -22,6 +22,7 @@ from torch import nn
 
 from vitkit.data import preprocess
 from vitkit.layers import capture_attention, to_2tuple
+from vitkit.layers.helpers import counted
 from vitkit.models.interface import require_model
 from vitkit.models.registry import family_of
 from vitkit.viz.attention import AttentionMaps, check_alpha, draw_attention, model_view, overlay
@@ -215,7 +216,9 @@ def attention_maps(
     layers = [attn.float().cpu() for attn in layers]  # each (1, h, N, N)
     heats, titles, columns, what = _selected_maps(layers, prefix, token_grid, layer, head, rollout, grid)
     L, h = len(layers), layers[0].shape[1]
-    described = f"{family_of(model).display_name}, {L} layers x {h} heads, {token_grid[0]}x{token_grid[1]} patches"
+    patch = model.config.patch_size
+    grid = f"a {token_grid[0]}x{token_grid[1]} grid of {patch}-px patches"
+    described = f"{family_of(model).display_name}, {counted(L, 'layer')} x {counted(h, 'head')}, {grid}"
     return AttentionMaps(
         view=model_view(image, img_size),
         heats=heats,

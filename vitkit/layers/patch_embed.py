@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from vitkit.layers.cost import CostContext, OpCost, Value, cost_of, matmul_op
-from vitkit.layers.helpers import to_2tuple
+from vitkit.layers.helpers import nearest_multiples, to_2tuple
 
 
 class PatchEmbed(nn.Module):
@@ -43,7 +43,10 @@ class PatchEmbed(nn.Module):
         self.patch_size = to_2tuple(patch_size)
         for side, size, patch in zip(("height", "width"), self.img_size, self.patch_size, strict=True):
             if size % patch != 0:
-                raise ValueError(f"image {side} {size} is not a multiple of patch size {patch}")
+                raise ValueError(
+                    f"image {side} {size} is not a multiple of patch size {patch}: the nearest that are "
+                    f"{nearest_multiples(size, patch)}"
+                )
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.in_chans = in_chans
@@ -83,7 +86,10 @@ class PatchEmbed(nn.Module):
             return
         for side, size, patch in zip(("height", "width"), (H, W), self.patch_size, strict=True):
             if size % patch != 0 or size == 0:
-                raise ValueError(f"image {side} {size} is not a positive multiple of patch size {patch}")
+                raise ValueError(
+                    f"image {side} {size} is not a positive multiple of patch size {patch}: the nearest that are "
+                    f"{nearest_multiples(size, patch)}"
+                )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

@@ -40,6 +40,7 @@ from vitkit.layers.cost import (
     relu_op,
     view,
 )
+from vitkit.layers.helpers import nearest_multiples
 from vitkit.models.interface import CostFromImages, checkpoint_blocks
 from vitkit.models.registry import check_field_types, check_positive, register_family, register_model
 from vitkit.models.resnet import (
@@ -81,7 +82,11 @@ class BotNetConfig:
         check_positive(self, "in_chans", "stem_chs", "bottle_ratio", "num_heads")
         H, W = to_2tuple(self.img_size)
         if H % NET_STRIDE or W % NET_STRIDE:
-            raise ValueError(f"img_size {H}x{W} is not a multiple of the network stride {NET_STRIDE}")
+            sides = [n for n in dict.fromkeys((H, W)) if n % NET_STRIDE]
+            bad = " and ".join(f"{nearest_multiples(n, NET_STRIDE)} for {n}" for n in sides)
+            raise ValueError(
+                f"img_size {H}x{W} is not a multiple of the network stride {NET_STRIDE}: the nearest sides are {bad}"
+            )
         if self.stem_type not in STEM_TYPES:
             raise ValueError(f"stem_type must be one of {STEM_TYPES}, got {self.stem_type!r}")
         if not len(self.depths) == len(self.bot_depths) == len(self.widths) == 4:

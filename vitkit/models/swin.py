@@ -51,7 +51,7 @@ from vitkit.layers.cost import (
     sequence,
     view,
 )
-from vitkit.layers.helpers import take_indices
+from vitkit.layers.helpers import nearest_multiples, take_indices
 from vitkit.models.interface import CostFromImages, checkpoint_blocks
 from vitkit.models.registry import (
     check_field_types,
@@ -587,7 +587,8 @@ class SwinTransformer(CostFromImages, nn.Module):
             if size % multiple != 0:
                 raise ValueError(
                     f"image {side} {size} is not a multiple of {multiple} "
-                    f"(patch_size {self.config.patch_size} * 2**{stages - 1} for {stages} stages)"
+                    f"(patch_size {self.config.patch_size} * 2**{stages - 1} for {stages} stages): the nearest that "
+                    f"are {nearest_multiples(size, multiple)}"
                 )
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from vitkit.data import (
 )
 from vitkit.data.sources import own_split
 from vitkit.detection import DETECTION_LOSSES
+from vitkit.infer.runtime import resolve_device
 from vitkit.models.interface import has_no_object_logit
 from vitkit.models.registry import family, model_entry, replace_config
 from vitkit.train.distributed import STRATEGIES
@@ -384,6 +385,8 @@ class TrainConfig:
             bare = dataclasses.replace(bare, model=self.model)
         filled = bare.resolved()
         keep = {k: getattr(self, k) for k in optional if getattr(filled, k) != getattr(target, k)}
+        if keep.get("device") == resolve_device(None):  # a resumed run's saved device: what this machine picks anyway
+            del keep["device"]
         return dataclasses.replace(bare, **keep)
 
     def command(self, *extra: str) -> str:

@@ -56,6 +56,7 @@ from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memor
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.detection import FOCAL_PRIOR
 from vitkit.layers import to_2tuple
+from vitkit.layers.helpers import counted
 from vitkit.models.registry import create_model
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from vitkit.train.config import (
@@ -313,16 +314,17 @@ class _Run:
             seen = f"seen as {channels}x{height}x{width}"
         else:
             side = config.img_size or min(to_2tuple(self.model.config.img_size))
-            seen = f"{channels} channel(s), resized to a shorter side of {side} px"
+            seen = f"{counted(channels, 'channel')}, resized to a shorter side of {side} px"
         processes = f" x {env.world_size} processes ({config.strategy})" if env.world_size > 1 else ""
         lines = [
             f"training {name} ({task.name}){source}: {trainable:,} trainable parameters",
             f"  data    {config.data}: {len(classes)} classes ({shown}), {len(task.train_loader.dataset)} train / "
             f"{len(task.val_loader.dataset)} val images, {seen}",
-            f"  run     {config.epochs} epochs of {self.steps_per_epoch} steps, batch {config.batch_size}"
+            f"  run     {counted(config.epochs, 'epoch')} of {counted(self.steps_per_epoch, 'step')}, batch "
+            f"{config.batch_size}"
             f"{processes}, lr {config.lr:g}",
-            f"  device  {env.device}, {config.precision}, {torch.get_num_threads()} threads, "
-            f"{config.workers} loader workers",
+            f"  device  {env.device}, {config.precision}, {counted(torch.get_num_threads(), 'thread')}, "
+            f"{counted(config.workers, 'loader worker')}",
             f"  output  {self.out.resolve()}",
         ]
         augment = task.augmentation()
