@@ -15,6 +15,7 @@ import torch
 from vitkit import create_model
 from vitkit.cli import main
 from vitkit.data import load_builtin, write_image_folder
+from vitkit.train import loop
 from vitkit.train.checkpoint import save_checkpoint
 
 TINY = ["--model", "vit_tiny_patch16_224", "--model-arg", "img_size=28", "--model-arg", "patch_size=7"]
@@ -152,3 +153,24 @@ def test_a_forced_run_stopped_in_its_first_epoch_keeps_the_earlier_run(data, tmp
     assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == earlier
     assert (out / "checkpoint.pt").is_file()
     assert f"the run ended within its first epoch; the earlier run's outputs are in {aside}" in capsys.readouterr().out
+
+
+def test_the_run_force_replaced_is_kept_and_named_until_an_epoch_is_done(
+    data, tmp_path, capsys, monkeypatch
+):
+    """--force moves the earlier run aside; the new run stopped in its first epoch (Ctrl-C: a checkpoint within the
+    epoch) keeps it, and the refusals name it; a --resume that finishes the epoch deletes it."""
+    out = tmp_path / "run"
+    assert main(_train(data, out)) == 0
+    stopping = loop._Run._sync_stop
+    monkeypatch.setattr(loop._Run, "_sync_stop", lambda self, stop: self.step == 1 or stopping(self, stop))
+    assert main(_train(data, out, "--force")) == 130
+    monkeypatch.setattr(loop._Run, "_sync_stop", stopping)
+    aside = list(tmp_path.glob("run.old-*"))
+    assert len(aside) == 1 and (aside[0] / "final").is_dir()
+    said = capsys.readouterr()
+    assert f"the earlier run's outputs are in {aside[0]}" in said.out + said.err
+    assert main(_train(data, out)) == 2  # not empty: the refusal names the folder kept aside
+    assert f"the outputs of the run --force replaced there are kept in {aside[0]}" in capsys.readouterr().err
+    assert main(["train", "--out", str(out), "--resume"]) == 0
+    assert not aside[0].exists() and "deleted the earlier run's outputs" in capsys.readouterr().out

@@ -31,6 +31,7 @@ Under torchrun every process trains its shard of each batch (DistributedDataPara
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import logging
 import math
@@ -352,6 +353,8 @@ class _Run:
             "best_value": self.best_value,
             "best_epoch": self.best_epoch,
             "partials": gather_objects(dict(self.partial), self.env),  # each process's sums over this epoch so far
+            # the earlier run that --force moved aside, kept until this run finishes its first epoch
+            "replaced": None if self.replaced is None else str(self.replaced),
         }
         if weights:
             state["model"] = self.model.state_dict()
@@ -372,7 +375,7 @@ class _Run:
                 save_checkpoint(state, self.out / CHECKPOINT_NAME)
         if self.env.is_main:
             if epoch_end and self.replaced is not None:  # a whole epoch trained: the earlier run is not needed
-                shutil.rmtree(self.replaced)
+                shutil.rmtree(self.replaced, ignore_errors=True)
                 log.info(f"deleted the earlier run's outputs in {self.replaced}")
                 self.replaced = None
 
@@ -407,6 +410,8 @@ class _Run:
         if env.rank < len(state["rng"]):  # a process added by resharding keeps the seed it started with
             set_rng_state(state["rng"][env.rank])
         self.epoch, self.step = state["epoch"], state["step"]
+        if state.get("replaced") and Path(state["replaced"]).is_dir():  # stopped within its first epoch
+            self.replaced = Path(state["replaced"])
         # checkpoints written before detection training named the best value best_acc
         self.best_value = state["best_value"] if "best_value" in state else state["best_acc"]
         self.best_epoch = state["best_epoch"]
@@ -586,6 +591,7 @@ def _check_out(out: Path, resume: bool, force: bool, given: TrainConfig) -> dict
         start = given.command("--force") if used else given.command()
         raise ValueError(
             f"nothing to resume: {out} {where} ({checkpoint.name} not found); start a new run with: {start}"
+            + _moved_aside_note(out)
         )
     if used and not force:
         given = given.minimal()
@@ -594,11 +600,30 @@ def _check_out(out: Path, resume: bool, force: bool, given: TrainConfig) -> dict
         else:
             ways = f"start there anyway with: {given.command('--force')}"
         new = dataclasses.replace(given, out=os.fspath(_new_folder(out))).command()
+        ways += _moved_aside_note(out)
         raise ValueError(
             f"{out} is not empty: {ways}  (--force moves vitkit's earlier outputs aside until the new run's first "
             f"checkpoint), or use a new folder: {new}"
         )
     return None
+
+
+def _moved_aside(out: Path) -> list[Path]:
+    """Earlier runs' outputs that `--force` moved aside from OUT and that are still there (OUT.old-<time>), oldest
+    first: a run that replaced them ended before finishing its first epoch."""
+    out = out.resolve()
+    return sorted(p for p in out.parent.glob(f"{glob.escape(out.name)}.old-*") if p.is_dir())
+
+
+def _moved_aside_note(out: Path) -> str:
+    """For a message about OUT: where the outputs of the run `--force` replaced are, while they are kept."""
+    aside = _moved_aside(out)
+    if not aside:
+        return ""
+    return (
+        f" (the outputs of the run --force replaced there are kept in {', '.join(map(str, aside))} until a run in "
+        f"{out} finishes its first epoch; to go back to that run, move them into {out})"
+    )
 
 
 def _newer(a: Path, b: Path) -> bool:
@@ -622,7 +647,9 @@ def _clear_out(out: Path, env: DistEnv) -> Path | None:
             aside.mkdir()
             for path in found:
                 shutil.move(path, aside / path.name)
-            log.info(f"moved the earlier run's outputs in {out} to {aside}; deleted once this run writes a checkpoint")
+            log.info(
+                f"moved the earlier run's outputs in {out} to {aside}; deleted once this run finishes its first epoch"
+            )
         out.mkdir(parents=True, exist_ok=True)
     return aside
 
@@ -661,7 +688,10 @@ def fit(
         return _train(run)
     finally:
         if run is not None and run.replaced is not None and env.is_main:
-            log.warning(f"the run ended within its first epoch; the earlier run's outputs are in {run.replaced}")
+            log.warning(
+                f"the run ended within its first epoch; the earlier run's outputs are in {run.replaced} (deleted once "
+                f"this run, resumed, finishes its first epoch; to go back to the earlier run, move them into {run.out})"
+            )
         cleanup(env)
 
 
