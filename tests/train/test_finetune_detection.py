@@ -219,9 +219,9 @@ def test_from_a_resnet_classifier_the_backbone_alone(tmp_path):
     assert "; 40 layers of another shape [backbone.conv1, backbone.bn1, " in message
     assert "; 66 layers not in the model [backbone.layer1.0.conv3, " in message
     assert message.endswith(
-        ': pass --model-arg backbone_width=64 --model-arg backbone_depths=[3,4,6,3] --model-arg backbone_block="'
-        'bottleneck", or pass --model NAME with a registered model of that size: deformable_detr_resnet50, '
-        "deformable_detr_resnet50_box_refine, deformable_detr_resnet50_two_stage"
+        ": pass --model NAME with a registered model of that size: deformable_detr_resnet50, "
+        "deformable_detr_resnet50_box_refine, deformable_detr_resnet50_two_stage, or pass --model-arg "
+        'backbone_width=64 --model-arg backbone_depths=[3,4,6,3] --model-arg backbone_block="bottleneck"'
     )
 
 

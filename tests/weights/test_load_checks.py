@@ -117,15 +117,17 @@ def test_checkpoint_of_another_width_names_the_width_and_the_models_that_fit(tmp
         vitkit.load_weights(small, path)
     err = caught.value
     # Not "a classifier for 5 classes, the model 5": the head is as wide as the body.
+    # The registered variant first; the fields are every one that makes the model ViT-Tiny (num_heads too, which
+    # no tensor's shape shows), never embed_dim alone, which would make a 6-head ViT of ViT-Tiny's width.
     assert str(err) == (
-        f"{path} is a ViT with embed_dim 192, the model has 384: build the model with embed_dim=192, or use a "
-        "registered model of that size: deit_tiny_patch16_224, vit_tiny_patch16_224"
+        f"{path} is a ViT with embed_dim 192, the model has 384: use a registered model of that size: "
+        "deit_tiny_patch16_224, vit_tiny_patch16_224, or build the model with embed_dim=192, num_heads=3"
     )
     assert err.cli_message().endswith(
-        "the model has 384: pass --set embed_dim=192, or pass --model NAME with a registered model of that size: "
-        "deit_tiny_patch16_224, vit_tiny_patch16_224"
+        "the model has 384: pass --model NAME with a registered model of that size: deit_tiny_patch16_224, "
+        "vit_tiny_patch16_224, or pass --set embed_dim=192 --set num_heads=3"
     )
-    assert isinstance(err, ValueError) and err.fields == {"embed_dim": 192}
+    assert isinstance(err, ValueError) and err.fields == {"embed_dim": 192, "num_heads": 3}
 
 
 def test_several_fields_and_the_classifier_in_cli_words():

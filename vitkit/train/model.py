@@ -149,12 +149,12 @@ def train_message(err: CheckpointMismatch) -> str:
     """A `CheckpointMismatch` worded with `vitkit train`'s options: `--model-arg FIELD=VALUE` for the config values
     that make the model fit, `--model NAME` for registered models of the checkpoint's size."""
     ways = []
+    if err.models:  # the registered variant first: the whole fix in one name
+        shown = ", ".join(err.models[:5]) + (", ..." if len(err.models) > 5 else "")
+        ways.append(f"pass --model NAME with a registered model of that size: {shown}")
     if err.fields:
         values = (json.dumps(v, separators=(",", ":")) for v in err.fields.values())
         ways.append("pass " + " ".join(f"--model-arg {k}={v}" for k, v in zip(err.fields, values, strict=True)))
-    if err.models:
-        shown = ", ".join(err.models[:5]) + (", ..." if len(err.models) > 5 else "")
-        ways.append(f"pass --model NAME with a registered model of that size: {shown}")
     return err.problem + (": " + ", or ".join(ways) if ways else "")
 
 

@@ -14,6 +14,7 @@ Whole model directories (vitkit's and Hugging Face's) are read by `from_pretrain
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from vitkit.models.registry import build_model, create_model, family_of, replace_config
+from vitkit.models.registry import build_model, create_model, family_of, model_entry, replace_config
 from vitkit.weights import hf, shapes
 from vitkit.weights.family import FamilyWeights, family_weights, hf_model_types, registered_weights, source_formats
 from vitkit.weights.io import (
@@ -244,7 +245,7 @@ def _load(
     names_note = "" if fmt == "vitkit" else " (named as in vitkit)"
     part = layout.part if layout is not None else ""
     if strict:
-        _check_architecture(fam, expected, state, name, layout)
+        _check_architecture(fam, expected, state, name, layout, model.config)
     classes = weights.head + weights.class_sized  # the keys sized by the number of classes
     report.checkpoint_classes = _classes_of(state, weights)
     # The model's own tensors stand in for those the checkpoint does not give (the part it does not hold, a reset
@@ -297,10 +298,14 @@ def _check_architecture(
     state: Mapping[str, torch.Tensor],
     source: str,
     layout: Layout | None = None,
+    config: Any = None,
 ) -> None:
     """CheckpointMismatch when the checkpoint's tensors fix config fields (width, depth, patch size, ...) to other
-    values than the model's: one line naming them, the fields to set and the registered models of that size. A
-    checkpoint of one part of the model (`layout.part`) is named as that part, with its layers that do not fit."""
+    values than the model's: one line naming them, the registered models of that size and the fields to set. A
+    checkpoint of one part of the model (`layout.part`) is named as that part, with its layers that do not fit.
+
+    The fields to set are all that make the model one of those registered models, not only those the shapes show
+    (a ViT-Tiny file read into a ViT-Small needs num_heads 3 with embed_dim 192, which no tensor's shape says)."""
     read_fields = family_weights(family).read_fields
     theirs = read_fields(state)
     differ = shapes.differences(theirs, read_fields(expected))
@@ -318,11 +323,29 @@ def _check_architecture(
     else:
         ours_text = f"; {whose} has " + ", ".join(f"{k} {shapes.show_value(v)}" for k, (_, v) in differ.items())
     layers = f"; {_layers_that_differ(expected, state, part)}" if part else ""
-    raise CheckpointMismatch(
-        f"{source} is {theirs_text}{ours_text}{layers}",
-        fields=listed,
-        models=shapes.models_with(family, theirs),
-    )
+    models = shapes.models_with(family, theirs)
+    fields = dict(listed) | (_shared_fields(models, config) if config is not None and not part else {})
+    raise CheckpointMismatch(f"{source} is {theirs_text}{ours_text}{layers}", fields=fields, models=models)
+
+
+# Config fields a checkpoint's architecture does not fix: what the run chooses (classes, input size, regularisation)
+RUN_FIELDS = ("num_classes", "img_size", "drop_rate", "attn_drop_rate", "drop_path_rate", "attn_backend")
+
+
+def _shared_fields(models: list[str], config: Any) -> dict[str, Any]:
+    """The architecture fields on which the registered `models` agree and `config` differs (those beside the ones
+    the shapes fix: num_heads of a ViT); empty without models."""
+    if not models:
+        return {}
+    configs = [dataclasses.asdict(model_entry(name).config) for name in models]
+    ours = dataclasses.asdict(config)
+    shared = {}
+    for key, value in configs[0].items():
+        if key in RUN_FIELDS or key not in ours or any(c.get(key) != value for c in configs[1:]):
+            continue
+        if ours[key] != value:
+            shared[key] = value
+    return shared
 
 
 def _layers_that_differ(expected: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor], part: str) -> str:

@@ -190,14 +190,14 @@ class CheckpointMismatch(ValueError):
 
     def message(self, cli: bool = False) -> str:
         ways = []
+        if self.models:  # the registered variant first: the whole fix in one name
+            shown = ", ".join(self.models[:5]) + (", ..." if len(self.models) > 5 else "")
+            ways.append(f"{'pass --model NAME with' if cli else 'use'} a registered model of that size: {shown}")
         if self.fields:
             if cli:
                 ways.append("pass " + " ".join(f"--set {k}={_cli_value(v)}" for k, v in self.fields.items()))
             else:
                 ways.append("build the model with " + ", ".join(f"{k}={v!r}" for k, v in self.fields.items()))
-        if self.models:
-            shown = ", ".join(self.models[:5]) + (", ..." if len(self.models) > 5 else "")
-            ways.append(f"{'pass --model NAME with' if cli else 'use'} a registered model of that size: {shown}")
         if self.reset_head:
             ways.append(f"pass {'--reset-head' if cli else 'reset_head=True'} to {self.reset_head}")
         return self.problem + (": " + ", or ".join(ways) if ways else "")
