@@ -3,6 +3,7 @@ models that fit a checkpoint, and a checkpoint of another width named by its wid
 
 import json
 
+import pytest
 import torch
 
 import vitkit
@@ -76,3 +77,24 @@ def test_class_names_travel_through_convert(tmp_path):
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
     saved = json.loads((tmp_path / "back" / "config.json").read_text())
     assert (saved["class_names"], saved["mean"], saved["std"]) == (["no", "yes"], [0.5] * 3, [0.5] * 3)
+
+
+@pytest.mark.parametrize("given", ["hf", "torchvision"])
+def test_a_file_read_in_the_wrong_layout_names_the_right_one(tmp_path, capsys, given):
+    path = _tiny_checkpoint(tmp_path)
+    args = ["convert", str(path), str(tmp_path / "out"), "--model", "vit_tiny_patch16_224", *SMALL_AT_32]
+    assert main([*args, "--from", given]) == 2
+    err = capsys.readouterr().err
+    assert f"is in the timm / vitkit layout, not {given}'s: read it as vitkit (--from vitkit; format='vitkit'" in err
+    assert "missing" not in err  # not the same names listed as missing and unexpected
+    assert main([*args, "--from", "timm"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("flag", "given", "meant"), [("--from", "huggingface", "hf"), ("--to", "torchvison", "torchvision")]
+)
+def test_a_misspelt_layout_gets_the_closest_name(tmp_path, capsys, flag, given, meant):
+    with pytest.raises(SystemExit) as done:
+        main(["convert", "a.pth", str(tmp_path / "out"), flag, given])
+    assert done.value.code == 2
+    assert f"unknown layout {given!r}: did you mean {meant}? (known: " in capsys.readouterr().err

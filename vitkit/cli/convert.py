@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+from collections.abc import Callable
 from typing import Any
 
 from vitkit.cli.options import parse_assignment
@@ -18,11 +20,22 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         "src", help="a model directory (vitkit or Hugging Face) or a checkpoint file (.safetensors, .pth, .pt, .bin)"
     )
     parser.add_argument("dst", help="where to write: a directory for vitkit / hf, a file for timm / torchvision / detr")
+    sources = ("auto", *known)
     parser.add_argument(
-        "--from", dest="src_format", default="auto", choices=("auto", *known), help="layout of SRC (default: auto)"
+        "--from",
+        dest="src_format",
+        default="auto",
+        type=_layout_name(sources),
+        metavar="{" + ",".join(sources) + "}",
+        help="layout of SRC (default: auto, recognised from its keys)",
     )
     parser.add_argument(
-        "--to", dest="dst_format", default="vitkit", choices=known, help="layout to write (default: vitkit)"
+        "--to",
+        dest="dst_format",
+        default="vitkit",
+        type=_layout_name(known),
+        metavar="{" + ",".join(known) + "}",
+        help="layout to write (default: vitkit)",
     )
     parser.add_argument(
         "--model", help="registered model to load a checkpoint file into (see `vitkit models`); not for directories"
@@ -38,6 +51,24 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reset-head", action="store_true", help="skip the checkpoint's classifier; keep a freshly initialised one"
     )
+
+
+# What people call the layouts, beside vitkit's names for them
+LAYOUT_ALIASES = {"huggingface": "hf", "transformers": "hf", "hugging-face": "hf", "deformable-detr": "deformable_detr"}
+
+
+def _layout_name(known: tuple[str, ...]) -> Callable[[str], str]:
+    """An argparse type: a layout name of `known`, else an error naming the closest one and all of them."""
+
+    def parse(value: str) -> str:
+        if value in known:
+            return value
+        close = [LAYOUT_ALIASES[value.lower()]] if value.lower() in LAYOUT_ALIASES else []
+        close = close or difflib.get_close_matches(value.lower(), known, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise argparse.ArgumentTypeError(f"unknown layout {value!r}: {hint}(known: {', '.join(known)})")
+
+    return parse
 
 
 def _parse_overrides(items: list[str]) -> dict[str, Any]:

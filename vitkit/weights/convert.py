@@ -232,8 +232,35 @@ def _load(
     if format not in ("auto", *formats()):
         raise ValueError(f"format must be one of {('auto', *formats())}, got {format!r}")
     fam = family_of(model).name
-    weights = family_weights(fam)
     state, unwrapped = unwrap_state_dict(obj, name)
+    try:
+        return _load_state(model, state, unwrapped, name, format, strict, reset_head)
+    except ValueError as err:  # read in the layout the user named: say which one it is in, when another
+        given = "vitkit" if format == "timm" else format
+        try:
+            found = detect_format(state, fam, name) if format != "auto" else given
+        except ValueError:
+            found = given
+        if found == given:
+            raise
+        shown = "timm / vitkit" if found == "vitkit" else found
+        raise ValueError(
+            f"{name} is in the {shown} layout, not {format}'s: read it as {found} (--from {found}; format={found!r} "
+            "from Python), or let the layout be recognised (no --from; format='auto')"
+        ) from err
+
+
+def _load_state(
+    model: nn.Module,
+    state: Mapping[str, torch.Tensor],
+    unwrapped: Any,
+    name: str,
+    format: str,
+    strict: bool,
+    reset_head: bool,
+) -> LoadReport:
+    fam = family_of(model).name
+    weights = family_weights(fam)
     fmt = detect_format(state, fam, name) if format == "auto" else "vitkit" if format == "timm" else format
     report = LoadReport(source=name, format=fmt, unwrapped=unwrapped)
     unmatched: list[str] = []
