@@ -15,6 +15,7 @@ from vitkit.cli import main
 from vitkit.data import DetectionInfo, load_digits_detect, write_coco_folder
 from vitkit.detection import COCO_METRICS
 from vitkit.infer import detect_files, detection_attention, detection_attention_figure, load_detection_settings
+from vitkit.layers.helpers import counted
 from vitkit.train import TrainConfig
 from vitkit.viz import enlarge
 from vitkit.viz.attention import figure_image
@@ -122,7 +123,7 @@ def test_predict_skips_unreadable_images_of_folders_and_patterns(trained, capsys
     )
     assert json.loads(listing.read_text()) == [found.to_dict() for found in expected]
     assert (
-        captured.out.splitlines()[0] == f"{readable[0]}: {len(expected[0].detections)} objects"
+        captured.out.splitlines()[0] == f"{readable[0]}: {counted(len(expected[0].detections), 'object')}"
         and f"JSON written to {listing}" in captured.out
     )
     broken = folder / "inner" / "broken.png"

@@ -18,6 +18,7 @@ from vitkit.infer.detect import detector_inputs, detector_outputs
 from vitkit.infer.object_attention import sampled_points
 from vitkit.layers import capture_attention
 from vitkit.layers.deformable import SampledAttention
+from vitkit.viz.attention import EMPTY_FIGURE_WIDTH
 from vitkit.viz.detection import DOT_AREA, POINT_COLOURS
 
 CLASSES = tuple(str(k) for k in range(5))
@@ -108,7 +109,11 @@ def test_sampled_and_dense_attention_are_told_apart(model, image):
     with pytest.raises(ValueError, match="samples points on several maps, not one dense map: use detection_sampling"):
         detection_attention(model, INFO, image, 0.0, FOCAL)
     figure, found = detection_attention_figure(model, INFO, image, 0.999, FOCAL)  # nothing so probable
-    assert found == [] and len(figure.axes) == 1 and figure.axes[0].get_title() == "0 detections"
+    assert found == [] and len(figure.axes) == 1 and figure.axes[0].get_title() == "no detections above 1.00"
+    width, _ = figure.get_size_inches()  # the picture alone, and the title wrapped to its width
+    assert width == pytest.approx(EMPTY_FIGURE_WIDTH)
+    lines = figure.get_suptitle().splitlines()
+    assert len(lines) > 2 and max(map(len, lines)) <= EMPTY_FIGURE_WIDTH * 72 / (0.6 * 10)
     with pytest.raises(ValueError, match="head 2 is out of range for 2 heads"):
         detection_attention_figure(model, INFO, image, 0.0, FOCAL, head=2)
     torch.manual_seed(0)

@@ -8,8 +8,15 @@ import torch
 from PIL import Image
 
 from vitkit.viz import draw_detections, enlarge, object_attention_figure
-from vitkit.viz.attention import COLORMAP, figure_image
-from vitkit.viz.detection import BOX_COLOURS, DOT_AREA, POINT_COLOURS, object_attention_maps, sampled_attention_figure
+from vitkit.viz.attention import COLORMAP, EMPTY_FIGURE_WIDTH, figure_image
+from vitkit.viz.detection import (
+    BOX_COLOURS,
+    DOT_AREA,
+    POINT_COLOURS,
+    _tab_place,
+    object_attention_maps,
+    sampled_attention_figure,
+)
 
 
 def test_enlarge_by_whole_factors_keeps_pixels():
@@ -57,8 +64,9 @@ def test_attention_panels_show_each_map_under_its_box():
     pixels = np.asarray(figure_image(figure).convert("RGB")).reshape(-1, 3).astype(int)
     top = np.array(COLORMAP[-1]) * 0.6  # the largest value, blended over black with alpha 0.6
     assert (np.abs(pixels - top).max(axis=1) <= 6).any()
-    nothing = object_attention_figure(image, [], [], [], torch.zeros(0, 6, 6))
-    assert len(nothing.axes) == 1 and nothing.axes[0].get_title() == "0 detections"  # no maps, no colour bar
+    nothing = object_attention_figure(image, [], [], [], torch.zeros(0, 6, 6), empty="no detections above 0.50")
+    assert len(nothing.axes) == 1 and nothing.axes[0].get_title() == "no detections above 0.50"  # no colour bar
+    assert nothing.get_size_inches()[0] == pytest.approx(EMPTY_FIGURE_WIDTH)  # the picture alone, not two columns
     with pytest.raises(ValueError, match="one \\(h, w\\) map per box"):
         object_attention_figure(image, [(0, 0, 1, 1)], ["1"], [0.5], heats)
 
@@ -101,3 +109,29 @@ def test_sampled_points_are_dots_at_their_pixels_sized_by_weight():
         sampled_attention_figure(image, boxes, labels, scores, points, weights[:, :3], groups, names)
     with pytest.raises(ValueError, match="groups must index the 2 group names"):
         sampled_attention_figure(image, boxes, labels, scores, points, weights, groups, names[:2])
+
+
+def test_a_picture_without_boxes_says_so():
+    image = Image.new("RGB", (300, 240), (200, 200, 200))
+    picture = np.asarray(draw_detections(image, [], [], [], empty="no detections above 0.40"))
+    assert picture.shape == (240, 300, 3)
+    assert (picture[0] == 32).all() and (picture[-1] == 200).all()  # a dark band across the top, the image below
+    assert (picture[:30] == 255).any()  # with white text on it
+
+
+def test_labels_are_placed_clear_of_each_other():
+    """Two boxes with the same top-left corner: the more probable label goes above its box, the other to the next
+    free place; outlines are drawn before any label, so none crosses one."""
+    first = _tab_place((20, 40, 120, 140), 50, 14, (300, 200), [])
+    assert first == (20, 26, 70, 40)  # above the top-left corner
+    second = _tab_place((20, 40, 110, 130), 50, 14, (300, 200), [first])
+    assert second == (20, 40, 70, 54)  # inside it, clear of the first
+    third = _tab_place((20, 40, 110, 130), 50, 14, (300, 200), [first, second])
+    assert third == (20, 130, 70, 144)  # below the bottom-left corner
+    at_the_top = _tab_place((5, 0, 100, 50), 50, 14, (300, 200), [])
+    assert at_the_top == (5, 0, 55, 14)  # no room above: inside
+    image = Image.new("RGB", (300, 240), (255, 255, 255))  # not enlarged
+    boxes = [(20, 40, 120, 140), (20, 40, 110, 130)]
+    picture = np.asarray(draw_detections(image, boxes, ["a", "b"], [0.9, 0.8], ["a", "b"])).astype(int)
+    assert (picture[38, 21] == BOX_COLOURS[0]).all()  # a's tab above the box
+    assert (picture[41, 21] == BOX_COLOURS[1]).all()  # b's tab inside it, over a's outline (not crossed by it)

@@ -140,11 +140,12 @@ def _run_detector(args: argparse.Namespace) -> int:
             notes = sys.stderr
         else:
             for item in found:
-                print(f"{item.image}: {len(item.detections)} objects")
+                n = len(item.detections)
+                print(f"{item.image}: {n} object{'' if n == 1 else 's'}" + ("" if n else f" above {threshold:.2f}"))
                 for d in item.detections:
                     x0, y0, x1, y1 = d.box
                     print(f"  {d.label}  {d.score:.4f}  box {x0:.1f} {y0:.1f} {x1:.1f} {y1:.1f}")
-        _, listing = write_detections(found, args.out, info.classes)
+        _, listing = write_detections(found, args.out, info.classes, threshold)
         print(f"pictures with the boxes and detections written to {listing.parent}, listed in {listing}", file=notes)
         if args.json not in (None, STDOUT):
             print(f"JSON written to {write_json(rows, args.json)}", file=notes)

@@ -238,6 +238,7 @@ def detection_attention_figure(
             model=f"{name}: {described}" if name else described,
             what=f"decoder layer {layer % L} (of 0..{L - 1}) sampling points of each object's query, {which}  ·  "
             f"{above}",
+            empty=f"no detections above {threshold:.2f}",
         )
         return figure, detections
     heats = _dense_attention(model, captured, head)
@@ -254,5 +255,6 @@ def detection_attention_figure(
         alpha,
         model=f"{name}: {described}" if name else described,
         what=f"decoder layer {layer % L} (of 0..{L - 1}) cross-attention of each object's query, {which}  ·  {above}",
+        empty=f"no detections above {threshold:.2f}",
     )
     return figure, detections

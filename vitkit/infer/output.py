@@ -57,10 +57,14 @@ def write_json(rows: Any, path: str | os.PathLike) -> Path:
 
 
 def write_detections(
-    found: Sequence[ImageDetections], out: str | os.PathLike, classes: Sequence[str] | None = None
+    found: Sequence[ImageDetections],
+    out: str | os.PathLike,
+    classes: Sequence[str] | None = None,
+    threshold: float | None = None,
 ) -> tuple[list[Path], Path]:
     """Draw each image's detections (`vitkit.viz.draw_detections`) to OUT/<image name>.png and write them all to
     OUT/detections.json (a list of `ImageDetections.to_dict`, each with its "picture"); returns (pictures, json).
+    A picture without detections says so, with the `threshold` they were read above when given.
 
     Images of the same name from different folders get a numbered suffix (name_1.png, ...)."""
     out = Path(out)
@@ -78,6 +82,7 @@ def write_detections(
             [d.label for d in detections],
             [d.score for d in detections],
             classes,
+            "no detections" + ("" if threshold is None else f" above {threshold:.2f}"),
         )
         drawn.save(picture)
         pictures.append(picture)

@@ -15,6 +15,7 @@ import functools
 import io
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,8 +116,13 @@ def draw_attention(maps: AttentionMaps, alpha: float = 0.5) -> Figure:
     fonts, missing = fonts_for([title, *maps.titles])
     title = spell(title, missing)
     cell = max(1.4, min(3.0, 20 / (columns + 1)))  # inches per map: larger when few, never below legibility
-    figure = new_figure((columns + 1) * cell + 1.2, rows * cell + 1.0)
-    layout = figure.add_gridspec(rows, columns + 1)
+    shown = columns + 1 if n else 1  # without maps, the first panel alone
+    width = shown * cell + (1.2 if n else 0.0)
+    if not n:
+        width = max(width, EMPTY_FIGURE_WIDTH)
+    title = wrap_title(title, width, 10 if cell >= 2 else 9)
+    figure = new_figure(width, rows * cell + 0.6 + 0.17 * title.count("\n"))
+    layout = figure.add_gridspec(rows, shown)
     low, high = (float(maps.heats.min()), float(maps.heats.max())) if n else (0.0, 1.0)
     norm, cmap = Normalize(low, high if high > low else low + 1e-6), colormap()
     size = 9 if cell >= 2 else 7
@@ -140,6 +146,16 @@ def draw_attention(maps: AttentionMaps, alpha: float = 0.5) -> Figure:
         bar.set_label(maps.values, fontsize=size)
     figure.suptitle(title, fontsize=10 if cell >= 2 else 9, fontfamily=fonts, parse_math=False)
     return figure
+
+
+EMPTY_FIGURE_WIDTH = 4.5  # inches of a figure of one panel (a detector that found nothing), for its title
+
+
+def wrap_title(title: str, width: float, fontsize: float) -> str:
+    """`title` with each line broken at spaces to fit a figure `width` inches wide at `fontsize` points (a
+    character taken as 0.6 of the font size wide), so that a narrow figure does not cut its title off."""
+    chars = max(20, int(width * 72 / (0.6 * fontsize)))
+    return "\n".join(textwrap.fill(line, chars, break_long_words=False) for line in title.split("\n"))
 
 
 def colormap() -> Colormap:

@@ -42,18 +42,66 @@ def _font(image: Image.Image) -> ImageFont.ImageFont:
     return ImageFont.load_default(size=max(12, min(image.size) // 18))
 
 
+Tab = tuple[float, float, float, float]  # a label's filled tab (x0, y0, x1, y1)
+
+
 def _draw_box(
-    draw: ImageDraw.ImageDraw, box: Sequence[float], text: str, colour: tuple[int, int, int], font: ImageFont.ImageFont
+    draw: ImageDraw.ImageDraw,
+    box: Sequence[float],
+    text: str,
+    colour: tuple[int, int, int],
+    font: ImageFont.ImageFont,
+    taken: list[Tab] | None = None,
 ) -> None:
-    """A rectangle and, above its top-left corner (inside when there is no room), its label on a filled tab."""
-    x0, y0, x1, y1 = box
-    width = max(2, round(font.size / 6))
-    draw.rectangle((x0, y0, x1, y1), outline=colour, width=width)
+    """A rectangle and its label on a filled tab: above its top-left corner (inside when there is no room), or,
+    where that would cover a tab in `taken` (the labels drawn before, to which this one is added), the first of
+    the other corners, above or below the box, that covers none."""
+    draw.rectangle(tuple(box), outline=colour, width=max(2, round(font.size / 6)))
+    _draw_label(draw, box, text, colour, font, taken)
+
+
+def _draw_label(
+    draw: ImageDraw.ImageDraw,
+    box: Sequence[float],
+    text: str,
+    colour: tuple[int, int, int],
+    font: ImageFont.ImageFont,
+    taken: list[Tab] | None = None,
+) -> None:
+    """`box`'s label on a filled tab, placed by `_tab_place` clear of the tabs in `taken` (then added to them)."""
     left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
     tab_w, tab_h = right - left + 6, bottom - top + 4
-    ty = y0 - tab_h if y0 - tab_h >= 0 else y0
-    draw.rectangle((x0, ty, x0 + tab_w, ty + tab_h), fill=colour)
-    draw.text((x0 + 3, ty + 2 - top), text, fill="white", font=font)
+    tab = _tab_place(tuple(box), tab_w, tab_h, draw.im.size, taken or [])
+    if taken is not None:
+        taken.append(tab)
+    draw.rectangle(tab, fill=colour)
+    draw.text((tab[0] + 3, tab[1] + 2 - top), text, fill="white", font=font)
+
+
+def _tab_place(box: Tab, tab_w: float, tab_h: float, size: tuple[int, int], taken: list[Tab]) -> Tab:
+    """Where a label tab of `tab_w` x `tab_h` goes for `box` on a picture of `size` (W, H): the first of above the
+    top-left corner, inside it, below the bottom-left corner, inside it, and the same on the right, that lies on
+    the picture and covers no tab of `taken`; the first on the picture when each covers one."""
+    x0, y0, x1, y1 = box
+    W, H = size
+    candidates = []
+    for x in (x0, x1 - tab_w):
+        for y in (y0 - tab_h, y0, y1, y1 - tab_h):
+            candidates.append((x, y, x + tab_w, y + tab_h))
+    on_picture = [t for t in candidates if t[0] >= 0 and t[1] >= 0 and t[2] <= W and t[3] <= H] or candidates[1:2]
+    for tab in on_picture:
+        if not any(tab[0] < o[2] and o[0] < tab[2] and tab[1] < o[3] and o[1] < tab[3] for o in taken):
+            return tab
+    return on_picture[0]
+
+
+def _banner(picture: Image.Image, text: str) -> None:
+    """`text` on a dark band across the top of `picture`: what a picture without boxes says."""
+    draw, font = ImageDraw.Draw(picture), _font(picture)
+    left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+    height = bottom - top + 10
+    draw.rectangle((0, 0, picture.width, height), fill=(32, 32, 32))
+    draw.text(((picture.width - (right - left)) / 2, 5 - top), text, fill="white", font=font)
 
 
 def draw_detections(
@@ -62,25 +110,33 @@ def draw_detections(
     labels: Sequence[str],
     scores: Sequence[float],
     classes: Sequence[str] | None = None,
+    empty: str = "no detections",
 ) -> Image.Image:
-    """`image` (enlarged if small) with each box outlined and labelled "label score".
+    """`image` (enlarged if small) with each box outlined and labelled "label score", the labels placed so that none
+    covers another where the boxes leave room (`_tab_place`); without boxes, `empty` written across its top.
 
     Args:
         boxes: (x0, y0, x1, y1) in pixels of `image`.
         labels: each box's class name; scores: its probability.
         classes: all class names, so that a class keeps its colour across images (default: colours by `labels`'
             order of first appearance).
+        empty: what the picture says when there is no box (e.g. "no detections above 0.50").
     """
     if not len(boxes) == len(labels) == len(scores):
         raise ValueError(f"expected one label and score per box: {len(boxes)}, {len(labels)}, {len(scores)}")
     picture, factor = enlarge(image)
+    if not len(boxes):
+        _banner(picture, empty)
+        return picture
     draw, font = ImageDraw.Draw(picture), _font(picture)
     palette = list(classes) if classes is not None else list(dict.fromkeys(labels))
-    order = sorted(range(len(boxes)), key=lambda i: scores[i])  # the most probable drawn last, on top
-    for i in order:
-        _draw_box(
-            draw, [v * factor for v in boxes[i]], f"{labels[i]} {scores[i]:.2f}", _colour(labels[i], palette), font
-        )
+    order = sorted(range(len(boxes)), key=lambda i: scores[i])  # the most probable last, on top
+    scaled = [[v * factor for v in box] for box in boxes]
+    for i in order:  # every outline first, so that none crosses a label
+        draw.rectangle(tuple(scaled[i]), outline=_colour(labels[i], palette), width=max(2, round(font.size / 6)))
+    taken: list[Tab] = []
+    for i in reversed(order):  # the most probable label first: it takes its place above its box
+        _draw_label(draw, scaled[i], f"{labels[i]} {scores[i]:.2f}", _colour(labels[i], palette), font, taken)
     return picture
 
 
@@ -98,6 +154,7 @@ def object_attention_maps(
     classes: Sequence[str] | None = None,
     model: str = "a detector",
     what: str = "each object's query: decoder cross-attention over the image",
+    empty: str = "no detections",
 ) -> AttentionMaps:
     """DETR's figure 6 as `AttentionMaps` for `draw_attention`: first the image with every detection, then one panel
     per detection, its box drawn on the image under its query's attention map.
@@ -106,6 +163,7 @@ def object_attention_maps(
         boxes, labels, scores, classes: as for `draw_detections`.
         heats: (n, h, w) attention of each detection's query over the feature map of the whole image.
         model, what: the model and the maps in words, for the title.
+        empty: the first panel's title when there is no detection (e.g. "no detections above 0.50").
     """
     if heats.ndim != 3 or len(heats) != len(boxes):
         raise ValueError(f"expected one (h, w) map per box: {len(boxes)} boxes, maps of shape {tuple(heats.shape)}")
@@ -118,7 +176,7 @@ def object_attention_maps(
         _draw_box(ImageDraw.Draw(mark), [v * factor for v in box], text, colour, _font(mark))
         marks.append(mark)
     return AttentionMaps(
-        view=draw_detections(image, boxes, labels, scores, classes),
+        view=draw_detections(image, boxes, labels, scores, classes, empty),
         heats=heats.float().cpu(),
         titles=tuple(f"{label} {score:.2f}" for label, score in zip(labels, scores, strict=True)),
         columns=min(max(len(boxes), 1), PANELS_PER_ROW),
@@ -128,7 +186,7 @@ def object_attention_maps(
         prediction=None,
         panels=(base,) * len(boxes),
         marks=tuple(marks),
-        view_title=f"{len(boxes)} detection{'' if len(boxes) == 1 else 's'}",
+        view_title=f"{len(boxes)} detection{'' if len(boxes) == 1 else 's'}" if len(boxes) else empty,
     )
 
 
@@ -142,11 +200,13 @@ def object_attention_figure(
     alpha: float = 0.6,
     model: str = "a detector",
     what: str = "each object's query: decoder cross-attention over the image",
+    empty: str = "no detections",
 ) -> Figure:
     """`draw_attention(object_attention_maps(...), alpha)`: the detections, then each beside its query's map (one
-    colour scale and bar for all, a title naming the model and the maps). Save it with `vitkit.viz.save_picture`
-    (or its `savefig`)."""
-    return draw_attention(object_attention_maps(image, boxes, labels, scores, heats, classes, model, what), alpha)
+    colour scale and bar for all, a title naming the model and the maps); without detections the picture alone,
+    saying `empty`. Save it with `vitkit.viz.save_picture` (or its `savefig`)."""
+    maps = object_attention_maps(image, boxes, labels, scores, heats, classes, model, what, empty)
+    return draw_attention(maps, alpha)
 
 
 # Colours of the sampling points of a deformable attention figure, one per level (or head) in order: bright and
@@ -167,6 +227,7 @@ def sampled_attention_figure(
     classes: Sequence[str] | None = None,
     model: str = "a detector",
     what: str = "each object's query: the points its deformable cross-attention sampled",
+    empty: str = "no detections",
 ) -> Figure:
     """The Deformable DETR paper's figure 5 for `image`: the detections, then one panel per detection, its box on the
     image and a dot at each point its query sampled, the dot's area proportional to the point's attention weight and
@@ -182,6 +243,8 @@ def sampled_attention_figure(
         weights: (n, P) their attention weights (each detection's summing to at most one).
         groups: (n, P) integer: each point's group, an index into `group_names`, which names them for the legend.
         model, what: the model and the points in words, for the title.
+        empty: what the picture says when there is no detection (e.g. "no detections above 0.50"); the figure is
+            then the picture alone.
     """
     n = len(boxes)
     if points.ndim != 3 or points.shape[0] != n or points.shape[-1] != 2:
@@ -195,7 +258,7 @@ def sampled_attention_figure(
         raise ValueError(f"groups must index the {len(group_names)} group names, got values {groups.unique().tolist()}")
     from matplotlib.lines import Line2D
 
-    from vitkit.viz.attention import fonts_for, new_figure, spell
+    from vitkit.viz.attention import EMPTY_FIGURE_WIDTH, fonts_for, new_figure, spell, wrap_title
 
     base, factor = enlarge(image)
     palette = list(classes) if classes is not None else list(dict.fromkeys(labels))
@@ -205,12 +268,14 @@ def sampled_attention_figure(
     title = f"{model}\n{what}"
     fonts, missing = fonts_for([title, *titles, *group_names])
     cell = max(1.4, min(3.0, 20 / (columns + 1)))  # inches per panel, as `draw_attention`
-    figure = new_figure((columns + 1) * cell, rows * cell + 1.2)
-    layout = figure.add_gridspec(rows, columns + 1)
+    width = (columns + 1) * cell if n else max(cell, EMPTY_FIGURE_WIDTH)  # without detections, the picture alone
+    title = wrap_title(title, width, 10 if cell >= 2 else 9)
+    figure = new_figure(width, rows * cell + (1.2 if n else 0.6) + 0.17 * title.count("\n"))
+    layout = figure.add_gridspec(rows, columns + 1 if n else 1)
     size = 9 if cell >= 2 else 7
     view = figure.add_subplot(layout[0, 0])
-    view.imshow(draw_detections(image, boxes, labels, scores, classes))
-    view.set_title(f"{n} detection{'' if n == 1 else 's'}", fontsize=size, fontfamily=fonts)
+    view.imshow(draw_detections(image, boxes, labels, scores, classes, empty))
+    view.set_title(f"{n} detection{'' if n == 1 else 's'}" if n else empty, fontsize=size, fontfamily=fonts)
     view.set_axis_off()
     area = DOT_AREA * (cell * 72) ** 2  # points^2 of weight 1: a share of the panel
     colours = [POINT_COLOURS[g % len(POINT_COLOURS)] for g in range(len(group_names))]
@@ -218,7 +283,7 @@ def sampled_attention_figure(
         ax = figure.add_subplot(layout[k // columns, 1 + k % columns])
         ax.imshow(base.convert("L").convert("RGB"), alpha=0.75)  # grey, so that the coloured dots stand out
         mark = Image.new("RGBA", base.size, (0, 0, 0, 0))
-        colour = _colour(labels[k], palette)
+        colour = _colour(labels[k], palette)  # the label where it stands in the first panel's picture
         _draw_box(ImageDraw.Draw(mark), [v * factor for v in boxes[k]], titles[k], colour, _font(mark))
         ax.imshow(mark)
         order = weights[k].argsort(descending=True)  # the heaviest drawn first, under the lighter ones
