@@ -18,6 +18,7 @@ from vitkit import create_model, from_pretrained, save_pretrained
 from vitkit.data import DataInfo, Unreadable, UnreadableImageError, load_folder, open_image, summarize_unreadable
 from vitkit.layers.helpers import counted
 from vitkit.train import build_training_model, enable_grad_checkpointing, fit, load_checkpoint
+from vitkit.train.model import describe_init, init_report
 from vitkit.viz import write_curves
 from vitkit.weights import read_model_info
 
@@ -247,6 +248,10 @@ def test_init_from_checkpoint_files_of_other_layouts(tmp_path, tiny_config):
     expected = resample_abs_pos_embed(timm_model.pos_embed.detach(), (4, 4), (8, 8), num_prefix_tokens=1)
     torch.testing.assert_close(model.pos_embed.detach(), expected)
     assert torch.equal(model.blocks[1].mlp.fc2.weight, timm_model.blocks[1].mlp.fc2.weight)
+    # the run's summary says what the file gave and what was adapted: resampled, reset
+    said = describe_init(init_report(model), 10)
+    assert said.startswith("loaded ") and "resampled pos_embed: 8x8 -> 4x4 grid" in said
+    assert said.endswith("reset head for 10 classes (the checkpoint's head has 1000)")
 
 
 def test_init_that_does_not_fit_names_the_train_options(tmp_path, tiny_config):
