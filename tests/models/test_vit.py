@@ -165,3 +165,29 @@ def test_capturing_one_layer_costs_its_map_only():
     N = 1 + 20 * 20
     one_map = 2 * 3 * N * N * 4  # (B, h, N, N) float32
     assert captured.peak - plain.peak == one_map
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_dinov2_backbones_equal_timm_in_float64(name, dynamic):
+    """DINOv2 (LayerScale) and DINOv2 with registers (4 register tokens after the class token; no position row for
+    either): the tokens and the embedding equal timm's in float64, every weight moved off its initial value (the
+    tiny class and register tokens, the LayerScale gammas at 1e-5 would hide a wrong order or a missing position)."""
+    small = dict(img_size=56, depth=2, embed_dim=48, num_heads=3, dynamic_img_size=dynamic)
+    theirs, ours = paired(name, **small)
+    generator = torch.Generator().manual_seed(1)
+    moved = {k: v + 0.1 * torch.randn(v.shape, generator=generator) for k, v in theirs.state_dict().items()}
+    theirs.load_state_dict(moved)
+    ours.load_state_dict(moved)
+    theirs, ours = theirs.double(), ours.double()
+    sizes = [(56, 56), (70, 42)] if dynamic else [(56, 56)]  # other sizes: the table resampled as timm does
+    for size in sizes:
+        x = torch.randn(2, 3, *size, dtype=torch.float64, generator=generator)
+        with torch.no_grad():
+            torch.testing.assert_close(ours.forward_features(x), theirs.forward_features(x), atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(ours(x), theirs(x), atol=1e-6, rtol=1e-6)
+    registers = 4 if "reg4" in name else 0
+    assert ours.num_prefix_tokens == 1 + registers and ours.token_grid((56, 56)) == (1 + registers, (4, 4))
+    # with registers the table covers the patches only (the class token has no row either); a backbone, no head
+    assert ours.pos_embed.shape[1] == 16 + (0 if registers else 1) and ours.config.num_classes == 0
+    assert ("reg_token" in ours.no_weight_decay()) == bool(registers)

@@ -46,6 +46,8 @@ GLOBAL_POOLS = ("token", "avg", "bilinear")
 VIT_PAPER = "An Image is Worth 16x16 Words (Dosovitskiy et al., arXiv:2010.11929)"
 DEIT_PAPER = "Training data-efficient image transformers & distillation through attention (arXiv:2012.12877)"
 SCALING_PAPER = "Scaling Vision Transformers (Zhai et al., arXiv:2106.04560)"
+DINOV2_PAPER = "DINOv2: Learning Robust Visual Features without Supervision (Oquab et al., arXiv:2304.07193)"
+REGISTERS_PAPER = "Vision Transformers Need Registers (Darcet et al., arXiv:2309.16588)"
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class ViTConfig:
     qkv_bias: bool = True  # bias on the fused qkv projection
     class_token: bool = True  # prepend a learned class token
     distilled: bool = False  # DeiT: add a distillation token and a second head (needs class_token)
+    reg_tokens: int = 0  # register tokens after the class token ("Vision Transformers Need Registers", DINOv2)
+    no_embed_class: bool = False  # the position table covers the patches only: the prefix tokens get none (DINOv2)
     global_pool: str = "token"  # "token": class token output; "avg": mean of the patch tokens; "bilinear": B-CNN
     # bilinear pooling of the patch tokens (vitkit.layers.BilinearPool), the head taking its bilinear_dim^2 features
     bilinear_dim: int | None = 64  # global_pool="bilinear": channels each token is projected to first; None: all D
@@ -92,6 +96,8 @@ class ViTConfig:
             raise ValueError(f"pos_embed must be 'learn' or 'sincos', got {self.pos_embed!r}")
         if self.num_classes < 0:
             raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
+        if self.reg_tokens < 0:
+            raise ValueError(f"reg_tokens must be >= 0, got {self.reg_tokens}")
         check_backend(self.attn_backend)
 
 
@@ -106,13 +112,14 @@ class VisionTransformer(CostFromImages, nn.Module):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.num_prefix_tokens = int(c.class_token) + int(c.distilled)
+        self.num_prefix_tokens = int(c.class_token) + int(c.distilled) + c.reg_tokens
         self.patch_embed = PatchEmbed(
             c.img_size, c.patch_size, c.in_chans, c.embed_dim, strict_img_size=not c.dynamic_img_size
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.distilled else None
-        pos_len = self.patch_embed.num_patches + self.num_prefix_tokens
+        self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.embed_dim)) if c.reg_tokens else None
+        pos_len = self.patch_embed.num_patches + self.embedded_prefix
         # A sin-cos table is fixed (requires_grad=False) but kept as a parameter so the state dict layout
         # is the same as for a learned one.
         self.pos_embed = nn.Parameter(torch.zeros(1, pos_len, c.embed_dim), requires_grad=c.pos_embed == "learn")
@@ -163,28 +170,38 @@ class VisionTransformer(CostFromImages, nn.Module):
             nn.init.normal_(self.cls_token, std=1e-6)
         if self.dist_token is not None:
             nn.init.trunc_normal_(self.dist_token, std=0.02)
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
 
+    @property
+    def embedded_prefix(self) -> int:
+        """Prefix tokens that have a row of the position table: all of them, or none with `no_embed_class`."""
+        return 0 if self.config.no_embed_class else self.num_prefix_tokens
+
     def _sincos_table(self, grid: tuple[int, int]) -> torch.Tensor:
-        return sincos_2d_pos_embed(self.config.embed_dim, grid, num_prefix_tokens=self.num_prefix_tokens)
+        return sincos_2d_pos_embed(self.config.embed_dim, grid, num_prefix_tokens=self.embedded_prefix)
 
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """Prepend the prefix tokens to x (B, N, D) and add the position table for the token grid."""
+        """Prepend the prefix tokens (class, distillation, registers) to x (B, N, D) and add the position table for
+        the token grid: to every token, or with `no_embed_class` to the patches before the prefix is prepended."""
         B = x.shape[0]
-        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token) if t is not None]
-        x = torch.cat([*prefix, x], dim=1)  # (B, P + N, D)
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         pos_embed = self.pos_embed
         if grid != self.patch_embed.grid_size:
             if self.config.pos_embed == "sincos":
                 pos_embed = self._sincos_table(grid).to(x.device, pos_embed.dtype)
             else:
                 pos_embed = resample_abs_pos_embed(
-                    pos_embed, grid, self.patch_embed.grid_size, num_prefix_tokens=self.num_prefix_tokens
+                    pos_embed, grid, self.patch_embed.grid_size, num_prefix_tokens=self.embedded_prefix
                 )
+        if self.config.no_embed_class:
+            return self.pos_drop(torch.cat([*prefix, x + pos_embed], dim=1))  # (B, P + N, D)
+        x = torch.cat([*prefix, x], dim=1)  # (B, P + N, D)
         return self.pos_drop(x + pos_embed)
 
     def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -233,7 +250,8 @@ class VisionTransformer(CostFromImages, nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """The position table and the learned tokens (timm's `no_weight_decay`)."""
-        return {name for name in ("pos_embed", "cls_token", "dist_token") if getattr(self, name) is not None}
+        names = ("pos_embed", "cls_token", "dist_token", "reg_token")
+        return {name for name in names if getattr(self, name) is not None}
 
     def forward_distill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """DeiT training: (class-head logits, distillation-head logits), each (B, num_classes)."""
@@ -252,9 +270,15 @@ class VisionTransformer(CostFromImages, nn.Module):
         Hp, Wp = self.patch_embed.feat_size(x.shape[-2:])
         ops = Ops(x)
         ops(self.patch_embed.cost("patch_embed", ops.out, ctx))
-        if self.num_prefix_tokens:  # (B, P + N, D) written
-            ops(copy_op("pos_embed", "cat_prefix", ops.out, (B, self.num_prefix_tokens + Hp * Wp, c.embed_dim), ctx))
-        ops(elementwise_op("pos_embed", "+pos", ops.out, 1, ctx))  # + pos: BND
+        tokens = (B, self.num_prefix_tokens + Hp * Wp, c.embed_dim)
+        if c.no_embed_class:  # + pos on the patches: BND, then the prefix prepended
+            ops(elementwise_op("pos_embed", "+pos", ops.out, 1, ctx))
+            if self.num_prefix_tokens:
+                ops(copy_op("pos_embed", "cat_prefix", ops.out, tokens, ctx))
+        else:
+            if self.num_prefix_tokens:  # (B, P + N, D) written
+                ops(copy_op("pos_embed", "cat_prefix", ops.out, tokens, ctx))
+            ops(elementwise_op("pos_embed", "+pos", ops.out, 1, ctx))  # + pos: BND
         ops(cost_of("pos_drop", self.pos_drop, ops.out, ctx))
         ops(sequence("blocks", ops.out, ctx, self.blocks))
         ops(cost_of("norm", self.norm, ops.out, ctx))  # 8BND
@@ -340,6 +364,14 @@ _vit("vit_large_patch16_224", **_LARGE)
 _vit("vit_large_patch14_224", patch_size=14, **_LARGE)
 _vit("vit_huge_patch14_224", patch_size=14, **_HUGE)
 _vit("vit_giant_patch14_224", SCALING_PAPER, patch_size=14, **_GIANT)
+# DINOv2's backbones (no classifier) at their 518x518 training size, with LayerScale, and with 4 registers, which
+# have no position embedding, nor has the class token ("Vision Transformers Need Registers"); timm's names
+_DINOV2 = dict(img_size=518, patch_size=14, init_values=1e-5, num_classes=0)
+_REGISTERS = dict(reg_tokens=4, no_embed_class=True)
+_vit("vit_small_patch14_dinov2", DINOV2_PAPER, **_SMALL, **_DINOV2)
+_vit("vit_base_patch14_dinov2", DINOV2_PAPER, **_BASE, **_DINOV2)
+_vit("vit_small_patch14_reg4_dinov2", REGISTERS_PAPER, **_SMALL, **_DINOV2, **_REGISTERS)
+_vit("vit_base_patch14_reg4_dinov2", REGISTERS_PAPER, **_BASE, **_DINOV2, **_REGISTERS)
 # vitkit's small ViT for the bundled 28x28 digits (16 tokens of 7x7 patches): what `vitkit train` trains by default.
 _DIGITS = dict(embed_dim=128, depth=4, num_heads=4, mlp_ratio=2.0)
 _vit("vit_digits_patch7_28", img_size=28, patch_size=7, num_classes=10, **_DIGITS)
