@@ -17,7 +17,6 @@ CPU the bytes allocated through torch's allocator by rank 0 of the same run over
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -36,6 +35,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from vitkit import create_model
 from vitkit.analysis import estimate_memory
+from vitkit.analysis.memory import allocated_peak
 from vitkit.train.optim import create_optimizer
 from vitkit.train.sharding import shard
 
@@ -56,7 +56,6 @@ def step_times(
         else:
             trained = DistributedDataParallel(model, [device.index] if cuda else None)
         optimizer = create_optimizer(trained, 1e-4, 0.05)
-        params = [p for group in optimizer.param_groups for p in group["params"]]
         images = torch.randn(batch, 3, 224, 224, device=device)
         labels = torch.randint(0, 1000, (batch,), device=device)
         times = []
@@ -65,38 +64,27 @@ def step_times(
             if cuda:
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                logits = trained(images)
-            loss = nn.functional.cross_entropy(logits.float(), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
+            train_step(trained, optimizer, images, labels, precision)
             if cuda:
                 torch.cuda.synchronize(device)
             if i >= 2:
                 times.append(time.perf_counter() - start)
     used = torch.cuda.max_memory_allocated(device) if cuda else 0  # on CPU: `measured_peak`
-    del model, trained, optimizer, params
+    del model, trained, optimizer
     return times, used
 
 
-def allocated_peak(profiler: torch.profiler.profile, trace: Path) -> int:
-    """Peak bytes allocated through torch's CPU allocator while `profiler` ran (its memory events, each free matched
-    by address to an allocation made while profiling; as tests/analysis/test_preflight.py measures)."""
-    profiler.export_chrome_trace(str(trace))
-    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("name") == "[memory]"]
-    allocated: dict[int, int] = {}
-    live = peak = 0
-    for e in sorted(events, key=lambda e: e["ts"]):
-        address, nbytes = e["args"]["Addr"], e["args"]["Bytes"]
-        if nbytes > 0:
-            live += nbytes - allocated.pop(address, 0)
-            allocated[address] = nbytes
-            peak = max(peak, live)
-        else:
-            live -= allocated.pop(address, 0)
-    return peak
+def train_step(trained: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor,
+               precision: str) -> None:  # fmt: skip
+    """One step as `vitkit train` takes it: forward under the precision's autocast, cross-entropy, backward,
+    global-norm clipping, AdamW."""
+    with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        logits = trained(images)
+    loss = nn.functional.cross_entropy(logits.float(), labels)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], 1.0)
+    optimizer.step()
 
 
 def measured_peak(name: str, strategy: str, batch: int, precision: str, world: int) -> int:
@@ -118,17 +106,10 @@ def measured_peak(name: str, strategy: str, batch: int, precision: str, world: i
         resident += sum(b.nbytes for b in model.buffers())
         images, labels = torch.randn(batch, 3, 224, 224), torch.randint(0, 1000, (batch,))
         optimizer = create_optimizer(trained, 1e-4, 0.05)
-        params = [p for group in optimizer.param_groups for p in group["params"]]
         with tempfile.TemporaryDirectory() as tmp:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
                 for _ in range(2):
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-                        logits = trained(images)
-                    loss = nn.functional.cross_entropy(logits.float(), labels)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(params, 1.0)
-                    optimizer.step()
+                    train_step(trained, optimizer, images, labels, precision)
             step = allocated_peak(prof, Path(tmp) / "trace.json")
     finally:
         dist.destroy_process_group()

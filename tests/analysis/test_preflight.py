@@ -2,11 +2,9 @@
 run), the refusal and its ways out, the override, and the available memory read from /proc and the cgroup files."""
 
 import dataclasses
-import json
 import math
 import os
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +25,7 @@ from vitkit.analysis import (
     estimate_memory,
     preflight,
 )
+from vitkit.analysis.memory import allocated_peak
 from vitkit.train import create_optimizer
 
 GiB = 2**30
@@ -466,26 +465,6 @@ def test_only_train_offers_the_strategy_flag():
 # A ViT whose parameters outweigh its activations (7 MB of weights, 0.1 MB of activations a block), so that what
 # FSDP holds decides the peak: AdamW's state and the gradients sharded, the units gathered one at a time.
 SHARDED_VIT = {"img_size": 32, "patch_size": 8, "embed_dim": 192, "depth": 4, "num_heads": 3, "num_classes": 10}
-
-
-def allocated_peak(profiler: torch.profiler.profile, trace: Path) -> int:
-    """Peak bytes allocated through torch's CPU allocator while `profiler` ran: what `PeakMemory` counts, and also
-    what no operator returns, such as the storages FSDP resizes. The memory events of its trace (written to `trace`)
-    in time order, each free matched by address to an allocation made while profiling: the allocator reports a free
-    by the size it last recorded at that address, which may be stale from an earlier profiling session."""
-    profiler.export_chrome_trace(str(trace))
-    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("name") == "[memory]"]
-    allocated: dict[int, int] = {}  # address -> bytes of a block allocated while profiling and not yet freed
-    live = peak = 0
-    for e in sorted(events, key=lambda e: e["ts"]):
-        address, nbytes = e["args"]["Addr"], e["args"]["Bytes"]
-        if nbytes > 0:
-            live += nbytes - allocated.pop(address, 0)
-            allocated[address] = nbytes
-            peak = max(peak, live)
-        else:
-            live -= allocated.pop(address, 0)  # 0: a block from before
-    return peak
 
 
 @pytest.mark.parametrize(("world", "rank", "precision"), [(2, 1, "fp32"), (4, 0, "bf16")])

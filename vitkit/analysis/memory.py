@@ -16,9 +16,12 @@ the input) are not counted, so the figure is the extra memory a forward (or trai
 
 from __future__ import annotations
 
+import json
+import os
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -446,4 +449,26 @@ def _backward_peak(
     if layout is not None:  # the root's reduce-scatter, its full gradients and its input both alive
         root_input = layout.sharding.reduce_input.get("", 0)
         peak = peak.higher(live + grads + root_input, grads, root_input)
+    return peak
+
+
+def allocated_peak(profiler: Any, trace: str | os.PathLike) -> int:
+    """Peak bytes allocated through torch's CPU allocator while `profiler` (a `torch.profiler.profile` with
+    `profile_memory=True`) ran: what `PeakMemory` counts, and also what no operator returns, such as the storages
+    FSDP resizes. The memory events of its trace (written to `trace`) in time order, each free matched by address
+    to an allocation made while profiling: the allocator reports a free by the size it last recorded at that
+    address, which may be stale from an earlier profiling session. The profiler sees the allocations of the thread
+    it profiles (run with one thread), not those other threads free."""
+    profiler.export_chrome_trace(os.fspath(trace))
+    events = [e for e in json.loads(Path(trace).read_text())["traceEvents"] if e.get("name") == "[memory]"]
+    allocated: dict[int, int] = {}  # address -> bytes of a block allocated while profiling and not yet freed
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e["ts"]):
+        address, nbytes = e["args"]["Addr"], e["args"]["Bytes"]
+        if nbytes > 0:
+            live += nbytes - allocated.pop(address, 0)
+            allocated[address] = nbytes
+            peak = max(peak, live)
+        else:
+            live -= allocated.pop(address, 0)  # 0: a block from before
     return peak
