@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.analysis.precision import PRECISIONS
+from vitkit.analysis.preflight import STRATEGIES
 from vitkit.data import (
     BUILTIN_PREFIX,
     DEFAULT_DATA,
@@ -28,7 +29,6 @@ from vitkit.detection import DETECTION_LOSSES
 from vitkit.infer.runtime import resolve_device
 from vitkit.models.interface import has_no_object_logit
 from vitkit.models.registry import family, model_entry, replace_config
-from vitkit.train.distributed import STRATEGIES
 from vitkit.train.recipe import (
     CLASSIFICATION,
     DEFAULT_MODEL,

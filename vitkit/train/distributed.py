@@ -16,10 +16,6 @@ import torch.distributed as dist
 
 from vitkit.infer.runtime import resolve_device
 
-STRATEGIES = ("ddp", "fsdp")
-"""How the processes of a run share it: "ddp" replicates the model in each (DistributedDataParallel), "fsdp"
-shards it (`vitkit.train.sharding`)."""
-
 
 @dataclass(frozen=True)
 class DistEnv:

@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+from vitkit.analysis.preflight import REDUCE_DTYPE
 from vitkit.models.interface import require_model
 from vitkit.train.checkpoint import load_checkpoint, save_checkpoint
 from vitkit.train.distributed import DistEnv, broadcast_object
@@ -58,8 +59,8 @@ FORWARD_METHODS = ("predict",)  # methods besides forward that run the model (ev
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
     """FSDP2's policy for a run's precision: bf16 compute with float32 gradient reduction, or float32 throughout."""
-    if precision == "bf16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if precision == "bf16":  # the reduction the memory estimate counts
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=REDUCE_DTYPE)
     return MixedPrecisionPolicy()
 
 
