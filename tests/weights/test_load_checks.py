@@ -66,7 +66,7 @@ def _saved(tmp_path, **overrides):
 
 def test_config_missing_a_field_names_it(tmp_path):
     config = _saved(tmp_path)
-    assert config["format_version"] == FORMAT_VERSION == 3
+    assert config["format_version"] == FORMAT_VERSION == 4
     del config["config"]["embed_dim"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"config.json: config lacks field\(s\) \['embed_dim'\] of ViTConfig"):
@@ -90,12 +90,26 @@ def test_version_1_files_may_lack_only_the_fields_added_since(tmp_path):
         vitkit.from_pretrained(tmp_path)
 
 
+def test_version_3_vits_load_without_the_register_fields(tmp_path):
+    """A ViT saved before register tokens (format_version 3) has neither reg_tokens nor no_embed_class: it was
+    built without registers, with a position row for its class token, which the defaults say."""
+    config = _saved(tmp_path)
+    for name in ("reg_tokens", "no_embed_class"):
+        del config["config"][name]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"lacks field\(s\) \['reg_tokens', 'no_embed_class'\]"):
+        vitkit.from_pretrained(tmp_path)  # version 4 files hold every field
+    config["format_version"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert vitkit.from_pretrained(tmp_path).config == tiny_vit().config
+
+
 @pytest.mark.parametrize(
     "version,message",
     [
-        (99, r"format_version 99 is not one this vitkit reads \(1, 2, 3\); it was written by a newer vitkit"),
-        ("2", r"format_version '2' is not one this vitkit reads \(1, 2, 3\)$"),
-        (None, r"has no 'format_version'; this vitkit reads versions \[1, 2, 3\]"),
+        (99, r"format_version 99 is not one this vitkit reads \(1, 2, 3, 4\); it was written by a newer vitkit"),
+        ("2", r"format_version '2' is not one this vitkit reads \(1, 2, 3, 4\)$"),
+        (None, r"has no 'format_version'; this vitkit reads versions \[1, 2, 3, 4\]"),
     ],
 )
 def test_unknown_format_version_is_refused(tmp_path, version, message):

@@ -1,14 +1,14 @@
 """Weight files: vitkit model directories (`config.json` + `model.safetensors`, no pickle anywhere) and safe
 reading of other libraries' checkpoints (safetensors, or `torch.load(weights_only=True)`, which never runs code).
 
-A vitkit `config.json` (format_version 3) holds:
-  - "format_version": 3, "family": the model family, "config": every field of the family's config;
+A vitkit `config.json` (format_version 4) holds:
+  - "format_version": 4, "family": the model family, "config": every field of the family's config;
   - "class_names" (optional): the class names in label order, one per classifier output;
   - "mean", "std" (optional): the per-channel normalisation of images scaled to [0, 1] that the model expects.
-Version 1 files (written before names and normalisation were kept) and version 2 files (before the detectors' backbone
-norm and denoising fields) are read too; they may lack the config fields added since (each family's
-`FamilyWeights.fields_added`), which then take their defaults. Any other missing field is
-an error naming it.
+Version 1 files (written before names and normalisation were kept), version 2 files (before the detectors' backbone
+norm and denoising fields) and version 3 files (before ViT's register tokens) are read too; they may lack the config
+fields added since (each family's `FamilyWeights.fields_added`), which then take their defaults. Any other missing
+field is an error naming it.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from vitkit.weights.family import family_weights
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-FORMAT_VERSION = 3  # what save_pretrained writes
-READ_VERSIONS = (1, 2, 3)  # the format versions this vitkit reads
+FORMAT_VERSION = 4  # what save_pretrained writes
+READ_VERSIONS = (1, 2, 3, 4)  # the format versions this vitkit reads
 INFO_ATTRIBUTE = "pretrained_info"  # the `ModelInfo` that from_pretrained / load_pretrained set on a model
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # files written by torch.save
 # Weight files looked for, in this order, when a checkpoint path is a directory (vitkit's and Hugging Face's names).
