@@ -214,14 +214,17 @@ def test_model_provides_the_interface(name):
     assert model.forward_head(features, pre_logits=True).shape[0] == 2
 
     # token_grid: (P, (Hp, Wp)) exactly when every attention layer attends over the same P + Hp * Wp tokens of
-    # each image; None when the captured maps are windows (batch B * nW) or differ in size between layers.
+    # each image (attention pooling's one probe query over them too); None when the captured maps are windows
+    # (batch B * nW) or differ in size between layers.
     shapes = {attended_shape(attn) for attn in maps.values()}
     grid = model.token_grid(tuple(x.shape[-2:]))
     if grid is None:
         assert len(shapes) > 1 or next(iter(shapes))[0] != 2
     else:
         prefix, (Hp, Wp) = grid
-        assert shapes == {(2, prefix + Hp * Wp, prefix + Hp * Wp)}
+        T = prefix + Hp * Wp
+        probe = {(2, 1, T)} if getattr(config, "global_pool", None) == "map" else set()
+        assert shapes == {(2, T, T)} | probe
 
 
 def test_every_family_has_a_row():

@@ -115,7 +115,8 @@ def test_hf_directories_vitkit_cannot_build(tmp_path):
     save_file({"x": torch.zeros(1)}, tmp_path / "model.safetensors")
     with pytest.raises(
         ValueError,
-        match=r"model_type 'bert' is not supported; supported: \['deformable_detr', 'deit', 'detr', 'swin', 'vit'\]",
+        match=r"model_type 'bert' is not supported; supported: \['clip', 'clip_vision_model', 'deformable_detr', 'deit', "
+            r"'detr', 'dinov2', 'dinov2_with_registers', 'siglip', 'siglip_vision_model', 'swin', 'vit'\]",
     ):
         vitkit.from_pretrained(tmp_path)
 
@@ -124,8 +125,8 @@ def test_hf_directories_vitkit_cannot_build(tmp_path):
     config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
     transformers.ViTModel(config, add_pooling_layer=False).save_pretrained(tmp_path / "act")
     settings = json.loads((tmp_path / "act" / "config.json").read_text())
-    (tmp_path / "act" / "config.json").write_text(json.dumps({**settings, "hidden_act": "gelu_new"}))
-    with pytest.raises(ValueError, match="hidden_act 'gelu_new' is not supported"):
+    (tmp_path / "act" / "config.json").write_text(json.dumps({**settings, "hidden_act": "silu"}))
+    with pytest.raises(ValueError, match="hidden_act 'silu' is not supported"):
         vitkit.from_pretrained(tmp_path / "act")
 
     deit = transformers.DeiTConfig(**{**settings, "model_type": "deit", "num_labels": 3, "hidden_act": "gelu"})

@@ -66,7 +66,7 @@ def _saved(tmp_path, **overrides):
 
 def test_config_missing_a_field_names_it(tmp_path):
     config = _saved(tmp_path)
-    assert config["format_version"] == FORMAT_VERSION == 4
+    assert config["format_version"] == FORMAT_VERSION == 5
     del config["config"]["embed_dim"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"config.json: config lacks field\(s\) \['embed_dim'\] of ViTConfig"):
@@ -98,7 +98,7 @@ def test_version_3_vits_load_without_the_register_fields(tmp_path):
         del config["config"][name]
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"lacks field\(s\) \['reg_tokens', 'no_embed_class'\]"):
-        vitkit.from_pretrained(tmp_path)  # version 4 files hold every field
+        vitkit.from_pretrained(tmp_path)  # later files hold every field
     config["format_version"] = 3
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert vitkit.from_pretrained(tmp_path).config == tiny_vit().config
@@ -107,9 +107,9 @@ def test_version_3_vits_load_without_the_register_fields(tmp_path):
 @pytest.mark.parametrize(
     "version,message",
     [
-        (99, r"format_version 99 is not one this vitkit reads \(1, 2, 3, 4\); it was written by a newer vitkit"),
-        ("2", r"format_version '2' is not one this vitkit reads \(1, 2, 3, 4\)$"),
-        (None, r"has no 'format_version'; this vitkit reads versions \[1, 2, 3, 4\]"),
+        (99, r"format_version 99 is not one this vitkit reads \(1, 2, 3, 4, 5\); it was written by a newer vitkit"),
+        ("2", r"format_version '2' is not one this vitkit reads \(1, 2, 3, 4, 5\)$"),
+        (None, r"has no 'format_version'; this vitkit reads versions \[1, 2, 3, 4, 5\]"),
     ],
 )
 def test_unknown_format_version_is_refused(tmp_path, version, message):
@@ -195,3 +195,18 @@ def test_detectors_saved_as_version_2_load_with_the_fields_added_since(tmp_path,
     (tmp_path / "config.json").write_text(json.dumps(config))
     loaded = vitkit.from_pretrained(tmp_path)
     assert loaded.config == model.config and loaded.config.backbone_norm == "frozen"
+
+
+def test_version_4_vits_load_without_the_fields_of_other_libraries_vits(tmp_path):
+    """A ViT saved before CLIP's, SigLIP's and vit-pytorch's fields (format_version 4) was built with what their
+    defaults say: no pre-norm, a patch bias, exact GELU, heads of embed_dim / num_heads, timm's norm placement."""
+    config = _saved(tmp_path)
+    added = ("pre_norm", "patch_bias", "patch_norm", "act", "head_dim", "proj_bias", "fc_norm", "pos_antialias")
+    for name in added:
+        del config["config"][name]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"lacks field\(s\) \['pre_norm', 'patch_bias'"):
+        vitkit.from_pretrained(tmp_path)  # version 5 files hold every field
+    config["format_version"] = 4
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert vitkit.from_pretrained(tmp_path).config == tiny_vit().config

@@ -9,6 +9,7 @@ from vitkit.layers.attention import (
     set_attention_backend,
 )
 from vitkit.layers.attention2d import POS_KINDS, Attention2d
+from vitkit.layers.attention_pool import AttentionPool
 from vitkit.layers.bilinear import BilinearPool
 from vitkit.layers.block import Block, LayerScale
 from vitkit.layers.cost import CostContext, Device, OpCost, Value
@@ -24,7 +25,12 @@ from vitkit.layers.helpers import to_2tuple
 from vitkit.layers.mlp import Mlp
 from vitkit.layers.norm import FrozenBatchNorm2d
 from vitkit.layers.patch_embed import PatchEmbed
-from vitkit.layers.pos_embed import SinePositionEmbedding, resample_abs_pos_embed, sincos_2d_pos_embed
+from vitkit.layers.pos_embed import (
+    SinePositionEmbedding,
+    big_vision_sincos_2d,
+    resample_abs_pos_embed,
+    sincos_2d_pos_embed,
+)
 from vitkit.layers.rel_pos import FactorizedPosEmbed2d, RelPosEmbed2d
 
 __all__ = [
@@ -32,6 +38,7 @@ __all__ = [
     "POS_KINDS",
     "Attention",
     "Attention2d",
+    "AttentionPool",
     "BilinearPool",
     "Block",
     "CostContext",
@@ -50,6 +57,7 @@ __all__ = [
     "Value",
     "attention_einsum",
     "attention_layers",
+    "big_vision_sincos_2d",
     "capture_attention",
     "check_backend",
     "drop_path",

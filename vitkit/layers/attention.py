@@ -140,7 +140,7 @@ class Attention(nn.Module):
     Heads are split by reshape/permute and computed as one batched matmul, never a loop over heads.
 
     Args:
-        dim: token channels C; must be divisible by `num_heads`.
+        dim: token channels C; must be divisible by `num_heads` unless `head_dim` is given.
         num_heads: number of heads h; head dim d = C // h.
         qkv_bias: add a bias to the fused q, k, v projection.
         attn_drop: dropout on the attention weights (training only).
@@ -149,6 +149,9 @@ class Attention(nn.Module):
             kernel) or "math" (the reference formula); all give the same values.
         explicit_max_bytes: with "auto", the largest N x N weights (bytes, one call) formed explicitly: a memory
             budget, since in training each layer keeps its weights for the backward pass.
+        head_dim: d, when the heads' total width h * d differs from C (vit-pytorch's `dim_head`): q, k, v are
+            projected from C to h * d channels and the output projection maps h * d back to C.
+        proj_bias: add a bias to the output projection.
     """
 
     def __init__(
@@ -160,12 +163,16 @@ class Attention(nn.Module):
         proj_drop: float = 0.0,
         backend: str = "auto",
         explicit_max_bytes: int = EXPLICIT_MAX_BYTES,
+        head_dim: int | None = None,
+        proj_bias: bool = True,
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
+        if head_dim is None and dim % num_heads != 0:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.dim = dim
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.head_dim = head_dim or dim // num_heads
+        inner = num_heads * self.head_dim  # h * d, = C unless head_dim says otherwise
         self.scale = self.head_dim**-0.5
         self.backend = check_backend(backend)
         self.explicit_max_bytes = explicit_max_bytes
@@ -173,8 +180,8 @@ class Attention(nn.Module):
         # Set by `capture_attention` while it is active; called with the (B, h, Nq, Nk) weights.
         self.capture_hook: Hook | None = None
 
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
+        self.qkv = nn.Linear(dim, inner * 3, bias=qkv_bias)
+        self.proj = nn.Linear(inner, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(
@@ -191,24 +198,24 @@ class Attention(nn.Module):
         key = x if key is None else key
         value = key if value is None else value
         self.check_inputs(x, key, value)
-        B, Nq, C = x.shape
+        B, Nq, _ = x.shape
         if key is x and value is x:  # self-attention: one GEMM
-            qkv = self.qkv(x).reshape(B, Nq, 3, self.num_heads, self.head_dim)  # (B, N, 3C) -> (B, N, 3, h, d)
+            qkv = self.qkv(x).reshape(B, Nq, 3, self.num_heads, self.head_dim)  # (B, N, 3hd) -> (B, N, 3, h, d)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (3, B, h, N, d) -> 3 x (B, h, N, d)
         else:
             q, k, v = self.project(x, key, value)  # (B, h, Nq, d), (B, h, Nk, d), (B, h, Nk, d)
         x = self.attend(q, k, v, bias)  # (B, h, Nq, d)
-        x = x.transpose(1, 2).reshape(B, Nq, C)  # (B, Nq, h, d) -> (B, Nq, C)
+        x = x.transpose(1, 2).reshape(B, Nq, self.num_heads * self.head_dim)  # (B, Nq, h, d) -> (B, Nq, hd)
         return self.proj_drop(self.proj(x))
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> list[Tensor]:
-        """q, k, v, each (B, h, N, d), through the rows q | k | v of the fused `qkv` weight (3C, C).
+        """q, k, v, each (B, h, N, d), through the rows q | k | v of the fused `qkv` weight (3hd, C).
 
         Neighbouring projections of one tensor share a GEMM: DETR's q = k from x + pos takes one (B, N, 2C)
         product and v another; cross-attention's k and v from one memory share theirs.
         """
-        weight, bias = self.qkv.weight, self.qkv.bias  # (3C, C), (3C,)
-        C = weight.shape[1]
+        weight, bias = self.qkv.weight, self.qkv.bias  # (3hd, C), (3hd,)
+        C = self.num_heads * self.head_dim  # rows per part
         inputs, heads, start = (query, key, value), [], 0
         while start < 3:
             stop = start + 1
@@ -224,7 +231,7 @@ class Attention(nn.Module):
 
     def check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         """ValueError unless query (B, Nq, C), key and value (B, Nk, C) agree with each other and with the layer."""
-        C = self.num_heads * self.head_dim
+        C = self.dim
         for name, t in (("query", query), ("key", key), ("value", value)):
             if t.ndim != 3 or t.shape[-1] != C:
                 raise ValueError(f"attention {name} must be (B, N, {C}), got shape {tuple(t.shape)}")
@@ -299,7 +306,8 @@ class Attention(nn.Module):
             while stop < 3 and inputs[stop] is inputs[start]:
                 stop += 1
             x, n = inputs[start], stop - start
-            gemm = linear_op(name, "qkv"[start:stop], x, n * x.shape[-1], ctx, bias=self.qkv.bias is not None)  # nBNC^2
+            inner = self.num_heads * self.head_dim
+            gemm = linear_op(name, "qkv"[start:stop], x, n * inner, ctx, bias=self.qkv.bias is not None)  # nBNC hd
             ops(dataclasses.replace(gemm, named=True))
             B, N, _ = x.shape
             heads += [view(gemm.output, (B, self.num_heads, N, self.head_dim))] * n  # (B, h, N, d) of (B, N, nC)

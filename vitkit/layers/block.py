@@ -43,6 +43,9 @@ class Block(nn.Module):
         init_values: LayerScale initial value, or None for no LayerScale.
         norm_eps: LayerNorm epsilon.
         attn_backend: "auto", "sdpa" or "math".
+        act: the MLP's activation (`vitkit.layers.mlp.ACTIVATIONS`).
+        head_dim: the attention's head width, when heads x head_dim differs from dim (see `Attention`).
+        proj_bias: bias on the attention's output projection.
     """
 
     def __init__(
@@ -57,14 +60,19 @@ class Block(nn.Module):
         init_values: float | None = None,
         norm_eps: float = 1e-6,
         attn_backend: str = "auto",
+        act: str = "gelu",
+        head_dim: int | None = None,
+        proj_bias: bool = True,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, proj_drop, attn_backend)
+        self.attn = Attention(
+            dim, num_heads, qkv_bias, attn_drop, proj_drop, attn_backend, head_dim=head_dim, proj_bias=proj_bias
+        )
         self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop, act=act)
         self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 

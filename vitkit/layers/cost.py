@@ -41,7 +41,7 @@ from torch import nn
 
 SOFTMAX_FLOPS = 5  # per element: subtract the row max, exp, sum, divide (+ the max itself)
 LAYER_NORM_FLOPS = 8  # per element: mean, subtract, square, variance sum, normalise (x2), scale, shift
-GELU_FLOPS = 8  # per element: erf-based GELU counted as 8 (x * 0.5 * (1 + erf(x / sqrt 2)))
+GELU_FLOPS = 8  # per element: GELU counted as 8 (x * 0.5 * (1 + erf(x / sqrt 2)), or its tanh form)
 RELU_FLOPS = 1  # per element: one comparison
 BATCH_NORM_FLOPS = 2  # per element in eval: folded scale and shift
 SIGMOID_FLOPS = 4  # per element: negate, exp, add, divide
@@ -168,9 +168,7 @@ def matmul_op(
     return OpCost(module, op, inputs, new_value(out_shape, ctx, stored=stored), macs, flops, saves)
 
 
-def linear_op(
-    module: str, op: str, x: Value, out_features: int, ctx: CostContext, *, bias: bool = True
-) -> OpCost:
+def linear_op(module: str, op: str, x: Value, out_features: int, ctx: CostContext, *, bias: bool = True) -> OpCost:
     """A linear map (..., in) -> (..., out): rows * in * out multiply-adds, + one add per output for the bias."""
     return matmul_op(module, op, (x,), (*x.shape[:-1], out_features), numel(x.shape) * out_features, ctx, bias=bias)
 

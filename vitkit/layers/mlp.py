@@ -1,13 +1,38 @@
-"""The transformer feed-forward block: Linear -> GELU (or ReLU) -> Linear, with dropout."""
+"""The transformer feed-forward block: Linear -> activation (GELU, its tanh form, quick GELU, ReLU) -> Linear, with
+dropout."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from vitkit.layers.cost import CostContext, OpCost, Value, sequence
+from vitkit.layers.cost import SIGMOID_FLOPS, CostContext, OpCost, Value, elementwise_op, sequence
 
-ACTIVATIONS = ("gelu", "relu")
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "relu")
+"""`gelu`: exact, erf-based (ViT, Swin, DINOv2); `gelu_tanh`: its tanh approximation (SigLIP, transformers'
+"gelu_pytorch_tanh"); `quick_gelu`: x * sigmoid(1.702 x) (OpenAI's CLIP); `relu`: the original transformer's (DETR)."""
+
+
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): the GELU approximation OpenAI's CLIP was trained with."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """One product, the sigmoid, one product per element; backward keeps x. Counted as one op of the layer
+        holding it, as torch's activations are."""
+        parent = name.rpartition(".")[0]
+        return [elementwise_op(parent, "quick_gelu", x, SIGMOID_FLOPS + 2, ctx, saves=(x,))]
+
+
+def activation(act: str) -> nn.Module:
+    """The module computing `act` (one of ACTIVATIONS); ValueError for another name."""
+    if act not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {act!r}")
+    if act == "quick_gelu":
+        return QuickGELU()
+    return nn.ReLU() if act == "relu" else nn.GELU(approximate="tanh" if act == "gelu_tanh" else "none")
 
 
 class Mlp(nn.Module):
@@ -18,7 +43,7 @@ class Mlp(nn.Module):
         hidden_features: hidden channels (default: `in_features`).
         out_features: output channels (default: `in_features`).
         drop: dropout after the activation and after the second layer.
-        act: "gelu" (exact, erf-based: ViT, Swin) or "relu" (the original transformer's, DETR's).
+        act: one of ACTIVATIONS: "gelu" (exact, erf-based: ViT, Swin), "gelu_tanh", "quick_gelu" or "relu".
     """
 
     def __init__(
@@ -30,12 +55,10 @@ class Mlp(nn.Module):
         act: str = "gelu",
     ) -> None:
         super().__init__()
-        if act not in ACTIVATIONS:
-            raise ValueError(f"Mlp activation must be one of {ACTIVATIONS}, got {act!r}")
         hidden_features = hidden_features or in_features
         out_features = out_features or in_features
         self.fc1 = nn.Linear(in_features, hidden_features)
-        self.act = nn.GELU() if act == "gelu" else nn.ReLU()  # GELU exact (erf), as in the ViT paper and timm
+        self.act = activation(act)
         self.drop1 = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden_features, out_features)
         self.drop2 = nn.Dropout(drop)

@@ -8,10 +8,13 @@ Letters: B batch, C input channels, H, W image size, p patch size, D embedding d
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers.cost import CostContext, OpCost, Value, cost_of, matmul_op
+from vitkit.layers.cost import CostContext, OpCost, Ops, Value, copy_op, cost_of, matmul_op
 from vitkit.layers.helpers import nearest_multiples, to_2tuple
 
 
@@ -26,6 +29,11 @@ class PatchEmbed(nn.Module):
         norm_layer: optional norm applied to the tokens (Swin uses LayerNorm here).
         flatten: return a token sequence (True) or a channels-last grid (False).
         strict_img_size: accept only `img_size`; when False any size divisible by the patch is accepted.
+        bias: add a bias to the projection (CLIP's has none).
+        pixel_norm_layer: optional norm over each patch's C * ph * pw pixels before the projection (vit-pytorch:
+            LayerNorm over the flattened patch, then the projection, then `norm_layer`). The patches are then
+            unfolded to (B, N, C * ph * pw) in (c, ph, pw) order and projected with the convolution's weight as a
+            linear map, which equals the convolution.
     """
 
     def __init__(
@@ -37,6 +45,8 @@ class PatchEmbed(nn.Module):
         norm_layer: type[nn.Module] | None = None,
         flatten: bool = True,
         strict_img_size: bool = True,
+        bias: bool = True,
+        pixel_norm_layer: Callable[[int], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self.img_size = to_2tuple(img_size)
@@ -52,7 +62,9 @@ class PatchEmbed(nn.Module):
         self.in_chans = in_chans
         self.flatten = flatten
         self.strict_img_size = strict_img_size
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+        pixels = in_chans * self.patch_size[0] * self.patch_size[1]
+        self.pixel_norm = pixel_norm_layer(pixels) if pixel_norm_layer is not None else None
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
         self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()
 
     def feat_size(self, img_size: tuple[int, int]) -> tuple[int, int]:
@@ -93,11 +105,22 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        x = self.proj(x)  # (B, D, Hp, Wp)
-        x = x.permute(0, 2, 3, 1)  # (B, Hp, Wp, D)
+        if self.pixel_norm is not None:
+            x = self._normalised_patches(x)  # (B, Hp, Wp, D)
+        else:
+            x = self.proj(x)  # (B, D, Hp, Wp)
+            x = x.permute(0, 2, 3, 1)  # (B, Hp, Wp, D)
         if self.flatten:
             x = x.flatten(1, 2)  # (B, Hp*Wp, D)
         return self.norm(x)
+
+    def _normalised_patches(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> each patch's pixels normalised, then projected: (B, Hp, Wp, D)."""
+        B, C, H, W = x.shape
+        (ph, pw), (Hp, Wp) = self.patch_size, self.feat_size((H, W))
+        x = x.reshape(B, C, Hp, ph, Wp, pw).permute(0, 2, 4, 1, 3, 5)  # (B, Hp, Wp, C, ph, pw)
+        x = self.pixel_norm(x.reshape(B, Hp, Wp, C * ph * pw))  # (B, Hp, Wp, C ph pw), in (c, ph, pw) order
+        return F.linear(x, self.proj.weight.flatten(1), self.proj.bias)  # the conv's (D, C, ph, pw) as (D, C ph pw)
 
     def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
         """The operators of `forward` on images x (B, C, H, W): the strided conv, then the optional norm."""
@@ -106,5 +129,12 @@ class PatchEmbed(nn.Module):
         D, (ph, pw) = self.proj.out_channels, self.patch_size
         # conv with kernel = stride = p: every output element takes C * ph * pw multiply-adds: B*Hp*Wp*D*C*ph*pw MACs
         tokens = (B, Hp * Wp, D) if self.flatten else (B, Hp, Wp, D)  # a channels-last view of (B, D, Hp, Wp)
-        conv = matmul_op(name, "patch_embed", (x,), tokens, B * Hp * Wp * D * C * ph * pw, ctx, bias=True)
+        bias = self.proj.bias is not None
+        if self.pixel_norm is not None:  # unfold (a copy), the norm over each patch's pixels, the same GEMM
+            ops = Ops(x)
+            ops(copy_op(name, "unfold", x, (B, Hp * Wp, C * ph * pw), ctx))
+            ops(cost_of(f"{name}.pixel_norm", self.pixel_norm, ops.out, ctx))
+            ops(matmul_op(name, "patch_embed", (ops.out,), tokens, B * Hp * Wp * D * C * ph * pw, ctx, bias=bias))
+            return ops + cost_of(f"{name}.norm", self.norm, ops.out, ctx)
+        conv = matmul_op(name, "patch_embed", (x,), tokens, B * Hp * Wp * D * C * ph * pw, ctx, bias=bias)
         return [conv, *cost_of(f"{name}.norm", self.norm, conv.output, ctx)]

@@ -54,10 +54,11 @@ def resample_abs_pos_embed(
 def sincos_2d_pos_embed(
     embed_dim: int, grid_size: tuple[int, int], temperature: float = 10000.0, num_prefix_tokens: int = 0
 ) -> torch.Tensor:
-    """Fixed 2-D sin-cos position table (1, P + H*W, D) as in MAE and big_vision.
+    """vitkit's fixed 2-D sin-cos position table (1, P + H*W, D).
 
     The first half of the channels encodes the row, the second half the column; each half is
     [sin(pos * w_k), cos(pos * w_k)] with w_k = temperature^(-k / (D/4)), k < D/4. Prefix rows are zero.
+    `big_vision_sincos_2d` is the table of big_vision and vit-pytorch's SimpleViT.
     """
     if embed_dim % 4 != 0:
         raise ValueError(f"sin-cos position embedding needs embed_dim divisible by 4, got {embed_dim}")
@@ -70,6 +71,33 @@ def sincos_2d_pos_embed(
     out_h = rows.reshape(-1, 1) * omega  # (H*W, D/4)
     out_w = cols.reshape(-1, 1) * omega  # (H*W, D/4)
     table = torch.cat([out_h.sin(), out_h.cos(), out_w.sin(), out_w.cos()], dim=1)  # (H*W, D)
+    table = torch.cat([torch.zeros(num_prefix_tokens, embed_dim, dtype=torch.float64), table], dim=0)
+    return table.float().unsqueeze(0)
+
+
+def big_vision_sincos_2d(
+    embed_dim: int, grid_size: tuple[int, int], temperature: float = 10000.0, num_prefix_tokens: int = 0
+) -> torch.Tensor:
+    """The fixed 2-D sin-cos table (1, P + H*W, D) of big_vision's `posemb_sincos_2d` ("Better plain ViT baselines
+    for ImageNet-1k", Beyer et al., arXiv:2205.01580), which vit-pytorch's SimpleViT uses.
+
+    Channels [sin(x w_k), cos(x w_k), sin(y w_k), cos(y w_k)] for column x and row y,
+    w_k = temperature^(-k / (D/4 - 1)), k < D/4: the column first, the last frequency exactly 1 / temperature.
+    Prefix rows are zero.
+    """
+    if embed_dim % 4 != 0 or embed_dim < 8:
+        raise ValueError(
+            f"big_vision's sin-cos position embedding needs embed_dim a multiple of 4, >= 8, got {embed_dim}"
+        )
+    H, W = grid_size
+    quarter = embed_dim // 4
+    omega = temperature ** -(torch.arange(quarter, dtype=torch.float64) / (quarter - 1))  # (D/4,)
+    rows, cols = torch.meshgrid(
+        torch.arange(H, dtype=torch.float64), torch.arange(W, dtype=torch.float64), indexing="ij"
+    )
+    x = cols.reshape(-1, 1) * omega  # (H*W, D/4)
+    y = rows.reshape(-1, 1) * omega  # (H*W, D/4)
+    table = torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)  # (H*W, D)
     table = torch.cat([torch.zeros(num_prefix_tokens, embed_dim, dtype=torch.float64), table], dim=0)
     return table.float().unsqueeze(0)
 

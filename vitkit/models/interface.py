@@ -80,8 +80,9 @@ class VitkitModel(Protocol):
 
     def token_grid(self, img_size: tuple[int, int]) -> tuple[int, tuple[int, int]] | None:
         """For images of `img_size` (H, W): (P, (Hp, Wp)) when every attention layer attends over the same
-        tokens, P prefix tokens followed by an Hp x Wp grid over the whole image (row-major); None when the
-        attention layers do not (windows, or maps that change size between layers)."""
+        tokens, P prefix tokens followed by an Hp x Wp grid over the whole image (row-major), from as many queries
+        (or, for attention pooling, one probe query); None when the attention layers do not (windows, or maps that
+        change size between layers)."""
         ...
 
     def no_weight_decay(self) -> set[str]:

@@ -5,27 +5,35 @@
 - "Training data-efficient image transformers & distillation through attention", Touvron et al.,
   arXiv:2012.12877 (DeiT; the distilled variants add a distillation token and a second head).
 
-Data path: image (B, C, H, W) -> PatchEmbed (B, N, D) -> [cls (, dist)] + pos -> Block x depth -> norm
--> pool (class token, mean of patch tokens, or their bilinear pool) -> head (B, num_classes).
-Parameter names and shapes follow timm's `VisionTransformer`, so timm state dicts load unchanged.
+The same family holds the ViTs people fine-tune today and the other libraries' ViTs, each difference a config field:
+DINOv2 (LayerScale; with registers, arXiv:2309.16588), CLIP (a LayerNorm before the blocks, quick GELU, no patch bias),
+SigLIP (attention pooling, `vitkit.layers.AttentionPool`), vit-pytorch's ViT and SimpleViT (a LayerNorm over each
+patch's pixels and one after its projection, heads of their own width, big_vision's sin-cos table).
 
-Letters: B batch, N patch tokens, P prefix tokens (class, distillation), D embedding dim.
+Data path: image (B, C, H, W) -> PatchEmbed (B, N, D) -> [cls (, dist), registers] + pos -> (pre-norm) -> Block x
+depth -> norm -> pool (class token, mean of patch tokens, their bilinear pool, or attention pooling) -> head
+(B, num_classes). Parameter names and shapes follow timm's `VisionTransformer`, so timm state dicts load unchanged.
+
+Letters: B batch, N patch tokens, P prefix tokens (class, distillation, registers), D embedding dim.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
 
 from vitkit.layers import (
+    AttentionPool,
     BilinearPool,
     Block,
     CostContext,
     OpCost,
     PatchEmbed,
     Value,
+    big_vision_sincos_2d,
     check_backend,
     resample_abs_pos_embed,
     sincos_2d_pos_embed,
@@ -33,6 +41,7 @@ from vitkit.layers import (
 )
 from vitkit.layers.cost import Ops, copy_op, cost_of, elementwise_op, linear, numel, reduce_op, sequence, view
 from vitkit.layers.helpers import take_indices
+from vitkit.layers.mlp import ACTIVATIONS
 from vitkit.models.interface import CostFromImages, checkpoint_blocks
 from vitkit.models.registry import (
     check_field_types,
@@ -42,12 +51,15 @@ from vitkit.models.registry import (
     register_model,
 )
 
-GLOBAL_POOLS = ("token", "avg", "bilinear")
+GLOBAL_POOLS = ("token", "avg", "bilinear", "map")
+POS_EMBEDS = ("learn", "sincos", "sincos_big_vision")
 VIT_PAPER = "An Image is Worth 16x16 Words (Dosovitskiy et al., arXiv:2010.11929)"
 DEIT_PAPER = "Training data-efficient image transformers & distillation through attention (arXiv:2012.12877)"
 SCALING_PAPER = "Scaling Vision Transformers (Zhai et al., arXiv:2106.04560)"
 DINOV2_PAPER = "DINOv2: Learning Robust Visual Features without Supervision (Oquab et al., arXiv:2304.07193)"
 REGISTERS_PAPER = "Vision Transformers Need Registers (Darcet et al., arXiv:2309.16588)"
+CLIP_PAPER = "Learning Transferable Visual Models From Natural Language Supervision (Radford et al., arXiv:2103.00020)"
+SIGLIP_PAPER = "Sigmoid Loss for Language Image Pre-Training (Zhai et al., arXiv:2303.15343)"
 
 
 @dataclass(frozen=True)
@@ -66,9 +78,11 @@ class ViTConfig:
     reg_tokens: int = 0  # register tokens after the class token ("Vision Transformers Need Registers", DINOv2)
     no_embed_class: bool = False  # the position table covers the patches only: the prefix tokens get none (DINOv2)
     global_pool: str = "token"  # "token": class token output; "avg": mean of the patch tokens; "bilinear": B-CNN
-    # bilinear pooling of the patch tokens (vitkit.layers.BilinearPool), the head taking its bilinear_dim^2 features
+    # bilinear pooling of the patch tokens (vitkit.layers.BilinearPool), the head taking its bilinear_dim^2 features;
+    # "map": attention pooling, one learned query over all tokens (SigLIP; vitkit.layers.AttentionPool)
     bilinear_dim: int | None = 64  # global_pool="bilinear": channels each token is projected to first; None: all D
-    pos_embed: str = "learn"  # "learn": learned absolute table; "sincos": fixed 2-D sin-cos table
+    pos_embed: str = "learn"  # "learn": learned absolute table; "sincos": vitkit's fixed 2-D sin-cos table;
+    # "sincos_big_vision": big_vision's fixed table, as vit-pytorch's SimpleViT (vitkit.layers.big_vision_sincos_2d)
     drop_rate: float = 0.0  # dropout before the head, after position embedding and in the blocks
     attn_drop_rate: float = 0.0  # dropout on attention weights
     drop_path_rate: float = 0.0  # stochastic depth, increasing linearly with depth to this rate
@@ -76,24 +90,47 @@ class ViTConfig:
     init_values: float | None = None  # LayerScale initial value; None disables LayerScale
     dynamic_img_size: bool = False  # accept any image size divisible by the patch (position table resampled)
     attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (the reference formula); see layers.attention
+    pre_norm: bool = False  # a LayerNorm on the tokens before the blocks (CLIP's `pre_layrnorm`, timm's `norm_pre`)
+    patch_bias: bool = True  # a bias on the patch projection (CLIP's has none)
+    patch_norm: bool = False  # LayerNorm over each patch's pixels before the projection and over its token after
+    # (vit-pytorch)
+    act: str = "gelu"  # the MLP's activation: "gelu" (exact), "gelu_tanh" (SigLIP), "quick_gelu" (OpenAI's CLIP)
+    head_dim: int | None = None  # attention head width when num_heads x head_dim is not embed_dim (vit-pytorch's
+    # dim_head); None: embed_dim / num_heads
+    proj_bias: bool = True  # a bias on the attention's output projection (vit-pytorch's SimpleViT has none)
+    fc_norm: bool | None = None  # the final norm after pooling (True) or on the tokens before it (False); None:
+    # after for global_pool="avg", before otherwise (timm's rule)
+    pos_antialias: bool = True  # resample the learned position table to other grids with antialiasing (timm, DINOv2
+    # with registers); False: plain bicubic (transformers' Dinov2Model)
 
     def __post_init__(self) -> None:
         check_field_types(self)
         check_positive(self, "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "layer_norm_eps")
         check_rates(self, "drop_rate", "attn_drop_rate", "drop_path_rate")
         to_2tuple(self.img_size)
-        if self.embed_dim % self.num_heads != 0:
-            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if self.head_dim is None and self.embed_dim % self.num_heads != 0:
+            raise ValueError(
+                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}; set head_dim for heads "
+                "of another width"
+            )
+        if self.head_dim is not None and self.head_dim <= 0:
+            raise ValueError(f"head_dim must be > 0 or None, got {self.head_dim}")
         if self.global_pool not in GLOBAL_POOLS:
-            raise ValueError(f"global_pool must be 'token', 'avg' or 'bilinear', got {self.global_pool!r}")
+            raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {self.global_pool!r}")
+        if self.act not in ACTIVATIONS:
+            raise ValueError(f"act must be one of {ACTIVATIONS}, got {self.act!r}")
+        if self.global_pool == "map" and self.embed_dim % self.num_heads != 0:
+            raise ValueError(f"global_pool='map' needs embed_dim {self.embed_dim} divisible by num_heads")
         if self.bilinear_dim is not None and self.bilinear_dim <= 0:
             raise ValueError(f"bilinear_dim must be > 0 or None, got {self.bilinear_dim}")
         if self.global_pool == "token" and not self.class_token:
             raise ValueError("global_pool='token' needs class_token=True")
         if self.distilled and (not self.class_token or self.global_pool != "token"):
             raise ValueError("distilled=True needs class_token=True and global_pool='token'")
-        if self.pos_embed not in ("learn", "sincos"):
-            raise ValueError(f"pos_embed must be 'learn' or 'sincos', got {self.pos_embed!r}")
+        if self.fc_norm and (self.global_pool == "bilinear" or self.distilled):
+            raise ValueError("fc_norm=True needs a pool of embed_dim features: not the bilinear pool, not distilled")
+        if self.pos_embed not in POS_EMBEDS:
+            raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
         if self.num_classes < 0:
             raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
         if self.reg_tokens < 0:
@@ -113,8 +150,16 @@ class VisionTransformer(CostFromImages, nn.Module):
         super().__init__()
         self.config = c = config
         self.num_prefix_tokens = int(c.class_token) + int(c.distilled) + c.reg_tokens
+        norm = partial(nn.LayerNorm, eps=c.layer_norm_eps)
         self.patch_embed = PatchEmbed(
-            c.img_size, c.patch_size, c.in_chans, c.embed_dim, strict_img_size=not c.dynamic_img_size
+            c.img_size,
+            c.patch_size,
+            c.in_chans,
+            c.embed_dim,
+            norm_layer=norm if c.patch_norm else None,
+            strict_img_size=not c.dynamic_img_size,
+            bias=c.patch_bias,
+            pixel_norm_layer=norm if c.patch_norm else None,
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.distilled else None
@@ -124,6 +169,7 @@ class VisionTransformer(CostFromImages, nn.Module):
         # is the same as for a learned one.
         self.pos_embed = nn.Parameter(torch.zeros(1, pos_len, c.embed_dim), requires_grad=c.pos_embed == "learn")
         self.pos_drop = nn.Dropout(c.drop_rate)
+        self.norm_pre = norm(c.embed_dim) if c.pre_norm else nn.Identity()
         dpr = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # linear stochastic-depth rule
         self.blocks = nn.Sequential(
             *[
@@ -138,16 +184,24 @@ class VisionTransformer(CostFromImages, nn.Module):
                     init_values=c.init_values,
                     norm_eps=c.layer_norm_eps,
                     attn_backend=c.attn_backend,
+                    act=c.act,
+                    head_dim=c.head_dim,
+                    proj_bias=c.proj_bias,
                 )
                 for i in range(c.depth)
             ]
         )
         # As in timm: the final norm sits before pooling for class-token models and after it (fc_norm) for
-        # mean pooling. The bilinear pool takes the normalised tokens, and its output is L2-normalised.
-        use_fc_norm = c.global_pool == "avg"
-        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
-        self.fc_norm = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps) if use_fc_norm else nn.Identity()
+        # mean pooling, unless `fc_norm` says otherwise. The bilinear pool takes the normalised tokens, and its
+        # output is L2-normalised; attention pooling takes all the normalised tokens.
+        self.norm = nn.Identity() if self.use_fc_norm else norm(c.embed_dim)
+        self.fc_norm = norm(c.embed_dim) if self.use_fc_norm else nn.Identity()
         self.pool = BilinearPool(c.embed_dim, reduce_dim=c.bilinear_dim) if c.global_pool == "bilinear" else None
+        self.attn_pool = (
+            AttentionPool(c.embed_dim, c.num_heads, c.mlp_ratio, c.qkv_bias, c.layer_norm_eps, c.act, c.attn_backend)
+            if c.global_pool == "map"
+            else None
+        )
         pooled = self.pool.num_features if self.pool is not None else c.embed_dim
         self.head_drop = nn.Dropout(c.drop_rate)
         self.head = nn.Linear(pooled, c.num_classes) if c.num_classes > 0 else nn.Identity()
@@ -158,6 +212,11 @@ class VisionTransformer(CostFromImages, nn.Module):
     @property
     def num_features(self) -> int:
         return self.config.embed_dim
+
+    @property
+    def use_fc_norm(self) -> bool:
+        """Whether the final norm follows the pooling (`fc_norm`) rather than preceding it (`norm`)."""
+        return self.config.global_pool == "avg" if self.config.fc_norm is None else self.config.fc_norm
 
     def init_weights(self) -> None:
         """timm's ViT initialisation: truncated normal (std .02) for linears and tables, tiny class token."""
@@ -184,7 +243,8 @@ class VisionTransformer(CostFromImages, nn.Module):
         return 0 if self.config.no_embed_class else self.num_prefix_tokens
 
     def _sincos_table(self, grid: tuple[int, int]) -> torch.Tensor:
-        return sincos_2d_pos_embed(self.config.embed_dim, grid, num_prefix_tokens=self.embedded_prefix)
+        table = big_vision_sincos_2d if self.config.pos_embed == "sincos_big_vision" else sincos_2d_pos_embed
+        return table(self.config.embed_dim, grid, num_prefix_tokens=self.embedded_prefix)
 
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """Prepend the prefix tokens (class, distillation, registers) to x (B, N, D) and add the position table for
@@ -193,11 +253,15 @@ class VisionTransformer(CostFromImages, nn.Module):
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         pos_embed = self.pos_embed
         if grid != self.patch_embed.grid_size:
-            if self.config.pos_embed == "sincos":
+            if self.config.pos_embed != "learn":
                 pos_embed = self._sincos_table(grid).to(x.device, pos_embed.dtype)
             else:
                 pos_embed = resample_abs_pos_embed(
-                    pos_embed, grid, self.patch_embed.grid_size, num_prefix_tokens=self.embedded_prefix
+                    pos_embed,
+                    grid,
+                    self.patch_embed.grid_size,
+                    num_prefix_tokens=self.embedded_prefix,
+                    antialias=self.config.pos_antialias,
                 )
         if self.config.no_embed_class:
             return self.pos_drop(torch.cat([*prefix, x + pos_embed], dim=1))  # (B, P + N, D)
@@ -212,7 +276,7 @@ class VisionTransformer(CostFromImages, nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> normalised tokens (B, P + N, D)."""
         x, _ = self._embed(x)
-        x = self.blocks(x)
+        x = self.blocks(self.norm_pre(x))
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -225,6 +289,8 @@ class VisionTransformer(CostFromImages, nn.Module):
             return (self.head(self.head_drop(cls)) + self.head_dist(self.head_drop(dist))) / 2
         if self.pool is not None:
             x = self.pool(x[:, self.num_prefix_tokens :])  # (B, N, D) -> (B, r * r)
+        elif self.attn_pool is not None:
+            x = self.attn_pool(x)  # (B, P + N, D) -> (B, D)
         elif self.config.global_pool == "avg":
             x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, N, D) -> (B, D)
         else:
@@ -249,9 +315,10 @@ class VisionTransformer(CostFromImages, nn.Module):
         return self.num_prefix_tokens, self.patch_embed.feat_size(img_size)
 
     def no_weight_decay(self) -> set[str]:
-        """The position table and the learned tokens (timm's `no_weight_decay`)."""
+        """The position table and the learned tokens (timm's `no_weight_decay`), and attention pooling's probe."""
         names = ("pos_embed", "cls_token", "dist_token", "reg_token")
-        return {name for name in names if getattr(self, name) is not None}
+        probe = {"attn_pool.latent"} if self.attn_pool is not None else set()
+        return {name for name in names if getattr(self, name) is not None} | probe
 
     def forward_distill(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """DeiT training: (class-head logits, distillation-head logits), each (B, num_classes)."""
@@ -280,15 +347,19 @@ class VisionTransformer(CostFromImages, nn.Module):
                 ops(copy_op("pos_embed", "cat_prefix", ops.out, tokens, ctx))
             ops(elementwise_op("pos_embed", "+pos", ops.out, 1, ctx))  # + pos: BND
         ops(cost_of("pos_drop", self.pos_drop, ops.out, ctx))
+        ops(cost_of("norm_pre", self.norm_pre, ops.out, ctx))  # 8BND with pre_norm
         ops(sequence("blocks", ops.out, ctx, self.blocks))
         ops(cost_of("norm", self.norm, ops.out, ctx))  # 8BND
         patches = view(ops.out, (B, Hp * Wp, c.embed_dim))  # the prefix tokens dropped: a view
         if c.global_pool == "avg":
             ops(reduce_op("pool", "mean", patches, (B, c.embed_dim), numel(patches.shape), ctx))  # one add per element
-            ops(cost_of("fc_norm", self.fc_norm, ops.out, ctx))  # 8BD
         elif self.pool is not None:
             ops(self.pool.cost("pool", patches, ctx))  # (B, N, D) -> (B, r * r)
+        elif self.attn_pool is not None:
+            ops(self.attn_pool.cost("attn_pool", ops.out, ctx))  # (B, P + N, D) -> (B, D)
         features = ops.out if c.global_pool != "token" else view(ops.out, (B, c.embed_dim))  # x[:, i]: views
+        if self.use_fc_norm:
+            features = ops(cost_of("fc_norm", self.fc_norm, features, ctx))  # 8BD
         heads = [("head", self.head)] + ([("head_dist", self.head_dist)] if c.distilled else [])
         outputs = []
         for name, head in heads:  # head_drop before each head (training only)
@@ -370,8 +441,30 @@ _DINOV2 = dict(img_size=518, patch_size=14, init_values=1e-5, num_classes=0)
 _REGISTERS = dict(reg_tokens=4, no_embed_class=True)
 _vit("vit_small_patch14_dinov2", DINOV2_PAPER, **_SMALL, **_DINOV2)
 _vit("vit_base_patch14_dinov2", DINOV2_PAPER, **_BASE, **_DINOV2)
+_vit("vit_large_patch14_dinov2", DINOV2_PAPER, **_LARGE, **_DINOV2)
 _vit("vit_small_patch14_reg4_dinov2", REGISTERS_PAPER, **_SMALL, **_DINOV2, **_REGISTERS)
 _vit("vit_base_patch14_reg4_dinov2", REGISTERS_PAPER, **_BASE, **_DINOV2, **_REGISTERS)
+_vit("vit_large_patch14_reg4_dinov2", REGISTERS_PAPER, **_LARGE, **_DINOV2, **_REGISTERS)
+# CLIP's image tower: a LayerNorm before the blocks, no patch bias, LayerNorm eps 1e-5; OpenAI's weights were trained
+# with quick GELU (timm's names; the head is a classifier, 1000 classes, as timm builds them)
+_CLIP = dict(pre_norm=True, patch_bias=False, layer_norm_eps=1e-5)
+_vit("vit_base_patch16_clip_224", CLIP_PAPER, **_BASE, **_CLIP)
+_vit("vit_base_patch16_clip_quickgelu_224", CLIP_PAPER, **_BASE, **_CLIP, act="quick_gelu")
+_vit("vit_large_patch14_clip_224", CLIP_PAPER, patch_size=14, **_LARGE, **_CLIP)
+# SigLIP's image tower: no class token, attention pooling (MAP); a backbone. timm builds it with exact GELU, which its
+# weights load into unchanged; transformers' checkpoints say "gelu_pytorch_tanh", read as act="gelu_tanh"
+_SIGLIP = dict(class_token=False, global_pool="map", num_classes=0)
+_vit("vit_base_patch16_siglip_224", SIGLIP_PAPER, **_BASE, **_SIGLIP)
+_vit(
+    "vit_so400m_patch14_siglip_224",
+    SIGLIP_PAPER,
+    patch_size=14,
+    embed_dim=1152,
+    depth=27,
+    num_heads=16,
+    mlp_ratio=3.7362,
+    **_SIGLIP,
+)
 # vitkit's small ViT for the bundled 28x28 digits (16 tokens of 7x7 patches): what `vitkit train` trains by default.
 _DIGITS = dict(embed_dim=128, depth=4, num_heads=4, mlp_ratio=2.0)
 _vit("vit_digits_patch7_28", img_size=28, patch_size=7, num_classes=10, **_DIGITS)

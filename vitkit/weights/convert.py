@@ -266,7 +266,7 @@ def _load_state(
     unmatched: list[str] = []
     layout = None if fmt == "vitkit" else _layout(fam, weights, fmt)
     if layout is not None:
-        state, report.dropped, unmatched = layout.to_vitkit(state)
+        state, report.dropped, unmatched = layout.to_vitkit(state, model.config)
 
     expected = model.state_dict()
     names_note = "" if fmt == "vitkit" else " (named as in vitkit)"
@@ -658,7 +658,7 @@ def export_weights(
         layout = _layout(fam, weights, format)
         if layout.check_export is not None:
             layout.check_export(model.config)
-        state = layout.from_vitkit(state)
+        state = layout.from_vitkit(state, model.config)
         if layout.export_buffers is not None:
             state.update(layout.export_buffers(model))
         wrapper = layout.wrapper

@@ -210,7 +210,9 @@ def resolve_heads(
 class HfLayout(Layout):
     """transformers' layout: the heads resolved from their tie groups (`resolve_heads`), then renamed by the rules."""
 
-    def to_vitkit(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
+    def to_vitkit(
+        self, state: dict[str, torch.Tensor], config: Any = None
+    ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
         # a BatchNorm's step count, in files whose backbone norms were not frozen: nothing frozen norms hold
         counts = [k for k in state if k.endswith(".num_batches_tracked")]
         kept = {self.strip(k): v for k, v in state.items() if k not in counts}
@@ -450,7 +452,9 @@ class OriginalLayout(Layout):
     """The paper's layout: the heads resolved from their repeated names (`resolve_heads`), the rest renamed by the
     rules; export writes every name the paper's model has (not the denoising label embeddings, training only)."""
 
-    def to_vitkit(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
+    def to_vitkit(
+        self, state: dict[str, torch.Tensor], config: Any = None
+    ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
         if f"{_T}enc_output.weight" in state and not any(k.startswith(f"{_T}decoder.bbox_embed.") for k in state):
             raise ValueError(
                 "a two-stage Deformable DETR without box refinement (--two_stage without --with_box_refine: "
@@ -461,7 +465,7 @@ class OriginalLayout(Layout):
         out, dropped, unmatched = super().to_vitkit(heads_resolved)
         return out, [*repeats, *dropped], unmatched
 
-    def from_vitkit(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def from_vitkit(self, state: dict[str, torch.Tensor], config: Any = None) -> dict[str, torch.Tensor]:
         heads = {k: v for k, v in state.items() if k.startswith(_HEADS)}
         body = super().from_vitkit(
             {k: v for k, v in state.items() if k not in heads and not k.startswith(_TRAINING_ONLY)}

@@ -30,6 +30,24 @@ def check_act(hf: dict[str, Any], source: str) -> None:
         raise ValueError(f"{source}: hidden_act {act!r} is not supported; vitkit's MLP uses exact GELU ('gelu')")
 
 
+ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "quick_gelu": "quick_gelu"}
+"""transformers' `hidden_act` names -> vitkit's activations (`vitkit.layers.mlp.ACTIVATIONS`); "gelu_new" is the same
+tanh form as "gelu_pytorch_tanh", computed in other steps."""
+
+
+def act_of(hf: dict[str, Any], source: str, default: str = "gelu") -> str:
+    """The vitkit activation of a config.json's `hidden_act`; ValueError for one vitkit's MLP does not compute."""
+    act = hf.get("hidden_act", default)
+    if act not in ACTIVATIONS:
+        raise ValueError(f"{source}: hidden_act {act!r} is not supported; vitkit computes {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[act]
+
+
+def hf_act(act: str) -> str:
+    """transformers' `hidden_act` name for a vitkit activation."""
+    return {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "quick_gelu": "quick_gelu"}[act]
+
+
 def num_labels(hf: dict[str, Any]) -> int:
     """The number of classes of a config.json: its `id2label` entries, else `num_labels` (transformers' default 2)."""
     id2label = hf.get("id2label")

@@ -36,8 +36,8 @@ from vitkit.weights.family import family_weights
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-FORMAT_VERSION = 4  # what save_pretrained writes
-READ_VERSIONS = (1, 2, 3, 4)  # the format versions this vitkit reads
+FORMAT_VERSION = 5  # what save_pretrained writes
+READ_VERSIONS = (1, 2, 3, 4, 5)  # the format versions this vitkit reads
 INFO_ATTRIBUTE = "pretrained_info"  # the `ModelInfo` that from_pretrained / load_pretrained set on a model
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # files written by torch.save
 # Weight files looked for, in this order, when a checkpoint path is a directory (vitkit's and Hugging Face's names).

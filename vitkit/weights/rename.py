@@ -9,6 +9,9 @@ A rule with several source names concatenates their tensors along dim 0 on impor
 splits the vitkit tensor into that many equal parts along dim 0 on export (q, k, v <-> the fused qkv).
 Where two rules name the same vitkit key (older or newer spellings of a source name), import accepts
 either and export writes the first.
+A rule may also map the tensor's values (`Rename.values`: a reshape, a transpose, a permutation), and a layout whose
+conversion spans several tensors, or needs the model's config, overrides `to_vitkit` / `from_vitkit`, which receive
+the vitkit config (None where only the names are wanted).
 A layout may hold one part of a model only (`Layout.part`, e.g. a ResNet classifier's file for a detector's
 backbone): loading fills that part and leaves the rest of the model as initialised.
 """
@@ -25,6 +28,7 @@ import torch
 from torch import nn
 
 Indices = dict[str, int]
+TensorMap = Callable[[torch.Tensor], torch.Tensor]
 # Maps one side's placeholder values to the other's; None when the rule does not apply to these indices.
 IndexMap = Callable[[Indices], Indices | None]
 
@@ -35,11 +39,19 @@ class Rename:
     theirs: tuple[str, ...]  # source key(s) or prefix(es); several are concatenated along dim 0, in this order
     to_ours: IndexMap | None = None  # source indices -> vitkit indices (default: the same names and values)
     to_theirs: IndexMap | None = None  # vitkit indices -> source indices (the inverse of to_ours)
+    values: tuple[TensorMap, TensorMap] | None = None  # (source tensor -> vitkit's, vitkit's -> source): applied
+    # after concatenating on import and before splitting on export; None: the values as they are
 
 
-def rename(ours: str, *theirs: str, to_ours: IndexMap | None = None, to_theirs: IndexMap | None = None) -> Rename:
-    """A rule: the vitkit name `ours` comes from the source name(s) `theirs`."""
-    return Rename(ours, theirs, to_ours, to_theirs)
+def rename(
+    ours: str,
+    *theirs: str,
+    to_ours: IndexMap | None = None,
+    to_theirs: IndexMap | None = None,
+    values: tuple[TensorMap, TensorMap] | None = None,
+) -> Rename:
+    """A rule: the vitkit name `ours` comes from the source name(s) `theirs`, its values mapped by `values`."""
+    return Rename(ours, theirs, to_ours, to_theirs, values)
 
 
 @functools.cache
@@ -79,11 +91,13 @@ class Layout:
     # classifier's file: a detector's "backbone."): loading fills that part and leaves the rest as initialised;
     # "": the whole model
     part_name: str = ""  # what such a file is, in words (e.g. "ResNet"), for messages
+    other_markers: tuple[tuple[str, ...], ...] = ()  # further sets of keys, any one of which, all its keys present,
+    # identifies the layout too (one format's several model classes, e.g. transformers' CLIP and SigLIP towers)
 
     def matches(self, keys: set[str]) -> bool:
         """Whether a state dict with these keys is in this layout."""
         keys = {self.strip(k) for k in keys}
-        return all(m in keys for m in self.markers)
+        return any(all(m in keys for m in markers) for markers in (self.markers, *self.other_markers))
 
     def strip(self, key: str) -> str:
         """The key without the first of `strip_prefixes` it starts with."""
@@ -92,8 +106,10 @@ class Layout:
                 return key[len(prefix) :]
         return key
 
-    def to_vitkit(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
-        """Rename a source state dict to vitkit names.
+    def to_vitkit(
+        self, state: dict[str, torch.Tensor], config: Any = None
+    ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
+        """Rename a source state dict to vitkit names, for a model of `config` (None: names and shapes only).
 
         Returns (vitkit state, dropped source keys, unmatched source keys): dropped keys have no vitkit
         counterpart by design (e.g. a pooler); unmatched keys are ones no rule covers, or parts of an
@@ -120,11 +136,13 @@ class Layout:
                 continue
             tensors = [state[got[j]] for j in range(len(rule.theirs))]
             # Several source tensors (q, k, v) stack along dim 0 into one (the fused qkv's output rows).
-            out[target] = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+            tensor = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+            out[target] = rule.values[0](tensor) if rule.values else tensor
         return out, dropped, unmatched
 
-    def from_vitkit(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Rename a vitkit state dict to this layout; ValueError for a key the layout has no place for."""
+    def from_vitkit(self, state: dict[str, torch.Tensor], config: Any = None) -> dict[str, torch.Tensor]:
+        """Rename a vitkit state dict (of a model of `config`) to this layout; ValueError for a key the layout has no
+        place for."""
         out: dict[str, torch.Tensor] = {}
         for key, tensor in state.items():
             for rule in self.rules:
@@ -133,6 +151,8 @@ class Layout:
                 if indices is None:
                     continue
                 n = len(rule.theirs)
+                if rule.values:
+                    tensor = rule.values[1](tensor)
                 if tensor.shape[0] % n != 0:
                     raise ValueError(f"{key} {tuple(tensor.shape)} does not split into {n} equal parts along dim 0")
                 # The fused tensor splits back along dim 0 into its n sources (qkv -> q, k, v), in table order.

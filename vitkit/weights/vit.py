@@ -9,7 +9,11 @@ equal outputs in the vitkit model of the same size (vit_b_16 -> `vit_base_patch1
 
 transformers: `ViTModel`, `ViTForImageClassification`, `DeiTModel` and `DeiTForImageClassificationWithTeacher`, as
 written by their `save_pretrained` (the names below, under a `vit.` / `deit.` prefix when heads sit beside the
-encoder) and as named inside transformers 5 models (`attention.q_proj`, `mlp.fc1`, ...), which import accepts too.
+encoder) and as named inside transformers 5 models (`attention.q_proj`, `mlp.fc1`, ...), which import accepts too;
+and the backbones people fine-tune: `Dinov2Model`, `Dinov2WithRegistersModel`, `CLIPVisionModel` (and a `CLIPModel`'s
+vision tower), `SiglipVisionModel` (and a `SiglipModel`'s vision tower, and `SiglipForImageClassification`). Each
+reads into the ViT whose `model(x)` is transformers' `pooler_output` and whose `forward_features(x)` is its
+`last_hidden_state` (for CLIP, with the final LayerNorm applied to every token, as vitkit's features are).
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitkit.layers import resample_abs_pos_embed, to_2tuple
+from vitkit.layers import resample_abs_pos_embed
 from vitkit.models.vit import ViTConfig
 from vitkit.weights.family import FamilyWeights, State
-from vitkit.weights.hf import check_act, labels, num_labels, prefix_encoder, square
+from vitkit.weights.hf import act_of, hf_act, labels, num_labels, prefix_encoder, square
 from vitkit.weights.rename import Layout, Rename, rename
 from vitkit.weights.shapes import conv_fields, count
 
@@ -33,17 +37,16 @@ def resample_pos_embed(model: nn.Module, state: dict[str, torch.Tensor]) -> list
     old, new = state.get("pos_embed"), model.state_dict().get("pos_embed")
     if old is None or new is None or old.shape == new.shape or old.ndim != 3 or old.shape[-1] != new.shape[-1]:
         return []  # equal, or not a resampling case: the shape check reports the rest
-    layout = model.token_grid(to_2tuple(model.config.img_size))  # the model interface: (prefix tokens, grid)
-    if layout is None:
-        return []
-    prefix, grid = layout
+    prefix, grid = model.embedded_prefix, model.patch_embed.grid_size  # the rows before the grid, and the grid
     side = round((old.shape[1] - prefix) ** 0.5)
     if old.shape[1] <= prefix or side * side != old.shape[1] - prefix:
         raise ValueError(
             f"position table {tuple(old.shape)} is not {prefix} prefix rows plus a square grid, so it cannot be "
             f"resampled to the model's {grid[0]}x{grid[1]} grid; build the model at the checkpoint's image size"
         )
-    state["pos_embed"] = resample_abs_pos_embed(old, grid, (side, side), num_prefix_tokens=prefix)
+    state["pos_embed"] = resample_abs_pos_embed(
+        old, grid, (side, side), num_prefix_tokens=prefix, antialias=model.config.pos_antialias
+    )
     return [f"pos_embed: {side}x{side} -> {grid[0]}x{grid[1]} grid"]
 
 
@@ -79,6 +82,11 @@ def check_torchvision_export(config: ViTConfig) -> None:
         problems.append(f"LayerNorm eps 1e-6 (this model: {config.layer_norm_eps})")
     if config.num_classes == 0:
         problems.append("a classifier (num_classes > 0)")
+    problems += [
+        f"{name}={value!r} (this model: {getattr(config, name)!r})"
+        for name, value in PLAIN.items()
+        if getattr(config, name) != value
+    ]
     if config.in_chans != 3:
         problems.append(f"3 input channels (this model: {config.in_chans})")
     if isinstance(config.img_size, tuple) and config.img_size[0] != config.img_size[1]:
@@ -154,11 +162,32 @@ _HF_HEADS: tuple[Rename, ...] = (
     rename("head", "cls_classifier"),  # DeiTForImageClassificationWithTeacher: class-token head ...
     rename("head_dist", "distillation_classifier"),  # ... and distillation-token head, logits averaged
 )
-_HF_COMMON = dict(
-    family="vit",
-    markers=("embeddings.patch_embeddings.projection.weight", "embeddings.position_embeddings"),
-    strip_prefixes=("vit.", "deit."),
-    dropped=("pooler",),  # ViTModel / DeiTModel's tanh pooler over the class token: no vitkit counterpart
+
+
+def require(config: ViTConfig, library: str, **wanted: Any) -> None:
+    """ValueError, naming every field that differs, unless `config` has the `wanted` field values: what `library`'s
+    model can express."""
+    problems = [
+        f"{name}={value!r} (this model: {getattr(config, name)!r})"
+        for name, value in wanted.items()
+        if getattr(config, name) != value
+    ]
+    if problems:
+        raise ValueError(f"{library} needs " + ", ".join(problems))
+
+
+# The fields of the ViT of the ViT paper, which torchvision's and transformers' ViT / DeiT classes build.
+PLAIN = dict(
+    pre_norm=False,
+    patch_bias=True,
+    patch_norm=False,
+    act="gelu",
+    head_dim=None,
+    proj_bias=True,
+    reg_tokens=0,
+    no_embed_class=False,
+    pos_embed="learn",
+    fc_norm=None,
 )
 
 
@@ -171,11 +200,155 @@ def check_hf_export(config: ViTConfig) -> None:
         problems.append("no LayerScale (init_values=None)")
     if problems:
         raise ValueError("transformers' ViT / DeiT needs " + "; ".join(problems))
+    require(config, "transformers' ViT / DeiT", **{**PLAIN, "act": config.act})  # its hidden_act takes any
 
 
-# Import accepts every name in either table; export writes ViT's `classifier` or DeiT's two heads.
-HF = Layout(format="hf", rules=_HF_BODY + _HF_HEADS, **_HF_COMMON)
-HF_DEIT = Layout(format="hf", rules=_HF_BODY + _HF_HEADS[1:], **_HF_COMMON)
+# --- transformers' DINOv2, CLIP and SigLIP ----------------------------------------------------------------------------
+_DINOV2_BLOCK = "encoder.layer.{i}"
+_CLIP_BLOCK = "encoder.layers.{i}"  # CLIP's and SigLIP's
+_TABLE = (lambda t: t.unsqueeze(0), lambda t: t.squeeze(0))  # their Embedding (T, D) <-> vitkit's table (1, T, D)
+_TOKEN = (lambda t: t.reshape(1, 1, -1), lambda t: t.reshape(-1))  # CLIP's class embedding (D,) <-> (1, 1, D)
+
+_DINOV2_RULES = (
+    rename("cls_token", "embeddings.cls_token"),
+    rename("reg_token", "embeddings.register_tokens"),  # (1, R, D) both
+    rename("pos_embed", "embeddings.position_embeddings"),  # (1, 1 + N, D): see HfViTLayout for registers
+    rename("patch_embed.proj", "embeddings.patch_embeddings.projection"),
+    rename("blocks.{i}.norm1", f"{_DINOV2_BLOCK}.norm1"),
+    rename(
+        "blocks.{i}.attn.qkv",
+        f"{_DINOV2_BLOCK}.attention.attention.query",
+        f"{_DINOV2_BLOCK}.attention.attention.key",
+        f"{_DINOV2_BLOCK}.attention.attention.value",
+    ),
+    rename("blocks.{i}.attn.proj", f"{_DINOV2_BLOCK}.attention.output.dense"),
+    rename("blocks.{i}.ls1.gamma", f"{_DINOV2_BLOCK}.layer_scale1.lambda1"),
+    rename("blocks.{i}.norm2", f"{_DINOV2_BLOCK}.norm2"),
+    rename("blocks.{i}.mlp.fc1", f"{_DINOV2_BLOCK}.mlp.fc1"),
+    rename("blocks.{i}.mlp.fc2", f"{_DINOV2_BLOCK}.mlp.fc2"),
+    rename("blocks.{i}.ls2.gamma", f"{_DINOV2_BLOCK}.layer_scale2.lambda1"),
+    rename("norm", "layernorm"),
+    # inside transformers 5 models
+    rename(
+        "blocks.{i}.attn.qkv",
+        f"{_DINOV2_BLOCK}.attention.q_proj",
+        f"{_DINOV2_BLOCK}.attention.k_proj",
+        f"{_DINOV2_BLOCK}.attention.v_proj",
+    ),
+    rename("blocks.{i}.attn.proj", f"{_DINOV2_BLOCK}.attention.o_proj"),
+)
+_CLIP_BLOCKS = (
+    rename("blocks.{i}.norm1", f"{_CLIP_BLOCK}.layer_norm1"),
+    rename(
+        "blocks.{i}.attn.qkv",
+        f"{_CLIP_BLOCK}.self_attn.q_proj",
+        f"{_CLIP_BLOCK}.self_attn.k_proj",
+        f"{_CLIP_BLOCK}.self_attn.v_proj",
+    ),
+    rename("blocks.{i}.attn.proj", f"{_CLIP_BLOCK}.self_attn.out_proj"),
+    rename("blocks.{i}.norm2", f"{_CLIP_BLOCK}.layer_norm2"),
+    rename("blocks.{i}.mlp.fc1", f"{_CLIP_BLOCK}.mlp.fc1"),
+    rename("blocks.{i}.mlp.fc2", f"{_CLIP_BLOCK}.mlp.fc2"),
+    rename("patch_embed.proj", "embeddings.patch_embedding"),  # Conv2d (D, C, p, p); CLIP's without a bias
+    rename("pos_embed", "embeddings.position_embedding.weight", values=_TABLE),  # Embedding (T, D) -> (1, T, D)
+    rename("norm", "post_layernorm"),
+)
+_CLIP_RULES = (
+    rename("cls_token", "embeddings.class_embedding", values=_TOKEN),
+    rename("norm_pre", "pre_layrnorm"),  # transformers' spelling
+    *_CLIP_BLOCKS,
+)
+_SIGLIP_RULES = (
+    *_CLIP_BLOCKS,
+    # SiglipMultiheadAttentionPoolingHead: the probe, nn.MultiheadAttention (in_proj rows q, k, v), LayerNorm, MLP;
+    # the in_proj goes to attn_pool.qkv, which HfViTLayout splits into the probe's q and the tokens' kv
+    rename("attn_pool.latent", "head.probe"),
+    rename("attn_pool.qkv.weight", "head.attention.in_proj_weight"),
+    rename("attn_pool.qkv.bias", "head.attention.in_proj_bias"),
+    rename("attn_pool.proj", "head.attention.out_proj"),
+    rename("attn_pool.norm", "head.layernorm"),
+    rename("attn_pool.mlp.fc1", "head.mlp.fc1"),
+    rename("attn_pool.mlp.fc2", "head.mlp.fc2"),
+)
+
+
+class HfViTLayout(Layout):
+    """transformers' ViT layouts, with the two conversions that span tensors:
+    - SigLIP's pooling head holds q, k and v in one in_proj (3D, D); vitkit's (timm's) `AttentionPool` holds the
+      probe's q (D, D) and the tokens' kv (2D, D): split on import, joined on export.
+    - Dinov2WithRegistersModel gives the class token a position row (its table is 1 + N rows; registers have
+      none). vitkit's (timm's) DINOv2 with registers has no row for any prefix token (`no_embed_class`): the class
+      token's row is added to the class token on import, which is exact at every image size (the row is never
+      resampled), and exported as a zero row.
+    """
+
+    def to_vitkit(
+        self, state: dict[str, torch.Tensor], config: Any = None
+    ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
+        out, dropped, unmatched = super().to_vitkit(state, config)
+        for part in ("weight", "bias"):
+            qkv = out.pop(f"attn_pool.qkv.{part}", None)
+            if qkv is not None:  # rows q | k | v
+                D = qkv.shape[0] // 3
+                out[f"attn_pool.q.{part}"], out[f"attn_pool.kv.{part}"] = qkv[:D], qkv[D:]
+        if "reg_token" in out and {"cls_token", "pos_embed"} <= set(out):
+            pos = out["pos_embed"]
+            out["cls_token"] = out["cls_token"] + pos[:, :1]  # (1, 1, D)
+            out["pos_embed"] = pos[:, 1:]  # (1, N, D)
+        return out, dropped, unmatched
+
+    def from_vitkit(self, state: dict[str, torch.Tensor], config: Any = None) -> dict[str, torch.Tensor]:
+        state = dict(state)
+        for part in ("weight", "bias"):
+            if f"attn_pool.q.{part}" in state:
+                q, kv = state.pop(f"attn_pool.q.{part}"), state.pop(f"attn_pool.kv.{part}")
+                state[f"attn_pool.qkv.{part}"] = torch.cat([q, kv])  # rows q | k | v
+        if "reg_token" in state:
+            pos = state["pos_embed"]
+            state["pos_embed"] = torch.cat([torch.zeros_like(pos[:, :1]), pos], dim=1)  # (1, 1 + N, D)
+        return super().from_vitkit(state, config)
+
+
+_DROPPED = (
+    "pooler",  # ViTModel / DeiTModel's tanh pooler over the class token: no vitkit counterpart
+    "embeddings.mask_token",  # DINOv2's masked-image-modelling token: training only
+    "embeddings.position_ids",  # CLIP's index buffer in older files
+    # a CLIPModel's / SiglipModel's text tower and the projections into the joint space: vitkit reads the image tower
+    "text_model",
+    "text_projection",
+    "visual_projection",
+    "logit_scale",
+    "logit_bias",
+)
+_HF_COMMON = dict(
+    family="vit",
+    markers=("embeddings.patch_embeddings.projection.weight", "embeddings.position_embeddings"),
+    other_markers=(("embeddings.patch_embedding.weight", "embeddings.position_embedding.weight"),),
+    strip_prefixes=("vit.", "deit.", "dinov2.", "vision_model."),
+    dropped=_DROPPED,
+)
+
+
+# Import accepts every name in any table; export writes one class's names.
+HF = HfViTLayout(format="hf", rules=_HF_BODY + _HF_HEADS + _DINOV2_RULES + _CLIP_RULES + _SIGLIP_RULES, **_HF_COMMON)
+HF_DEIT = HfViTLayout(format="hf", rules=_HF_BODY + _HF_HEADS[1:], **_HF_COMMON)
+HF_DINOV2 = HfViTLayout(format="hf", rules=_DINOV2_RULES, **_HF_COMMON)
+HF_CLIP = HfViTLayout(format="hf", rules=_CLIP_RULES, **_HF_COMMON)
+HF_SIGLIP = HfViTLayout(format="hf", rules=_SIGLIP_RULES, **_HF_COMMON)
+
+
+def _mlp_ratio(hidden: int, intermediate: int, source: str) -> float:
+    mlp_ratio = intermediate / hidden
+    if int(hidden * mlp_ratio) != intermediate:
+        raise ValueError(f"{source}: intermediate_size {intermediate} is not reachable as hidden_size x mlp_ratio")
+    return mlp_ratio
+
+
+def _patch(hf: dict[str, Any], default: int, source: str) -> int:
+    patch = square(hf.get("patch_size", default), "patch_size", source)
+    if not isinstance(patch, int):
+        raise ValueError(f"{source}: patch_size {hf['patch_size']} is not square; vitkit patches are p x p")
+    return patch
 
 
 def config_from_hf(hf: dict[str, Any], keys: set[str], source: str) -> ViTConfig:
@@ -194,38 +367,140 @@ def config_from_hf(hf: dict[str, Any], keys: set[str], source: str) -> ViTConfig
             "token, which vitkit's distilled DeiT (two heads, logits averaged) cannot reproduce; load its encoder "
             "with vitkit.load_weights(model, path, reset_head=True) into a distilled model"
         )
-    check_act(hf, source)
-    hidden, intermediate = hf.get("hidden_size", 768), hf.get("intermediate_size", 3072)
-    mlp_ratio = intermediate / hidden
-    if int(hidden * mlp_ratio) != intermediate:
-        raise ValueError(f"{source}: intermediate_size {intermediate} is not reachable as hidden_size x mlp_ratio")
-    patch = square(hf.get("patch_size", 16), "patch_size", source)
-    if not isinstance(patch, int):
-        raise ValueError(f"{source}: patch_size {hf['patch_size']} is not square; vitkit patches are p x p")
+    hidden = hf.get("hidden_size", 768)
     has_head = bool(stripped & {"classifier.weight", "cls_classifier.weight"})
     return ViTConfig(
         img_size=square(hf.get("image_size", 224), "image_size", source),
-        patch_size=patch,
+        patch_size=_patch(hf, 16, source),
         in_chans=hf.get("num_channels", 3),
         num_classes=num_labels(hf) if has_head else 0,
         embed_dim=hidden,
         depth=hf.get("num_hidden_layers", 12),
         num_heads=hf.get("num_attention_heads", 12),
-        mlp_ratio=mlp_ratio,
+        mlp_ratio=_mlp_ratio(hidden, hf.get("intermediate_size", 3072), source),
         qkv_bias=hf.get("qkv_bias", True),
         distilled=distilled,
         drop_rate=hf.get("hidden_dropout_prob", 0.0),
         attn_drop_rate=hf.get("attention_probs_dropout_prob", 0.0),
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+        act=act_of(hf, source),
+    )
+
+
+def _no_classifier(stripped: set[str], source: str, what: str) -> None:
+    if "classifier.weight" in stripped:
+        raise ValueError(
+            f"{source}: {what}, which vitkit's ViT heads do not compute; load its backbone into a ViT built from "
+            "the directory with num_classes=0 (vitkit.load_weights(model, path, strict=False) reports the head "
+            "left out), then fine-tune a new head"
+        )
+
+
+def config_from_dinov2(hf: dict[str, Any], keys: set[str], source: str) -> ViTConfig:
+    """The vitkit ViT equal to transformers' `Dinov2Model` / `Dinov2WithRegistersModel` (model_type "dinov2" /
+    "dinov2_with_registers"): LayerScale, registers after the class token with no position row, any image size
+    (the table resampled as transformers does: plain bicubic for Dinov2Model, antialiased with registers)."""
+    stripped = {HF.strip(k) for k in keys}
+    _no_classifier(stripped, source, "Dinov2ForImageClassification's head reads the class token and the mean patch")
+    if hf.get("use_swiglu_ffn", False):
+        raise ValueError(f"{source}: use_swiglu_ffn (DINOv2's giant) is not supported; vitkit's MLP is fc1-act-fc2")
+    registers = hf.get("num_register_tokens", 4) if hf["model_type"] == "dinov2_with_registers" else 0
+    return ViTConfig(
+        img_size=square(hf.get("image_size", 224 if registers else 224), "image_size", source),
+        patch_size=_patch(hf, 16 if registers else 14, source),
+        in_chans=hf.get("num_channels", 3),
+        num_classes=0,
+        embed_dim=hf.get("hidden_size", 768),
+        depth=hf.get("num_hidden_layers", 12),
+        num_heads=hf.get("num_attention_heads", 12),
+        mlp_ratio=float(hf.get("mlp_ratio", 4)),
+        qkv_bias=hf.get("qkv_bias", True),
+        reg_tokens=registers,
+        no_embed_class=registers > 0,
+        drop_rate=hf.get("hidden_dropout_prob", 0.0),
+        attn_drop_rate=hf.get("attention_probs_dropout_prob", 0.0),
+        drop_path_rate=hf.get("drop_path_rate", 0.0),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-6),
+        init_values=float(hf.get("layerscale_value", 1.0)),
+        dynamic_img_size=True,
+        act=act_of(hf, source),
+        pos_antialias=registers > 0,
+    )
+
+
+def _vision_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The image tower's settings: a CLIPModel's / SiglipModel's `vision_config`, else the config itself."""
+    return (hf.get("vision_config") or {}) if "vision_config" in hf else hf
+
+
+def config_from_clip(hf: dict[str, Any], keys: set[str], source: str) -> ViTConfig:
+    """The vitkit ViT equal to transformers' `CLIPVisionModel` (model_type "clip_vision_model"), or a `CLIPModel`'s
+    image tower ("clip"): a LayerNorm before the blocks, no patch bias, quick GELU unless the config says
+    otherwise; `model(x)` is the post-layernormed class token (`pooler_output`, before `visual_projection`)."""
+    stripped = {HF.strip(k) for k in keys}
+    _no_classifier(stripped, source, "CLIPForImageClassification's head reads the mean patch token")
+    v = _vision_config(hf)
+    hidden = v.get("hidden_size", 768)
+    return ViTConfig(
+        img_size=square(v.get("image_size", 224), "image_size", source),
+        patch_size=_patch(v, 32, source),
+        in_chans=v.get("num_channels", 3),
+        num_classes=0,
+        embed_dim=hidden,
+        depth=v.get("num_hidden_layers", 12),
+        num_heads=v.get("num_attention_heads", 12),
+        mlp_ratio=_mlp_ratio(hidden, v.get("intermediate_size", 3072), source),
+        attn_drop_rate=v.get("attention_dropout", 0.0),
+        layer_norm_eps=v.get("layer_norm_eps", 1e-5),
+        act=act_of(v, source, default="quick_gelu"),
+        pre_norm=True,
+        patch_bias=False,
+    )
+
+
+def config_from_siglip(hf: dict[str, Any], keys: set[str], source: str) -> ViTConfig:
+    """The vitkit ViT equal to transformers' `SiglipVisionModel` (model_type "siglip_vision_model") or a
+    `SiglipModel`'s image tower ("siglip"): no class token; attention pooling (`model(x)` is the pooled
+    `pooler_output`), or for a tower without the pooling head (`vision_use_head: false`) the mean of the normalised
+    tokens."""
+    stripped = {HF.strip(k) for k in keys}
+    _no_classifier(stripped, source, "SiglipForImageClassification's head reads the mean token")
+    v = _vision_config(hf)
+    hidden = v.get("hidden_size", 768)
+    pooled = v.get("vision_use_head", True)
+    return ViTConfig(
+        img_size=square(v.get("image_size", 224), "image_size", source),
+        patch_size=_patch(v, 16, source),
+        in_chans=v.get("num_channels", 3),
+        num_classes=0,
+        embed_dim=hidden,
+        depth=v.get("num_hidden_layers", 12),
+        num_heads=v.get("num_attention_heads", 12),
+        mlp_ratio=_mlp_ratio(hidden, v.get("intermediate_size", 3072), source),
+        attn_drop_rate=v.get("attention_dropout", 0.0),
+        layer_norm_eps=v.get("layer_norm_eps", 1e-6),
+        act=act_of(v, source, default="gelu_pytorch_tanh"),
+        class_token=False,
+        global_pool="map" if pooled else "avg",
+        fc_norm=None if pooled else False,
     )
 
 
 def to_hf(config: ViTConfig, state: State) -> tuple[State, dict[str, Any]]:
-    """A vitkit ViT/DeiT state dict and config as transformers' `save_pretrained` writes them: (state, config.json).
+    """A vitkit ViT state dict and config as transformers' `save_pretrained` writes them: (state, config.json).
 
-    A model with a classifier becomes `ViTForImageClassification` (`DeiTForImageClassificationWithTeacher`
-    when distilled), one without becomes `ViTModel` (`DeiTModel`).
+    The class is the one that computes the model: attention pooling -> `SiglipVisionModel` (with a classifier on the
+    mean token: `SiglipForImageClassification`); a LayerNorm before the blocks -> `CLIPVisionModel`; LayerScale ->
+    `Dinov2Model` (`Dinov2WithRegistersModel` with registers); else a model with a classifier becomes
+    `ViTForImageClassification` (`DeiTForImageClassificationWithTeacher` when distilled), one without `ViTModel`
+    (`DeiTModel`). ValueError, naming the fields, for a model none of them computes.
     """
+    if config.global_pool == "map" or (not config.class_token and not config.pre_norm and config.init_values is None):
+        return _to_siglip(config, state)
+    if config.pre_norm:
+        return _to_clip(config, state)
+    if config.init_values is not None:
+        return _to_dinov2(config, state)
     check_hf_export(config)
     layout = HF_DEIT if config.distilled else HF
     base, prefix = ("DeiT", "deit.") if config.distilled else ("ViT", "vit.")
@@ -234,6 +509,81 @@ def to_hf(config: ViTConfig, state: State) -> tuple[State, dict[str, Any]]:
     else:
         architecture = base + ("ForImageClassificationWithTeacher" if config.distilled else "ForImageClassification")
     return prefix_encoder(layout.from_vitkit(state), layout, prefix), _hf_config_json(config, architecture)
+
+
+def _square_size(config: ViTConfig, library: str) -> int:
+    if not isinstance(config.img_size, int):
+        raise ValueError(f"{library} needs square images (this model: {config.img_size[0]}x{config.img_size[1]})")
+    return config.img_size
+
+
+def _to_dinov2(config: ViTConfig, state: State) -> tuple[State, dict[str, Any]]:
+    registers = config.reg_tokens > 0
+    library = "transformers' " + ("Dinov2WithRegistersModel" if registers else "Dinov2Model")
+    fields = {**PLAIN, "act": config.act, "reg_tokens": config.reg_tokens, "no_embed_class": registers}
+    require(config, library, **fields, class_token=True, global_pool="token", distilled=False, num_classes=0)
+    if config.mlp_ratio != int(config.mlp_ratio):
+        raise ValueError(f"{library} needs a whole mlp_ratio (this model: {config.mlp_ratio})")
+    hf = {
+        "architectures": ["Dinov2WithRegistersModel" if registers else "Dinov2Model"],
+        "model_type": "dinov2_with_registers" if registers else "dinov2",
+        "hidden_size": config.embed_dim,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "mlp_ratio": int(config.mlp_ratio),
+        "hidden_act": hf_act(config.act),
+        "hidden_dropout_prob": config.drop_rate,
+        "attention_probs_dropout_prob": config.attn_drop_rate,
+        "drop_path_rate": config.drop_path_rate,
+        "layer_norm_eps": config.layer_norm_eps,
+        "image_size": _square_size(config, library),
+        "patch_size": config.patch_size,
+        "num_channels": config.in_chans,
+        "qkv_bias": config.qkv_bias,
+        "layerscale_value": config.init_values,
+        "use_swiglu_ffn": False,
+        **({"num_register_tokens": config.reg_tokens} if registers else {}),
+    }
+    return HF_DINOV2.from_vitkit(state, config), hf
+
+
+def _tower_json(config: ViTConfig, architecture: str, model_type: str, library: str) -> dict[str, Any]:
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "hidden_size": config.embed_dim,
+        "intermediate_size": int(config.embed_dim * config.mlp_ratio),
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "num_channels": config.in_chans,
+        "image_size": _square_size(config, library),
+        "patch_size": config.patch_size,
+        "hidden_act": hf_act(config.act),
+        "layer_norm_eps": config.layer_norm_eps,
+        "attention_dropout": config.attn_drop_rate,
+    }
+
+
+def _to_clip(config: ViTConfig, state: State) -> tuple[State, dict[str, Any]]:
+    library = "transformers' CLIPVisionModel"
+    fields = {**PLAIN, "act": config.act, "pre_norm": True, "patch_bias": False}
+    require(config, library, **fields, class_token=True, global_pool="token", distilled=False, num_classes=0)
+    require(config, library, init_values=None, qkv_bias=True)
+    renamed = {"vision_model." + k: v for k, v in HF_CLIP.from_vitkit(state, config).items()}
+    return renamed, _tower_json(config, "CLIPVisionModel", "clip_vision_model", library)
+
+
+def _to_siglip(config: ViTConfig, state: State) -> tuple[State, dict[str, Any]]:
+    library = "transformers' SiglipVisionModel"
+    pooled = config.global_pool == "map"  # else the mean of the normalised tokens, a tower without the pooling head
+    pool = dict(global_pool="map", fc_norm=None) if pooled else dict(global_pool="avg", fc_norm=False)
+    require(config, library, **{**PLAIN, "act": config.act, **pool}, class_token=False, num_classes=0)
+    require(config, library, init_values=None, qkv_bias=True)
+    renamed = {"vision_model." + k: v for k, v in HF_SIGLIP.from_vitkit(state, config).items()}
+    return renamed, {
+        **_tower_json(config, "SiglipVisionModel", "siglip_vision_model", library),
+        "vision_use_head": pooled,
+    }
 
 
 def _hf_config_json(config: ViTConfig, architecture: str) -> dict[str, Any]:
@@ -245,7 +595,7 @@ def _hf_config_json(config: ViTConfig, architecture: str) -> dict[str, Any]:
         "num_hidden_layers": config.depth,
         "num_attention_heads": config.num_heads,
         "intermediate_size": int(config.embed_dim * config.mlp_ratio),
-        "hidden_act": "gelu",
+        "hidden_act": hf_act(config.act),
         "hidden_dropout_prob": config.drop_rate,
         "attention_probs_dropout_prob": config.attn_drop_rate,
         "initializer_range": 0.02,
@@ -266,8 +616,24 @@ WEIGHTS = FamilyWeights(
     adapt=resample_pos_embed,
     layouts=(TORCHVISION, HF),
     read_fields=read_fields,
-    fields_added={"bilinear_dim": 2, "reg_tokens": 4, "no_embed_class": 4},
-    hf_model_types={"vit": config_from_hf, "deit": config_from_hf},
+    fields_added={
+        "bilinear_dim": 2,
+        "reg_tokens": 4,
+        "no_embed_class": 4,
+        **dict.fromkeys(
+            ("pre_norm", "patch_bias", "patch_norm", "act", "head_dim", "proj_bias", "fc_norm", "pos_antialias"), 5
+        ),
+    },
+    hf_model_types={
+        "vit": config_from_hf,
+        "deit": config_from_hf,
+        "dinov2": config_from_dinov2,
+        "dinov2_with_registers": config_from_dinov2,
+        "clip": config_from_clip,
+        "clip_vision_model": config_from_clip,
+        "siglip": config_from_siglip,
+        "siglip_vision_model": config_from_siglip,
+    },
     hf_export=to_hf,
     hf_image_processor=True,
 )
