@@ -38,7 +38,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         help="layout to write (default: vitkit)",
     )
     parser.add_argument(
-        "--model", help="registered model to load a checkpoint file into (see `vitkit models`); not for directories"
+        "--model",
+        help="registered model to load a checkpoint file into (see `vitkit models`); not for directories, nor for "
+        "vit-pytorch files, whose model is built from their shapes and --set num_heads=H",
     )
     parser.add_argument(
         "--set",

@@ -15,6 +15,7 @@ from vitkit.weights.convert import (
     from_pretrained,
     load_pretrained,
     load_weights,
+    model_from_file,
     read_model_info,
     saved_config,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "from_pretrained",
     "load_pretrained",
     "load_weights",
+    "model_from_file",
     "model_info",
     "read_model_info",
     "save_pretrained",

@@ -601,16 +601,37 @@ def convert(
         model, report = load_pretrained(src, reset_head=reset_head, **overrides)
         if src_format != "auto" and not same_layout(src_format, report.format):
             raise ValueError(f"{src} is a {report.format} directory, not {src_format}")
+    elif not model_name:
+        model, report = model_from_file(src, src_format, reset_head, **overrides)
     else:
-        if not model_name:
-            raise ValueError(
-                f"{src} is a checkpoint file without a config: name the model with --model "
-                "(e.g. --model vit_base_patch16_224; see `vitkit models`)"
-            )
         model = create_model(model_name, **overrides)
         report = load_weights(model, src, format=src_format, reset_head=reset_head)
     info = model_info(model)  # a model directory's names and normalisation, written where dst has a place
     return report, export_weights(model.eval(), dst, dst_format, info.class_names, info.mean, info.std)
+
+
+def model_from_file(
+    path: str | os.PathLike, format: str = "auto", reset_head: bool = False, **fields: Any
+) -> tuple[nn.Module, LoadReport]:
+    """Build the model a checkpoint file of a config-less format holds (vit-pytorch's: `Layout.read_config`) from
+    its shapes and `fields` (what the shapes do not say, e.g. ``num_heads=8``), and load it. Returns (model in eval
+    mode, report); ValueError naming `--model` for a file no such format reads."""
+    state, _ = unwrap_state_dict(read_checkpoint(path), str(path))
+    keys = set(state)
+    for fam, weights in registered_weights().items():
+        for layout in weights.layouts:
+            if layout.read_config is None or (format not in ("auto", layout.format) or not layout.matches(keys)):
+                continue
+            try:
+                config = layout.read_config(state, dict(fields))
+            except (KeyError, TypeError) as err:
+                raise ValueError(f"{path}: not a whole {layout.format} state dict ({err})") from err
+            model = build_model(fam, config)
+            return model.eval(), load_weights(model, path, format=layout.format, reset_head=reset_head)
+    raise ValueError(
+        f"{path} is a checkpoint file without a config: name the model with --model "
+        "(e.g. --model vit_base_patch16_224; see `vitkit models`)"
+    )
 
 
 def export_weights(
@@ -700,6 +721,7 @@ def _write_hf_directory(
 
 __all__ = [
     "LoadReport",
+    "model_from_file",
     "convert",
     "detect_format",
     "export_weights",

@@ -1,0 +1,75 @@
+"""lucidrains' vit-pytorch (`ViT` with a class token or mean pooling, `SimpleViT`) <-> vitkit's ViT: the vitkit model
+built from their state dict's shapes gives their outputs in float64, and the state dict written back loads into
+their classes with `load_state_dict(strict=True)` and gives them again. Their heads are 3 x 20 wide on a 48-wide
+model, so a head width taken from the model width, or patches flattened in another order, would show."""
+
+import pytest
+import torch
+import vit_pytorch
+
+import vitkit
+from vitkit.weights import model_from_file
+
+SIZES = dict(image_size=32, patch_size=8, num_classes=5, dim=48, depth=2, heads=3, mlp_dim=80, dim_head=20)
+
+
+def _moved(model, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    return model.double().eval()
+
+
+def _reference(kind):
+    torch.manual_seed(0)
+    if kind == "simple":
+        return vit_pytorch.SimpleViT(**SIZES)
+    return vit_pytorch.ViT(**SIZES, pool=kind)
+
+
+@pytest.mark.parametrize("kind", ["cls", "mean", "simple"])
+def test_vit_pytorch_loads_and_writes_back(kind, tmp_path):
+    theirs = _moved(_reference(kind))
+    torch.save(theirs.state_dict(), tmp_path / "theirs.pth")
+    fields = {"num_heads": 3, **({"img_size": 32} if kind == "simple" else {})}
+    ours, report = model_from_file(tmp_path / "theirs.pth", **fields)
+    ours = ours.double()
+    assert report.format == "vit-pytorch" and ours.config.head_dim == 20
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-6, rtol=1e-6)
+
+    vitkit.export_weights(ours, tmp_path / "back.pth", format="vit-pytorch")
+    back = _reference(kind).double().eval()
+    back.load_state_dict(torch.load(tmp_path / "back.pth", weights_only=True), strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), theirs(x), atol=1e-6, rtol=1e-6)
+
+
+def test_big_vision_table_is_simple_vits():
+    from vit_pytorch.simple_vit import posemb_sincos_2d
+
+    from vitkit.layers import big_vision_sincos_2d
+
+    torch.testing.assert_close(big_vision_sincos_2d(48, (3, 5))[0], posemb_sincos_2d(3, 5, 48), atol=1e-6, rtol=0)
+
+
+def test_convert_cli_builds_the_model_from_the_shapes(tmp_path, capsys):
+    from vitkit.cli import main
+
+    theirs = _moved(_reference("cls")).float()
+    torch.save(theirs.state_dict(), tmp_path / "theirs.pth")
+    assert main(["convert", str(tmp_path / "theirs.pth"), str(tmp_path / "out"), "--from", "vit-pytorch"]) == 2
+    assert "does not say its number of heads: give it (vitkit convert ... --set num_heads=H" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "theirs.pth"), str(tmp_path / "out"), "--set", "num_heads=3"]) == 0
+    ours = vitkit.from_pretrained(tmp_path / "out")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+
+
+def test_export_names_what_vit_pytorch_cannot_express(tmp_path):
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=32)
+    with pytest.raises(ValueError, match=r"vit-pytorch's ViT needs patch_norm=True \(this model: False\)"):
+        vitkit.export_weights(model, tmp_path / "x.pth", format="vit-pytorch")
