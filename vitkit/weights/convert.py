@@ -32,6 +32,7 @@ from vitkit.weights.family import FamilyWeights, family_weights, hf_model_types,
 from vitkit.weights.io import (
     CONFIG_NAME,
     INFO_ATTRIBUTE,
+    PDPARAMS_SUFFIX,
     PICKLE_SUFFIXES,
     WEIGHTS_NAME,
     CheckpointMismatch,
@@ -50,6 +51,7 @@ from vitkit.weights.io import (
     read_saved_info,
     save_pretrained,
 )
+from vitkit.weights.pdparams import write_pdparams
 from vitkit.weights.rename import Layout
 
 # Entries that wrap the state dict in training checkpoints, tried in this order.
@@ -690,10 +692,13 @@ def export_weights(
 def _write_state_dict(state: dict[str, torch.Tensor], path: Path, wrapper: str | None = None) -> None:
     """`.safetensors` (the flat state dict) or `torch.save` (the state dict, or ``{wrapper: state_dict}``)."""
     suffix = path.suffix.lower()
-    if suffix not in (".safetensors", *PICKLE_SUFFIXES):
-        raise ValueError(f"{path}: expected a .safetensors or {'/'.join(PICKLE_SUFFIXES)} file name")
+    if suffix not in (".safetensors", PDPARAMS_SUFFIX, *PICKLE_SUFFIXES):
+        raise ValueError(f"{path}: expected a .safetensors, {PDPARAMS_SUFFIX} or {'/'.join(PICKLE_SUFFIXES)} file name")
     path.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".safetensors":
+    if suffix == PDPARAMS_SUFFIX:  # as paddle.save writes it; Paddle's set_state_dict asserts float32 parameters
+        floats = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+        atomic_write(path, lambda tmp: write_pdparams(floats, tmp))
+    elif suffix == ".safetensors":
         atomic_write(path, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     else:
         obj = state if wrapper is None else {wrapper: state}

@@ -33,6 +33,7 @@ from torch import nn
 from vitkit.data.sources import check_normalisation
 from vitkit.models.registry import build_model, family, family_of
 from vitkit.weights.family import family_weights
+from vitkit.weights.pdparams import is_pdparams, read_pdparams
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -40,6 +41,7 @@ FORMAT_VERSION = 5  # what save_pretrained writes
 READ_VERSIONS = (1, 2, 3, 4, 5)  # the format versions this vitkit reads
 INFO_ATTRIBUTE = "pretrained_info"  # the `ModelInfo` that from_pretrained / load_pretrained set on a model
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # files written by torch.save
+PDPARAMS_SUFFIX = ".pdparams"  # files written by Paddle's paddle.save (PaddleViT's weights)
 # Weight files looked for, in this order, when a checkpoint path is a directory (vitkit's and Hugging Face's names).
 DIRECTORY_WEIGHTS = (WEIGHTS_NAME, "pytorch_model.bin")
 
@@ -373,8 +375,12 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             return load_file(path)
         except Exception as err:  # safetensors raises its own error types for damaged files
             raise ValueError(f"{path} is not a readable safetensors file: {err}") from err
+    if suffix == PDPARAMS_SUFFIX or (suffix in PICKLE_SUFFIXES and is_pdparams(path)):
+        return read_pdparams(path)  # Paddle's paddle.save: NumPy arrays only, read without Paddle
     if suffix not in PICKLE_SUFFIXES:
-        raise ValueError(f"{path}: unknown checkpoint type {suffix!r}; expected .safetensors or {PICKLE_SUFFIXES}")
+        raise ValueError(
+            f"{path}: unknown checkpoint type {suffix!r}; expected .safetensors, {PDPARAMS_SUFFIX} or {PICKLE_SUFFIXES}"
+        )
     with open(path, "rb"):  # OSErrors of the file itself (permissions) surface as they are
         pass
     try:

@@ -766,11 +766,83 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], **fields: Any) ->
     return ViTConfig(**{**built, **fields})
 
 
+# --- PaddleViT --------------------------------------------------------------------------------------------------------
+_PD_LAYER = "encoder.layers.{i}"
+_T = (lambda t: t.t(), lambda t: t.t())  # Paddle's Linear weight is [in, out], torch's (out, in)
+
+
+def _linear(ours: str, theirs: str) -> tuple[Rename, Rename]:
+    """A Linear layer's two rules: the weight transposed, the bias as it is."""
+    return rename(f"{ours}.weight", f"{theirs}.weight", values=_T), rename(f"{ours}.bias", f"{theirs}.bias")
+
+
+PADDLEVIT = Layout(
+    format="paddlevit",
+    family="vit",
+    rules=(
+        # BR-IDL/PaddleViT's ViT (`VisionTransformer`) and DeiT (`Deit`, distilled), as its paddle.save files hold
+        # them (.pdparams, read by vitkit.weights.pdparams without Paddle); a non-distilled DeiT is their ViT class
+        rename("cls_token", "cls_token"),
+        rename("dist_token", "dist_token"),
+        rename("pos_embed", "position_embedding"),  # (1, P + N, D), prefix rows first
+        rename("patch_embed.proj", "patch_embedding.patch_embedding"),  # Conv2D [D, C, p, p] as torch's
+        rename("blocks.{i}.norm1", f"{_PD_LAYER}.attn_norm"),
+        *_linear("blocks.{i}.attn.qkv", f"{_PD_LAYER}.attn.qkv"),  # [D, 3D]: columns q | k | v, each (h, d)
+        *_linear("blocks.{i}.attn.proj", f"{_PD_LAYER}.attn.out"),
+        rename("blocks.{i}.norm2", f"{_PD_LAYER}.mlp_norm"),
+        *_linear("blocks.{i}.mlp.fc1", f"{_PD_LAYER}.mlp.fc1"),
+        *_linear("blocks.{i}.mlp.fc2", f"{_PD_LAYER}.mlp.fc2"),
+        rename("norm", "encoder.encoder_norm"),
+        *_linear("head", "classifier"),
+        *_linear("head_dist", "classifier_dist"),
+    ),
+    markers=("patch_embedding.patch_embedding.weight", "encoder.encoder_norm.weight"),
+    check_export=lambda config: require(
+        config,
+        "PaddleViT's ViT / DeiT",
+        **PLAIN,
+        class_token=True,
+        global_pool="token",
+        init_values=None,
+        qkv_bias=True,
+        layer_norm_eps=1e-6,
+    ),
+    read_config=lambda state, fields: config_from_paddlevit(state, **fields),
+)
+
+
+def config_from_paddlevit(state: Mapping[str, torch.Tensor], **fields: Any) -> ViTConfig:
+    """The vitkit ViT / DeiT equal to the PaddleViT model whose state dict is `state` (Paddle's names): every size
+    but the number of heads, which `fields` gives (`num_heads`), with any other ViTConfig field."""
+    if "num_heads" not in fields:
+        raise ValueError(
+            "a PaddleViT state dict does not say its number of heads: give it (vitkit convert ... --set "
+            "num_heads=H; num_heads=H from Python)"
+        )
+    conv, pos = state["patch_embedding.patch_embedding.weight"], state["position_embedding"]
+    D, C, p, _ = conv.shape
+    distilled = "dist_token" in state
+    side = round((pos.shape[1] - 1 - distilled) ** 0.5)
+    head = state.get("classifier.weight")
+    built = dict(
+        img_size=side * p,
+        patch_size=p,
+        in_chans=C,
+        num_classes=0 if head is None else head.shape[1],  # [D, K]
+        embed_dim=D,
+        depth=count(state, r"encoder\.layers\.(\d+)\."),
+        mlp_ratio=state["encoder.layers.0.mlp.fc1.weight"].shape[1] / D,
+        qkv_bias="encoder.layers.0.attn.qkv.bias" in state,
+        distilled=distilled,
+    )
+    return ViTConfig(**{**built, **fields})
+
+
 WEIGHTS = FamilyWeights(
     markers=("patch_embed.proj.weight", "pos_embed"),
     head=("head.", "head_dist."),
     adapt=resample_pos_embed,
-    layouts=(TORCHVISION, HF, VITPYTORCH),
+    layouts=(TORCHVISION, HF, VITPYTORCH, PADDLEVIT),
     read_fields=read_fields,
     fields_added={
         "bilinear_dim": 2,
