@@ -115,8 +115,8 @@ def test_hf_directories_vitkit_cannot_build(tmp_path):
     save_file({"x": torch.zeros(1)}, tmp_path / "model.safetensors")
     with pytest.raises(
         ValueError,
-        match=r"model_type 'bert' is not supported; supported: \['clip', 'clip_vision_model', 'deformable_detr', 'deit', "
-            r"'detr', 'dinov2', 'dinov2_with_registers', 'siglip', 'siglip_vision_model', 'swin', 'vit'\]",
+        match=r"model_type 'bert' is not supported; supported: \['clip', 'clip_vision_model', 'deformable_detr', "
+        r"'deit', 'detr', 'dinov2', 'dinov2_with_registers', 'siglip', 'siglip_vision_model', 'swin', 'vit'\]",
     ):
         vitkit.from_pretrained(tmp_path)
 
