@@ -8,8 +8,8 @@ the head of big_vision's ViT with `pool_type="map"`, after "Scaling Vision Trans
     y = y + Mlp(LayerNorm(y))
     pooled = y[:, 0]                                         (B, D)
 
-The attention is the shared `vitkit.layers.Attention` (its dispatch, capture and cost), with the projections laid out
-as timm's `AttentionPoolLatent` names them, so timm's state dicts load unchanged: `latent` (the probe, 1 x 1 x D),
+The attention is the shared `vitkit.layers.Attention`'s (its dispatch, capture and cost), with the projections laid
+out as timm's `AttentionPoolLatent` names them, so timm's state dicts load unchanged: `latent` (the probe, 1 x 1 x D),
 `q` (D -> D) for the probe, `kv` (D -> 2D, rows k then v) for the tokens, `proj`, `norm`, `mlp`.
 
 Letters: B batch, N tokens, D channels, h heads, d = D / h.
@@ -21,7 +21,19 @@ import torch
 from torch import Tensor, nn
 
 from vitkit.layers.attention import Attention
-from vitkit.layers.cost import CostContext, OpCost, Ops, Value, copy_op, given, linear, residual, sequence, view
+from vitkit.layers.cost import (
+    CostContext,
+    OpCost,
+    Ops,
+    Value,
+    copy_op,
+    cost_of,
+    given,
+    linear,
+    residual,
+    sequence,
+    view,
+)
 from vitkit.layers.mlp import Mlp
 
 
@@ -59,34 +71,28 @@ class AttentionPool(Attention):
 
     def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
         """Tokens x (B, N, D) -> the pooled features (B, D)."""
-        probe = self.latent.expand(x.shape[0], -1, -1)  # (B, 1, D)
-        y = super().forward(probe, key=x)  # (B, 1, D)
+        B, N, D = x.shape
+        h, d = self.num_heads, self.head_dim
+        # the probe's query is the same for every image: projected once, then broadcast over the batch
+        q = self.q(self.latent).reshape(1, 1, h, d).transpose(1, 2).expand(B, -1, -1, -1)  # (B, h, 1, d)
+        kv = self.kv(x).reshape(B, N, 2, h, d)  # (B, N, 2D) -> (B, N, 2, h, d)
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (2, B, h, N, d) -> 2 x (B, h, N, d)
+        y = self.attend(q, k, v)  # (B, h, 1, d): the shared dispatch (backends, capture)
+        y = self.proj_drop(self.proj(y.transpose(1, 2).reshape(B, 1, D)))  # (B, 1, D)
         y = y + self.mlp(self.norm(y))
         return y[:, 0]  # (B, D)
 
-    def project(self, query: Tensor, key: Tensor, value: Tensor) -> list[Tensor]:
-        """q (B, h, 1, d) from the probe through `q`; k and v (B, h, N, d) from the tokens through `kv`."""
-        (B, Nq, _), N = query.shape, key.shape[1]
-        q = self.q(query).reshape(B, Nq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, 1, d)
-        kv = self.kv(key).reshape(B, N, 2, self.num_heads, self.head_dim)  # (B, N, 2D) -> (B, N, 2, h, d)
-        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (2, B, h, N, d) -> 2 x (B, h, N, d)
-        return [q, k, v]
-
     def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:  # type: ignore[override]
         """The operators of `forward` on tokens x (B, N, D), in forward order."""
-        B, _, D = x.shape
+        B, N, D = x.shape
+        h, d = self.num_heads, self.head_dim
         ops = Ops(x)
-        ops(super().cost(name, given((B, 1, D)), ctx, key=x))  # the probe, expanded: a view of a weight
+        q = ops(linear(name, "q", given((1, 1, D)), self.q, ctx))  # the probe: D^2 MACs
+        kv = ops(linear(name, "kv", x, self.kv, ctx))  # 2 B N D^2 MACs
+        q, k = view(q, (B, h, 1, d)), view(kv, (B, h, N, d))  # views (q broadcast over the batch)
+        ops(self.cost_attend(name, q, k, k, ctx))
+        ops(self.cost_merge_heads(name, q, k, ops.out, ctx))  # (B, h, 1, d) -> (B, 1, D)
+        ops(linear(name, "proj", ops.out, self.proj, ctx))
+        ops(cost_of(f"{name}.proj_drop", self.proj_drop, ops.out, ctx))
         ops(residual(name, ops.out, ctx, sequence(name, ops.out, ctx, self, "norm", "mlp")))
         return ops + [copy_op(name, "take_probe", ops.out, (B, D), ctx, copies=False)]  # y[:, 0]: a view
-
-    def cost_project(
-        self, name: str, query: Value, key: Value, value: Value, ctx: CostContext
-    ) -> tuple[Ops, list[Value]]:
-        """The probe's and the tokens' projection GEMMs, and q (B, h, 1, d), k, v (B, h, N, d): views of them."""
-        (B, Nq, _), N = query.shape, key.shape[1]
-        h, d = self.num_heads, self.head_dim
-        ops = Ops(query)
-        q = ops(linear(name, "q", query, self.q, ctx))  # B D^2 MACs
-        kv = ops(linear(name, "kv", key, self.kv, ctx))  # 2 B N D^2 MACs
-        return ops, [view(q, (B, h, Nq, d)), view(kv, (B, h, N, d)), view(kv, (B, h, N, d))]

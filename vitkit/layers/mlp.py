@@ -20,10 +20,13 @@ class QuickGELU(nn.Module):
         return x * torch.sigmoid(1.702 * x)
 
     def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """One product, the sigmoid, one product per element; backward keeps x. Counted as one op of the layer
-        holding it, as torch's activations are."""
+        """1.702 x, its sigmoid, the product with x: three tensors written, one after the other (rows of the layer
+        holding it, as torch's activations' are); backward keeps x and the sigmoid."""
         parent = name.rpartition(".")[0]
-        return [elementwise_op(parent, "quick_gelu", x, SIGMOID_FLOPS + 2, ctx, saves=(x,))]
+        scaled = elementwise_op(parent, "quick_gelu_scale", x, 1, ctx)
+        gate = elementwise_op(parent, "quick_gelu_sigmoid", scaled.output, SIGMOID_FLOPS, ctx, saves_output=True)
+        out = elementwise_op(parent, "quick_gelu", (x, gate.output), 1, ctx, saves=(x, gate.output))
+        return [scaled, gate, out]
 
 
 def activation(act: str) -> nn.Module:

@@ -276,7 +276,8 @@ class VisionTransformer(CostFromImages, nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> normalised tokens (B, P + N, D)."""
         x, _ = self._embed(x)
-        x = self.blocks(self.norm_pre(x))
+        x = self.norm_pre(x)  # the embedded tokens are freed before the blocks run
+        x = self.blocks(x)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -390,6 +391,7 @@ class VisionTransformer(CostFromImages, nn.Module):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take = take_indices(len(self.blocks), indices)
         x, (Hp, Wp) = self._embed(x)
+        x = self.norm_pre(x)
         outputs = []
         for i, block in enumerate(self.blocks[: max(take) + 1]):
             x = block(x)
