@@ -1,5 +1,6 @@
 """`vitkit attention` on a digit: the figure and the prediction it prints (checked against an explicit forward
-pass), options that do not apply refused, model directories without dataset.json, and the detector path."""
+pass), options that do not apply refused, model directories without dataset.json, a backbone with registers (the
+shares of its registers printed, checked against the captured weights), and the detector path."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitkit import create_model, save_pretrained
+from vitkit import capture_attention, create_model, save_pretrained
 from vitkit.cli import main
 from vitkit.data import DataInfo, DetectionInfo, load_builtin, load_digits_detect, write_coco_folder, write_image_folder
 from vitkit.detection import Postprocessing
@@ -72,6 +73,7 @@ def test_the_figure_and_the_prediction(model, dirs, digit, capsys, tmp_path):
     assert name == NAMES[int(probabilities.argmax())]
     assert probability == pytest.approx(probabilities.max().item(), abs=1e-4)
     assert out.splitlines()[-1] == f"layer 1 (of 0..1), mean of 2 heads -> {target}" and err == ""
+    assert len(out.splitlines()) == 2 and "register" not in out  # no registers: no table of their shares
     picture = Image.open(target)
     assert picture.format == "PNG" and picture.width > 1.5 * picture.height  # the image beside its map
     pixels = np.asarray(picture.convert("RGB")).reshape(-1, 3).astype(int)
@@ -146,6 +148,58 @@ def test_a_model_directory_without_dataset_json(model, dirs, digit, capsys, tmp_
     assert name == (names[k] if names else str(k))
     assert probability == pytest.approx(probabilities[k].item(), abs=1e-4)
     assert target.is_file()
+
+
+RGB_MEAN, RGB_STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)
+
+
+@pytest.fixture(scope="module")
+def registers(tmp_path_factory):
+    """A DINOv2 backbone with 4 registers and no classifier at 56x56, its learned tokens, position table and q / k
+    projections drawn anew (at initialisation the registers are all but equal); its model directory (normalisation
+    in config.json, no dataset.json) and a 56x56 RGB image (preprocessing is then normalisation alone)."""
+    torch.manual_seed(0)
+    model = create_model("vit_small_patch14_reg4_dinov2", img_size=56, depth=2)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for token in (model.cls_token, model.reg_token, model.pos_embed):
+            token.copy_(torch.randn(token.shape, generator=g))
+        for block in model.blocks:
+            block.attn.qkv.weight.copy_(torch.randn(block.attn.qkv.weight.shape, generator=g) * 0.1)
+    root = tmp_path_factory.mktemp("registers")
+    save_pretrained(model.eval(), root / "model", mean=RGB_MEAN, std=RGB_STD)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(root / "image.png")
+    return model, root / "model", root / "image.png"
+
+
+def test_a_backbone_with_registers_prints_their_shares(registers, capsys, tmp_path):
+    model, directory, image = registers
+    target = tmp_path / "registers.png"
+    assert main(["attention", "--model-dir", str(directory), str(image), "--out", str(target), "--head", "all"]) == 0
+    out, err = capsys.readouterr()
+    pixels = np.asarray(Image.open(image).convert("RGB"), dtype=np.float32) / 255  # (H, W, 3)
+    x = (torch.from_numpy(pixels) - torch.tensor(RGB_MEAN)) / torch.tensor(RGB_STD)  # (H, W, 3)
+    with torch.no_grad(), capture_attention(model) as captured:
+        model(x.permute(2, 0, 1)[None])
+    last = list(captured.values())[-1][0].double()  # (h, N, N): class, 4 registers, 16 patches
+    lines = out.splitlines()
+    assert lines[0].startswith("attention to the tokens before the patches, per map: from the class token")
+    assert lines[1].split() == "map from class register 0 register 1 register 2 register 3 registers".split()
+    assert len(lines) == 2 + 2 * 6 + 1  # the words, the header, two rows per head, the file; nothing predicted
+    for j in range(6):
+        class_token, patches = lines[2 + 2 * j], lines[3 + 2 * j]
+        assert class_token.startswith(f"  head {j}  class token ") and patches.startswith(
+            f"  head {j}  patches (mean) "
+        )
+        expected = last[j, 0, :5]  # the class token's row, its own column and the registers'
+        printed = [float(v) for v in class_token.split()[-6:]]
+        np.testing.assert_allclose(printed, [*expected, expected[1:].sum()], atol=6e-5)
+        expected = last[j, 5:, :5].mean(dim=0)  # the patches' rows, the same columns, averaged
+        np.testing.assert_allclose([float(v) for v in patches.split()[-6:]], [*expected, expected[1:].sum()], atol=6e-5)
+    assert lines[-1] == f"layer 1 (of 0..1), each of 6 heads -> {target}"
+    assert err.count("has no dataset.json") == 1
+    picture = Image.open(target)
+    assert picture.format == "PNG" and picture.width > 3 * picture.height  # the image beside six maps in a row
 
 
 @pytest.fixture(scope="module")

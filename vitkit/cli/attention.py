@@ -1,7 +1,8 @@
 """`vitkit attention`: where a trained model looks in an image, as a figure (the image beside its attention map, a
 colour bar, a title with the prediction); for a detector, each detection beside its query's cross-attention (the
 DETR paper's figure 6), or for a deformable one the points its query sampled on every level, sized by their
-attention weights (the Deformable DETR paper's figure 5)."""
+attention weights (the Deformable DETR paper's figure 5). For a model with registers, the attention that goes to the
+registers (and the class token) is written under each map and printed as a table."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ from vitkit.infer import (
     attention_figure,
     detection_attention_figure,
     is_detector_dir,
-    load_classifier,
     load_detector,
     missing_info_note,
 )
+from vitkit.infer.attention import load_attention_model, prefix_table
 from vitkit.viz.attention import check_picture_path, save_picture
 
 HELP = (
     "draw where a trained model looks in an image: the class token's attention of one layer (one head, their mean, "
-    "each head), of every layer and head (--grid) or attention rollout; for a detector, the last decoder layer's "
+    "each head), of every layer and head (--grid) or attention rollout, and for a model with registers the "
+    "attention that goes to them; for a detector, the last decoder layer's "
     "cross-attention of each detected object (a deformable detector's: the points it sampled, sized by weight)"
 )
 
@@ -110,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_detector(args)
     if args.threshold is not None:
         raise ValueError(f"--threshold is a detector's smallest class probability; {args.model_dir} holds a classifier")
-    model, info = load_classifier(args.model_dir, args.device)
+    model, info = load_attention_model(args.model_dir, args.device)
     check_inference_memory(model, args, capture=True)
     _note(missing_info_note(args.model_dir))
     figure, maps = attention_figure(
@@ -128,5 +130,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if maps.prediction is not None:
         print(f"predicted {maps.prediction[0]} ({maps.prediction[1]:.4f})")
+    for line in prefix_table(maps):
+        print(line)
     print(f"{maps.what} -> {save_picture(figure, args.out)}")
     return 0

@@ -9,6 +9,9 @@ from vitkit.infer.attention import (
     attention_overlay,
     attention_rollout,
     cls_attention,
+    load_attention_model,
+    prefix_attention,
+    prefix_token_names,
 )
 from vitkit.infer.classify import Prediction, Predictions, predict, predict_files, predict_paths
 from vitkit.infer.detect import Detection, ImageDetections, detect, detect_files, detect_paths, detection_input
@@ -53,6 +56,9 @@ __all__ = [
     "attention_rollout",
     "autocast",
     "cls_attention",
+    "load_attention_model",
+    "prefix_attention",
+    "prefix_token_names",
     "detect",
     "detect_files",
     "detect_paths",

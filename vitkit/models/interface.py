@@ -34,7 +34,8 @@ class VitkitModel(Protocol):
       FSDP (`vitkit train --strategy fsdp`) shards and gathers one at a time.
     - ``set_grad_checkpointing(enable)``: recompute the model's blocks (`shard_units`) in backward instead of
       storing their activations.
-    - ``token_grid(img_size)``: how attention tokens map to the image, for attention maps.
+    - ``token_grid(img_size)``: how attention tokens map to the image, for attention maps; a model whose grid has
+      prefix tokens may also name them (``prefix_token_names()``: "class", "distillation", "register 0", ...).
     - ``no_weight_decay()``: parameters that take no weight decay besides every one of ndim <= 1 (timm's
       convention: learned tokens, position tables).
 

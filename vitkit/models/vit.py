@@ -315,6 +315,13 @@ class VisionTransformer(CostFromImages, nn.Module):
         """Every block attends over all tokens: the P prefix tokens, then the (H / p, W / p) patch grid."""
         return self.num_prefix_tokens, self.patch_embed.feat_size(img_size)
 
+    def prefix_token_names(self) -> tuple[str, ...]:
+        """What each token before the patches is, in token order: "class", "distillation", "register 0", ... (the
+        attention views name them, and keep registers apart from the maps)."""
+        c = self.config
+        registers = tuple(f"register {i}" for i in range(c.reg_tokens))
+        return ("class",) * c.class_token + ("distillation",) * c.distilled + registers
+
     def no_weight_decay(self) -> set[str]:
         """The position table and the learned tokens (timm's `no_weight_decay`), and attention pooling's probe."""
         names = ("pos_embed", "cls_token", "dist_token", "reg_token")

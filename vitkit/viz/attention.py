@@ -2,9 +2,10 @@
 image as the model sees it beside its maps, one colour bar, a title naming the model, the maps and the prediction).
 
 The maps themselves, an `AttentionMaps`, come from `vitkit.infer.attention_maps` (a classifier's class-token
-attention or rollout) or `vitkit.viz.detection.object_attention_maps` (a detector's objects). The figure helpers at
-the end of this file (fonts that cover a text, a figure as a PIL image, saving into a new folder) serve the other
-figures of `vitkit.viz` too.
+attention or rollout; for a model with registers, with the attention that goes to the tokens before the patches,
+`PrefixShares`, written under each map) or `vitkit.viz.detection.object_attention_maps` (a detector's objects).
+The figure helpers at the end of this file (fonts that cover a text, a figure as a PIL image, saving into a new
+folder) serve the other figures of `vitkit.viz` too.
 
 Letters: Hp, Wp the map's size, H, W the picture's, n maps.
 """
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.colors import Colormap
     from matplotlib.figure import Figure
 
@@ -81,6 +83,19 @@ def model_view(image: Image.Image, img_size: tuple[int, int], min_side: int = 22
 
 
 @dataclass(frozen=True)
+class PrefixShares:
+    """The attention a ViT's maps leave out, per map: what goes to each token before the patches (class,
+    distillation, registers). Drawn under the maps of a model with registers ("Vision Transformers Need Registers",
+    arXiv:2309.16588: there the registers take the attention that artifact patches take without them)."""
+
+    names: tuple[str, ...]  # the P prefix tokens in order: "class", "distillation", "register 0", ...
+    query: str  # whose attention the maps show: "class token", or "all tokens" (their mean) without one
+    shares: torch.Tensor  # (n, P): each map's query's attention to each prefix token; its map holds the rest
+    from_patches: torch.Tensor  # (n, P): the patch tokens' mean attention to each prefix token (not drawn)
+    caption: str  # what the numbers under the maps are, the last line of the figure's title
+
+
+@dataclass(frozen=True)
 class AttentionMaps:
     """One image's attention maps as `draw_attention` draws them (made by `vitkit.infer.attention_maps` or
     `vitkit.viz.detection.object_attention_maps`)."""
@@ -96,14 +111,16 @@ class AttentionMaps:
     panels: tuple[Image.Image, ...] | None = None  # the picture under each map (default: `view` under every one)
     marks: tuple[Image.Image, ...] | None = None  # RGBA pictures drawn over each map (a detection's box), or None
     view_title: str = "input (as the model sees it)"  # the first panel's title
+    prefix: PrefixShares | None = None  # the attention to the tokens before the patches, or None: not shown
 
 
 def draw_attention(maps: AttentionMaps, alpha: float = 0.5) -> Figure:
     """`maps` as a matplotlib figure: the image as the model sees it, then each map blended over it (or over its
     own picture, `maps.panels`) with weight `alpha` and `maps.marks` on top (titled, `maps.columns` a row), one
     colour bar for all of them (one scale, from the smallest to the largest value shown), and a title naming the
-    model, the maps and the prediction. Without maps (a detector that found nothing) the figure is the first panel
-    and the title."""
+    model, the maps and the prediction. With `maps.prefix`, each map's shares of the tokens before the patches are
+    written under it (`share_note`), and their caption ends the title. Without maps (a detector that found
+    nothing) the figure is the first panel and the title."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
@@ -113,6 +130,8 @@ def draw_attention(maps: AttentionMaps, alpha: float = 0.5) -> Figure:
     title = f"{maps.model}\n{maps.what}"
     if maps.prediction is not None:
         title += f"  ·  predicted {maps.prediction[0]} ({maps.prediction[1]:.1%})"
+    if maps.prefix is not None:
+        title += f"\n{maps.prefix.caption}"
     fonts, missing = fonts_for([title, *maps.titles])
     title = spell(title, missing)
     cell = max(1.4, min(3.0, 20 / (columns + 1)))  # inches per map: larger when few, never below legibility
@@ -121,11 +140,14 @@ def draw_attention(maps: AttentionMaps, alpha: float = 0.5) -> Figure:
     if not n:
         width = max(width, EMPTY_FIGURE_WIDTH)
     title = wrap_title(title, width, 10 if cell >= 2 else 9)
-    figure = new_figure(width, rows * cell + 0.6 + 0.17 * title.count("\n"))
+    size = 9 if cell >= 2 else 7
+    notes = _notes(maps, cell, size - 1)
+    lines = rows * max((note.count("\n") + 1 for note in notes), default=0)  # under each row of maps
+    height = rows * cell + 0.6 + 0.17 * title.count("\n") + lines * (size - 1) * NOTE_LEADING / 72
+    figure = new_figure(width, height)
     layout = figure.add_gridspec(rows, shown)
     low, high = (float(maps.heats.min()), float(maps.heats.max())) if n else (0.0, 1.0)
     norm, cmap = Normalize(low, high if high > low else low + 1e-6), colormap()
-    size = 9 if cell >= 2 else 7
     view = figure.add_subplot(layout[0, 0])
     view.imshow(maps.view)
     view.set_title(maps.view_title, fontsize=size, fontfamily=fonts)
@@ -140,6 +162,8 @@ def draw_attention(maps: AttentionMaps, alpha: float = 0.5) -> Figure:
             ax.imshow(maps.marks[k])  # transparent but for the marks: drawn unblended over the map
         ax.set_title(text, fontsize=size, fontfamily=fonts, parse_math=False)
         ax.set_axis_off()
+        if notes:
+            _write_under(ax, notes[k], size - 1)
         panels.append(ax)
     if n:
         bar = figure.colorbar(ScalarMappable(norm, cmap), ax=panels, shrink=0.9 if rows > 1 else 0.8, aspect=25)
@@ -149,6 +173,48 @@ def draw_attention(maps: AttentionMaps, alpha: float = 0.5) -> Figure:
 
 
 EMPTY_FIGURE_WIDTH = 4.5  # inches of a figure of one panel (a detector that found nothing), for its title
+NOTE_LEADING = 1.6  # a line of the text under a panel, in font sizes
+NBSP = "\u00a0"  # joins a name to its number in that text, so that wrapping never parts them
+
+
+def share_note(names: Sequence[str], shares: torch.Tensor) -> str:
+    """The shares (P,) of the prefix tokens `names` in a few words: the registers' sum beside the other tokens'
+    shares, then each register's below, without the leading zero ("registers 0.31 · class 0.02",
+    "r0 .12  r1 .08  r2 .06  r3 .05")."""
+    registers, others, total = [], [], 0.0
+    for name, share in zip(names, shares.tolist(), strict=True):
+        if name.startswith("register "):
+            registers.append(f"r{name.removeprefix('register ')}{NBSP}{f'{share:.2f}'.removeprefix('0')}")
+            total += share
+        else:
+            others.append(f"{name}{NBSP}{share:.2f}")
+    if not registers:
+        return " · ".join(others)
+    return " · ".join([f"registers{NBSP}{total:.2f}", *others]) + "\n" + "  ".join(registers)
+
+
+def _notes(maps: AttentionMaps, cell: float, size: float) -> list[str]:
+    """The text under each map (`share_note`), wrapped to a panel `cell` inches wide at `size` points; none without
+    `maps.prefix`."""
+    if maps.prefix is None:
+        return []
+    return [wrap_title(share_note(maps.prefix.names, shares), cell, size) for shares in maps.prefix.shares]
+
+
+def _write_under(ax: Axes, text: str, size: float) -> None:
+    """`text` centred under the panel `ax` (inside the figure's layout, which makes room for it)."""
+    ax.text(
+        0.5,
+        -0.02,
+        text,
+        transform=ax.transAxes,
+        ha="center",
+        va="top",
+        fontsize=size,
+        linespacing=1.15,
+        fontfamily=FONT,
+        parse_math=False,
+    )
 
 
 def wrap_title(title: str, width: float, fontsize: float) -> str:
