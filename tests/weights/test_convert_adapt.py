@@ -111,7 +111,9 @@ def test_format_can_be_named_and_must_fit():
     source = timm_model().state_dict()
     ours = vitkit.create_model("vit_tiny_patch16_224", **TINY, img_size=32)
     assert vitkit.load_weights(ours, source, format="timm").format == "vitkit"
-    formats = r"\('auto', 'vitkit', 'timm', 'torchvision', 'hf', 'detr', 'deformable_detr'\)"
+    formats = (
+        r"\('auto', 'vitkit', 'timm', 'torchvision', 'hf', 'detr', 'deformable_detr', 'vit-pytorch', " r"'paddlevit'\)"
+    )
     with pytest.raises(ValueError, match=f"format must be one of {formats}"):
         vitkit.load_weights(ours, source, format="jax")
     with pytest.raises(ValueError, match=r"state dict is in the timm / vitkit layout, not torchvision's: read it as "):

@@ -187,6 +187,6 @@ def test_export_refuses_what_the_target_cannot_express(tmp_path):
     # LayerScale is DINOv2's, whose transformers class has no classifier vitkit's head equals
     with pytest.raises(ValueError, match=r"Dinov2Model needs num_classes=0 \(this model: \d+\)"):
         vitkit.export_weights(layerscale, tmp_path / "hf", format="hf")
-    with pytest.raises(ValueError, match=r"x.txt: expected a .safetensors or .pth"):
+    with pytest.raises(ValueError, match=r"x.txt: expected a .safetensors, .pdparams or .pth"):
         vitkit.export_weights(hf_eps, tmp_path / "x.txt", format="timm")
     assert not any(tmp_path.iterdir())

@@ -23,7 +23,7 @@ def test_every_family_declares_its_own_tables():
 
 
 def test_formats_keep_each_familys_order():
-    assert formats() == ("vitkit", "timm", "torchvision", "hf", "detr", "deformable_detr")
+    assert formats() == ("vitkit", "timm", "torchvision", "hf", "detr", "deformable_detr", "vit-pytorch", "paddlevit")
     # a detector listing (hf, detr) registered before classifiers listing (torchvision, hf)
     assert _merge_orders([[], ["hf", "detr"], ["torchvision", "hf"]]) == ("torchvision", "hf", "detr")
     assert _merge_orders([["a", "b"], ["b", "a"]]) == ("a", "b")  # orders that disagree: first seen first
