@@ -22,6 +22,7 @@ COMMANDS = (
     "eval",
     "predict",
     "attention",
+    "explore",
 )
 
 

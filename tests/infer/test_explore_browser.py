@@ -1,0 +1,96 @@
+"""The explorer page in a real browser (headless Chromium, Debian's `chromium`, driven by Playwright with the system
+browser; `make test` installs it where it can): it loads from disk with no console error and no network request;
+clicking a patch draws the map of that patch's captured attention row (to the 8-bit quantisation); the layer, the
+head, a register and rollout change the map to theirs."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from test_explore import MEAN, STD, picture, registers_model
+
+import vitkit
+from vitkit.infer.attention import _rollout
+from vitkit.infer.explore import explorer_data
+from vitkit.viz.explorer import explorer_page
+
+CHROMIUM = os.environ.get("VITKIT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+playwright = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium, or set VITKIT_CHROMIUM)"
+)
+
+
+@pytest.fixture(scope="module")
+def explorer(tmp_path_factory):
+    model = registers_model()
+    image = picture()
+    path = tmp_path_factory.mktemp("explorer") / "explorer.html"
+    path.write_text(explorer_page(explorer_data(model, [("a.png", image)], MEAN, STD, name="reg")), encoding="utf-8")
+    pixels = vitkit.data.preprocess(image, (56, 56), 3, MEAN, STD)[None]
+    with torch.no_grad(), vitkit.capture_attention(model) as maps:
+        model(pixels)
+    captured = [m[0].double() for m in maps.values()]  # (h, N, N) per layer
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        errors, requests = [], []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(path.as_uri())
+        page.evaluate("window.vitkitExplorer.ready")  # the first map drawn (the page's own policy forbids eval, which
+        # Playwright's wait_for_function would need)
+        yield page, captured, errors, requests
+        browser.close()
+
+
+def shown(page) -> np.ndarray:
+    return np.array(page.evaluate("Array.from(window.vitkitExplorer.shown.values)"))
+
+
+def close(drawn: np.ndarray, row: torch.Tensor) -> None:
+    """The drawn map equals the captured row over the patches, within the quantisation (a row's largest / 510)."""
+    np.testing.assert_allclose(drawn, row[5:].numpy(), atol=float(row.max()) / 510 + 1e-6)
+
+
+def test_page_loads_with_no_error_and_no_request(explorer):
+    page, _, errors, requests = explorer
+    assert errors == []
+    assert [u for u in requests if not u.startswith(("file:", "data:", "blob:"))] == []
+    assert page.locator("#prefix button").all_inner_texts() == ["class", *(f"register {i}" for i in range(4))]
+
+
+def test_clicking_a_patch_draws_its_attention(explorer):
+    page, captured, _, _ = explorer
+    box = page.locator("#image").bounding_box()
+    row, col = 2, 1  # of the 4 x 4 grid
+    page.mouse.click(box["x"] + (col + 0.5) * box["width"] / 4, box["y"] + (row + 0.5) * box["height"] / 4)
+    token = 5 + row * 4 + col
+    assert page.evaluate("window.vitkitExplorer.state.token") == token
+    close(shown(page), captured[-1][:, token].mean(dim=0))  # the last layer, mean of heads
+    assert "patch (2, 1)" in page.locator("#title").inner_text()
+
+    page.evaluate("window.vitkitExplorer.setLayer(0)")
+    close(shown(page), captured[0][:, token].mean(dim=0))
+    page.keyboard.press("ArrowDown")  # with the image focused (it was clicked), the arrows move the patch
+    token += 4
+    assert page.evaluate("window.vitkitExplorer.state.token") == token
+    close(shown(page), captured[0][:, token].mean(dim=0))
+    page.locator("#title").click()  # focus leaves the image: now Down steps from the heads' mean to head 0
+    page.keyboard.press("ArrowDown")
+    close(shown(page), captured[0][0, token])
+    assert "head 0" in page.locator("#title").inner_text()
+
+
+def test_a_register_and_rollout(explorer):
+    page, captured, _, _ = explorer
+    page.get_by_role("button", name="register 2").click()
+    layer, head = page.evaluate("[window.vitkitExplorer.state.layer, window.vitkitExplorer.state.head]")
+    weights = captured[layer][:, 3] if head < 0 else captured[layer][head, 3]
+    close(shown(page), weights.mean(dim=0) if head < 0 else weights)
+    page.keyboard.press("r")
+    close(shown(page), _rollout([c[None] for c in captured[: layer + 1]], None)[0, 3])
+    assert page.locator("#rollout").is_checked()

@@ -1,0 +1,74 @@
+"""`vitkit explore`: one self-contained HTML page (no server, no network) to explore where a vision transformer looks:
+click any patch, or the class token or a register, and see its attention over the image in every layer and head,
+attention rollout, the prediction and the model's costs (`vitkit.viz.explorer`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vitkit.cli.options import add_memory_option, check_inference_memory
+from vitkit.data import open_image
+from vitkit.infer import is_detector_dir
+from vitkit.infer.attention import load_attention_model
+from vitkit.infer.explore import explorer_data
+from vitkit.models.registry import create_model
+from vitkit.viz.explorer import explorer_page
+from vitkit.weights.io import atomic_write
+
+HELP = (
+    "write an attention explorer: one HTML file that opens from disk, where clicking a patch (or the class token, a "
+    "register) shows where it attends in every layer and head, with rollout, the prediction and the model's costs"
+)
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # an untrained registered model's normalisation
+
+
+def _indices(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated indices such as 0,5,11, got {text!r}") from None
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-dir", metavar="DIR", help="a model directory (e.g. runs/train/final)")
+    source.add_argument("--model", metavar="NAME", help="a registered model, untrained (see `vitkit models`)")
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
+    parser.add_argument("--out", required=True, metavar="HTML", help="the page to write (.html); folders are made")
+    parser.add_argument("--layers", type=_indices, default=None, help="layers to keep, e.g. 0,5,11 (default: all)")
+    parser.add_argument("--heads", type=_indices, default=None, help="heads to keep, e.g. 0,1 (default: all)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    add_memory_option(parser)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"--out {out}: expected an .html file name")
+    if args.model_dir and is_detector_dir(args.model_dir):
+        raise ValueError(
+            f"{args.model_dir} holds a detector; the explorer shows classifiers' token attention so far: draw each "
+            "object's cross-attention with `vitkit attention`"
+        )
+    if args.model_dir:
+        model, info = load_attention_model(args.model_dir, args.device)
+        mean, std, names, name = info.mean, info.std, info.classes or None, args.model_dir
+    else:
+        model = create_model(args.model).eval()
+        (mean, std), names, name = IMAGENET, None, args.model
+    check_inference_memory(model, args, capture=True)
+    images = [(Path(p).name, open_image(p)) for p in args.images]
+    data = explorer_data(model, images, mean, std, names, name, args.layers, args.heads)
+    page = explorer_page(data)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
+    print(
+        f"explorer of {len(images)} image(s), {len(data['layers'])} layer(s) x {len(data['heads'])} head(s): "
+        f"{out} ({_size(out.stat().st_size)}); open it in a browser"
+    )
+    return 0

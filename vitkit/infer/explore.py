@@ -1,0 +1,191 @@
+"""The data of the attention explorer (`vitkit explore`, drawn by `vitkit.viz.explorer`): for each image, every
+selected layer's and head's attention over all tokens, so that the page can show where any token (a patch, the class
+token, a register) looks; attention rollout through each layer; the prediction; the model's costs.
+
+Size: the weights are quantised to 8 bits per row (each row's largest weight is 255, the row's scale kept as a
+float32), then deflated; the page inflates them with the browser's own `DecompressionStream`. A value is read back as
+q / 255 * scale, within scale / 510 of the captured weight.
+
+Letters: L layers, h heads, N tokens (P prefix tokens, then the Hp x Wp patch grid), K classes.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from vitkit.analysis import profile
+from vitkit.analysis.profile import category, group_key
+from vitkit.analysis.report import grouped, shape_flow, shares
+from vitkit.data import preprocess
+from vitkit.infer.attention import _capture, _rollout, prefix_token_names
+from vitkit.layers import AttentionPool, attention_layers, to_2tuple
+from vitkit.layers.helpers import counted
+from vitkit.models.registry import family_of
+from vitkit.viz.attention import COLORMAP, model_view
+
+TOP = 5  # classes listed with the prediction
+
+
+def quantise(weights: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Attention weights (..., N) -> (uint8 codes (..., N), float32 scales (...,)): each row's largest weight is 255."""
+    w = weights.detach().double().cpu()
+    scale = w.amax(dim=-1).clamp_min(1e-30)  # (...,)
+    codes = torch.round(w / scale[..., None] * 255).to(torch.uint8)
+    return codes.numpy(), scale.float().numpy()
+
+
+def dequantise(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """What the page reads back: codes / 255 * scale, per row."""
+    return codes.astype(np.float64) / 255 * scales[..., None]
+
+
+def _packed(array: np.ndarray) -> str:
+    """An array's bytes deflated (zlib's format, which `DecompressionStream("deflate")` reads), as base64."""
+    return base64.b64encode(zlib.compress(np.ascontiguousarray(array).tobytes(), 9)).decode("ascii")
+
+
+def _png(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _selected(count: int, chosen: Sequence[int] | None, what: str) -> list[int]:
+    """The indices `chosen` (negative ones from the end) of `count` layers or heads, each checked; all without."""
+    if chosen is None:
+        return list(range(count))
+    picked = []
+    for i in chosen:
+        if not -count <= i < count:
+            raise ValueError(f"{what} {i} is out of range: the model has {count} {what}s (0..{count - 1})")
+        picked.append(i % count)
+    return sorted(set(picked))
+
+
+def image_data(
+    model: nn.Module,
+    image: Image.Image,
+    mean: Sequence[float],
+    std: Sequence[float],
+    class_names: Sequence[str] | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    label: str = "",
+) -> dict[str, Any]:
+    """One image's part of the page: the model's view of it, the selected layers' and heads' attention (quantised),
+    the rollout through each selected layer, the top classes."""
+    config = model.config
+    img_size = to_2tuple(config.img_size)
+    device = next(model.parameters()).device
+    pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std))[None].to(device)  # (1, C, H, W)
+    output, maps, _, _ = _capture(model, pixels)
+    L = _selected(len(maps), layers, "layer")
+    H = _selected(maps[0].shape[1], heads, "head")
+    attn = torch.stack([maps[i][0, H].float().cpu() for i in L])  # (L', h', N, N)
+    through = torch.stack([_rollout([m.float().cpu() for m in maps[: i + 1]], None)[0] for i in L])  # (L', N, N)
+    codes, scales = quantise(attn)
+    rollout_codes, rollout_scales = quantise(through)
+    top = []
+    if getattr(config, "num_classes", 0) > 0:
+        probabilities = output.float().softmax(dim=-1)[0].cpu()
+        values, indices = probabilities.topk(min(TOP, probabilities.numel()))
+        top = [
+            [class_names[k] if class_names else str(k), float(p)] for p, k in zip(values, indices.tolist(), strict=True)
+        ]
+    return {
+        "label": label,
+        "view": _png(model_view(image, img_size)),
+        "attention": _packed(codes),
+        "scales": _packed(scales),
+        "rollout": _packed(rollout_codes),
+        "rollout_scales": _packed(rollout_scales),
+        "top": top,
+    }
+
+
+def costs(model: nn.Module) -> dict[str, Any]:
+    """The costs panel: totals, each block's FLOPs, attention share and activations written, the shape flow."""
+    report = profile(model, to_2tuple(model.config.img_size), batch=1)
+    attention: dict[str, int] = {}
+    for op in report.ops:
+        if category(op.module, report.parts) == "attention":
+            key = group_key(op.module, "block", report.parts)
+            attention[key] = attention.get(key, 0) + op.flops
+    rows = [
+        [row.name, row.flops / 1e9, attention.get(row.name, 0) / max(row.flops, 1), row.out_bytes / 2**20]
+        for row in grouped(report, "block")
+    ]
+    return {
+        "params": report.params,
+        "gflops": report.flops / 1e9,
+        "attention_share": shares(report).get("attention", 0.0),
+        "activation_mib": report.activation_bytes / 2**20,
+        "blocks": rows,
+        "shape_flow": shape_flow(report),
+    }
+
+
+def explorer_data(
+    model: nn.Module,
+    images: Sequence[tuple[str, Image.Image]],
+    mean: Sequence[float],
+    std: Sequence[float],
+    class_names: Sequence[str] | None = None,
+    name: str = "",
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """Everything the explorer page shows of `model` on `images` ((label, image) pairs): see the module docstring.
+
+    Args:
+        model: a model whose attention layers attend over one token grid of the whole image (ViT, DeiT, with or
+            without registers); others are refused with the reason.
+        images: the images, each with the label the page lists it by (its file name).
+        mean, std: the normalisation the model was trained with.
+        class_names: the classifier's class names, in label order.
+        name: what the page calls the model (its directory or registered name).
+        layers, heads: the layers and heads kept (default: all); fewer make a smaller file.
+    """
+    if not images:
+        raise ValueError("the explorer needs at least one image")
+    config = model.config
+    tokens = model.token_grid(to_2tuple(config.img_size))
+    if tokens is None:
+        raise ValueError(
+            f"the explorer shows models whose attention layers all attend over one grid of patches of the whole "
+            f"image (ViT, DeiT, with or without registers); {family_of(model).display_name}'s do not yet: draw "
+            "its attention with `vitkit attention`"
+        )
+    prefix, grid = tokens
+    pages = [image_data(model, image, mean, std, class_names, layers, heads, label) for label, image in images]
+    maps_layers = len(_attention_layers(model))
+    h = config.num_heads
+    L = _selected(maps_layers, layers, "layer")
+    H = _selected(h, heads, "head")
+    described = f"{family_of(model).display_name}, {counted(maps_layers, 'layer')} x {counted(h, 'head')}"
+    return {
+        "model": f"{name}: {described}" if name else described,
+        "grid": list(grid),
+        "patch": config.patch_size,
+        "prefix": list(prefix_token_names(model)),
+        "tokens": prefix + grid[0] * grid[1],
+        "layers": L,
+        "heads": H,
+        "images": pages,
+        "costs": costs(model),
+        "colormap": [list(rgb) for rgb in COLORMAP],
+    }
+
+
+def _attention_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's self-attention layers (an attention pool's probe is none)."""
+    return [m for _, m in attention_layers(model) if not isinstance(m, AttentionPool)]
