@@ -9,16 +9,17 @@ from pathlib import Path
 
 from vitkit.cli.options import add_memory_option, check_inference_memory
 from vitkit.data import open_image
-from vitkit.infer import is_detector_dir
+from vitkit.infer import is_detector_dir, load_detector
 from vitkit.infer.attention import load_attention_model
-from vitkit.infer.explore import explorer_data
+from vitkit.infer.explore import detector_explorer_data, explorer_data
 from vitkit.models.registry import create_model
 from vitkit.viz.explorer import explorer_page
 from vitkit.weights.io import atomic_write
 
 HELP = (
     "write an attention explorer: one HTML file that opens from disk, where clicking a patch (or the class token, a "
-    "register) shows where it attends in every layer and head, with rollout, the prediction and the model's costs"
+    "register) shows where it attends in every layer and head, with rollout, the prediction and the model's costs; "
+    "for a detector, clicking a box shows what its query attended to in every decoder layer"
 )
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # an untrained registered model's normalisation
 
@@ -38,8 +39,39 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="HTML", help="the page to write (.html); folders are made")
     parser.add_argument("--layers", type=_indices, default=None, help="layers to keep, e.g. 0,5,11 (default: all)")
     parser.add_argument("--heads", type=_indices, default=None, help="heads to keep, e.g. 0,1 (default: all)")
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="a detector's smallest class probability shown (default: the one vitkit train chose, saved in the "
+        "model's postprocess.json; 0.5 without)",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     add_memory_option(parser)
+
+
+def _write(out: Path, data: dict) -> None:
+    page = explorer_page(data)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
+
+
+def _run_detector(args: argparse.Namespace, out: Path) -> int:
+    if args.layers is not None or args.heads is not None:
+        raise ValueError("--layers and --heads choose a classifier's maps; a detector's page holds every decoder layer")
+    model, info, postprocessing = load_detector(args.model_dir, args.device)
+    postprocessing = postprocessing.one_per_query()  # one box per object, with its best class
+    threshold = postprocessing.shown_above(args.threshold)
+    check_inference_memory(model, args, capture=True)
+    images = [(Path(p).name, open_image(p)) for p in args.images]
+    data = detector_explorer_data(model, info, images, threshold, postprocessing, args.model_dir)
+    _write(out, data)
+    found = sum(len(page["detections"]) for page in data["images"])
+    print(
+        f"explorer of {len(images)} image(s), {found} detection(s) above {threshold:.2f}: {out} "
+        f"({_size(out.stat().st_size)}); open it in a browser"
+    )
+    return 0
 
 
 def _size(n: int) -> str:
@@ -51,10 +83,9 @@ def run(args: argparse.Namespace) -> int:
     if out.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out {out}: expected an .html file name")
     if args.model_dir and is_detector_dir(args.model_dir):
-        raise ValueError(
-            f"{args.model_dir} holds a detector; the explorer shows classifiers' token attention so far: draw each "
-            "object's cross-attention with `vitkit attention`"
-        )
+        return _run_detector(args, out)
+    if args.threshold is not None:
+        raise ValueError("--threshold is a detector's smallest class probability; this is a classifier")
     if args.model_dir:
         model, info = load_attention_model(args.model_dir, args.device)
         mean, std, names, name = info.mean, info.std, info.classes or None, args.model_dir
@@ -64,9 +95,7 @@ def run(args: argparse.Namespace) -> int:
     check_inference_memory(model, args, capture=True)
     images = [(Path(p).name, open_image(p)) for p in args.images]
     data = explorer_data(model, images, mean, std, names, name, args.layers, args.heads)
-    page = explorer_page(data)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
+    _write(out, data)
     print(
         f"explorer of {len(images)} image(s), {len(data['layers'])} layer(s) x {len(data['heads'])} head(s): "
         f"{out} ({_size(out.stat().st_size)}); open it in a browser"

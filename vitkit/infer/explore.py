@@ -15,6 +15,7 @@ import base64
 import io
 import zlib
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,10 @@ from vitkit.analysis.profile import category, group_key
 from vitkit.analysis.report import grouped, shape_flow, shares
 from vitkit.data import preprocess
 from vitkit.infer.attention import _capture, _rollout, prefix_token_names
-from vitkit.layers import AttentionPool, attention_layers, to_2tuple
+from vitkit.infer.detect import detector_inputs, detector_outputs, image_detections, reading
+from vitkit.infer.object_attention import sampled_points
+from vitkit.layers import AttentionPool, attention_layers, capture_attention, to_2tuple
+from vitkit.layers.deformable import SampledAttention
 from vitkit.layers.helpers import counted
 from vitkit.models.registry import family_of
 from vitkit.viz.attention import COLORMAP, model_view
@@ -173,6 +177,7 @@ def explorer_data(
     H = _selected(h, heads, "head")
     described = f"{family_of(model).display_name}, {counted(maps_layers, 'layer')} x {counted(h, 'head')}"
     return {
+        "kind": "tokens",
         "model": f"{name}: {described}" if name else described,
         "grid": list(grid),
         "patch": config.patch_size,
@@ -189,3 +194,90 @@ def explorer_data(
 def _attention_layers(model: nn.Module) -> list[nn.Module]:
     """The model's self-attention layers (an attention pool's probe is none)."""
     return [m for _, m in attention_layers(model) if not isinstance(m, AttentionPool)]
+
+
+@torch.no_grad()
+def detector_image_data(
+    model: nn.Module,
+    info: Any,
+    image: Image.Image,
+    threshold: float,
+    postprocessing: Any = None,
+    label: str = "",
+) -> dict[str, Any]:
+    """One image's part of a detector's page: the image, its detections above `threshold` (each query its best
+    class, as `vitkit attention` reads them), and for every decoder layer what each detection's query attended to:
+    a dense cross-attention's maps over the feature map (DETR; quantised, each head), or a deformable one's sampling
+    points in pixels of the image, with their weights (Deformable DETR)."""
+    names = model.object_attention_layers()
+    pixels, mask, sizes = detector_inputs(model, info, [image])
+    with capture_attention(model, names) as maps:
+        outputs = detector_outputs(model.eval(), pixels, mask)
+    one_per_query = replace(reading(model, postprocessing), top_k=None)
+    (result,) = one_per_query(outputs, sizes, threshold)
+    order = result["scores"].argsort(descending=True, stable=True)
+    queries = result["queries"][order].tolist()
+    detections = image_detections(result, info)
+    padded = (pixels.shape[-2], pixels.shape[-1])
+    real = (int(mask[0, :, 0].sum()), int(mask[0, 0, :].sum()))  # the image's part of the padded input
+    layers = []
+    for name in names:
+        record = maps[name]
+        if isinstance(record, SampledAttention):
+            samples = sampled_points(record, queries, padded, real, (image.height, image.width))
+            layers.append(
+                {
+                    "points": _packed(samples.points.float().numpy()),  # (n, h, L, K, 2): (x, y) in image pixels
+                    "weights": _packed(samples.weights.float().numpy()),  # (n, h, L, K)
+                    "shape": list(samples.weights.shape),
+                    "levels": [list(s) for s in samples.spatial_shapes],
+                }
+            )
+        else:
+            attn = record[0][:, queries].float().cpu()  # (h, n, hw)
+            codes, scales = quantise(attn.transpose(0, 1))  # (n, h, hw), per row
+            layers.append(
+                {
+                    "attention": _packed(codes),
+                    "scales": _packed(scales),
+                    "shape": list(codes.shape),
+                    "grid": list(model.feature_grid(padded)),
+                }
+            )
+    return {
+        "label": label,
+        "view": _png(image.convert("RGB")),
+        "size": [image.height, image.width],
+        "padded": list(padded),
+        "real": list(real),
+        "detections": [
+            {"label": d.label, "score": d.score, "box": list(d.box), "query": q}
+            for d, q in zip(detections, queries, strict=True)
+        ],
+        "layers": layers,
+    }
+
+
+def detector_explorer_data(
+    model: nn.Module,
+    info: Any,
+    images: Sequence[tuple[str, Image.Image]],
+    threshold: float,
+    postprocessing: Any = None,
+    name: str = "",
+) -> dict[str, Any]:
+    """Everything a detector's explorer page shows: each image's detections and, for the one clicked, what its
+    query attended to in every decoder layer (`detector_image_data`); the model's costs."""
+    if not images:
+        raise ValueError("the explorer needs at least one image")
+    pages = [detector_image_data(model, info, image, threshold, postprocessing, label) for label, image in images]
+    layers = len(model.object_attention_layers())
+    described = f"{family_of(model).display_name}, {counted(layers, 'decoder layer')}"
+    return {
+        "kind": "detector",
+        "model": f"{name}: {described}" if name else described,
+        "threshold": threshold,
+        "images": pages,
+        "costs": costs(model),
+        "colormap": [list(rgb) for rgb in COLORMAP],
+    }

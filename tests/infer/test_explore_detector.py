@@ -1,0 +1,114 @@
+"""A detector's explorer: each detection's query, in every decoder layer, with what it attended to: DETR's dense
+cross-attention (quantised to 8 bits per row) and Deformable DETR's sampling points, equal to what
+`capture_attention` records; and in the browser, clicking a detection draws its query's map or points."""
+
+import base64
+import os
+import shutil
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.data import DetectionInfo
+from vitkit.infer.detect import detector_inputs
+from vitkit.infer.explore import dequantise, detector_explorer_data
+from vitkit.infer.object_attention import sampled_points
+from vitkit.layers import capture_attention
+from vitkit.viz.explorer import explorer_page
+
+CLASSES = ("circle", "square", "cross")
+INFO = DetectionInfo("test", CLASSES, (1, 2, 3), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+CHROMIUM = os.environ.get("VITKIT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def unpack(b64: str, dtype) -> np.ndarray:
+    return np.frombuffer(zlib.decompress(base64.b64decode(b64)), dtype=dtype)
+
+
+def detector(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return vitkit.create_model(name, num_classes=len(CLASSES)).eval()
+
+
+def picture() -> Image.Image:
+    return Image.fromarray(np.random.default_rng(0).integers(0, 255, (96, 128, 3), dtype=np.uint8))
+
+
+def captured(model, image):
+    names = model.object_attention_layers()
+    pixels, mask, _ = detector_inputs(model, INFO, [image])
+    with torch.no_grad(), capture_attention(model, names) as maps:
+        model.predict(pixels, mask)
+    real = (int(mask[0, :, 0].sum()), int(mask[0, 0, :].sum()))
+    return [maps[n] for n in names], (pixels.shape[-2], pixels.shape[-1]), real
+
+
+def test_detr_pages_hold_each_querys_cross_attention():
+    model, image = detector("detr_tiny"), picture()
+    data = detector_explorer_data(model, INFO, [("a.png", image)], threshold=0.0, name="detr")
+    one = data["images"][0]
+    queries = [d["query"] for d in one["detections"]]
+    assert len(queries) == model.config.num_queries and one["size"] == [96, 128]
+    records, _, _ = captured(model, image)
+    assert len(one["layers"]) == len(records)
+    for layer, record in zip(one["layers"], records, strict=True):
+        n, h, hw = layer["shape"]
+        codes = unpack(layer["attention"], np.uint8).reshape(n, h, hw)
+        scales = unpack(layer["scales"], np.float32).reshape(n, h)
+        expected = record[0][:, queries].transpose(0, 1).double().numpy()  # (n, h, hw)
+        np.testing.assert_allclose(dequantise(codes, scales), expected, atol=float(scales.max()) / 510 + 1e-6)
+        assert layer["grid"][0] * layer["grid"][1] == hw
+
+
+def test_deformable_pages_hold_each_querys_sampling_points():
+    model, image = detector("deformable_detr_small"), picture()
+    data = detector_explorer_data(model, INFO, [("a.png", image)], threshold=0.0)
+    one = data["images"][0]
+    queries = [d["query"] for d in one["detections"]]
+    records, padded, real = captured(model, image)
+    for layer, record in zip(one["layers"], records, strict=True):
+        samples = sampled_points(record, queries, padded, real, (96, 128))
+        points = unpack(layer["points"], np.float32).reshape(*layer["shape"], 2)
+        np.testing.assert_allclose(points, samples.points.numpy(), rtol=1e-6, atol=1e-4)
+        weights = unpack(layer["weights"], np.float32).reshape(layer["shape"])
+        np.testing.assert_allclose(weights, samples.weights.numpy(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
+@pytest.mark.parametrize("name", ["detr_tiny", "deformable_detr_small"])
+def test_clicking_a_detection_in_the_browser(name, tmp_path):
+    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
+    model, image = detector(name), picture()
+    data = detector_explorer_data(model, INFO, [("a.png", image)], threshold=0.0)
+    (tmp_path / "page.html").write_text(explorer_page(data), encoding="utf-8")
+    records, padded, real = captured(model, image)
+    one = data["images"][0]
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.goto((tmp_path / "page.html").as_uri())
+        page.evaluate("window.vitkitExplorer.ready")
+        assert page.locator("#detections button").count() == len(one["detections"])
+        page.locator("#detections button").nth(2).click()
+        page.evaluate("window.vitkitExplorer.setLayer(0)")
+        query = one["detections"][2]["query"]
+        if name == "detr_tiny":
+            drawn = np.array(page.evaluate("Array.from(window.vitkitExplorer.shown.values)"))
+            expected = records[0][0, :, query].mean(dim=0).double().numpy()  # the heads' mean over the feature map
+            np.testing.assert_allclose(drawn, expected, atol=float(records[0][0, :, query].max()) / 510 + 1e-6)
+        else:
+            drawn = np.array(page.evaluate("window.vitkitExplorer.shown.points"))  # (h L K, 4): x, y, weight, level
+            samples = sampled_points(records[0], [query], padded, real, (96, 128))
+            h = samples.weights.shape[1]
+            np.testing.assert_allclose(drawn[:, :2], samples.points[0].reshape(-1, 2).numpy(), atol=1e-3)
+            np.testing.assert_allclose(drawn[:, 2], samples.weights[0].reshape(-1).numpy() / h, atol=1e-6)
+        assert one["detections"][2]["label"] in page.locator("#title").inner_text()
+        browser.close()
+    assert errors == []
