@@ -88,10 +88,10 @@ def test_the_page_is_one_file_that_loads_nothing():
     assert "default-src 'none'" in page  # the page's own policy forbids any load
 
 
-def test_models_without_one_token_grid_are_refused_with_the_reason():
-    swin = vitkit.create_model("swin_tiny_patch4_window7_224", depths=(2, 2, 2, 2), num_classes=3).eval()
-    with pytest.raises(ValueError, match="Swin's do not yet: draw its attention with `vitkit attention`"):
-        explorer_data(swin, [("a.png", picture())], MEAN, STD)
+def test_a_detector_is_sent_to_its_own_page():
+    detr = vitkit.create_model("detr_tiny", num_classes=3).eval()
+    with pytest.raises(ValueError, match="DETR neither attends over one grid .* a detector's page is detector_explorer"):
+        explorer_data(detr, [("a.png", picture())], MEAN, STD)
 
 
 def test_a_layer_out_of_range_is_named():

@@ -96,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
     images = [(Path(p).name, open_image(p)) for p in args.images]
     data = explorer_data(model, images, mean, std, names, name, args.layers, args.heads)
     _write(out, data)
+    heads = f" x {len(data['heads'])} head(s)" if data["kind"] == "tokens" else ""
     print(
-        f"explorer of {len(images)} image(s), {len(data['layers'])} layer(s) x {len(data['heads'])} head(s): "
+        f"explorer of {len(images)} image(s), {len(data['layers'])} layer(s){heads}: "
         f"{out} ({_size(out.stat().st_size)}); open it in a browser"
     )
     return 0

@@ -98,13 +98,7 @@ def image_data(
     through = torch.stack([_rollout([m.float().cpu() for m in maps[: i + 1]], None)[0] for i in L])  # (L', N, N)
     codes, scales = quantise(attn)
     rollout_codes, rollout_scales = quantise(through)
-    top = []
-    if getattr(config, "num_classes", 0) > 0:
-        probabilities = output.float().softmax(dim=-1)[0].cpu()
-        values, indices = probabilities.topk(min(TOP, probabilities.numel()))
-        top = [
-            [class_names[k] if class_names else str(k), float(p)] for p, k in zip(values, indices.tolist(), strict=True)
-        ]
+    top = _top(model, output, class_names)
     return {
         "label": label,
         "view": _png(model_view(image, img_size)),
@@ -134,8 +128,17 @@ def costs(model: nn.Module) -> dict[str, Any]:
         "attention_share": shares(report).get("attention", 0.0),
         "activation_mib": report.activation_bytes / 2**20,
         "blocks": rows,
-        "shape_flow": shape_flow(report),
+        "shape_flow": _one_block(report),
     }
+
+
+def _one_block(report: Any) -> list[str]:
+    """`shape_flow`'s lines of the block holding the first attention layer only (a ResNet's stages group many)."""
+    first = next((op.module for op in report.ops if op.op == "qkv"), None)
+    if first is None:
+        return []
+    block = first.rpartition(".")[0]
+    return [line for line in shape_flow(report) if line.split()[0].startswith(block)]
 
 
 def explorer_data(
@@ -163,11 +166,13 @@ def explorer_data(
         raise ValueError("the explorer needs at least one image")
     config = model.config
     tokens = model.token_grid(to_2tuple(config.img_size))
+    if tokens is None and callable(getattr(model, "spatial_attention", None)):
+        return grid_explorer_data(model, images, mean, std, class_names, name)
     if tokens is None:
         raise ValueError(
-            f"the explorer shows models whose attention layers all attend over one grid of patches of the whole "
-            f"image (ViT, DeiT, with or without registers); {family_of(model).display_name}'s do not yet: draw "
-            "its attention with `vitkit attention`"
+            f"{family_of(model).display_name} neither attends over one grid of patches (`token_grid`) nor lays its "
+            "attention on the image (`spatial_attention`); a detector's page is detector_explorer_data's "
+            "(`vitkit explore --model-dir` on its directory)"
         )
     prefix, grid = tokens
     pages = [image_data(model, image, mean, std, class_names, layers, heads, label) for label, image in images]
@@ -277,6 +282,75 @@ def detector_explorer_data(
         "kind": "detector",
         "model": f"{name}: {described}" if name else described,
         "threshold": threshold,
+        "images": pages,
+        "costs": costs(model),
+        "colormap": [list(rgb) for rgb in COLORMAP],
+    }
+
+
+def _top(model: nn.Module, output: torch.Tensor, class_names: Sequence[str] | None) -> list[list[Any]]:
+    """The most probable classes [name, probability] of a classifier's output (1, K); none for a backbone."""
+    if getattr(model.config, "num_classes", 0) <= 0:
+        return []
+    probabilities = output.float().softmax(dim=-1)[0].cpu()
+    values, indices = probabilities.topk(min(TOP, probabilities.numel()))
+    return [
+        [class_names[k] if class_names else str(k), float(p)] for p, k in zip(values, indices.tolist(), strict=True)
+    ]
+
+
+@torch.no_grad()
+def grid_explorer_data(
+    model: nn.Module,
+    images: Sequence[tuple[str, Image.Image]],
+    mean: Sequence[float],
+    std: Sequence[float],
+    class_names: Sequence[str] | None = None,
+    name: str = "",
+) -> dict[str, Any]:
+    """A page for a model whose attention is laid on the image by its `spatial_attention` (Swin's windows, BoTNet's
+    feature maps): for each layer its grid and each cell's keys (`vitkit.models.interface.SpatialAttention`), and
+    per image each cell's weights over its keys, quantised per row; the prediction; the costs."""
+    config = model.config
+    img_size = to_2tuple(config.img_size)
+    device = next(model.parameters()).device
+    layers: list[dict[str, Any]] = []
+    pages = []
+    for label, image in images:
+        pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std))[None].to(device)
+        model.eval()
+        with capture_attention(model) as maps:
+            output = model(pixels)
+        spatial = model.spatial_attention(maps, img_size)
+        if not layers:
+            layers = [
+                {
+                    "name": a.layer,
+                    "grid": list(a.grid),
+                    "heads": a.weights.shape[1],
+                    "keys_per_cell": a.keys.shape[1],
+                    "keys": _packed(a.keys.to(torch.int32).numpy()),
+                    "note": a.note,
+                }
+                for a in spatial
+            ]
+        weights = []
+        for a in spatial:
+            codes, scales = quantise(a.weights[0].float().cpu())  # (h, Q, K), per row
+            weights.append({"attention": _packed(codes), "scales": _packed(scales)})
+        pages.append(
+            {
+                "label": label,
+                "view": _png(model_view(image, img_size)),
+                "layers": weights,
+                "top": _top(model, output, class_names),
+            }
+        )
+    described = f"{family_of(model).display_name}, {counted(len(layers), 'attention layer')}"
+    return {
+        "kind": "grid",
+        "model": f"{name}: {described}" if name else described,
+        "layers": layers,
         "images": pages,
         "costs": costs(model),
         "colormap": [list(rgb) for rgb in COLORMAP],

@@ -22,6 +22,7 @@ Letters: B batch, C channels, H, W feature-map height and width, N = H * W posit
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +42,7 @@ from vitkit.layers.cost import (
     view,
 )
 from vitkit.layers.helpers import nearest_multiples
-from vitkit.models.interface import CostFromImages, checkpoint_blocks
+from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import check_field_types, check_positive, register_family, register_model
 from vitkit.models.resnet import (
     Bottleneck,
@@ -294,6 +295,18 @@ class BotNet(CostFromImages, ResNet):
                 nn.init.zeros_(module.conv3_1x1.bn.weight)
             elif isinstance(module, BottleneckAttn):
                 module.reset_parameters()
+
+    def spatial_attention(self, maps: Mapping[str, torch.Tensor], img_size: tuple[int, int]) -> list[SpatialAttention]:
+        """Each captured BoT block's attention (B, h, HW, HW) laid on the feature map it attends over (the map
+        entering the block, before a strided block pools): every position's row over all positions
+        (`vitkit.models.interface.SpatialAttention`)."""
+        out = []
+        for name, module in self.named_modules():
+            if isinstance(module, BottleneckAttn) and name in maps:
+                H, W = module.feat_size
+                keys = torch.arange(H * W).expand(H * W, H * W)  # every position attends to every position
+                out.append(SpatialAttention(name, (H, W), keys, maps[name], f"all {H}x{W} positions of the map"))
+        return out
 
     def check_input(self, x: torch.Tensor) -> None:
         """ValueError unless x is a float image batch (B, in_chans, H, W) of the configured size."""

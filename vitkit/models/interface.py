@@ -35,7 +35,9 @@ class VitkitModel(Protocol):
     - ``set_grad_checkpointing(enable)``: recompute the model's blocks (`shard_units`) in backward instead of
       storing their activations.
     - ``token_grid(img_size)``: how attention tokens map to the image, for attention maps; a model whose grid has
-      prefix tokens may also name them (``prefix_token_names()``: "class", "distillation", "register 0", ...).
+      prefix tokens may also name them (``prefix_token_names()``: "class", "distillation", "register 0", ...); a
+      model without one token grid may lay its captured attention on the image instead
+      (``spatial_attention(maps, img_size)``: a `SpatialAttention` per layer; Swin, BoTNet).
     - ``no_weight_decay()``: parameters that take no weight decay besides every one of ndim <= 1 (timm's
       convention: learned tokens, position tables).
 
@@ -166,6 +168,22 @@ def has_no_object_logit(detector: object) -> bool:
         name = detector.__name__ if isinstance(detector, type) else type(detector).__name__
         raise TypeError(f"{name}.no_object_logit must be a bool, got {value!r}")
     return value
+
+
+@dataclass(frozen=True)
+class SpatialAttention:
+    """One attention layer's weights laid on the image: which cells of a grid over the image each cell attends to,
+    and how much. What a model whose attention is not over one token grid (`token_grid` None: Swin's windows,
+    BoTNet's feature maps) gives from its `spatial_attention(maps, img_size)`, for the explorer.
+
+    Letters: B batch, h heads, Q = Hg * Wg cells (row-major), K keys per cell.
+    """
+
+    layer: str  # the attention layer's name (its `capture_attention` key)
+    grid: tuple[int, int]  # (Hg, Wg): the map the layer attends over, covering the whole image
+    keys: torch.Tensor  # (Q, K) int64: each cell's keys, as cell indices into the grid (a window's, or all)
+    weights: torch.Tensor  # (B, h, Q, K): each cell's attention to its keys; rows sum to one
+    note: str = ""  # what the keys are, in words (e.g. "7x7 windows shifted by (3, 3)")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ nW windows per image.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -52,7 +53,7 @@ from vitkit.layers.cost import (
     view,
 )
 from vitkit.layers.helpers import nearest_multiples, take_indices
-from vitkit.models.interface import CostFromImages, checkpoint_blocks
+from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import (
     check_field_types,
     check_positive,
@@ -360,6 +361,24 @@ class SwinBlock(nn.Module):
             x = torch.roll(x, shifts=(sh, sw), dims=(1, 2))
         return x
 
+    def window_keys(self, size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For a map of `size` (H, W): each token's window (B * nW order) and place in it, and the window's tokens,
+        as `_attention` partitions the map (rolled by the shift, padded to whole windows): (window (H * W,),
+        place (H * W,), keys (H * W, N) as token indices into the map, -1 for padding)."""
+        H, W = size
+        Hp, Wp = self._padded(H, W)
+        tokens = torch.full((Hp, Wp), -1, dtype=torch.long)
+        tokens[:H, :W] = torch.arange(H * W).view(H, W)
+        tokens = torch.roll(tokens[:H, :W], shifts=(-self.shift_size[0], -self.shift_size[1]), dims=(0, 1))
+        padded = torch.full((Hp, Wp), -1, dtype=torch.long)
+        padded[:H, :W] = tokens
+        order = window_partition(padded.view(1, Hp, Wp, 1), self.window_size).reshape(-1)  # (nW * N,) tokens
+        N = self.window_size[0] * self.window_size[1]
+        position = torch.empty(H * W, dtype=torch.long)
+        real = order >= 0
+        position[order[real]] = torch.arange(order.numel())[real]  # each token's place in window order
+        return position // N, position % N, order.view(-1, N)[position // N]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop_path1(self._attention(self.norm1(x)))
         x = x + self.drop_path2(self.mlp(self.norm2(x)))
@@ -620,6 +639,30 @@ class SwinTransformer(CostFromImages, nn.Module):
     def token_grid(self, img_size: tuple[int, int]) -> None:
         """None: each block attends within (shifted) windows of its stage's map, never over the whole image."""
         return None
+
+    def spatial_attention(self, maps: Mapping[str, torch.Tensor], img_size: tuple[int, int]) -> list[SpatialAttention]:
+        """Each captured block's window attention (B * nW, h, N, N) laid on its stage's map: every token's row over
+        the tokens of its (shifted) window (`vitkit.models.interface.SpatialAttention`), for images of `img_size`."""
+        H, W = self.patch_embed.feat_size(img_size)
+        out = []
+        for s, stage in enumerate(self.layers):
+            if s > 0:
+                H, W = (H + 1) // 2, (W + 1) // 2  # patch merging halves the map (padding an odd side)
+            for b, block in enumerate(stage.blocks):
+                name = f"layers.{s}.blocks.{b}.attn"
+                if name not in maps:
+                    continue
+                record = maps[name]  # (B * nW, h, N, N)
+                window, place, keys = block.window_keys((H, W))
+                Hp, Wp = block._padded(H, W)
+                (Wh, Ww), h, N = block.window_size, record.shape[1], record.shape[-1]
+                nW = Hp * Wp // N
+                mine = record.reshape(-1, nW, h, N, N)[:, window]  # (B, HW, h, N, N): each token's window
+                rows = mine[:, torch.arange(H * W), :, place]  # (HW, B, h, N): its own row (indices apart go first)
+                shifted = f" shifted by {block.shift_size}" if any(block.shift_size) else ""
+                weights = rows.permute(1, 2, 0, 3)  # (B, h, HW, N)
+                out.append(SpatialAttention(name, (H, W), keys, weights, f"{Wh}x{Ww} windows{shifted}"))
+        return out
 
     def no_weight_decay(self) -> set[str]:
         """Every block's relative position bias table (timm's `no_weight_decay_keywords`)."""
