@@ -90,7 +90,7 @@ def test_the_page_is_one_file_that_loads_nothing():
 
 def test_a_detector_is_sent_to_its_own_page():
     detr = vitkit.create_model("detr_tiny", num_classes=3).eval()
-    with pytest.raises(ValueError, match="DETR neither attends over one grid .* a detector's page is detector_explorer"):
+    with pytest.raises(ValueError, match="DETR neither attends over one grid .* a detector's page is"):
         explorer_data(detr, [("a.png", picture())], MEAN, STD)
 
 

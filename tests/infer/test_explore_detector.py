@@ -112,3 +112,53 @@ def test_clicking_a_detection_in_the_browser(name, tmp_path):
         assert one["detections"][2]["label"] in page.locator("#title").inner_text()
         browser.close()
     assert errors == []
+
+
+def test_detr_pages_hold_the_encoders_self_attention_at_every_position():
+    """DETR's figure 3: each encoder layer's self-attention of every position of the feature map."""
+    model, image = detector("detr_tiny"), picture()
+    one = detector_explorer_data(model, INFO, [("a.png", image)], threshold=0.5)["images"][0]
+    pixels, mask, _ = detector_inputs(model, INFO, [image])
+    with torch.no_grad(), capture_attention(model) as maps:
+        model.predict(pixels, mask)
+    names = [f"encoder.layers.{i}.self_attn" for i in range(len(model.encoder.layers))]
+    assert [e["name"] for e in one["encoder"]] == names
+    for entry, name in zip(one["encoder"], names, strict=True):
+        h, (gh, gw) = entry["heads"], entry["grid"]
+        codes = unpack(entry["attention"], np.uint8).reshape(h, gh * gw, gh * gw)
+        scales = unpack(entry["scales"], np.float32).reshape(h, gh * gw)
+        expected = maps[name][0].double().numpy()
+        np.testing.assert_allclose(dequantise(codes, scales), expected, atol=float(scales.max()) / 510 + 1e-6)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
+def test_picking_a_point_shows_the_encoders_attention_there(tmp_path):
+    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
+    model, image = detector("detr_tiny"), picture()
+    data = detector_explorer_data(model, INFO, [("a.png", image)], threshold=0.5)
+    (tmp_path / "page.html").write_text(explorer_page(data), encoding="utf-8")
+    pixels, mask, _ = detector_inputs(model, INFO, [image])
+    with torch.no_grad(), capture_attention(model) as maps:
+        model.predict(pixels, mask)
+    one = data["images"][0]
+    gh, gw = one["encoder"][0]["grid"]
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto((tmp_path / "page.html").as_uri())
+        page.evaluate("window.vitkitExplorer.ready")
+        page.get_by_label("a point: the encoder's self-attention there").check()
+        # a point in image pixels -> the padded input (the image fills its top-left `real` part) -> the map
+        x, y = 100.0, 30.0
+        page.evaluate(f"window.vitkitExplorer.pickPoint({x}, {y})")
+        ix, iy = x * one["real"][1] / 128, y * one["real"][0] / 96
+        cell = int(iy / one["padded"][0] * gh) * gw + int(ix / one["padded"][1] * gw)
+        assert page.evaluate("window.vitkitExplorer.shown.cell") == cell
+        drawn = np.array(page.evaluate("Array.from(window.vitkitExplorer.shown.values)"))
+        last = maps[one["encoder"][-1]["name"]][0, :, cell]  # the last encoder layer, every head: (h, hw)
+        np.testing.assert_allclose(drawn, last.mean(0).double().numpy(), atol=float(last.max()) / 510 + 1e-6)
+        assert "encoder's self-attention" in page.locator("#title").inner_text()
+        browser.close()
+    assert errors == []

@@ -33,6 +33,7 @@ from vitkit.infer.object_attention import sampled_points
 from vitkit.layers import AttentionPool, attention_layers, capture_attention, to_2tuple
 from vitkit.layers.deformable import SampledAttention
 from vitkit.layers.helpers import counted
+from vitkit.models.interface import VitkitDetector
 from vitkit.models.registry import family_of
 from vitkit.viz.attention import COLORMAP, model_view
 
@@ -166,7 +167,7 @@ def explorer_data(
         raise ValueError("the explorer needs at least one image")
     config = model.config
     tokens = model.token_grid(to_2tuple(config.img_size))
-    if tokens is None and callable(getattr(model, "spatial_attention", None)):
+    if tokens is None and callable(getattr(model, "spatial_attention", None)) and not isinstance(model, VitkitDetector):
         return grid_explorer_data(model, images, mean, std, class_names, name)
     if tokens is None:
         raise ValueError(
@@ -215,8 +216,9 @@ def detector_image_data(
     a dense cross-attention's maps over the feature map (DETR; quantised, each head), or a deformable one's sampling
     points in pixels of the image, with their weights (Deformable DETR)."""
     names = model.object_attention_layers()
+    lays_out = callable(getattr(model, "spatial_attention", None))  # DETR's encoder: its figure 3
     pixels, mask, sizes = detector_inputs(model, info, [image])
-    with capture_attention(model, names) as maps:
+    with capture_attention(model, None if lays_out else names) as maps:
         outputs = detector_outputs(model.eval(), pixels, mask)
     one_per_query = replace(reading(model, postprocessing), top_k=None)
     (result,) = one_per_query(outputs, sizes, threshold)
@@ -249,10 +251,23 @@ def detector_image_data(
                     "grid": list(model.feature_grid(padded)),
                 }
             )
+    encoder = []
+    for a in model.spatial_attention(maps, padded) if lays_out else []:
+        codes, scales = quantise(a.weights[0].float().cpu())  # (h, Q, Q): every position over every position
+        encoder.append(
+            {
+                "name": a.layer,
+                "grid": list(a.grid),
+                "heads": int(codes.shape[0]),
+                "attention": _packed(codes),
+                "scales": _packed(scales),
+            }
+        )
     return {
         "label": label,
         "view": _png(image.convert("RGB")),
         "size": [image.height, image.width],
+        "encoder": encoder,
         "padded": list(padded),
         "real": list(real),
         "detections": [

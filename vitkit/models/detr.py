@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from torch import nn
 from vitkit.layers import Attention, CostContext, OpCost, Value, check_backend, to_2tuple
 from vitkit.layers.cost import SIGMOID_FLOPS, Ops, conv_op, copy_op, elementwise_op, given, linear, relu_op, view
 from vitkit.layers.pos_embed import SinePositionEmbedding, nearest_mask
-from vitkit.models.interface import CostFromImages, check_detector_input, checkpoint_blocks
+from vitkit.models.interface import CostFromImages, SpatialAttention, check_detector_input, checkpoint_blocks
 from vitkit.models.registry import check_field_types, check_positive, check_rates, register_family, register_model
 from vitkit.models.resnet import BACKBONE_NORMS, BasicBlock, Bottleneck, ResNet, make_stem, stage_plan
 from vitkit.models.transformer import Decoder, Encoder
@@ -289,6 +289,16 @@ class DETR(CostFromImages, nn.Module):
     def feature_grid(self, img_size: tuple[int, int]) -> tuple[int, int]:
         """The backbone's (h, w) for images of `img_size`: the map the encoder and the cross-attention read."""
         return self.backbone.feature_sizes(img_size)[-1]
+
+    def spatial_attention(self, maps: Mapping[str, torch.Tensor], img_size: tuple[int, int]) -> list[SpatialAttention]:
+        """Each captured encoder layer's self-attention (B, h, hw, hw) laid on the feature map of (padded) images of
+        `img_size`: every position's row over all positions, the DETR paper's figure 3
+        (`vitkit.models.interface.SpatialAttention`)."""
+        h, w = self.feature_grid(img_size)
+        keys = torch.arange(h * w).expand(h * w, h * w)  # every position attends to every position
+        names = [f"encoder.layers.{i}.self_attn" for i in range(len(self.encoder.layers))]
+        note = f"all {h}x{w} positions of the feature map"
+        return [SpatialAttention(name, (h, w), keys, maps[name], note) for name in names if name in maps]
 
     def cost_images(self, x: Value, ctx: CostContext) -> list[OpCost]:
         """The operators of `forward` on images x (B, C, H, W) without pixel mask, in forward order."""
