@@ -66,6 +66,9 @@ def test_page_loads_with_no_error_and_no_request(explorer):
 def test_clicking_a_patch_draws_its_attention(explorer):
     page, captured, _, _ = explorer
     box = page.locator("#image").bounding_box()
+    page.mouse.move(box["x"] + 3.5 * box["width"] / 4, box["y"] + 0.5 * box["height"] / 4)  # hovering previews
+    assert page.evaluate("window.vitkitExplorer.state.token") == 5 + 3
+    close(shown(page), captured[-1][:, 5 + 3].mean(dim=0))
     row, col = 2, 1  # of the 4 x 4 grid
     page.mouse.click(box["x"] + (col + 0.5) * box["width"] / 4, box["y"] + (row + 0.5) * box["height"] / 4)
     token = 5 + row * 4 + col
