@@ -181,20 +181,19 @@ def explorer_data(
     h = config.num_heads
     L = _selected(maps_layers, layers, "layer")
     H = _selected(h, heads, "head")
-    described = f"{family_of(model).display_name}, {counted(maps_layers, 'layer')} x {counted(h, 'head')}"
-    return {
-        "kind": "tokens",
-        "model": f"{name}: {described}" if name else described,
-        "grid": list(grid),
-        "patch": config.patch_size,
-        "prefix": list(prefix_token_names(model)),
-        "tokens": prefix + grid[0] * grid[1],
-        "layers": L,
-        "heads": H,
-        "images": pages,
-        "costs": costs(model),
-        "colormap": [list(rgb) for rgb in COLORMAP],
-    }
+    return _page(
+        "tokens",
+        model,
+        name,
+        f"{counted(maps_layers, 'layer')} x {counted(h, 'head')}",
+        grid=list(grid),
+        patch=config.patch_size,
+        prefix=list(prefix_token_names(model)),
+        tokens=prefix + grid[0] * grid[1],
+        layers=L,
+        heads=H,
+        images=pages,
+    )
 
 
 def _attention_layers(model: nn.Module) -> list[nn.Module]:
@@ -291,16 +290,8 @@ def detector_explorer_data(
     if not images:
         raise ValueError("the explorer needs at least one image")
     pages = [detector_image_data(model, info, image, threshold, postprocessing, label) for label, image in images]
-    layers = len(model.object_attention_layers())
-    described = f"{family_of(model).display_name}, {counted(layers, 'decoder layer')}"
-    return {
-        "kind": "detector",
-        "model": f"{name}: {described}" if name else described,
-        "threshold": threshold,
-        "images": pages,
-        "costs": costs(model),
-        "colormap": [list(rgb) for rgb in COLORMAP],
-    }
+    layers = counted(len(model.object_attention_layers()), "decoder layer")
+    return _page("detector", model, name, layers, threshold=threshold, images=pages)
 
 
 def _top(model: nn.Module, output: torch.Tensor, class_names: Sequence[str] | None) -> list[list[Any]]:
@@ -361,12 +352,17 @@ def grid_explorer_data(
                 "top": _top(model, output, class_names),
             }
         )
-    described = f"{family_of(model).display_name}, {counted(len(layers), 'attention layer')}"
+    return _page("grid", model, name, counted(len(layers), "attention layer"), layers=layers, images=pages)
+
+
+def _page(kind: str, model: nn.Module, name: str, described: str, **fields: Any) -> dict[str, Any]:
+    """A page's data: its kind, the model in words (`name`, its family, `described`), `fields`, the costs and the
+    colour map."""
+    described = f"{family_of(model).display_name}, {described}"
     return {
-        "kind": "grid",
+        "kind": kind,
         "model": f"{name}: {described}" if name else described,
-        "layers": layers,
-        "images": pages,
+        **fields,
         "costs": costs(model),
         "colormap": [list(rgb) for rgb in COLORMAP],
     }

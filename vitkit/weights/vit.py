@@ -433,17 +433,13 @@ def _vision_config(hf: dict[str, Any]) -> dict[str, Any]:
     return (hf.get("vision_config") or {}) if "vision_config" in hf else hf
 
 
-def config_from_clip(hf: dict[str, Any], keys: set[str], source: str) -> ViTConfig:
-    """The vitkit ViT equal to transformers' `CLIPVisionModel` (model_type "clip_vision_model"), or a `CLIPModel`'s
-    image tower ("clip"): a LayerNorm before the blocks, no patch bias, quick GELU unless the config says
-    otherwise; `model(x)` is the post-layernormed class token (`pooler_output`, before `visual_projection`)."""
-    stripped = {HF.strip(k) for k in keys}
-    _no_classifier(stripped, source, "CLIPForImageClassification's head reads the mean patch token")
-    v = _vision_config(hf)
+def _tower_fields(v: dict[str, Any], source: str, patch: int, eps: float, act: str) -> dict[str, Any]:
+    """The ViT fields of a CLIP / SigLIP image tower's config (`CLIPVisionConfig`, `SiglipVisionConfig`), their
+    defaults where a field is absent; a backbone (num_classes 0)."""
     hidden = v.get("hidden_size", 768)
-    return ViTConfig(
+    return dict(
         img_size=square(v.get("image_size", 224), "image_size", source),
-        patch_size=_patch(v, 32, source),
+        patch_size=_patch(v, patch, source),
         in_chans=v.get("num_channels", 3),
         num_classes=0,
         embed_dim=hidden,
@@ -451,11 +447,19 @@ def config_from_clip(hf: dict[str, Any], keys: set[str], source: str) -> ViTConf
         num_heads=v.get("num_attention_heads", 12),
         mlp_ratio=_mlp_ratio(hidden, v.get("intermediate_size", 3072), source),
         attn_drop_rate=v.get("attention_dropout", 0.0),
-        layer_norm_eps=v.get("layer_norm_eps", 1e-5),
-        act=act_of(v, source, default="quick_gelu"),
-        pre_norm=True,
-        patch_bias=False,
+        layer_norm_eps=v.get("layer_norm_eps", eps),
+        act=act_of(v, source, default=act),
     )
+
+
+def config_from_clip(hf: dict[str, Any], keys: set[str], source: str) -> ViTConfig:
+    """The vitkit ViT equal to transformers' `CLIPVisionModel` (model_type "clip_vision_model"), or a `CLIPModel`'s
+    image tower ("clip"): a LayerNorm before the blocks, no patch bias, quick GELU unless the config says
+    otherwise; `model(x)` is the post-layernormed class token (`pooler_output`, before `visual_projection`)."""
+    stripped = {HF.strip(k) for k in keys}
+    _no_classifier(stripped, source, "CLIPForImageClassification's head reads the mean patch token")
+    tower = _tower_fields(_vision_config(hf), source, patch=32, eps=1e-5, act="quick_gelu")
+    return ViTConfig(**tower, pre_norm=True, patch_bias=False)
 
 
 def config_from_siglip(hf: dict[str, Any], keys: set[str], source: str) -> ViTConfig:
@@ -466,23 +470,10 @@ def config_from_siglip(hf: dict[str, Any], keys: set[str], source: str) -> ViTCo
     stripped = {HF.strip(k) for k in keys}
     _no_classifier(stripped, source, "SiglipForImageClassification's head reads the mean token")
     v = _vision_config(hf)
-    hidden = v.get("hidden_size", 768)
+    tower = _tower_fields(v, source, patch=16, eps=1e-6, act="gelu_pytorch_tanh")
     pooled = v.get("vision_use_head", True)
     return ViTConfig(
-        img_size=square(v.get("image_size", 224), "image_size", source),
-        patch_size=_patch(v, 16, source),
-        in_chans=v.get("num_channels", 3),
-        num_classes=0,
-        embed_dim=hidden,
-        depth=v.get("num_hidden_layers", 12),
-        num_heads=v.get("num_attention_heads", 12),
-        mlp_ratio=_mlp_ratio(hidden, v.get("intermediate_size", 3072), source),
-        attn_drop_rate=v.get("attention_dropout", 0.0),
-        layer_norm_eps=v.get("layer_norm_eps", 1e-6),
-        act=act_of(v, source, default="gelu_pytorch_tanh"),
-        class_token=False,
-        global_pool="map" if pooled else "avg",
-        fc_norm=None if pooled else False,
+        **tower, class_token=False, global_pool="map" if pooled else "avg", fc_norm=None if pooled else False
     )
 
 
