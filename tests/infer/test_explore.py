@@ -110,3 +110,11 @@ def test_explore_cli_writes_the_page(tmp_path, capsys):
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     assert main([*args, "--out", str(tmp_path / "page.png")]) == 2
     assert "expected an .html file name" in capsys.readouterr().err
+
+
+def test_a_page_that_would_not_fit_in_memory_is_refused_before_it_runs(monkeypatch):
+    import vitkit.infer.explore as explore
+
+    monkeypatch.setattr(explore, "available_memory", lambda: 1_000_000)  # 1 MB free
+    with pytest.raises(ValueError, match=r"3 layer\(s\) x 6 head\(s\) of 21 x 21 attention would take .* keep fewer"):
+        explorer_data(registers_model(), [("a.png", picture())] * 40, MEAN, STD)

@@ -24,6 +24,7 @@ from PIL import Image
 from torch import nn
 
 from vitkit.analysis import profile
+from vitkit.analysis.preflight import available_memory
 from vitkit.analysis.profile import category, group_key
 from vitkit.analysis.report import grouped, shape_flow, shares
 from vitkit.data import preprocess
@@ -176,6 +177,7 @@ def explorer_data(
             "(`vitkit explore --model-dir` on its directory)"
         )
     prefix, grid = tokens
+    _check_size(model, len(images), prefix + grid[0] * grid[1], layers, heads)
     pages = [image_data(model, image, mean, std, class_names, layers, heads, label) for label, image in images]
     maps_layers = len(_attention_layers(model))
     h = config.num_heads
@@ -194,6 +196,27 @@ def explorer_data(
         heads=H,
         images=pages,
     )
+
+
+PAGE_MEMORY_SHARE = 0.5  # the largest share of the free memory the page's data may take while it is made
+
+
+def _check_size(
+    model: nn.Module, images: int, N: int, layers: Sequence[int] | None, heads: Sequence[int] | None
+) -> None:
+    """ValueError, before anything runs, when the selected maps of every image would not fit in memory while the
+    page is made: each (N x N) map is held as float32, then float64 while quantised, then as bytes (13 bytes a
+    weight), with the rollout through each layer besides."""
+    L = len(_selected(len(_attention_layers(model)), layers, "layer"))
+    H = len(_selected(model.config.num_heads, heads, "head"))
+    needed = images * L * (H + 1) * N * N * 13
+    free = available_memory()
+    if free is not None and needed > PAGE_MEMORY_SHARE * free:
+        raise ValueError(
+            f"the explorer's data for {images} image(s), {L} layer(s) x {H} head(s) of {N} x {N} attention would take "
+            f"about {needed / 2**30:.1f} GiB while the page is made, and {free / 2**30:.1f} GiB are free: keep fewer "
+            "layers or heads (--layers 0,-1 --heads 0), or use a smaller image size"
+        )
 
 
 def _attention_layers(model: nn.Module) -> list[nn.Module]:
