@@ -2,12 +2,15 @@
 
 Formats (`formats()`): "vitkit" (= "timm": vitkit keeps timm's parameter names) and those the families declare in
 their weights files (`vitkit.weights.<family>`, `FamilyWeights.layouts`): today torchvision, hf (Hugging Face
-transformers), facebookresearch/detr's DETR and fundamentalvision/Deformable-DETR. A checkpoint is renamed by its
+transformers), facebookresearch/detr's DETR, fundamentalvision/Deformable-DETR, vit-pytorch and PaddleViT (`.pdparams`,
+read without Paddle). A checkpoint is renamed by its
 format's table for the model's family, fitted to the model (e.g. a ViT's position table resampled; the classifier,
 and whatever else is sized by the classes, kept on request), its keys and shapes checked, and only then loaded. A
 format may hold one part of a model (a detector's "torchvision" files are ResNet classifiers: its backbone), the
-rest keeping its initialisation. Every library stores Linear weights as (out, in) and convolutions as
-(out, in, kh, kw), so no tensor is transposed: conversions rename, concatenate and split.
+rest keeping its initialisation. Conversions rename, concatenate and split; where a library stores a tensor
+otherwise (Paddle's Linear weights [in, out], vit-pytorch's patches flattened in (p1 p2 c) order, a CLIP class
+embedding without its batch dims), its rule maps the values too. A format whose files carry no config (vit-pytorch's,
+PaddleViT's) builds its model from their shapes (`model_from_file`).
 Whole model directories (vitkit's and Hugging Face's) are read by `from_pretrained` / `load_pretrained`;
 `convert` reads a directory or a checkpoint file in one layout and writes another.
 """
@@ -210,7 +213,8 @@ def load_weights(
             `formats()`; its weights file `vitkit.weights.<family>` describes each): torchvision, hf, or detr
             (facebookresearch/detr's files, e.g. `detr-r50-e632da11.pth`, or the training checkpoints its
             `main.py` writes: ``{"model": ..., "optimizer": ..., "args": Namespace(...)}``), deformable_detr
-            (fundamentalvision/Deformable-DETR's). A detector's torchvision format is a ResNet classifier's file
+            (fundamentalvision/Deformable-DETR's), vit-pytorch (lucidrains' ViT and SimpleViT), paddlevit
+            (PaddleViT's ViT / DeiT `.pdparams`). A detector's torchvision format is a ResNet classifier's file
             (torchvision's or timm's): it fills the backbone, the rest of the model keeps its initialisation
             (`LoadReport.uncovered`).
         strict: raise ValueError for missing, unexpected and shape-mismatched keys; when False, load what

@@ -406,7 +406,7 @@ def config_from_dinov2(hf: dict[str, Any], keys: set[str], source: str) -> ViTCo
         raise ValueError(f"{source}: use_swiglu_ffn (DINOv2's giant) is not supported; vitkit's MLP is fc1-act-fc2")
     registers = hf.get("num_register_tokens", 4) if hf["model_type"] == "dinov2_with_registers" else 0
     return ViTConfig(
-        img_size=square(hf.get("image_size", 224 if registers else 224), "image_size", source),
+        img_size=square(hf.get("image_size", 224), "image_size", source),
         patch_size=_patch(hf, 16 if registers else 14, source),
         in_chans=hf.get("num_channels", 3),
         num_classes=0,
