@@ -162,3 +162,43 @@ def test_picking_a_point_shows_the_encoders_attention_there(tmp_path):
         assert "encoder's self-attention" in page.locator("#title").inner_text()
         browser.close()
     assert errors == []
+
+
+def test_deformable_pages_hold_the_encoders_sampling_points_and_draw_them(tmp_path):
+    """A deformable encoder's point view: each position of the finest level with the points its query sampled, in
+    image pixels; picking a point in the browser draws its position's points."""
+    model, image = detector("deformable_detr_small"), picture()
+    data = detector_explorer_data(model, INFO, [("a.png", image)], threshold=0.5)
+    one = data["images"][0]
+    pixels, mask, _ = detector_inputs(model, INFO, [image])
+    with torch.no_grad(), capture_attention(model) as maps:
+        model.predict(pixels, mask)
+    padded, real = (pixels.shape[-2], pixels.shape[-1]), (int(mask[0, :, 0].sum()), int(mask[0, 0, :].sum()))
+    decoder = set(model.object_attention_layers())
+    names = [n for n, r in maps.items() if n not in decoder and not isinstance(r, torch.Tensor)]
+    assert [e["name"] for e in one["encoder"]] == names and names
+    h0, w0 = one["encoder"][0]["grid"]
+    for entry, name in zip(one["encoder"], names, strict=True):
+        samples = sampled_points(maps[name], list(range(h0 * w0)), padded, real, (96, 128))
+        points = unpack(entry["points"], np.float32).reshape(*entry["shape"], 2)
+        np.testing.assert_allclose(points, samples.points.numpy(), rtol=1e-6, atol=1e-4)
+    if CHROMIUM is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium)")
+    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
+    (tmp_path / "page.html").write_text(explorer_page(data), encoding="utf-8")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto((tmp_path / "page.html").as_uri())
+        page.evaluate("window.vitkitExplorer.ready")
+        page.evaluate("window.vitkitExplorer.pickPoint(70, 20)")  # switches to the point view
+        ix, iy = 70 * real[1] / 128, 20 * real[0] / 96
+        cell = int(iy / padded[0] * h0) * w0 + int(ix / padded[1] * w0)
+        assert page.evaluate("window.vitkitExplorer.shown.cell") == cell
+        drawn = np.array(page.evaluate("window.vitkitExplorer.shown.points"))  # (h L K, 4): x, y, weight, level
+        last = sampled_points(maps[names[-1]], [cell], padded, real, (96, 128))
+        np.testing.assert_allclose(drawn[:, :2], last.points[0].reshape(-1, 2).numpy(), atol=1e-3)
+        heads = last.weights.shape[1]
+        np.testing.assert_allclose(drawn[:, 2], last.weights[0].reshape(-1).numpy() / heads, atol=1e-6)
+        assert "encoder's sampling points there" in page.locator("#title").inner_text()
+        browser.close()

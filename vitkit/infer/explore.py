@@ -240,7 +240,7 @@ def detector_image_data(
     names = model.object_attention_layers()
     lays_out = callable(getattr(model, "spatial_attention", None))  # DETR's encoder: its figure 3
     pixels, mask, sizes = detector_inputs(model, info, [image])
-    with capture_attention(model, None if lays_out else names) as maps:
+    with capture_attention(model) as maps:  # every layer: the decoder's, and the encoder's for a clicked point
         outputs = detector_outputs(model.eval(), pixels, mask)
     one_per_query = replace(reading(model, postprocessing), top_k=None)
     (result,) = one_per_query(outputs, sizes, threshold)
@@ -273,7 +273,7 @@ def detector_image_data(
                     "grid": list(model.feature_grid(padded)),
                 }
             )
-    encoder = []
+    encoder = _sampled_encoder(maps, names, padded, real, image) if not lays_out else []
     for a in model.spatial_attention(maps, padded) if lays_out else []:
         codes, scales = quantise(a.weights[0].float().cpu())  # (h, Q, Q): every position over every position
         encoder.append(
@@ -298,6 +298,38 @@ def detector_image_data(
         ],
         "layers": layers,
     }
+
+
+ENCODER_POINTS_MAX = 4_000_000  # sampling points of a deformable encoder kept in a page (16 bytes each), all layers
+
+
+def _sampled_encoder(
+    maps: dict[str, Any], decoder: Sequence[str], padded: tuple[int, int], real: tuple[int, int], image: Image.Image
+) -> list[dict[str, Any]]:
+    """A deformable encoder's layers (the sampled layers that are not the decoder's object attention), for the point
+    view: the sampling points and weights of the queries of the finest level's positions, in image pixels; none
+    when they would exceed `ENCODER_POINTS_MAX` (a full-size model on a large image)."""
+    layers = [(n, r) for n, r in maps.items() if isinstance(r, SampledAttention) and n not in decoder]
+    if not layers:
+        return []
+    h0, w0 = layers[0][1].spatial_shapes[0]  # the finest level: its positions lead the queries
+    per_layer = h0 * w0 * layers[0][1].weights[0, 0].numel()
+    if per_layer * len(layers) > ENCODER_POINTS_MAX:
+        return []
+    out = []
+    for name, record in layers:
+        samples = sampled_points(record, list(range(h0 * w0)), padded, real, (image.height, image.width))
+        out.append(
+            {
+                "name": name,
+                "grid": [h0, w0],
+                "heads": int(samples.weights.shape[1]),
+                "points": _packed(samples.points.float().numpy()),  # (h0 w0, h, L, K, 2)
+                "weights": _packed(samples.weights.float().numpy()),  # (h0 w0, h, L, K)
+                "shape": list(samples.weights.shape),
+            }
+        )
+    return out
 
 
 def detector_explorer_data(
