@@ -1,6 +1,14 @@
-"""The data of the attention explorer (`vitkit explore`, drawn by `vitkit.viz.explorer`): for each image, every
-selected layer's and head's attention over all tokens, so that the page can show where any token (a patch, the class
-token, a register) looks; attention rollout through each layer; the prediction; the model's costs.
+"""The data of the attention explorer (`vitkit explore`, drawn by `vitkit.viz.explorer`), one of three kinds:
+
+- "tokens" (ViT, DeiT, registers): for each image, every selected layer's and head's attention over all tokens, so
+  that the page can show where any token (a patch, the class token, a register) looks; attention rollout through
+  each layer; the prediction.
+- "grid" (Swin, BoTNet): each layer's attention as the model lays it on the image (`spatial_attention`): every
+  cell's weights over its keys (a window, or the whole feature map); the prediction.
+- "detector" (DETR, Deformable DETR): the detections, and in every decoder layer what each one's query attended to
+  (a dense map, or sampling points); the encoder at any point (DETR's self-attention, Deformable DETR's points).
+
+Every page carries the model's costs (`vitkit.profile`).
 
 Size: the weights are quantised to 8 bits per row (each row's largest weight is 255, the row's scale kept as a
 float32), then deflated; the page inflates them with the browser's own `DecompressionStream`. A value is read back as
