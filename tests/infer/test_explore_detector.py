@@ -2,15 +2,14 @@
 cross-attention (quantised to 8 bits per row) and Deformable DETR's sampling points, equal to what
 `capture_attention` records; and in the browser, clicking a detection draws its query's map or points."""
 
-import base64
 import os
 import shutil
-import zlib
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_explore import unpack
 
 import vitkit
 from vitkit.data import DetectionInfo
@@ -23,10 +22,6 @@ from vitkit.viz.explorer import explorer_page
 CLASSES = ("circle", "square", "cross")
 INFO = DetectionInfo("test", CLASSES, (1, 2, 3), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
 CHROMIUM = os.environ.get("VITKIT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def unpack(b64: str, dtype) -> np.ndarray:
-    return np.frombuffer(zlib.decompress(base64.b64decode(b64)), dtype=dtype)
 
 
 def detector(name: str) -> torch.nn.Module:

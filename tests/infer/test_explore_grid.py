@@ -2,15 +2,14 @@
 (each token's row over its shifted or regular window) and BoTNet's attention over its feature maps. Checked against
 a brute-force window partition, the captured weights, and in the browser."""
 
-import base64
 import os
 import shutil
-import zlib
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_explore import unpack
 
 import vitkit
 from vitkit.infer.explore import dequantise, explorer_data
@@ -18,10 +17,6 @@ from vitkit.viz.explorer import explorer_page
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 CHROMIUM = os.environ.get("VITKIT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def unpack(b64: str, dtype) -> np.ndarray:
-    return np.frombuffer(zlib.decompress(base64.b64decode(b64)), dtype=dtype)
 
 
 def swin():

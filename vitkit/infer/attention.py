@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -115,10 +115,9 @@ def prefix_attention(
     return row[:, :num_prefix_tokens]  # (B, P)
 
 
-def _rollout(attns: list[torch.Tensor], head: int | None) -> torch.Tensor:
-    """Attention rollout of layers `attns` (first to last, each (B, h, N, N)) over every token: (B, N, N)."""
-    if not attns:
-        raise ValueError("attention rollout needs at least one layer")
+def rollouts(attns: list[torch.Tensor], head: int | None) -> Iterator[torch.Tensor]:
+    """Attention rollout of layers `attns` (first to last, each (B, h, N, N)) over every token through each layer in
+    turn: the first layer's, the first two's, ..., each (B, N, N)."""
     rollout = None
     for attn in attns:
         fused = _fuse_heads(attn.float(), head)  # (B, N, N)
@@ -126,6 +125,14 @@ def _rollout(attns: list[torch.Tensor], head: int | None) -> torch.Tensor:
         mixed = (fused + eye) / 2  # the residual path carries the token itself
         mixed = mixed / mixed.sum(dim=-1, keepdim=True)
         rollout = mixed if rollout is None else mixed @ rollout  # (B, N, N)
+        yield rollout
+
+
+def _rollout(attns: list[torch.Tensor], head: int | None) -> torch.Tensor:
+    """Attention rollout of layers `attns` (first to last, each (B, h, N, N)) over every token: (B, N, N)."""
+    if not attns:
+        raise ValueError("attention rollout needs at least one layer")
+    *_, rollout = rollouts(attns, head)
     return rollout
 
 

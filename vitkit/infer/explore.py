@@ -36,7 +36,7 @@ from vitkit.analysis.preflight import available_memory
 from vitkit.analysis.profile import category, group_key
 from vitkit.analysis.report import grouped, shape_flow, shares
 from vitkit.data import preprocess
-from vitkit.infer.attention import _capture, _rollout, prefix_token_names
+from vitkit.infer.attention import _capture, prefix_token_names, rollouts
 from vitkit.infer.detect import detector_inputs, detector_outputs, image_detections, reading
 from vitkit.infer.object_attention import sampled_points
 from vitkit.layers import AttentionPool, attention_layers, capture_attention, to_2tuple
@@ -105,7 +105,8 @@ def image_data(
     L = _selected(len(maps), layers, "layer")
     H = _selected(maps[0].shape[1], heads, "head")
     attn = torch.stack([maps[i][0, H].float().cpu() for i in L])  # (L', h', N, N)
-    through = torch.stack([_rollout([m.float().cpu() for m in maps[: i + 1]], None)[0] for i in L])  # (L', N, N)
+    through = [r[0] for r in rollouts([m.float().cpu() for m in maps], None)]  # through each layer: L of (N, N)
+    through = torch.stack([through[i] for i in L])  # (L', N, N)
     codes, scales = quantise(attn)
     rollout_codes, rollout_scales = quantise(through)
     top = _top(model, output, class_names)

@@ -647,7 +647,7 @@ class SwinTransformer(CostFromImages, nn.Module):
         out = []
         for s, stage in enumerate(self.layers):
             if s > 0:
-                H, W = (H + 1) // 2, (W + 1) // 2  # patch merging halves the map (padding an odd side)
+                H, W = H // 2, W // 2  # patch merging halves the map
             for b, block in enumerate(stage.blocks):
                 name = f"layers.{s}.blocks.{b}.attn"
                 if name not in maps:

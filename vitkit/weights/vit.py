@@ -120,9 +120,20 @@ TORCHVISION = Layout(
 )
 
 
+def _attention(module: str, q: str, k: str, v: str, out: str) -> tuple[Rename, Rename]:
+    """A block's attention from the separate q, k, v Linears (D, D) each of `module`, concatenated along dim 0 into
+    the fused qkv (3D, D), rows q, k, v, the order vitkit's reshape (B, N, 3, h, d) reads them in (biases (D,) each
+    -> (3D,)); and its output projection `out`."""
+    qkv = rename("blocks.{i}.attn.qkv", f"{module}.{q}", f"{module}.{k}", f"{module}.{v}")
+    return qkv, rename("blocks.{i}.attn.proj", f"{module}.{out}")
+
+
 # --- Hugging Face transformers ----------------------------------------------------------------------------------------
 _ON_DISK = "encoder.layer.{i}"  # block prefix in files written by save_pretrained
 _IN_MEMORY = "layers.{i}"  # block prefix inside transformers 5 models
+_VIT_ATTENTION = _attention(
+    f"{_ON_DISK}.attention", "attention.query", "attention.key", "attention.value", "output.dense"
+)
 
 _HF_BODY = (
     rename("cls_token", "embeddings.cls_token"),  # (1, 1, D) both
@@ -130,27 +141,13 @@ _HF_BODY = (
     # (1, P + N, D) both, prefix rows first in the same order: class (, distillation), then the patches row-major.
     rename("pos_embed", "embeddings.position_embeddings"),
     rename("patch_embed.proj", "embeddings.patch_embeddings.projection"),  # Conv2d (D, C, p, p) both
-    # Separate q, k, v Linears (D, D) each: concatenated along dim 0 into the fused qkv (3D, D), rows q, k, v,
-    # which is the order vitkit's reshape (B, N, 3, h, d) reads them in; biases (D,) each -> (3D,).
-    rename(
-        "blocks.{i}.attn.qkv",
-        f"{_ON_DISK}.attention.attention.query",
-        f"{_ON_DISK}.attention.attention.key",
-        f"{_ON_DISK}.attention.attention.value",
-    ),
-    rename("blocks.{i}.attn.proj", f"{_ON_DISK}.attention.output.dense"),
+    *_VIT_ATTENTION,
     rename("blocks.{i}.norm1", f"{_ON_DISK}.layernorm_before"),
     rename("blocks.{i}.norm2", f"{_ON_DISK}.layernorm_after"),
     rename("blocks.{i}.mlp.fc1", f"{_ON_DISK}.intermediate.dense"),
     rename("blocks.{i}.mlp.fc2", f"{_ON_DISK}.output.dense"),
-    # The same tensors under transformers 5's module names: q, k, v concatenated along dim 0 as above.
-    rename(
-        "blocks.{i}.attn.qkv",
-        f"{_IN_MEMORY}.attention.q_proj",
-        f"{_IN_MEMORY}.attention.k_proj",
-        f"{_IN_MEMORY}.attention.v_proj",
-    ),
-    rename("blocks.{i}.attn.proj", f"{_IN_MEMORY}.attention.o_proj"),
+    # The same tensors under transformers 5's module names
+    *_attention(f"{_IN_MEMORY}.attention", "q_proj", "k_proj", "v_proj", "o_proj"),
     rename("blocks.{i}.norm1", f"{_IN_MEMORY}.layernorm_before"),
     rename("blocks.{i}.norm2", f"{_IN_MEMORY}.layernorm_after"),
     rename("blocks.{i}.mlp.fc1", f"{_IN_MEMORY}.mlp.fc1"),
@@ -204,7 +201,7 @@ def check_hf_export(config: ViTConfig) -> None:
 
 
 # --- transformers' DINOv2, CLIP and SigLIP ----------------------------------------------------------------------------
-_DINOV2_BLOCK = "encoder.layer.{i}"
+_DINOV2_BLOCK = _ON_DISK  # "encoder.layer.{i}", as ViT's
 _CLIP_BLOCK = "encoder.layers.{i}"  # CLIP's and SigLIP's
 _TABLE = (lambda t: t.unsqueeze(0), lambda t: t.squeeze(0))  # their Embedding (T, D) <-> vitkit's table (1, T, D)
 _TOKEN = (lambda t: t.reshape(1, 1, -1), lambda t: t.reshape(-1))  # CLIP's class embedding (D,) <-> (1, 1, D)
@@ -215,13 +212,7 @@ _DINOV2_RULES = (
     rename("pos_embed", "embeddings.position_embeddings"),  # (1, 1 + N, D): see HfViTLayout for registers
     rename("patch_embed.proj", "embeddings.patch_embeddings.projection"),
     rename("blocks.{i}.norm1", f"{_DINOV2_BLOCK}.norm1"),
-    rename(
-        "blocks.{i}.attn.qkv",
-        f"{_DINOV2_BLOCK}.attention.attention.query",
-        f"{_DINOV2_BLOCK}.attention.attention.key",
-        f"{_DINOV2_BLOCK}.attention.attention.value",
-    ),
-    rename("blocks.{i}.attn.proj", f"{_DINOV2_BLOCK}.attention.output.dense"),
+    *_VIT_ATTENTION,  # DINOv2's blocks are named as ViT's
     rename("blocks.{i}.ls1.gamma", f"{_DINOV2_BLOCK}.layer_scale1.lambda1"),
     rename("blocks.{i}.norm2", f"{_DINOV2_BLOCK}.norm2"),
     rename("blocks.{i}.mlp.fc1", f"{_DINOV2_BLOCK}.mlp.fc1"),
@@ -229,23 +220,11 @@ _DINOV2_RULES = (
     rename("blocks.{i}.ls2.gamma", f"{_DINOV2_BLOCK}.layer_scale2.lambda1"),
     rename("norm", "layernorm"),
     # inside transformers 5 models
-    rename(
-        "blocks.{i}.attn.qkv",
-        f"{_DINOV2_BLOCK}.attention.q_proj",
-        f"{_DINOV2_BLOCK}.attention.k_proj",
-        f"{_DINOV2_BLOCK}.attention.v_proj",
-    ),
-    rename("blocks.{i}.attn.proj", f"{_DINOV2_BLOCK}.attention.o_proj"),
+    *_attention(f"{_DINOV2_BLOCK}.attention", "q_proj", "k_proj", "v_proj", "o_proj"),
 )
 _CLIP_BLOCKS = (
     rename("blocks.{i}.norm1", f"{_CLIP_BLOCK}.layer_norm1"),
-    rename(
-        "blocks.{i}.attn.qkv",
-        f"{_CLIP_BLOCK}.self_attn.q_proj",
-        f"{_CLIP_BLOCK}.self_attn.k_proj",
-        f"{_CLIP_BLOCK}.self_attn.v_proj",
-    ),
-    rename("blocks.{i}.attn.proj", f"{_CLIP_BLOCK}.self_attn.out_proj"),
+    *_attention(f"{_CLIP_BLOCK}.self_attn", "q_proj", "k_proj", "v_proj", "out_proj"),
     rename("blocks.{i}.norm2", f"{_CLIP_BLOCK}.layer_norm2"),
     rename("blocks.{i}.mlp.fc1", f"{_CLIP_BLOCK}.mlp.fc1"),
     rename("blocks.{i}.mlp.fc2", f"{_CLIP_BLOCK}.mlp.fc2"),
