@@ -21,3 +21,12 @@ def hub_offline():
         patch.setenv("HF_HUB_OFFLINE", "1")
         patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
         yield
+
+
+@pytest.fixture
+def native_bf16(monkeypatch):
+    """Attention's dispatch as on a CPU with bf16 instructions (AVX512-BF16 or AMX), on whatever CPU runs the test:
+    the paths `auto` takes only there are then checked everywhere (on other CPUs they are slow, not wrong)."""
+    import vitkit.layers.helpers
+
+    monkeypatch.setattr(vitkit.layers.helpers, "native_cpu_bf16", lambda: True)

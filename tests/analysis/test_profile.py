@@ -151,7 +151,7 @@ def test_attention_rows_follow_the_closed_forms():
     assert list(ops) == ["qkv", "q*scale", "q@k^T", "softmax", "attn@v", "merge_heads", "proj"]
 
 
-def test_explicit_attention_costs_n_squared_memory_and_fused_does_not():
+def test_explicit_attention_costs_n_squared_memory_and_fused_does_not(native_bf16):
     B, N, C, h = 2, 400, 64, 4
     fp32, bf16 = CostContext(), CostContext(torch.bfloat16)
     fused = Attention(C, h, backend="sdpa").cost("a", given((B, N, C)), fp32)
@@ -275,7 +275,7 @@ def test_training_memory_estimate_against_what_autograd_saves(name, size, tolera
     assert abs(estimate - measured) <= tolerance * measured
 
 
-def test_profile_counts_the_attention_path_for_its_device_and_dtype():
+def test_profile_counts_the_attention_path_for_its_device_and_dtype(native_bf16):
     def attention_rows(**kwargs):
         report = profile("vit_small_patch16_224", batch=2, **kwargs)
         return report, [op.op for op in report.ops if op.module == "blocks.0.attn"]

@@ -60,7 +60,7 @@ def test_bad_arguments(capsys):
     assert "not a positive multiple of patch size 16" in capsys.readouterr().err
 
 
-def test_dtype_and_device_pick_the_attention_path_counted(capsys):
+def test_dtype_and_device_pick_the_attention_path_counted(capsys, native_bf16):
     assert main(["profile", "vit_tiny_patch16_224", "--dtype", "bf16", "--by", "op", "--json"]) == 0
     cpu = json.loads(capsys.readouterr().out)
     assert main(["profile", "vit_tiny_patch16_224", "--dtype", "bf16", "--device", "cuda", "--json"]) == 0

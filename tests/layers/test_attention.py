@@ -1,10 +1,12 @@
 """The shared Attention: sdpa == math == an explicit per-head loop, capture, errors."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from vitkit.layers import Attention, attention_layers, capture_attention, set_attention_backend
+from vitkit.layers import Attention, attention, attention_layers, capture_attention, set_attention_backend
 
 
 def explicit_attention(layer: Attention, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -138,7 +140,7 @@ def count_fused_calls(monkeypatch) -> list[int]:
     return calls
 
 
-def test_auto_forms_weights_only_for_small_bf16_calls_on_cpu(monkeypatch):
+def test_auto_forms_weights_only_for_small_bf16_calls_on_cpu(monkeypatch, native_bf16):
     calls = count_fused_calls(monkeypatch)
     layer = Attention(32, num_heads=4)  # "auto" is the default
     assert layer.backend == "auto"
@@ -149,10 +151,74 @@ def test_auto_forms_weights_only_for_small_bf16_calls_on_cpu(monkeypatch):
         assert len(calls) == 1  # bf16, 2 x 4 x 10 x 10 weights: explicit
         layer.explicit_max_bytes = 2 * 4 * 10 * 10 * 2 - 1
         layer(torch.randn(2, 10, 32, dtype=torch.bfloat16))
-        assert len(calls) == 2  # one byte over the budget: fused again
+        assert len(calls) == 2  # one byte over the budget, in training mode (costed with its backward): fused
+        layer.eval()(torch.randn(2, 10, 32, dtype=torch.bfloat16))
+        assert len(calls) == 2  # in eval without a gradient: query blocks, each within the budget
+    layer(torch.randn(2, 10, 32, dtype=torch.bfloat16, requires_grad=True))
+    assert len(calls) == 3  # ... and with a gradient to keep: fused
     set_attention_backend(layer, "auto", explicit_max_bytes=2 * 4 * 10 * 10 * 2)
-    assert layer.path(torch.device("cpu"), torch.bfloat16, 2 * 4 * 10 * 10 * 2) == "explicit"
-    assert layer.path(torch.device("cuda"), torch.bfloat16, 2 * 4 * 10 * 10 * 2) == "fused"  # no device needed
+    cpu, size = torch.device("cpu"), 2 * 4 * 10 * 10 * 2
+    assert layer.path(cpu, torch.bfloat16, size) == "explicit"
+    assert layer.path(cpu, torch.bfloat16, size + 1) == "blocked"
+    assert layer.path(cpu, torch.bfloat16, size + 1, grad=True) == "fused"
+    assert layer.path(torch.device("cuda"), torch.bfloat16, size) == "fused"  # no device needed
+
+
+def test_auto_keeps_the_fused_kernel_where_bf16_is_emulated(monkeypatch):
+    # Without bf16 instructions torch's bf16 batched products are emulated, ~20x slower than the fused kernel
+    import vitkit.layers.helpers
+
+    monkeypatch.setattr(vitkit.layers.helpers, "native_cpu_bf16", lambda: False)
+    layer = Attention(32, num_heads=4).eval()
+    assert {layer.path(torch.device("cpu"), torch.bfloat16, size) for size in (1, 10**12)} == {"fused"}
+    with vitkit.capture_attention(layer):  # capture still forms the weights
+        assert layer.path(torch.device("cpu"), torch.bfloat16, 1) == "explicit"
+
+
+@pytest.mark.parametrize("rows_bytes", [1, 8 * 53 * 8 * 5, 10**9])  # a row a block, 5 rows, one block
+@pytest.mark.parametrize("bias_shape", [None, (2, 4, 37, 53), (37, 53), (2, 1, 1, 53), (53,), "mask"])
+def test_blocked_attention_equals_the_formula(rows_bytes, bias_shape):
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 37, 16, dtype=torch.float64), torch.randn(2, 4, 53, 16, dtype=torch.float64)
+    v = torch.randn(2, 4, 53, 24, dtype=torch.float64)
+    if bias_shape == "mask":
+        bias = torch.rand(2, 1, 37, 53) > 0.3
+        bias[..., 0] = True  # every row may attend somewhere
+    else:
+        bias = None if bias_shape is None else torch.randn(bias_shape, dtype=torch.float64)
+    expected = attention.reference_attention(q, k, v, bias, 0.3)
+    torch.testing.assert_close(attention.blocked_attention(q, k, v, bias, 0.3, rows_bytes), expected)
+
+
+def test_blocked_layer_in_bf16_matches_fp32_and_keeps_one_block(native_bf16):
+    from vitkit.analysis import inference_peak_bytes
+    from vitkit.analysis.memory import PeakMemory
+    from vitkit.layers.cost import CostContext, given
+
+    torch.manual_seed(0)
+    B, N, C, h = 2, 150, 32, 4
+    layer = Attention(C, h, explicit_max_bytes=B * h * 16 * N * 2).eval()  # 16 query rows a block in bf16
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    x, bias = torch.randn(B, N, C), torch.randn(1, h, N, N)
+    expected = layer(x, bias)  # fp32: the fused kernel
+    fast = copy.deepcopy(layer).bfloat16()
+    xb = x.bfloat16()
+    assert fast.path(xb.device, torch.bfloat16, B * h * N * N * 2) == "blocked"
+    with torch.no_grad(), PeakMemory() as measured:
+        out = fast(xb, bias)
+    whole = copy.deepcopy(fast)
+    whole.explicit_max_bytes = B * h * N * N * 2  # the explicit path: the same products on the whole weights
+    with torch.no_grad():
+        torch.testing.assert_close(out, whole(xb, bias), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(out.float(), expected, atol=0.1, rtol=0.1)  # bf16 against fp32's fused kernel
+    ops = fast.cost("attn", given(x.shape), CostContext(torch.bfloat16), bias=given(bias.shape))
+    assert 0 <= measured.peak - inference_peak_bytes(ops) <= 2  # baddbmm's ignored zero scalar aside
+    assert inference_peak_bytes(ops) < B * h * N * N * 2  # never the whole N x N weights
+    explicit = Attention(C, h).bfloat16().eval().cost("attn", given(x.shape), CostContext(torch.bfloat16))
+    assert [op.macs for op in ops if op.macs] == [op.macs for op in explicit if op.macs]
+    assert sum(op.flops for op in ops) == sum(op.flops for op in explicit) + B * h * N * N  # + the bias add
 
 
 def test_attention_dropout_on_cpu_takes_the_explicit_path(monkeypatch):

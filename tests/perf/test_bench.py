@@ -202,8 +202,35 @@ def test_detector_against_transformers(capsys, small_gemms):
 def test_detector_comparison_errors():
     with pytest.raises(ValueError, match="--compare transformers covers the detectors"):
         bench("vit_tiny_patch16_224", compare="transformers")
-    with pytest.raises(ValueError, match="bench --train times classifiers; detr_tiny is a detector"):
-        bench("detr_tiny", train=True)
+    with pytest.raises(ValueError, match="detr_tiny is a detector: compare it with transformers"):
+        bench("detr_tiny", compare="timm")
+
+
+@pytest.mark.usefixtures("hub_offline")
+@pytest.mark.parametrize("name", ["detr_tiny", "deformable_detr_small"])
+def test_detector_training_step_is_the_set_criterion_beside_transformers(name):
+    from vitkit.detection import criterion_for
+    from vitkit.models.interface import has_no_object_logit
+    from vitkit.perf.bench import DETECTION_BOXES, detection_targets
+
+    candidates = build_candidates(
+        name, 2, (64, 64), "fp32", False, True, "transformers", torch.device("cpu"), create_optimizer
+    )
+    assert list(candidates) == ["vitkit fp32 train", "transformers fp32 train"]
+    torch.manual_seed(0)
+    model = create_model(name).train()  # the candidate's model, seeded alike
+    x = torch.randn(2, 3, 64, 64)
+    targets = detection_targets(2, model.config.num_classes, DETECTION_BOXES, torch.device("cpu"))
+    assert [len(t["boxes"]) for t in targets] == [DETECTION_BOXES] * 2
+    loss = "ce" if has_no_object_logit(model) else "focal"
+    criterion = criterion_for(loss, model.config.num_classes, model.config.aux_loss, has_no_object_logit(model))
+    torch.manual_seed(1)  # the same dropout draws in both
+    expected = criterion(model(x), targets)["total"]
+    _, vitkit_step = candidates["vitkit fp32 train"]
+    torch.manual_seed(1)
+    torch.testing.assert_close(vitkit_step().detach(), expected.detach())  # the first step: the weights as built
+    for _, step in candidates.values():
+        assert torch.isfinite(step())  # a second step each, after an update
 
 
 def test_time_split_covers_the_step_and_finds_the_optimizer():

@@ -320,3 +320,20 @@ def test_an_epoch_longer_than_the_delay_shows_a_progress_bar(tmp_path, tiny_conf
             assert "epoch 1/1:" in terminal.getvalue() and "/4 [" in terminal.getvalue()
         else:
             assert terminal.getvalue() == ""
+
+
+def test_a_bf16_run_where_bf16_is_slow_says_so_last_in_its_summary(tmp_path, tiny_config, caplog, monkeypatch):
+    asked = []
+
+    def slow(precision, device):
+        asked.append((precision, str(device)))
+        return "bf16 is slower than fp32 on this CPU (...): use fp32 (--precision fp32)"
+
+    monkeypatch.setattr("vitkit.train.loop.slow_precision", slow)
+    with caplog.at_level(logging.INFO, logger="vitkit.train"):
+        fit(tiny_config(tmp_path / "run", precision="bf16", epochs=1))
+    summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))
+    assert asked == [("bf16", "cpu")]
+    assert (
+        summary.splitlines()[-1] == "  warning bf16 is slower than fp32 on this CPU (...): use fp32 (--precision fp32)"
+    )

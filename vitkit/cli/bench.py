@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from vitkit.analysis.precision import PRECISIONS
+from vitkit.analysis.precision import PRECISIONS, slow_precision
 from vitkit.cli.options import add_memory_option, memory_flags, parse_size
 from vitkit.layers.helpers import counted
 from vitkit.perf.bench import COMPARE, Report, bench
@@ -35,6 +36,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    slow = slow_precision(args.precision, args.device)
+    if slow is not None:
+        print(f"warning: {slow}", file=sys.stderr)
     report = bench(
         args.model,
         batch=args.batch,

@@ -7,7 +7,9 @@ and the cost accounting live here once. Three paths compute it, chosen per call 
 
 - `reference_attention`: the formula as written, the `math` backend; the other paths are tested against it.
 - `explicit_attention`: the same values with one N x N buffer and no extra operand copies: `auto` takes it for
-  bf16 on CPU, and capturing layers take it (unless the backend is `math`).
+  bf16 on CPUs with bf16 instructions, and capturing layers take it (unless the backend is `math`).
+- `blocked_attention`: the explicit path over blocks of queries, one (n, rows, Nk) buffer reused: `auto` takes it
+  for bf16 inference on those CPUs where the whole N x N weights would exceed the layer's budget (high resolution).
 - torch's fused `scaled_dot_product_attention` everywhere else; it never keeps the N x N weights.
 
 Letters used in shape comments: B batch, N tokens (Nq queries, Nk keys), C channels (= h * d), h heads,
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit.layers import helpers
 from vitkit.layers.cost import (
     SOFTMAX_FLOPS,
     CostContext,
@@ -37,6 +40,7 @@ from vitkit.layers.cost import (
     cost_of,
     dropout_ops,
     elementwise_op,
+    holding,
     linear,
     linear_op,
     matmul_op,
@@ -55,8 +59,9 @@ BACKENDS = ("auto", "sdpa", "math")
 N x N weights); `math`: softmax(q k^T * scale + bias) v as written, the reference; `auto` (the default): the
 fused kernel, except where the explicit path is measured faster (see `Attention.path`)."""
 
-PATHS = ("fused", "explicit", "reference")
-"""What `Attention.path` picks for a call: torch's fused kernel, `explicit_attention`, `reference_attention`."""
+PATHS = ("fused", "explicit", "blocked", "reference")
+"""What `Attention.path` picks for a call: torch's fused kernel, `explicit_attention`, `blocked_attention`,
+`reference_attention`."""
 
 EXPLICIT_MAX_BYTES = 32 * 2**20
 """Default of `Attention(explicit_max_bytes=...)`: the largest N x N weight tensor (bytes, all batch elements and
@@ -131,6 +136,32 @@ def explicit_attention(
     v3 = v.reshape(n, Nk, dv)  # (n, Nk, dv): a copy of the strided heads
     # an fp32 bias on bf16 logits promotes the weights to fp32; the product is taken in v's dtype
     out = torch.bmm(attn.reshape(n, Nq, Nk).to(v3.dtype), v3)  # (n, Nq, Nk) @ (n, Nk, dv) -> (n, Nq, dv)
+    return out.view(*lead, Nq, dv)  # (B, h, Nq, dv)
+
+
+def blocked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, max_bytes: int) -> Tensor:
+    """`explicit_attention`'s values, without autograd, a block of queries at a time: each block's weights
+    (n, rows, Nk) are formed in one buffer of at most `max_bytes` (at least one query row), normalised in place and
+    multiplied into their rows of the output. Memory: q's, k's and v's copies, the buffer and the output, whatever
+    the number of queries; the products run on the same batched GEMMs as the explicit path.
+    """
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))  # each (B, h, N, d); no-op for vitkit's layers
+    (Nq, d), Nk, dv, n = q.shape[-2:], k.shape[-2], v.shape[-1], math.prod(lead)
+    bias = _as_bias(bias, q.dtype)
+    per_row = bias is not None and bias.ndim >= 2 and bias.shape[-2] == Nq  # else it broadcasts over the queries
+    q3, k3, v3 = q.reshape(n, Nq, d), k.reshape(n, Nk, d), v.reshape(n, Nk, dv)  # copies of the strided heads
+    rows = max(1, min(Nq, max_bytes // max(1, n * Nk * q.element_size())))  # queries per block
+    buffer = q3.new_empty(n * rows * Nk)  # one block's weights, reused
+    out = v3.new_empty(n, Nq, dv)
+    for start in range(0, Nq, rows):
+        stop = min(Nq, start + rows)
+        attn = buffer[: n * (stop - start) * Nk].view(n, stop - start, Nk)  # contiguous, also for the last block
+        torch.baddbmm(attn, q3[:, start:stop], k3.transpose(1, 2), beta=0, alpha=scale, out=attn)  # (n, rows, Nk)
+        if bias is not None:
+            attn.view(*lead, stop - start, Nk).add_(bias[..., start:stop, :] if per_row else bias)
+        torch.softmax(attn, dim=-1, out=attn)
+        torch.bmm(attn.to(v3.dtype), v3, out=out[:, start:stop])  # (n, rows, Nk) @ (n, Nk, dv) -> (n, rows, dv)
     return out.view(*lead, Nq, dv)  # (B, h, Nq, dv)
 
 
@@ -241,24 +272,31 @@ class Attention(nn.Module):
                 "must share the batch, and key and value the tokens"
             )
 
-    def path(self, device: torch.device, dtype: torch.dtype, weights_bytes: int, dropout: float = 0.0) -> str:
+    def path(
+        self, device: torch.device, dtype: torch.dtype, weights_bytes: int, dropout: float = 0.0, grad: bool = False
+    ) -> str:
         """Which of `PATHS` computes a call on `device` in `dtype` whose N x N weights take `weights_bytes`, with
-        dropout at rate `dropout` on the weights.
+        dropout at rate `dropout` on the weights, and autograd history to keep when `grad`.
 
         "math" always runs the reference. Capturing needs the weights, so it takes the explicit path, which forms
         them with the least memory. So does dropout on CPU, where torch's fused kernel has none and
         `scaled_dot_product_attention` falls back to its math kernel (which keeps more for backward). "auto" takes
-        the explicit path on CPU in bf16 while the weights fit in `explicit_max_bytes`: there torch's fused kernel
-        runs its blocks far below the bf16 GEMM rate (it was slower at every size measured, up to 4,097 tokens).
-        In fp32 on CPU the two are within a few percent and the fused kernel, which needs no N x N memory, is used;
-        on GPUs the fused kernels are the fast path.
+        the explicit path on CPU in bf16 while the weights fit in `explicit_max_bytes`, and the blocked path beyond
+        that when no gradient is needed: there torch's fused kernel runs its blocks far below the bf16 GEMM rate
+        (it was slower at every size measured, up to 4,097 tokens). That holds on CPUs with bf16 instructions
+        (AVX512-BF16, AMX); on others torch emulates bf16 products, 20x slower than its fused kernel, which computes
+        in fp32 (`vitkit.layers.helpers.native_cpu_bf16`). In fp32 on CPU the fused kernel is as fast or faster
+        and needs no N x N memory; on GPUs the fused kernels are the fast path.
         """
         if self.backend == "math":
             return "reference"
         if self.capture_hook is not None or (dropout > 0 and device.type == "cpu"):
             return "explicit"
-        small_cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and weights_bytes <= self.explicit_max_bytes
-        return "explicit" if self.backend == "auto" and small_cpu_bf16 else "fused"
+        if self.backend != "auto" or device.type != "cpu" or dtype != torch.bfloat16 or not helpers.native_cpu_bf16():
+            return "fused"
+        if weights_bytes <= self.explicit_max_bytes:
+            return "explicit"
+        return "fused" if grad else "blocked"
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None
@@ -270,9 +308,12 @@ class Attention(nn.Module):
         """
         dropout = self.attn_drop if self.training else 0.0
         weights_bytes = math.prod(q.shape[:-1]) * k.shape[-2] * q.element_size()  # (B, h, Nq) x Nk in q's dtype
-        path = self.path(q.device, q.dtype, weights_bytes, dropout)
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
+        path = self.path(q.device, q.dtype, weights_bytes, dropout, grad or self.training)
         if path == "fused":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=self.scale)
+        if path == "blocked":
+            return blocked_attention(q, k, v, bias, self.scale, self.explicit_max_bytes)
         attention = reference_attention if path == "reference" else explicit_attention
         return attention(q, k, v, bias, self.scale, dropout, self.capture_hook)
 
@@ -316,8 +357,10 @@ class Attention(nn.Module):
 
     def cost_path(self, q: Value, k: Value, ctx: CostContext) -> str:
         """`path` for queries q (B, h, Nq, d) and keys k (B, h, Nk, d) in `ctx`, in this layer's mode."""
-        dropout = self.attn_drop if self.training else 0.0
-        return self.path(ctx.device, ctx.dtype, numel(q.shape[:-1]) * k.shape[-2] * ctx.itemsize, dropout)
+        dropout = self.attn_drop if self.training else 0.0  # a layer in training mode is costed with its backward
+        return self.path(
+            ctx.device, ctx.dtype, numel(q.shape[:-1]) * k.shape[-2] * ctx.itemsize, dropout, self.training
+        )
 
     def cost_merge_heads(self, name: str, q: Value, k: Value, out: Value, ctx: CostContext) -> OpCost:
         """(B, h, N, d) -> transpose (B, N, h, d) -> reshape (B, N, C): a copy, except after the fused kernel,
@@ -347,6 +390,21 @@ class Attention(nn.Module):
             # which keeps the N x N weights for backward
             weights = (new_value(logits, ctx),) if bias is not None else ()
             return [*ops, dataclasses.replace(out, saved=(q, k, v, out.output, *weights))]
+        if path == "blocked":  # q's, k's and v's copies, one block's weights (reused), the output written by blocks
+            q3, k3, v3 = (
+                ops(copy_op(name, f"{t}_copy", x, x.shape, ctx)) for t, x in zip("qkv", (q, k, v), strict=True)
+            )
+            rows = max(1, min(Nq, self.explicit_max_bytes // max(1, numel(lead) * Nk * ctx.itemsize)))
+            ops(elementwise_op(name, "q*scale", q, 1, ctx, stored=False))  # BNC, in baddbmm's alpha
+            block = ops(matmul_op(name, "q@k^T", (q3, k3), (*lead, rows, Nk), heads_qk, ctx))
+            # the bias and the softmax run on every block in place: their FLOPs are the whole (B, h, Nq, Nk)'s
+            if bias is not None:
+                add = elementwise_op(name, "+bias", (block, bias), 1, ctx, in_place=True)
+                ops(dataclasses.replace(add, flops=numel(logits)))
+            softmax = elementwise_op(name, "softmax", block, SOFTMAX_FLOPS, ctx, in_place=True)
+            ops(dataclasses.replace(softmax, flops=SOFTMAX_FLOPS * numel(logits)))
+            # q's and k's copies are read by every block: alive until the last product
+            return ops + [holding(matmul_op(name, "attn@v", (block, v3), (*lead, Nq, dv), heads_v, ctx), q3, k3)]
         if path == "reference":  # q * scale and the 4-D matmuls' copies of q, k and v are written out
             scaled = ops(elementwise_op(name, "q*scale", q, 1, ctx))  # BNC, laid out as q: (B, N, h, d)
             copies = (ops(copy_op(name, "q_copy", scaled, q.shape, ctx)), ops(copy_op(name, "k_copy", k, k.shape, ctx)))

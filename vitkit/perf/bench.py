@@ -32,6 +32,7 @@ from vitkit.perf.optimize import optimize
 from vitkit.weights.convert import export_weights
 
 COMPARE = (None, "timm", "transformers")  # what a model can be benchmarked against
+DETECTION_BOXES = 8  # ground-truth boxes per image in a timed detection training step
 # How a refusal of `bench` for memory names its settings (`vitkit bench` passes its flags).
 MEMORY_NAMES = SettingNames(
     batch="batch", img_size="img_size", grad_checkpointing=None, allow="allow_memory=True", strategy=None
@@ -241,6 +242,73 @@ def _train_step(
     return step
 
 
+def detection_targets(batch: int, num_classes: int, boxes: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """`boxes` random ground-truth boxes per image ((cx, cy, w, h) in [0, 1], centres 0.2-0.8 and sides 0.05-0.3 of
+    the image, labels in [0, num_classes)), the same on every call: what a timed detection training step matches."""
+    generator = torch.Generator().manual_seed(0)
+    targets = []
+    for _ in range(batch):
+        centres = 0.2 + 0.6 * torch.rand(boxes, 2, generator=generator)
+        sides = 0.05 + 0.25 * torch.rand(boxes, 2, generator=generator)
+        labels = torch.randint(0, num_classes, (boxes,), generator=generator)
+        targets.append({"labels": labels.to(device), "boxes": torch.cat([centres, sides], 1).to(device)})
+    return targets
+
+
+def _detection_train_step(
+    model: nn.Module,
+    x: torch.Tensor,
+    targets: list[dict[str, torch.Tensor]],
+    autocast: bool,
+    optimizer: torch.optim.Optimizer,
+) -> Callable[[], object]:
+    """One step of `vitkit train` on a detector (its DETR set criterion: matching, classification, L1 and GIoU on
+    every decoder layer), on an unpadded batch; the loss is the one the model declares (DETR's softmax with "no
+    object", or Deformable DETR's focal loss)."""
+    from vitkit.detection import criterion_for
+    from vitkit.models.interface import has_no_object_logit
+
+    no_object = has_no_object_logit(model)
+    criterion = criterion_for(
+        "ce" if no_object else "focal", model.config.num_classes, model.config.aux_loss, no_object
+    )
+    model.train()
+
+    def step() -> object:
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
+            outputs = model(x)
+        loss = criterion(outputs, targets)["total"]
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def _transformers_train_step(
+    reference: nn.Module, x: torch.Tensor, targets: list[dict[str, torch.Tensor]], autocast: bool
+) -> Callable[[], object]:
+    """transformers' training step for the same detector: its own loss (`labels` given), with the matching costs
+    and auxiliary losses on every decoder layer as vitkit's, and torch's AdamW at its defaults."""
+    reference.config.auxiliary_loss = True  # vitkit trains every decoder layer, as the DETR papers do
+    if getattr(reference.config, "focal_alpha", None) is not None:  # Deformable DETR's focal matching cost
+        reference.config.class_cost = 2
+    reference.train()
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-4)
+    labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
+
+    def step() -> object:
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
+            loss = reference(pixel_values=x, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
 def _timm_model(name: str, img_size: tuple[int, int], dynamic: bool, device: torch.device) -> nn.Module:
     # timm is an optional comparison, imported only when asked for; vitkit never needs it otherwise.
     try:
@@ -282,8 +350,8 @@ def adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW
 def _check_setting(model_name: str, train: bool, compare: str | None) -> bool:
     """Refuse what `bench` cannot time for this model; whether it is a detector."""
     detector = family(model_entry(model_name).family).task == DETECTION
-    if detector and train:
-        raise ValueError(f"bench --train times classifiers; {model_name} is a detector: time `vitkit train` instead")
+    if detector and compare == "timm":
+        raise ValueError(f"{model_name} is a detector: compare it with transformers (--compare transformers)")
     if compare == "transformers" and not detector:
         raise ValueError(
             f"--compare transformers covers the detectors (DETR, Deformable DETR); compare {model_name} with timm"
@@ -369,6 +437,16 @@ def build_candidates(
     vitkit_optimizer = optimizer(model, lr=1e-4, weight_decay=0.05)
     net = torch.compile(model) if compile else model
     label = f"vitkit {'autocast-bf16' if bf16 else 'fp32'} train{' compiled' if compile else ''}"
+    if detector:
+        targets = detection_targets(batch, config.num_classes, DETECTION_BOXES, dev)
+        candidates[label] = (precision, _detection_train_step(net, x, targets, bf16, vitkit_optimizer))
+        if reference is not None:
+            candidates[f"{compare} fp32 train"] = ("fp32", _transformers_train_step(reference, x, targets, False))
+            if bf16:
+                second = _transformers_model(model, dev)
+                step = _transformers_train_step(second, x, targets, True)
+                candidates[f"{compare} autocast-bf16 train"] = ("bf16", step)
+        return candidates
     candidates[label] = (precision, _train_step(net, x, config.num_classes, bf16, vitkit_optimizer))
     if reference is not None:
         timm_adamw = torch.optim.AdamW(reference.parameters(), lr=1e-4)

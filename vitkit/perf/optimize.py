@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import copy
 import functools
+import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.analysis.precision import precision_dtype
+from vitkit.analysis.precision import precision_dtype, slow_precision
 from vitkit.layers import Mlp, attention_layers
+from vitkit.layers.helpers import native_cpu_bf16
 
 ACTIVATIONS = ("none", "gelu")
 
@@ -31,7 +33,7 @@ def packed_linear_supported() -> bool:
     (plain bf16 `nn.Linear` is used then) if they are missing, fail or disagree.
     """
     try:
-        if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        if not native_cpu_bf16():
             return False
         generator = torch.Generator().manual_seed(0)
         weight = torch.randn(24, 16, generator=generator).bfloat16()
@@ -193,6 +195,10 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False) -
             minute for ViT-S on 2 cores; needs a C++ compiler on CPU). Inductor then does its own weight packing.
     """
     dtype = precision_dtype(precision)
+    device = next(iter(model.parameters()), torch.empty(0)).device
+    slow = slow_precision(precision, device)
+    if slow is not None:
+        warnings.warn(slow.replace("(--precision fp32)", '(optimize(model, "fp32"))'), stacklevel=2)
     model = copy.deepcopy(model).eval()
     for module in list(model.modules()):
         if callable(getattr(module, "fold_norms", None)):  # a detector's frozen-norm backbone

@@ -53,6 +53,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from vitkit.analysis.precision import slow_precision
 from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.detection import FOCAL_PRIOR
@@ -333,6 +334,9 @@ class _Run:
             lines.insert(2, f"  augment {augment}")
         for i, c in enumerate(self.sized):  # what the data chose, one line each, before device and output
             lines.insert(-2, f"  {'sized' if i == 0 else '':8}{c.field.replace('_', ' ')} {c.value}: {c.why}")
+        slow = slow_precision(config.precision, env.device)
+        if slow is not None:  # last, where it is read
+            lines.append(f"  warning {slow}")
         init = init_report(self.model)
         if init is not None and init.adapted:  # what the checkpoint gave, where the model is not it as it was
             lines.insert(1, f"  init    {init.format} layout: {describe_init(init, task.num_classes)}")

@@ -1,0 +1,64 @@
+"""benchmarks/gpu.py, the prepared GPU check, in its CPU dry run: the same code on tiny models, so that it runs the
+day a GPU machine is there. What it checks is checked here too: a backend that disagreed would fail it."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitkit.layers.attention
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "gpu.py"
+pytestmark = pytest.mark.usefixtures("hub_offline")
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dry_run_checks_and_times_every_case(tmp_path):
+    out = tmp_path / "gpu.json"
+    assert load_script().main(["--dry-run", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    checks = report["checks"]
+    models = {"vit_tiny_patch16_224", "swin_tiny_patch4_window7_224", "detr_tiny", "deformable_detr_small"}
+    assert {row["model"] for row in checks if row["check"] == "backends"} == models
+    assert {(row["precision"], row["backend"]) for row in checks if row["check"] == "backends"} == {
+        (p, b) for p in ("fp32", "bf16") for b in ("sdpa", "auto")
+    }
+    assert all(row["ok"] for row in checks) and any(row["check"] == "capture" for row in checks)
+    speed = [(r["model"], r["mode"], [c["name"] for c in r["results"]]) for r in report["speed"]]
+    assert speed == [
+        ("vit_tiny_patch16_224", "inference", ["vitkit bf16", "timm fp32", "timm autocast-bf16"]),
+        (
+            "vit_tiny_patch16_224",
+            "train",
+            ["vitkit autocast-bf16 train", "timm fp32 train", "timm autocast-bf16 train"],
+        ),
+        ("detr_tiny", "inference", ["vitkit bf16", "transformers fp32", "transformers autocast-bf16"]),
+        (
+            "detr_tiny",
+            "train",
+            ["vitkit autocast-bf16 train", "transformers fp32 train", "transformers autocast-bf16 train"],
+        ),
+    ]
+
+
+def test_a_wrong_backend_fails_the_check(monkeypatch):
+    script = load_script()
+    fused = vitkit.layers.attention.F.scaled_dot_product_attention
+
+    def wrong(q, k, v, **kwargs):  # a fused kernel that forgot the scale
+        return fused(q, k, v, **{**kwargs, "scale": 1.0})
+
+    monkeypatch.setattr(vitkit.layers.attention.F, "scaled_dot_product_attention", wrong)
+    case = script.CHECKS[True][0]
+    rows = script.check_backends(case, torch.device("cpu"))
+    assert [row["ok"] for row in rows if row["backend"] == "sdpa"] == [False, False]
