@@ -514,7 +514,9 @@ def bench(
     Inference candidates: vitkit `optimize(model, precision, compile)`; with `compare="timm"`: timm fp32 eager,
     and for bf16 also timm under `torch.autocast` (how timm users get bf16). Training candidates (one step is
     forward + backward + AdamW): vitkit in `precision` (bf16 = autocast) with `optimizer`, timm fp32 (and timm
-    autocast for bf16) with torch's AdamW at its defaults.
+    autocast for bf16) with torch's AdamW at its defaults. A detector's training step is `vitkit train`'s: its set
+    criterion on `DETECTION_BOXES` random boxes an image (`detection_targets`); transformers' step is its own loss
+    on the same boxes.
 
     Args:
         model_name: registry name.
