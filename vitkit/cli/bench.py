@@ -21,7 +21,11 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--img-size", type=parse_size, default=None, help="224 or HxW (default: the model's size)")
     parser.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32", help="GEMM precision")
     parser.add_argument("--compile", action="store_true", help="torch.compile the vitkit model")
-    parser.add_argument("--train", action="store_true", help="time training steps (forward + backward + AdamW; a detector's with its set criterion)")
+    parser.add_argument(
+        "--train",
+        action="store_true",
+        help="time training steps (forward + backward + AdamW; a detector's with its set criterion)",
+    )
     parser.add_argument(
         "--compare",
         choices=tuple(c for c in COMPARE if c is not None),
