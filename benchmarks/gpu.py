@@ -1,7 +1,8 @@
 """The GPU check, one prepared run for the day a GPU machine is there (under 8 minutes on one GPU):
 
-1. every attention backend agrees with the reference (`math`, the formula) on ViT, Swin, DETR and Deformable DETR,
-   forward and backward (every parameter's gradient), in fp32 (TF32 off) and under bf16 autocast;
+1. every attention backend agrees with the reference (`math`, the formula, in fp32) on ViT, Swin, DETR and
+   Deformable DETR, forward and backward (every parameter's gradient): in fp32 (TF32 off) within 1e-4, and under bf16
+   autocast no further off than the formula itself computed in bf16 (times 1.5);
 2. `capture_attention` works with the fused kernels on: the recorded maps are the reference's and the output is
    the one computed without capturing;
 3. speed against the libraries users compare with: ViT-B/16 against timm and DETR-R50 against transformers,
