@@ -2,8 +2,12 @@
 equals what `capture_attention` gives (to the quantisation); rollout likewise; the page is one self-contained file."""
 
 import base64
+import os
 import re
+import shutil
 import zlib
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +20,31 @@ from vitkit.infer.explore import dequantise, explorer_data, quantise
 from vitkit.viz.explorer import explorer_page
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+CHROMIUM = os.environ.get("VITKIT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@contextmanager
+def browser_page(path: Path, **page_options):
+    """The explorer page at `path` open in headless Chromium (Debian's browser, driven by Playwright), its first map
+    drawn: yields (page, errors, requests), the console and page errors and every URL requested. Skips the test
+    where Chromium or Playwright's Python package is missing."""
+    if CHROMIUM is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium, or set VITKIT_CHROMIUM)")
+    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(**page_options)
+            errors, requests = [], []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(Path(path).as_uri())
+            # the first map drawn (the page's own policy forbids eval, which Playwright's wait_for_function needs)
+            page.evaluate("window.vitkitExplorer.ready")
+            yield page, errors, requests
+        finally:
+            browser.close()
 
 
 def unpack(b64: str, dtype) -> np.ndarray:

@@ -3,24 +3,15 @@ browser; `make test` installs it where it can): it loads from disk with no conso
 clicking a patch draws the map of that patch's captured attention row (to the 8-bit quantisation); the layer, the
 head, a register and rollout change the map to theirs."""
 
-import os
-import shutil
-
 import numpy as np
 import pytest
 import torch
-from test_explore import MEAN, STD, picture, registers_model
+from test_explore import MEAN, STD, browser_page, picture, registers_model
 
 import vitkit
 from vitkit.infer.attention import _rollout
 from vitkit.infer.explore import explorer_data
 from vitkit.viz.explorer import explorer_page
-
-CHROMIUM = os.environ.get("VITKIT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-playwright = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium, or set VITKIT_CHROMIUM)"
-)
 
 
 @pytest.fixture(scope="module")
@@ -33,18 +24,8 @@ def explorer(tmp_path_factory):
     with torch.no_grad(), vitkit.capture_attention(model) as maps:
         model(pixels)
     captured = [m[0].double() for m in maps.values()]  # (h, N, N) per layer
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1200, "height": 900})
-        errors, requests = [], []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("request", lambda r: requests.append(r.url))
-        page.goto(path.as_uri())
-        page.evaluate("window.vitkitExplorer.ready")  # the first map drawn (the page's own policy forbids eval, which
-        # Playwright's wait_for_function would need)
+    with browser_page(path, viewport={"width": 1200, "height": 900}) as (page, errors, requests):
         yield page, captured, errors, requests
-        browser.close()
 
 
 def fresh(page) -> None:

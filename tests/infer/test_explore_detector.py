@@ -2,14 +2,11 @@
 cross-attention (quantised to 8 bits per row) and Deformable DETR's sampling points, equal to what
 `capture_attention` records; and in the browser, clicking a detection draws its query's map or points."""
 
-import os
-import shutil
-
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_explore import unpack
+from test_explore import browser_page, unpack
 
 import vitkit
 from vitkit.data import DetectionInfo
@@ -21,7 +18,6 @@ from vitkit.viz.explorer import explorer_page
 
 CLASSES = ("circle", "square", "cross")
 INFO = DetectionInfo("test", CLASSES, (1, 2, 3), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
-CHROMIUM = os.environ.get("VITKIT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def detector(name: str) -> torch.nn.Module:
@@ -73,23 +69,14 @@ def test_deformable_pages_hold_each_querys_sampling_points():
         np.testing.assert_allclose(weights, samples.weights.numpy(), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
 @pytest.mark.parametrize("name", ["detr_tiny", "deformable_detr_small"])
 def test_clicking_a_detection_in_the_browser(name, tmp_path):
-    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
     model, image = detector(name), picture()
     data = detector_explorer_data(model, INFO, [("a.png", image)], threshold=0.0)
     (tmp_path / "page.html").write_text(explorer_page(data), encoding="utf-8")
     records, padded, real = captured(model, image)
     one = data["images"][0]
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page()
-        errors = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.goto((tmp_path / "page.html").as_uri())
-        page.evaluate("window.vitkitExplorer.ready")
+    with browser_page(tmp_path / "page.html") as (page, errors, _):
         assert page.locator("#detections button").count() == len(one["detections"])
         page.locator("#detections button").nth(2).click()
         page.evaluate("window.vitkitExplorer.setLayer(0)")
@@ -105,7 +92,6 @@ def test_clicking_a_detection_in_the_browser(name, tmp_path):
             np.testing.assert_allclose(drawn[:, :2], samples.points[0].reshape(-1, 2).numpy(), atol=1e-3)
             np.testing.assert_allclose(drawn[:, 2], samples.weights[0].reshape(-1).numpy() / h, atol=1e-6)
         assert one["detections"][2]["label"] in page.locator("#title").inner_text()
-        browser.close()
     assert errors == []
 
 
@@ -126,9 +112,7 @@ def test_detr_pages_hold_the_encoders_self_attention_at_every_position():
         np.testing.assert_allclose(dequantise(codes, scales), expected, atol=float(scales.max()) / 510 + 1e-6)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
 def test_picking_a_point_shows_the_encoders_attention_there(tmp_path):
-    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
     model, image = detector("detr_tiny"), picture()
     data = detector_explorer_data(model, INFO, [("a.png", image)], threshold=0.5)
     (tmp_path / "page.html").write_text(explorer_page(data), encoding="utf-8")
@@ -137,13 +121,7 @@ def test_picking_a_point_shows_the_encoders_attention_there(tmp_path):
         model.predict(pixels, mask)
     one = data["images"][0]
     gh, gw = one["encoder"][0]["grid"]
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page()
-        errors = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto((tmp_path / "page.html").as_uri())
-        page.evaluate("window.vitkitExplorer.ready")
+    with browser_page(tmp_path / "page.html") as (page, errors, _):
         page.get_by_label("a point: the encoder's self-attention there").check()
         # a point in image pixels -> the padded input (the image fills its top-left `real` part) -> the map
         x, y = 100.0, 30.0
@@ -155,7 +133,6 @@ def test_picking_a_point_shows_the_encoders_attention_there(tmp_path):
         last = maps[one["encoder"][-1]["name"]][0, :, cell]  # the last encoder layer, every head: (h, hw)
         np.testing.assert_allclose(drawn, last.mean(0).double().numpy(), atol=float(last.max()) / 510 + 1e-6)
         assert "encoder's self-attention" in page.locator("#title").inner_text()
-        browser.close()
     assert errors == []
 
 
@@ -177,15 +154,8 @@ def test_deformable_pages_hold_the_encoders_sampling_points_and_draw_them(tmp_pa
         samples = sampled_points(maps[name], list(range(h0 * w0)), padded, real, (96, 128))
         points = unpack(entry["points"], np.float32).reshape(*entry["shape"], 2)
         np.testing.assert_allclose(points, samples.points.numpy(), rtol=1e-6, atol=1e-4)
-    if CHROMIUM is None:
-        pytest.skip("no Chromium on this machine (apt-get install chromium)")
-    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
     (tmp_path / "page.html").write_text(explorer_page(data), encoding="utf-8")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page()
-        page.goto((tmp_path / "page.html").as_uri())
-        page.evaluate("window.vitkitExplorer.ready")
+    with browser_page(tmp_path / "page.html") as (page, errors, _):
         page.evaluate("window.vitkitExplorer.pickPoint(70, 20)")  # switches to the point view
         ix, iy = 70 * real[1] / 128, 20 * real[0] / 96
         cell = int(iy / padded[0] * h0) * w0 + int(ix / padded[1] * w0)
@@ -196,4 +166,4 @@ def test_deformable_pages_hold_the_encoders_sampling_points_and_draw_them(tmp_pa
         heads = last.weights.shape[1]
         np.testing.assert_allclose(drawn[:, 2], last.weights[0].reshape(-1).numpy() / heads, atol=1e-6)
         assert "encoder's sampling points there" in page.locator("#title").inner_text()
-        browser.close()
+    assert errors == []

@@ -2,21 +2,16 @@
 (each token's row over its shifted or regular window) and BoTNet's attention over its feature maps. Checked against
 a brute-force window partition, the captured weights, and in the browser."""
 
-import os
-import shutil
-
 import numpy as np
-import pytest
 import torch
 from PIL import Image
-from test_explore import unpack
+from test_explore import browser_page, unpack
 
 import vitkit
 from vitkit.infer.explore import dequantise, explorer_data
 from vitkit.viz.explorer import explorer_page
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
-CHROMIUM = os.environ.get("VITKIT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def swin():
@@ -80,22 +75,14 @@ def test_grid_pages_hold_the_weights_and_refuse_nothing():
     assert [m["grid"] for m in data["layers"]] == [[16, 16], [16, 16], [8, 8]]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
 def test_clicking_a_point_shows_its_window_in_the_browser(tmp_path):
-    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
     model = swin()
     (tmp_path / "page.html").write_text(explorer_page(explorer_data(model, [("a.png", picture())], MEAN, STD)))
     x = vitkit.data.preprocess(picture(), (64, 64), 3, MEAN, STD)[None]
     with torch.no_grad(), vitkit.capture_attention(model) as maps:
         model(x)
     spatial = model.spatial_attention(maps, (64, 64))
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page()
-        errors = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto((tmp_path / "page.html").as_uri())
-        page.evaluate("window.vitkitExplorer.ready")
+    with browser_page(tmp_path / "page.html") as (page, errors, _):
         page.evaluate("window.vitkitExplorer.setLayer(1)")  # the shifted block of the first stage
         box = page.locator("#image").bounding_box()
         page.mouse.click(box["x"] + box["width"] * (0.5 / 16), box["y"] + box["height"] * (3.5 / 16))  # cell (3, 0)
@@ -106,5 +93,4 @@ def test_clicking_a_point_shows_its_window_in_the_browser(tmp_path):
         np.add.at(expected, a.keys[48].numpy(), a.weights[0, :, 48].mean(0).double().numpy())
         np.testing.assert_allclose(drawn, expected, atol=float(a.weights[0, :, 48].max()) / 510 + 1e-6)
         assert "shifted by (2, 2)" in page.locator("#title").inner_text()
-        browser.close()
     assert errors == []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vitkit.cli.options import add_memory_option, check_inference_memory
+from vitkit.cli.options import add_memory_option, add_threshold_option, check_inference_memory
 from vitkit.data import open_image
 from vitkit.infer import (
     attention_figure,
@@ -65,13 +65,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         "--rollout", action="store_true", help="attention rollout across all layers (Abnar & Zuidema), heads averaged"
     )
     parser.add_argument("--grid", action="store_true", help="one map per layer (rows) and head (columns)")
-    parser.add_argument(
-        "--threshold",
-        type=float,
-        default=None,
-        help="a detector's smallest class probability shown (default: the one vitkit train chose, saved in the "
-        "model's postprocess.json; 0.5 without)",
-    )
+    add_threshold_option(parser)
     parser.add_argument("--alpha", type=float, default=0.5, help="weight of the heat map in the blend (default: 0.5)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     add_memory_option(parser)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitkit.cli.options import add_memory_option, check_inference_memory
+from vitkit.cli.options import add_memory_option, add_threshold_option, check_inference_memory
 from vitkit.data import open_image
 from vitkit.infer import is_detector_dir, load_detector
 from vitkit.infer.attention import load_attention_model
@@ -39,13 +39,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="HTML", help="the page to write (.html); folders are made")
     parser.add_argument("--layers", type=_indices, default=None, help="layers to keep, e.g. 0,5,11 (default: all)")
     parser.add_argument("--heads", type=_indices, default=None, help="heads to keep, e.g. 0,1 (default: all)")
-    parser.add_argument(
-        "--threshold",
-        type=float,
-        default=None,
-        help="a detector's smallest class probability shown (default: the one vitkit train chose, saved in the "
-        "model's postprocess.json; 0.5 without)",
-    )
+    add_threshold_option(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     add_memory_option(parser)
 

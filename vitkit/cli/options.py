@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from vitkit.analysis.preflight import SettingNames, check_memory
+from vitkit.detection.postprocess import DEFAULT_THRESHOLD
 from vitkit.train.config import option_flag
 
 _PYTHON_WORDS = {"True": True, "False": False, "None": None}
@@ -99,6 +100,18 @@ def add_config_options(parser: argparse.ArgumentParser, config_cls: type) -> Non
 
 
 IGNORE_MEMORY_CHECK = "--ignore-memory-check"
+
+
+def add_threshold_option(parser: argparse.ArgumentParser, kept: str = "shown") -> None:
+    """--threshold (dest `threshold`, default None): a detector's smallest class probability `kept` ("shown" in
+    pictures and pages, "kept" in predictions); None takes the model's saved choice."""
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help=f"a detector's smallest class probability {kept} (default: the one vitkit train chose on the validation "
+        f"split, saved in the model's postprocess.json; {DEFAULT_THRESHOLD} without)",
+    )
 
 
 def add_memory_option(parser: argparse.ArgumentParser) -> None:

@@ -15,10 +15,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vitkit.cli.options import add_memory_option, check_inference_memory
+from vitkit.cli.options import add_memory_option, add_threshold_option, check_inference_memory
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.sources import IMAGE_EXTENSIONS
-from vitkit.detection.postprocess import DEFAULT_THRESHOLD
 from vitkit.infer import (
     detect_paths,
     format_predictions,
@@ -69,13 +68,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="print the results as JSON instead of a table; with FILE, write them there as well as printing the table",
     )
-    parser.add_argument(
-        "--threshold",
-        type=float,
-        default=None,
-        help="a detector's smallest class probability kept (default: the one vitkit train chose on the validation "
-        f"split, saved in the model's postprocess.json; {DEFAULT_THRESHOLD} without)",
-    )
+    add_threshold_option(parser, "kept")
     parser.add_argument(
         "--out",
         default=None,
