@@ -39,7 +39,7 @@ def test_every_field_is_a_train_option():
     assert options["epochs"].help == f"passes over the training data (default: {recipes})"
     assert options["lr"].help.endswith(
         "(default: 0.002; small DETRs 0.0003; DETR 0.0001; deformable_detr_digits 0.0003; deformable_detr_small "
-        "0.0003; Deformable DETR 0.0002)"
+        "0.0006; Deformable DETR 0.0002)"
     )
     assert options["precision"].choices == ("fp32", "bf16")
 

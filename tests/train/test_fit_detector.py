@@ -184,7 +184,8 @@ def test_every_detection_option_runs(tmp_path, tiny_detector_config, model, mode
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     assert all(torch.equal(v, state["ema"][k]) for k, v in final.state_dict().items())
     groups = state["optimizer"]["param_groups"]
-    assert [g["initial_lr"] for g in groups] == [3e-4, 3e-4, 1e-5, 1e-5]  # the rest (box head too), the backbone
+    lr = recipe_for("detection", model or "detr_digits").lr  # the model's recipe; the backbone's as given
+    assert [g["initial_lr"] for g in groups] == [lr, lr, 1e-5, 1e-5]  # the rest (box head too), the backbone
 
 
 def test_the_data_picks_the_default_detector_and_its_recipe(tmp_path, digits_coco):
