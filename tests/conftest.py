@@ -25,8 +25,10 @@ def hub_offline():
 
 @pytest.fixture
 def native_bf16(monkeypatch):
-    """Attention's dispatch as on a CPU with bf16 instructions (AVX512-BF16 or AMX), on whatever CPU runs the test:
-    the paths `auto` takes only there are then checked everywhere (on other CPUs they are slow, not wrong)."""
+    """Attention's dispatch as on a CPU with bf16 instructions and no AMX tiles (AVX512-BF16), on whatever CPU runs
+    the test: the paths `auto` takes only there are then checked everywhere (on other CPUs they are slow, not
+    wrong)."""
     import vitkit.layers.helpers
 
     monkeypatch.setattr(vitkit.layers.helpers, "native_cpu_bf16", lambda: True)
+    monkeypatch.setattr(vitkit.layers.helpers, "cpu_amx", lambda: False)

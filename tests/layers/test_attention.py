@@ -175,6 +175,34 @@ def test_auto_keeps_the_fused_kernel_where_bf16_is_emulated(monkeypatch):
         assert layer.path(torch.device("cpu"), torch.bfloat16, 1) == "explicit"
 
 
+def test_auto_takes_the_fused_kernel_for_inference_on_amx(monkeypatch, native_bf16):
+    # With AMX tiles torch's fused kernel runs its blocks on them: faster than the explicit and blocked paths
+    # without a gradient; with one, the explicit path's backward is the faster
+    import vitkit.layers.helpers
+
+    monkeypatch.setattr(vitkit.layers.helpers, "cpu_amx", lambda: True)
+    layer = Attention(32, num_heads=4).eval()
+    cpu = torch.device("cpu")
+    assert {layer.path(cpu, torch.bfloat16, size) for size in (1, 10**12)} == {"fused"}
+    assert layer.path(cpu, torch.bfloat16, 1, grad=True) == "explicit"
+    assert layer.path(cpu, torch.bfloat16, 10**12, grad=True) == "fused"
+    assert layer.path(cpu, torch.float32, 1, grad=True) == "fused"
+    with vitkit.capture_attention(layer):  # capture still forms the weights
+        assert layer.path(cpu, torch.bfloat16, 1) == "explicit"
+
+
+def test_cpu_amx_agrees_with_the_kernels_cpu_flags():
+    from pathlib import Path
+
+    from vitkit.layers.helpers import cpu_amx
+
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo to compare with")
+    flags = {f for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for f in line.split()}
+    assert cpu_amx() is ("amx_bf16" in flags)
+
+
 @pytest.mark.parametrize("rows_bytes", [1, 8 * 53 * 8 * 5, 10**9])  # a row a block, 5 rows, one block
 @pytest.mark.parametrize("bias_shape", [None, (2, 4, 37, 53), (37, 53), (2, 1, 1, 53), (53,), "mask"])
 def test_blocked_attention_equals_the_formula(rows_bytes, bias_shape):
