@@ -11,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vitkit import create_model
 from vitkit.analysis import MemoryWarning, NotEnoughMemory, estimate_memory, profile
+from vitkit.analysis.precision import cpu_features
 from vitkit.cli import main
 from vitkit.perf.bench import (
     SPLIT,
@@ -96,6 +97,16 @@ def test_table_output(capsys):
                  "--compare", "timm"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "vitkit fp32" in out and "timm fp32" in out and "vs timm fp32" in out and "1.00x" in out
+    assert f"TFLOP/s ({cpu_features()})" in out  # a figure names the instruction sets it was measured with
+
+
+def test_cpu_features_name_amx_where_torch_sees_it(monkeypatch):
+    from vitkit.analysis import precision
+
+    monkeypatch.setattr(precision, "native_cpu_bf16", lambda: True)
+    for amx, expected in ((True, ", native bf16 with AMX"), (False, ", native bf16")):
+        monkeypatch.setattr(precision, "cpu_amx", lambda amx=amx: amx)
+        assert cpu_features() == torch.backends.cpu.get_cpu_capability() + expected
 
 
 class ProductClock(TorchDispatchMode):

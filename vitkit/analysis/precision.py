@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vitkit.layers.helpers import native_cpu_bf16
+from vitkit.layers.helpers import cpu_amx, native_cpu_bf16
 
 PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -60,10 +60,11 @@ def cpu_matmul_rates() -> MatmulRates:
 
 
 def cpu_features() -> str:
-    """The CPU's bf16-related instruction sets as torch sees them, e.g. "AVX2" or "AVX512 with AMX"."""
+    """The CPU's bf16-related instruction sets as torch sees them, e.g. "AVX512, native bf16 with AMX" or
+    "AVX2, no native bf16 (...)"."""
     capability = torch.backends.cpu.get_cpu_capability()
     if native_cpu_bf16():
-        return f"{capability}, native bf16"
+        return f"{capability}, native bf16{' with AMX' if cpu_amx() else ''}"
     return f"{capability}, no native bf16 (neither AVX512-BF16 nor AMX)"
 
 

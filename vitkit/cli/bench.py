@@ -73,7 +73,7 @@ def print_report(report: Report) -> None:
         f"({counted(report.threads, 'thread')})"
         f"  {report.flops_per_step / report.batch / 1e9:.2f} matmul GFLOPs per image"
     )
-    print(f"measured GEMM rate: {rates}")
+    print(f"measured GEMM rate: {rates}" + (f" ({report.processor})" if report.processor else ""))
     baseline = next((r for r in report.results if r.name.split()[0] != "vitkit" and r.precision == "fp32"), None)
     reference = baseline.name.split()[0] if baseline else ""
     width = max(len(r.name) for r in report.results)

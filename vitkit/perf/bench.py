@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from vitkit.analysis.memory import PeakMemory
-from vitkit.analysis.precision import precision_dtype
+from vitkit.analysis.precision import cpu_features, precision_dtype
 from vitkit.analysis.preflight import MemoryEstimate, MemoryEstimator, SettingNames, enforce
 from vitkit.analysis.profile import profile
 from vitkit.layers.helpers import to_2tuple
@@ -63,6 +63,7 @@ class Report:
     flops_per_step: int  # analytic matmul FLOPs of one step (3x forward for training)
     gemm_flops_per_second: dict[str, float]  # precision -> measured dense GEMM rate
     results: list[Result]
+    processor: str = ""  # what ran it: the CPU's instruction sets (`cpu_features`) or the GPU's name
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -555,4 +556,5 @@ def bench(
     flops = profile(model_name, size, batch).matmul_flops * (3 if train else 1)
     results, rates = time_candidates(candidates, batch, flops, rounds, warmup, dev)
     mode = "train" if train else "inference"
-    return Report(model_name, batch, size, mode, str(dev), torch.get_num_threads(), flops, rates, results)
+    processor = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_features()
+    return Report(model_name, batch, size, mode, str(dev), torch.get_num_threads(), flops, rates, results, processor)
