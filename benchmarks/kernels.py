@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from vitkit.layers.attention import EXPLICIT_MAX_BYTES, blocked_attention, explicit_attention
 from vitkit.layers.helpers import cpu_amx, native_cpu_bf16
+from vitkit.perf.bench import gemm_rate
 from vitkit.perf.optimize import PackedLinear, packed_linear_supported
 
 
@@ -39,12 +40,12 @@ def median_ms(fn: Callable[[], object], calls: int, warmup: int = 2) -> float:
 
 def gemm_rows(sizes: list[int], linears: list[tuple[int, int, int]], calls: int) -> list[dict]:
     """TFLOP/s of n^3 products in fp32 and bf16, and of bf16 linear layers (tokens, in, out) plain and packed."""
-    rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-        for n in sizes:
-            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-            ms = median_ms(lambda: a @ b, calls)  # noqa: B023 (called before the loop moves on)
-            rows.append({"kernel": f"matmul {str(dtype)[6:]}", "shape": f"{n}^3", "tflops": 2 * n**3 / ms / 1e9})
+    cpu = torch.device("cpu")
+    rows = [
+        {"kernel": f"matmul {precision}", "shape": f"{n}^3", "tflops": gemm_rate(precision, cpu, n, calls) / 1e12}
+        for precision in ("fp32", "bf16")
+        for n in sizes
+    ]
     packed = packed_linear_supported()
     with torch.inference_mode():
         for m, k, n in linears:

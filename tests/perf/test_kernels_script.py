@@ -19,7 +19,7 @@ def test_quick_run_times_every_kernel_and_path(capsys):
     script = load_script()
     assert script.main(["--quick"]) == 0
     out = capsys.readouterr().out
-    assert "matmul float32" in out and "matmul bfloat16" in out and "F.linear bf16" in out
+    assert "matmul fp32" in out and "matmul bf16" in out and "F.linear bf16" in out
     rows = script.attention_rows([(2, 2, 17, 8), (1, 2, 40, 8)], calls=1, backward_tokens=20)
     assert [set(row) for row in rows] == [
         {"shape", "fused", "explicit", "blocked", "fused fwd+bwd", "explicit fwd+bwd"},
