@@ -42,7 +42,11 @@ def gemm_rows(sizes: list[int], linears: list[tuple[int, int, int]], calls: int)
     """TFLOP/s of n^3 products in fp32 and bf16, and of bf16 linear layers (tokens, in, out) plain and packed."""
     cpu = torch.device("cpu")
     rows = [
-        {"kernel": f"matmul {precision}", "shape": f"{n}^3", "tflops": gemm_rate(precision, cpu, n, calls) / 1e12}
+        {
+            "kernel": f"matmul {precision}",
+            "shape": f"{n}^3",
+            "tflops": gemm_rate(precision, cpu, n=n, repeats=calls) / 1e12,
+        }
         for precision in ("fp32", "bf16")
         for n in sizes
     ]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import vitkit.layers.attention
+import vitkit.perf.bench
 
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "gpu.py"
 pytestmark = pytest.mark.usefixtures("hub_offline")
@@ -25,7 +26,9 @@ def load_script():
 
 def test_dry_run_checks_and_times_every_case(tmp_path):
     out = tmp_path / "gpu.json"
+    full_rate = vitkit.perf.bench.gemm_rate
     assert load_script().main(["--dry-run", "--out", str(out)]) == 0
+    assert vitkit.perf.bench.gemm_rate is full_rate  # its small GEMMs do not leak into later `vitkit bench` calls
     report = json.loads(out.read_text())
     checks = report["checks"]
     models = {"vit_tiny_patch16_224", "swin_tiny_patch4_window7_224", "detr_tiny", "deformable_detr_small"}
