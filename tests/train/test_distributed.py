@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from vitkit import create_model
 from vitkit.data import EpochSampler, TransformedImages, load_folder, make_loader, normalize, train_transform
 from vitkit.train import DetectionTask, TrainConfig, fit, forward_loss
-from vitkit.train.distributed import DistEnv, cleanup, setup
+from vitkit.train.distributed import DistEnv, barrier, cleanup, setup
 
 MODEL = {"img_size": 28, "patch_size": 7, "embed_dim": 16, "depth": 2, "num_heads": 2, "mlp_ratio": 1.0}
 TINY_DETR = {"backbone_width": 8, "hidden_dim": 16, "num_heads": 2, "dim_feedforward": 32, "num_queries": 6}
@@ -56,6 +56,7 @@ def _worker(rank: int, world_size: int, port: int, folder: str, out: str) -> Non
         gradients = _first_step_gradients(folder, env.rank, env.world_size, batch_size=4)
         if env.is_main:
             torch.save(gradients, out)
+        barrier(env)  # as `fit` ends: no process leaves the group while Gloo still sends to it (a SIGABRT at exit)
     finally:
         cleanup(env)
 
@@ -120,6 +121,7 @@ def _detector_worker(rank: int, world_size: int, port: int, coco: str, out: str)
         gradients = _detector_first_step_gradients(coco, env, batch_size=4)
         if env.is_main:
             torch.save(gradients, out)
+        barrier(env)  # as `fit` ends: no process leaves the group while Gloo still sends to it (a SIGABRT at exit)
     finally:
         cleanup(env)
 

@@ -32,7 +32,7 @@ from vitkit.data import (
     write_coco_folder,
 )
 from vitkit.train import TrainConfig, fit, forward_loss
-from vitkit.train.distributed import DistEnv, cleanup, setup
+from vitkit.train.distributed import DistEnv, barrier, cleanup, setup
 from vitkit.train.sharding import POINTER_NAME, TRAINER_STATE, Lockstep, resharded_batch, shard
 
 TINY_MODEL = {"img_size": 28, "patch_size": 7, "embed_dim": 16, "depth": 2, "num_heads": 2, "mlp_ratio": 1.0}
@@ -178,6 +178,7 @@ def _gradients_worker(rank: int, port: int, folder: str, out: str, precision: st
         gradients = _first_step_gradients(folder, env, 4, precision, checkpointing=True)
         if env.is_main:
             torch.save(gradients, out)
+        barrier(env)  # as `fit` ends: no process leaves the group while Gloo still sends to it (a SIGABRT at exit)
     finally:
         cleanup(env)
 
