@@ -1,10 +1,11 @@
 """Time multi-scale deformable attention's two paths at Deformable DETR's sizes, interleaved, on this machine.
 
 For each case (the encoder's self-attention over every token, the decoder's cross-attention from 300 queries) it
-times the sampling and weighted sum alone (`reference_deformable_attention` against `gathered_deformable_attention`,
-the part the paths differ in) in inference, fp32 and bf16, and forward + backward in fp32, and prints the median
-milliseconds and the reference's time over the gather's. `MultiScaleDeformableAttention.path` ("auto": the gather for
-inference, the reference in training) follows from these numbers.
+times the sampling and weighted sum alone (`reference_deformable_attention`, `gathered_deformable_attention` and
+`levelwise_deformable_attention`, the part the paths differ in) in inference, fp32 and bf16, and forward + backward
+in fp32 and under bf16 values, and prints the median milliseconds and the reference's time over each path's.
+`MultiScaleDeformableAttention.path` ("auto": the gather for inference, the levelwise path in training) follows
+from these numbers.
 
     python benchmarks/deformable_paths.py --img-size 800x1216 --rounds 5
 """
@@ -18,10 +19,23 @@ from collections.abc import Callable
 
 import torch
 
-from vitkit.layers.deformable import gathered_deformable_attention, reference_deformable_attention
+from vitkit.layers.deformable import (
+    gathered_deformable_attention,
+    levelwise_deformable_attention,
+    reference_deformable_attention,
+)
 
-PATHS = {"reference": reference_deformable_attention, "gather": gathered_deformable_attention}
-MODES = (("fp32", torch.float32, False), ("bf16", torch.bfloat16, False), ("fp32 train", torch.float32, True))
+PATHS = {
+    "reference": reference_deformable_attention,
+    "gather": gathered_deformable_attention,
+    "levelwise": levelwise_deformable_attention,
+}
+MODES = (
+    ("fp32", torch.float32, False),
+    ("bf16", torch.bfloat16, False),
+    ("fp32 train", torch.float32, True),
+    ("bf16 train", torch.bfloat16, True),
+)
 
 
 def level_shapes(height: int, width: int, levels: int = 4) -> list[tuple[int, int]]:
@@ -34,17 +48,24 @@ def level_shapes(height: int, width: int, levels: int = 4) -> list[tuple[int, in
 
 
 def inputs(
-    queries: int | None, shapes: list[tuple[int, int]], heads: int, dim: int, points: int, dtype: torch.dtype
+    queries: int | None,
+    shapes: list[tuple[int, int]],
+    heads: int,
+    dim: int,
+    points: int,
+    dtype: torch.dtype,
+    batch: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Values (1, N, h, d), locations (1, Q, h, L, K, 2) around random references, weights (1, Q, h, L, K)."""
+    """Values (B, N, h, d), locations (B, Q, h, L, K, 2) around random references, weights (B, Q, h, L, K)."""
     g = torch.Generator().manual_seed(0)
     N = sum(h * w for h, w in shapes)
     Q = N if queries is None else queries
     L, d = len(shapes), dim // heads
-    value = torch.randn(1, N, heads, d, generator=g).to(dtype)
-    centre = torch.rand(1, Q, 1, L, 1, 2, generator=g)
-    locations = (centre + 0.02 * torch.randn(1, Q, heads, L, points, 2, generator=g)).to(dtype)
-    weights = torch.randn(1, Q, heads, L * points, generator=g).softmax(-1).view(1, Q, heads, L, points).to(dtype)
+    value = torch.randn(batch, N, heads, d, generator=g).to(dtype)
+    centre = torch.rand(batch, Q, 1, L, 1, 2, generator=g)
+    locations = (centre + 0.02 * torch.randn(batch, Q, heads, L, points, 2, generator=g)).float()
+    logits = torch.randn(batch, Q, heads, L * points, generator=g)
+    weights = logits.softmax(-1).view(batch, Q, heads, L, points).to(dtype)
     return value, locations, weights
 
 
@@ -58,16 +79,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--img-size", default="800x1216", help="HxW of the image (default 800x1216)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
     height, width = (int(v) for v in args.img_size.split("x"))
     shapes = level_shapes(height, width)
     cases = {"encoder (every token)": None, "decoder (300 queries)": 300}
     print(f"levels {shapes}, 8 heads, d = 32, 4 points, {torch.get_num_threads()} threads; median ms of {args.rounds}")
-    print("| case | mode | reference ms | gather ms | reference / gather |")
-    print("| --- | --- | --- | --- | --- |")
+    print(f"batch {args.batch}")
+    print("| case | mode | reference ms | gather ms | levelwise ms | reference / gather | reference / levelwise |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for case, queries in cases.items():
         for mode, dtype, train in MODES:
-            value, locations, weights = inputs(queries, shapes, 8, 256, 4, dtype)
+            value, locations, weights = inputs(queries, shapes, 8, 256, 4, dtype, args.batch)
             for t in (value, locations, weights):
                 t.requires_grad_(train)
 
@@ -84,8 +107,11 @@ def main() -> None:
             for _ in range(args.rounds):
                 for name, run in steps.items():
                     times[name].append(timed(run))
-            ref, gather = (1000 * statistics.median(times[name]) for name in PATHS)
-            print(f"| {case} | {mode} | {ref:.0f} | {gather:.0f} | {ref / gather:.2f}x |")
+            ref, gather, levelwise = (1000 * statistics.median(times[name]) for name in PATHS)
+            print(
+                f"| {case} | {mode} | {ref:.0f} | {gather:.0f} | {levelwise:.0f} | {ref / gather:.2f}x "
+                f"| {ref / levelwise:.2f}x |"
+            )
 
 
 if __name__ == "__main__":

@@ -83,11 +83,12 @@ ELEMENTWISE = {
     aten.native_layer_norm: per_element(cost.LAYER_NORM_FLOPS),
     aten._native_batch_norm_legit_no_training: per_element(cost.BATCH_NORM_FLOPS),
     aten.addcmul: per_element(cost.BATCH_NORM_FLOPS),  # the frozen norm's x * scale + shift
+    aten.addcmul_: per_element(2),  # a multiply-add: the levelwise deformable path's weighted sum
     aten.sigmoid: per_element(cost.SIGMOID_FLOPS),
     **dict.fromkeys((aten.mean, aten.avg_pool2d), per_input),
     aten.max_pool2d_with_indices: max_pool,
     # multi-scale deformable attention: its sampling, weighted sums and the gather's index arithmetic
-    **dict.fromkeys((aten.sub, aten.rsub, aten.floor), per_element(1)),
+    **dict.fromkeys((aten.sub, aten.sub_, aten.rsub, aten.floor), per_element(1)),
     **dict.fromkeys((aten.clamp, aten.clamp_), clamp),
     aten.sum: per_input,
     aten.grid_sampler_2d: per_element(BILINEAR_FLOPS),

@@ -232,9 +232,9 @@ def training_peak(
     it: the forward with the previous step's gradients still alive, `zero_grad(set_to_none=True)`, the backward.
 
     Forward: what each operator saves stays until backward, the rest lives as in `inference_peak_bytes`. Backward
-    walks the operators in reverse: each holds the gradient of its output and of its main input while it runs, the
-    gradients of a module's parameters appear at its last operator, and a saved tensor is freed after the backward
-    of the first operator that saved it. A checkpointed block keeps only its inputs through the forward and saves
+    walks the operators in reverse: each holds the gradient of its output and of its main input while it runs (or
+    its `backward_bytes`, where it gives them), the gradients of a module's parameters appear at its last operator,
+    and a saved tensor is freed after the backward of the first operator that saved it. A checkpointed block keeps only its inputs through the forward and saves
     its tensors again when its backward begins (the recomputation).
 
     Under FSDP (`sharding`) the previous step's gradients are shards, a unit's full gradients are replaced by its
@@ -437,6 +437,8 @@ def _backward_peak(
             if layout is not None and layout.unit[i] >= 0:
                 unit_grads[layout.unit[i]] = unit_grads.get(layout.unit[i], 0) + grad_bytes.get(op.module, 0)
         work = op.output.nbytes + (op.inputs[0].nbytes if op.inputs else 0)  # gradients of output and input
+        if op.backward_bytes is not None:
+            work = op.backward_bytes
         peak = peak.higher(live + grads + gathered + work, grads, gathered)
         if first_op[op.module] == i:
             live -= copy_bytes.get(op.module, 0)  # the module's first operator: its weight copies are done

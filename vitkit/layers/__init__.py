@@ -17,6 +17,7 @@ from vitkit.layers.deformable import (
     MultiScaleDeformableAttention,
     SampledAttention,
     gathered_deformable_attention,
+    levelwise_deformable_attention,
     reference_deformable_attention,
 )
 from vitkit.layers.drop import DropPath, drop_path
@@ -62,6 +63,7 @@ __all__ = [
     "check_backend",
     "drop_path",
     "gathered_deformable_attention",
+    "levelwise_deformable_attention",
     "multihead_attention_einsum",
     "reference_deformable_attention",
     "resample_abs_pos_embed",

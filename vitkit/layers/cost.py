@@ -117,6 +117,9 @@ class OpCost:
     flops: int  # all FLOPs: 2 * macs, plus bias adds or the per-element constant x elements
     saved: tuple[Value, ...] = ()  # what autograd keeps from this operator for the backward pass
     named: bool = False  # forward binds the output to a name it keeps until it returns (q, k, v in attention)
+    # bytes its backward allocates while it runs, where that is not the gradients of its output and main input (a
+    # function with a written-out backward: its whole backward at its last operator, 0 at the others)
+    backward_bytes: int | None = None
 
     @property
     def in_shape(self) -> tuple[int, ...]:

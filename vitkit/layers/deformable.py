@@ -4,18 +4,22 @@
 Each query attends, per head, to K points on each of L feature maps: the points lie at offsets predicted from the
 query around the query's reference point, and their K x L weights (a softmax over levels and points) are predicted
 from the query too. The values (all levels' tokens, projected once) are sampled bilinearly at the points, with zero
-outside the maps, and summed with the weights; an output projection mixes the heads (the paper's equation 3). Two
+outside the maps, and summed with the weights; an output projection mixes the heads (the paper's equation 3). Three
 paths compute the sampling and the weighted sum, chosen per call by `MultiScaleDeformableAttention.path`, which
 `cost()` calls too:
 
 - `reference_deformable_attention`: the equation as the paper's code writes it, one `grid_sample` per level, then the
-  weighted sum over levels and points: the `math` backend and the reference the other path is tested against;
+  weighted sum over levels and points: the `math` backend and the reference the other paths are tested against;
 - `gathered_deformable_attention`: the same values from one `embedding_bag` over all levels: the four pixels around
   every point are found by index arithmetic on the flattened values (each level bordered by one pixel of zeros), and
   their bilinear weights, multiplied by the attention weights, weight the sum the bag takes. It is the inference path
   of the `auto` and `sdpa` backends: on CPU it forms neither the per-level samples nor their stack, and measures
   1.7-4.9x faster than the reference at Deformable DETR's sizes (BENCHMARKS.md). Its backward (torch's
-  embedding-bag gradients) is no faster than `grid_sample`'s, so `auto` trains on the reference.
+  embedding-bag gradients) is slower than `grid_sample`'s;
+- `levelwise_deformable_attention`: the reference's `grid_sample` per level, with the points laid out so that each
+  level's samples are summed into the output in place as soon as they are taken, and a backward written out
+  (`grid_sample`'s own backward per level, the weights' gradient from the saved samples): the training path of the
+  `auto` backend, 1.7x faster than the reference forward and backward over the encoder's tokens.
 
 Letters used in shape comments: B batch, Q queries, N value tokens (all levels, concatenated; level l row-major over
 its H_l x W_l pixels), D channels (= h * d), h heads, d head dim, L levels, K points per head and level, Np the value
@@ -50,12 +54,12 @@ from vitkit.layers.cost import (
     view,
 )
 
-PATHS = ("gather", "reference")
-"""What `MultiScaleDeformableAttention.path` picks for a call: `gathered_deformable_attention` or
-`reference_deformable_attention`."""
+PATHS = ("gather", "levelwise", "reference")
+"""What `MultiScaleDeformableAttention.path` picks for a call: `gathered_deformable_attention`,
+`levelwise_deformable_attention` or `reference_deformable_attention`."""
 
 BILINEAR_FLOPS = 8
-"""FLOPs of bilinear sampling per sampled channel: 4 multiply-adds, one per pixel around the point. Both paths count
+"""FLOPs of bilinear sampling per sampled channel: 4 multiply-adds, one per pixel around the point. All paths count
 them: `grid_sample`'s outputs, and the gather's 4 (weighted) rows per point and channel."""
 
 SpatialShapes = Tensor | Sequence[Sequence[int]]  # (L, 2) integer tensor, or L pairs, of (H_l, W_l)
@@ -126,7 +130,7 @@ class SampledAttention:
         return maps
 
 
-# --- the two paths -----------------------------------------------------------------------------------------------
+# --- the three paths ---------------------------------------------------------------------------------------------
 
 
 def reference_deformable_attention(
@@ -170,6 +174,93 @@ def _sample_level(value_l: Tensor, shape: tuple[int, int], grid: Tensor) -> Tens
     value_l = value_l.permute(0, 2, 3, 1).reshape(B * h, d, H, W).to(grid.dtype)  # (B, h, d, H W) -> (B h, d, H, W)
     grid = grid.transpose(1, 2).reshape(B * h, Q, K, 2)  # (B, h, Q, K, 2) -> (B h, Q, K, 2)
     return F.grid_sample(value_l, grid, mode="bilinear", padding_mode="zeros", align_corners=False)  # (B h, d, Q, K)
+
+
+def levelwise_deformable_attention(
+    value_heads: Tensor, spatial_shapes: SpatialShapes, locations: Tensor, weights: Tensor
+) -> Tensor:
+    """`reference_deformable_attention`'s values, each level's samples summed into the output as soon as they are
+    taken, with a backward written out (`_LevelwiseSampling`): the training path of the `auto` backend.
+
+    The points and weights are laid out level by level with the queries last ((L, B h, K, Q, 2) and (L, B h, K, Q)),
+    so that `grid_sample` writes each level's samples as (B h, d, K, Q) and the weighted sum over a level's K points
+    is K in-place multiply-adds over contiguous rows: no stack of the levels, no product of samples and weights
+    written out. Sampling runs in at least float32, as in the reference.
+
+    Args and result as `reference_deformable_attention`.
+    """
+    shapes = level_shapes(spatial_shapes)
+    B, N, h, d = value_heads.shape
+    _, Q, _, L, K, _ = locations.shape
+    dtype = torch.promote_types(value_heads.dtype, torch.float32)  # what grid_sample runs in
+    grids = locations.to(dtype).permute(3, 0, 2, 4, 1, 5).contiguous()  # (B, Q, h, L, K, 2) -> (L, B, h, K, Q, 2)
+    grids = grids.mul_(2).sub_(1).view(L, B * h, K, Q, 2)  # in grid_sample's [-1, 1]
+    weights = weights.to(dtype).permute(3, 0, 2, 4, 1).contiguous().view(L, B * h, K, Q)  # (B, Q, h, L, K) ->
+    out = _LevelwiseSampling.apply(value_heads, grids, weights, shapes)  # (B h, d, Q)
+    return out.view(B, h * d, Q).transpose(1, 2).contiguous().to(value_heads.dtype)  # (B, Q, h d)
+
+
+class _LevelwiseSampling(torch.autograd.Function):
+    """sum over levels l and points k of weights[l, :, k] * grid_sample(value_l, grids[l, :, k]) -> (B h, d, Q).
+
+    Forward keeps each level's map (B h, d, H, W) and samples (B h, d, K, Q). Backward takes, per level, the samples'
+    gradient (the output's times each point's weight) through `grid_sampler_2d_backward` to the map and the points,
+    and the weights' gradient from the saved samples (the sum over d of samples times the output's gradient).
+    """
+
+    @staticmethod
+    def forward(
+        ctx, value_heads: Tensor, grids: Tensor, weights: Tensor, shapes: tuple[tuple[int, int], ...]
+    ) -> Tensor:
+        B, _, h, d = value_heads.shape
+        _, _, K, Q, _ = grids.shape
+        maps, samples, out = [], [], None
+        for level, value_l in enumerate(value_heads.split([H * W for H, W in shapes], dim=1)):
+            H, W = shapes[level]
+            map_l = grids.new_empty(B, h, d, H * W).copy_(value_l.permute(0, 2, 3, 1))  # (B, h, d, H W) in float
+            map_l = map_l.view(B * h, d, H, W)
+            sampled = torch.grid_sampler_2d(map_l, grids[level], 0, 0, False)  # bilinear, zeros; (B h, d, K, Q)
+            for k in range(K):  # (B h, d, Q) += (B h, d, Q) * (B h, 1, Q)
+                if out is None:
+                    out = sampled[:, :, k] * weights[level, :, None, k]
+                else:
+                    out.addcmul_(sampled[:, :, k], weights[level, :, None, k])
+            maps.append(map_l)
+            samples.append(sampled)
+        ctx.save_for_backward(grids, weights, *maps, *samples)
+        ctx.shapes, ctx.value_shape, ctx.value_dtype = shapes, value_heads.shape, value_heads.dtype
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
+        grids, weights, *rest = ctx.saved_tensors
+        L = len(ctx.shapes)
+        maps, samples = rest[:L], rest[L:]
+        B, N, h, d = ctx.value_shape
+        need_value, need_grids, need_weights = ctx.needs_input_grad[:3]
+        grad = grad.contiguous()[:, :, None]  # (B h, d, 1, Q)
+        grad_value = grad.new_empty(B, N, h, d, dtype=ctx.value_dtype) if need_value else None
+        grad_grids = torch.empty_like(grids) if need_grids else None
+        grad_weights = torch.empty_like(weights) if need_weights else None
+        start = 0
+        for level, (H, W) in enumerate(ctx.shapes):
+            if need_value or need_grids:
+                grad_sampled = grad * weights[level, :, None]  # (B h, d, K, Q)
+                mask = [need_value, need_grids]
+                grad_map, grad_grid = torch.ops.aten.grid_sampler_2d_backward(
+                    grad_sampled, maps[level], grids[level], 0, 0, False, mask
+                )
+                del grad_sampled
+                if need_value:  # (B h, d, H, W) -> (B, H W, h, d)
+                    grad_value[:, start : start + H * W].copy_(grad_map.view(B, h, d, H * W).permute(0, 3, 1, 2))
+                if need_grids:
+                    grad_grids[level] = grad_grid
+                del grad_map, grad_grid
+            if need_weights:  # sum over d of (B h, d, K, Q) * (B h, d, 1, Q)
+                torch.sum(samples[level] * grad, 1, out=grad_weights[level])
+            start += H * W
+        return grad_value, grad_grids, grad_weights, None
 
 
 def pad_levels(value_heads: Tensor, spatial_shapes: SpatialShapes) -> Tensor:
@@ -283,7 +374,11 @@ def _corner_weights(frac: Tensor, weights: Tensor) -> Tensor:
     return (down[..., :, None] * both[..., 0, None, :]).flatten(-2)  # (B, Q, h, L, K, 2, 2) -> (B, Q, h, L, K, 4)
 
 
-ATTEND = {"gather": gathered_deformable_attention, "reference": reference_deformable_attention}
+ATTEND = {
+    "gather": gathered_deformable_attention,
+    "levelwise": levelwise_deformable_attention,
+    "reference": reference_deformable_attention,
+}
 
 
 def _in(ctx: CostContext, dtype: torch.dtype) -> CostContext:
@@ -328,6 +423,53 @@ def cost_reference(
     ops(holding(copy_op(name, "merge_heads", ops.out, (B, Q, h * d), sample, copies=Q > 1), *held))
     if cast:
         ops(holding(copy_op(name, "to_dtype", ops.out, (B, Q, h * d), ctx), *held))
+    return ops
+
+
+def cost_levelwise(
+    name: str,
+    heads: Value,
+    locations: Value,
+    weights: Value,
+    shapes: tuple[tuple[int, int], ...],
+    ctx: CostContext,
+) -> list[OpCost]:
+    """The operators of `levelwise_deformable_attention` on values (B, N, h, d), locations (B, Q, h, L, K, 2) and
+    weights (B, Q, h, L, K), in `ctx`'s dtype, sampling in at least float32. The weighted sum is one multiply for
+    the first point and a multiply-add for each other, per sampled channel."""
+    B, N, h, d = heads.shape
+    _, Q, _, L, K, _ = locations.shape
+    sample = _in(ctx, torch.promote_types(ctx.dtype, torch.float32))
+    ops = Ops(locations)  # in at least float32 already (`MultiScaleDeformableAttention.sampling_locations`)
+    grids = ops(copy_op(name, "grids", locations, (L, B * h, K, Q, 2), sample))  # the levels' layout
+    ops(elementwise_op(name, "2*locations", grids, 1, sample, in_place=True))  # one multiply per coordinate
+    ops(elementwise_op(name, "-1", grids, 1, sample, in_place=True))  # one subtraction per coordinate
+    levels = ops(copy_op(name, "weights_levels", weights, (L, B * h, K, Q), sample))
+    # `_LevelwiseSampling`: its maps and samples live to its end (without autograd) or to its backward's end
+    maps, samples, out, size = [], [], None, (B * h, d, Q)
+    for level, (H, W) in enumerate(shapes):
+        maps.append(ops(copy_op(name, f"value{level}", heads, (B * h, d, H, W), sample)))  # in float
+        sampled = new_value((B * h, d, K, Q), sample)  # 4 multiply-adds per sampled channel
+        flops = BILINEAR_FLOPS * numel(sampled.shape)
+        samples.append(ops(OpCost(name, f"grid_sample{level}", (maps[-1], grids), sampled, 0, flops)))
+        reads = (samples[-1], levels) if out is None else (out, samples[-1], levels)
+        result = new_value(size, sample) if out is None else view(out, size)
+        multiplies = (2 * K - 1 if out is None else 2 * K) * numel(size)
+        out = ops(OpCost(name, f"weighted{level}", reads, result, 0, multiplies))
+    # one backward for the function, at its last operator: the output's gradient, the inputs' gradients, and per
+    # level the samples', map's and points' gradients (then, in their place, the product for the weights' gradient)
+    level_grads = [x.nbytes + m.nbytes + x.nbytes // d * 2 // K for x, m in zip(samples, maps, strict=True)]
+    whole = out.nbytes + heads.nbytes + grids.nbytes + levels.nbytes + max(level_grads)
+    first = next(i for i, op in enumerate(ops) if op.op == "value0")
+    for i in range(first, len(ops)):
+        ops[i] = dataclasses.replace(ops[i], backward_bytes=whole if i == len(ops) - 1 else 0)
+    ops[-1] = holding(ops[-1], *maps, *samples)
+    # the function's saved tensors, all freed when its backward ends: on its first operator
+    ops[first] = dataclasses.replace(ops[first], saved=(grids, levels, *maps, *samples))
+    # the transposed (B, Q, h d) made contiguous, while the caller still holds the grids and weights
+    ops(holding(copy_op(name, "merge_heads", out, (B, Q, h * d), sample, copies=Q > 1), grids, levels))
+    if sample.dtype != ctx.dtype:
+        ops(holding(copy_op(name, "to_dtype", ops.out, (B, Q, h * d), ctx), grids, levels))
     return ops
 
 
@@ -411,8 +553,8 @@ class MultiScaleDeformableAttention(nn.Module):
         num_heads: heads h; head dim d = D // h.
         num_levels: feature levels L the values come from.
         num_points: sampling points K per head and level.
-        backend: "auto" (the gather for inference, the reference in training: `path`), "sdpa" (the gather always) or
-            "math" (the reference); the names of `vitkit.layers.Attention`'s backends, so that one setting
+        backend: "auto" (the gather for inference, the levelwise path in training: `path`), "sdpa" (the gather
+            always) or "math" (the reference); the names of `vitkit.layers.Attention`'s backends, so that one setting
             (`set_attention_backend`) serves both kinds. All give the same values.
     """
 
@@ -544,9 +686,12 @@ class MultiScaleDeformableAttention(nn.Module):
         softmax = elementwise_op(name, "softmax", logits, SOFTMAX_FLOPS, ctx, saves_output=True)  # over L K
         weights = view(ops(dataclasses.replace(softmax, named=True)), (B, Q, h, L, K))
         locations = ops(self.cost_locations(name, query, ref, shapes, ctx))  # (B, Q, h, L, K, 2)
-        if self.path(self.training) == "gather":
+        path = self.path(self.training)
+        if path == "gather":
             gather = cost_gather(name, heads, locations, weights, shapes, ctx, grad=self.training)
             out = view(ops(gather), (B, Q, D))  # of (B Q h, d)
+        elif path == "levelwise":
+            out = ops(cost_levelwise(name, heads, locations, weights, shapes, ctx))  # (B, Q, D)
         else:
             out = ops(cost_reference(name, heads, locations, weights, shapes, ctx))  # (B, Q, D)
         return ops + [linear(name, "output_proj", out, self.output_proj, ctx)]  # B Q D^2 MACs
@@ -579,13 +724,16 @@ class MultiScaleDeformableAttention(nn.Module):
         """Which of `PATHS` computes a call of the layer in training mode (`training`) or not.
 
         "math" always runs the reference and "sdpa" the gather. "auto" runs the gather for inference and the
-        reference in training: on CPU the gather's forward is 1.7-4.9x faster at Deformable DETR's sizes in
-        float32 (2.3-3.7x in bfloat16), but with its backward (torch's embedding-bag gradients: a sort of every
-        index, a serial loop for the weights) a forward and backward takes as long as `grid_sample`'s over the
-        encoder's tokens and 1.5x longer from the decoder's queries (BENCHMARKS.md).
+        levelwise path in training: on CPU the gather's forward is 1.7-4.9x faster than the reference at Deformable
+        DETR's sizes in float32 (2.3-3.7x in bfloat16), but with its backward (torch's embedding-bag gradients: a
+        sort of every index, a serial loop for the weights) a forward and backward takes longer than the
+        reference's; the levelwise path's forward and backward takes 1.7x less time than the reference's over the
+        encoder's tokens and 1.1-1.2x less from the decoder's queries (BENCHMARKS.md).
         """
-        if self.backend == "math" or (self.backend == "auto" and training):
+        if self.backend == "math":
             return "reference"
+        if self.backend == "auto" and training:
+            return "levelwise"
         return "gather"
 
     def check_inputs(
