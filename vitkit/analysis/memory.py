@@ -234,8 +234,8 @@ def training_peak(
     Forward: what each operator saves stays until backward, the rest lives as in `inference_peak_bytes`. Backward
     walks the operators in reverse: each holds the gradient of its output and of its main input while it runs (or
     its `backward_bytes`, where it gives them), the gradients of a module's parameters appear at its last operator,
-    and a saved tensor is freed after the backward of the first operator that saved it. A checkpointed block keeps only its inputs through the forward and saves
-    its tensors again when its backward begins (the recomputation).
+    and a saved tensor is freed after the backward of the first operator that saved it. A checkpointed block keeps
+    only its inputs through the forward and saves its tensors again when its backward begins (the recomputation).
 
     Under FSDP (`sharding`) the previous step's gradients are shards, a unit's full gradients are replaced by its
     shard when its backward ends, and the gathered parameters and communication buffers of `Sharding` are added

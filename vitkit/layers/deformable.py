@@ -205,7 +205,8 @@ class _LevelwiseSampling(torch.autograd.Function):
 
     Forward keeps each level's map (B h, d, H, W) and samples (B h, d, K, Q). Backward takes, per level, the samples'
     gradient (the output's times each point's weight) through `grid_sampler_2d_backward` to the map and the points,
-    and the weights' gradient from the saved samples (the sum over d of samples times the output's gradient).
+    and the weights' gradient from the saved samples (the sum over d of samples times the output's gradient,
+    accumulated a channel at a time).
     """
 
     @staticmethod
@@ -243,22 +244,27 @@ class _LevelwiseSampling(torch.autograd.Function):
         grad_value = grad.new_empty(B, N, h, d, dtype=ctx.value_dtype) if need_value else None
         grad_grids = torch.empty_like(grids) if need_grids else None
         grad_weights = torch.empty_like(weights) if need_weights else None
+        # one buffer for every level's (B h, d, K, Q) samples' gradient: a fresh one per level costs more in page
+        # faults than the multiply that fills it
+        grad_sampled = torch.empty_like(samples[0]) if need_value or need_grids else None
         start = 0
         for level, (H, W) in enumerate(ctx.shapes):
-            if need_value or need_grids:
-                grad_sampled = grad * weights[level, :, None]  # (B h, d, K, Q)
+            if grad_sampled is not None:
+                torch.mul(grad, weights[level, :, None], out=grad_sampled)  # (B h, d, 1, Q) * (B h, 1, K, Q)
                 mask = [need_value, need_grids]
                 grad_map, grad_grid = torch.ops.aten.grid_sampler_2d_backward(
                     grad_sampled, maps[level], grids[level], 0, 0, False, mask
                 )
-                del grad_sampled
                 if need_value:  # (B h, d, H, W) -> (B, H W, h, d)
                     grad_value[:, start : start + H * W].copy_(grad_map.view(B, h, d, H * W).permute(0, 3, 1, 2))
                 if need_grids:
                     grad_grids[level] = grad_grid
                 del grad_map, grad_grid
-            if need_weights:  # sum over d of (B h, d, K, Q) * (B h, d, 1, Q)
-                torch.sum(samples[level] * grad, 1, out=grad_weights[level])
+            if need_weights:  # sum over d of (B h, d, K, Q) * (B h, d, 1, Q), a channel at a time: no product kept
+                sampled, into = samples[level], grad_weights[level]  # (B h, K, Q)
+                torch.mul(sampled[:, 0], grad[:, 0], out=into)
+                for c in range(1, d):
+                    into.addcmul_(sampled[:, c], grad[:, c])
             start += H * W
         return grad_value, grad_grids, grad_weights, None
 
@@ -456,10 +462,10 @@ def cost_levelwise(
         result = new_value(size, sample) if out is None else view(out, size)
         multiplies = (2 * K - 1 if out is None else 2 * K) * numel(size)
         out = ops(OpCost(name, f"weighted{level}", reads, result, 0, multiplies))
-    # one backward for the function, at its last operator: the output's gradient, the inputs' gradients, and per
-    # level the samples', map's and points' gradients (then, in their place, the product for the weights' gradient)
-    level_grads = [x.nbytes + m.nbytes + x.nbytes // d * 2 // K for x, m in zip(samples, maps, strict=True)]
-    whole = out.nbytes + heads.nbytes + grids.nbytes + levels.nbytes + max(level_grads)
+    # one backward for the function, at its last operator: the output's gradient, the inputs' gradients, one buffer
+    # for the samples' gradient, and a level's map and points' gradients
+    level_grads = samples[0].nbytes + max(m.nbytes for m in maps) + samples[0].nbytes // d * 2 // K
+    whole = out.nbytes + heads.nbytes + grids.nbytes + levels.nbytes + level_grads
     first = next(i for i, op in enumerate(ops) if op.op == "value0")
     for i in range(first, len(ops)):
         ops[i] = dataclasses.replace(ops[i], backward_bytes=whole if i == len(ops) - 1 else 0)
