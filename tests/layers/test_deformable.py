@@ -218,10 +218,13 @@ def test_fast_paths_equal_reference_forward_and_backward_in_float64(kind, masked
         torch.testing.assert_close(layer.eval()(query, ref, value, SHAPES, mask), expected, rtol=0, atol=1e-13)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 4])
 @pytest.mark.parametrize("needed", ["all", "value", "locations", "weights", "locations and weights"])
-def test_levelwise_backward_passes_gradcheck(needed):
+def test_levelwise_backward_passes_gradcheck(monkeypatch, needed, rows):
     """The written-out backward against finite differences, for every input and for each alone (the others given
-    without gradients, as a frozen projection gives them), with points on and off the maps of uneven levels."""
+    without gradients, as a frozen projection gives them), with points on and off the maps of uneven levels, in
+    chunks of 1, 3 (the last one short) and all 4 rows of (batch, head)."""
+    monkeypatch.setattr(deformable, "chunk_rows", lambda total, device: rows)
     shapes = ((4, 5), (3, 2), (1, 3))
     torch.manual_seed(4)
     value_heads = torch.randn(2, sum(H * W for H, W in shapes), 2, 3, dtype=torch.float64)
@@ -461,10 +464,10 @@ def test_cost_flops_equal_the_counters(kind, backend, training):
 def test_cost_memory_against_measured(dtype, backend):
     """Inference: the estimated peak equals the measured one. Training: what autograd saves equals the estimate
     (the query, an input that requires grad, left out of both), and the peak of a step (forward, zero_grad,
-    backward) is within 5% of the estimate on the reference (measured here and at other sizes: within 6%), the
-    levelwise path ("auto" in training; measured: within 3%) and 10% on the gather (measured: up to 9% under; the
-    embedding bag's backward holds the gradients of both the table and the per-sample weights, where the estimate
-    counts one input's gradient per operator)."""
+    backward) is within 5% of the estimate on the reference (measured here and at other sizes: within 6%), 8% on the
+    levelwise path ("auto" in training; measured here 4-7% over, a fixed 2-5 KB, and within 1% at 300 queries) and
+    10% on the gather (measured: up to 9% under; the embedding bag's backward holds the gradients of both the table
+    and the per-sample weights, where the estimate counts one input's gradient per operator)."""
     layer = make_layer(backend, dtype=dtype)
     query, ref, value = inputs(4, dtype=dtype, batch=2, queries=30)
     mask = torch.rand(B, N) < 0.2
@@ -501,4 +504,4 @@ def test_cost_memory_against_measured(dtype, backend):
         step()  # with the first step's gradients alive until zero_grad
     grads = {"attn": sum(p.numel() * p.element_size() for p in layer.parameters())}
     estimate = training_peak_bytes(ops, grads)
-    assert abs(estimate - measured.peak) <= (0.10 if backend == "sdpa" else 0.05) * measured.peak
+    assert abs(estimate - measured.peak) <= {"sdpa": 0.10, "auto": 0.08, "math": 0.05}[backend] * measured.peak

@@ -180,12 +180,14 @@ def levelwise_deformable_attention(
     value_heads: Tensor, spatial_shapes: SpatialShapes, locations: Tensor, weights: Tensor
 ) -> Tensor:
     """`reference_deformable_attention`'s values, each level's samples summed into the output as soon as they are
-    taken, with a backward written out (`_LevelwiseSampling`): the training path of the `auto` backend.
+    taken, a few rows of (batch, head) at a time, with a backward written out (`_LevelwiseSampling`): the training
+    path of the `auto` backend.
 
     The points and weights are laid out level by level with the queries last ((L, B h, K, Q, 2) and (L, B h, K, Q)),
-    so that `grid_sample` writes each level's samples as (B h, d, K, Q) and the weighted sum over a level's K points
-    is K in-place multiply-adds over contiguous rows: no stack of the levels, no product of samples and weights
-    written out. Sampling runs in at least float32, as in the reference.
+    so that `grid_sample` writes a chunk's samples as (rows, d, K, Q) and the weighted sum over a level's K points is
+    K in-place multiply-adds over contiguous rows: no stack of the levels, no product of samples and weights, and no
+    samples kept for backward (it takes them again, chunk by chunk). Sampling runs in at least float32, as in the
+    reference.
 
     Args and result as `reference_deformable_attention`.
     """
@@ -193,80 +195,102 @@ def levelwise_deformable_attention(
     B, N, h, d = value_heads.shape
     _, Q, _, L, K, _ = locations.shape
     dtype = torch.promote_types(value_heads.dtype, torch.float32)  # what grid_sample runs in
-    grids = locations.to(dtype).permute(3, 0, 2, 4, 1, 5).contiguous()  # (B, Q, h, L, K, 2) -> (L, B, h, K, Q, 2)
+    # (B, Q, h, L, K, 2) -> (L, B, h, K, Q, 2): always a new tensor, so that the arithmetic in place leaves the
+    # caller's locations alone
+    grids = locations.permute(3, 0, 2, 4, 1, 5).to(dtype, memory_format=torch.contiguous_format, copy=True)
     grids = grids.mul_(2).sub_(1).view(L, B * h, K, Q, 2)  # in grid_sample's [-1, 1]
     weights = weights.to(dtype).permute(3, 0, 2, 4, 1).contiguous().view(L, B * h, K, Q)  # (B, Q, h, L, K) ->
-    out = _LevelwiseSampling.apply(value_heads, grids, weights, shapes)  # (B h, d, Q)
+    rows = chunk_rows(B * h, value_heads.device)
+    out = _LevelwiseSampling.apply(value_heads, grids, weights, shapes, rows)  # (B h, d, Q)
     return out.view(B, h * d, Q).transpose(1, 2).contiguous().to(value_heads.dtype)  # (B, Q, h d)
 
 
-class _LevelwiseSampling(torch.autograd.Function):
-    """sum over levels l and points k of weights[l, :, k] * grid_sample(value_l, grids[l, :, k]) -> (B h, d, Q).
+def chunk_rows(rows: int, device: torch.device) -> int:
+    """Rows of (batch, head) that `levelwise_deformable_attention` samples at once: on CPU one per thread (torch's
+    `grid_sample` kernel shares out its batch rows), so that a chunk's samples stay in cache for the weighted sum; on
+    other devices all of them."""
+    return min(rows, max(1, torch.get_num_threads())) if device.type == "cpu" else rows
 
-    Forward keeps each level's map (B h, d, H, W) and samples (B h, d, K, Q). Backward takes, per level, the samples'
-    gradient (the output's times each point's weight) through `grid_sampler_2d_backward` to the map and the points,
-    and the weights' gradient from the saved samples (the sum over d of samples times the output's gradient,
-    accumulated a channel at a time).
+
+class _LevelwiseSampling(torch.autograd.Function):
+    """sum over levels l and points k of weights[l, :, k] * grid_sample(value_l, grids[l, :, k]) -> (B h, d, Q),
+    `rows` rows of B h at a time.
+
+    Forward keeps each level's map (B h, d, H, W), not its samples. Backward takes, per level and chunk of rows, the
+    samples again for the weights' gradient (the sum over d of samples times the output's gradient, accumulated a
+    channel at a time), and the samples' gradient (the output's times each point's weight) through
+    `grid_sampler_2d_backward` to the map and the points.
     """
 
     @staticmethod
     def forward(
-        ctx, value_heads: Tensor, grids: Tensor, weights: Tensor, shapes: tuple[tuple[int, int], ...]
+        ctx, value_heads: Tensor, grids: Tensor, weights: Tensor, shapes: tuple[tuple[int, int], ...], rows: int
     ) -> Tensor:
         B, _, h, d = value_heads.shape
-        _, _, K, Q, _ = grids.shape
-        maps, samples, out = [], [], None
+        _, Bh, K, Q, _ = grids.shape
+        out = grids.new_empty(Bh, d, Q)
+        maps = []
         for level, value_l in enumerate(value_heads.split([H * W for H, W in shapes], dim=1)):
             H, W = shapes[level]
             map_l = grids.new_empty(B, h, d, H * W).copy_(value_l.permute(0, 2, 3, 1))  # (B, h, d, H W) in float
-            map_l = map_l.view(B * h, d, H, W)
-            sampled = torch.grid_sampler_2d(map_l, grids[level], 0, 0, False)  # bilinear, zeros; (B h, d, K, Q)
-            for k in range(K):  # (B h, d, Q) += (B h, d, Q) * (B h, 1, Q)
-                if out is None:
-                    out = sampled[:, :, k] * weights[level, :, None, k]
-                else:
-                    out.addcmul_(sampled[:, :, k], weights[level, :, None, k])
-            maps.append(map_l)
-            samples.append(sampled)
-        ctx.save_for_backward(grids, weights, *maps, *samples)
-        ctx.shapes, ctx.value_shape, ctx.value_dtype = shapes, value_heads.shape, value_heads.dtype
+            maps.append(map_l.view(Bh, d, H, W))
+            for first in range(0, Bh, rows):
+                chunk = slice(first, first + rows)
+                sampled = torch.grid_sampler_2d(maps[-1][chunk], grids[level, chunk], 0, 0, False)  # (rows, d, K, Q)
+                into, chunk_weights = out[chunk], weights[level, chunk, None]  # (rows, d, Q), (rows, 1, K, Q)
+                for k in range(K):  # (rows, d, Q) += (rows, d, Q) * (rows, 1, Q); bilinear, zeros outside
+                    if level == 0 and k == 0:
+                        torch.mul(sampled[:, :, 0], chunk_weights[:, :, 0], out=into)
+                    else:
+                        into.addcmul_(sampled[:, :, k], chunk_weights[:, :, k])
+                del sampled
+        ctx.save_for_backward(grids, weights, *maps)
+        ctx.shapes, ctx.rows, ctx.value_shape, ctx.value_dtype = shapes, rows, value_heads.shape, value_heads.dtype
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
-        grids, weights, *rest = ctx.saved_tensors
-        L = len(ctx.shapes)
-        maps, samples = rest[:L], rest[L:]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None]:
+        grids, weights, *maps = ctx.saved_tensors
         B, N, h, d = ctx.value_shape
+        _, Bh, K, Q, _ = grids.shape
         need_value, need_grids, need_weights = ctx.needs_input_grad[:3]
         grad = grad.contiguous()[:, :, None]  # (B h, d, 1, Q)
         grad_value = grad.new_empty(B, N, h, d, dtype=ctx.value_dtype) if need_value else None
         grad_grids = torch.empty_like(grids) if need_grids else None
         grad_weights = torch.empty_like(weights) if need_weights else None
-        # one buffer for every level's (B h, d, K, Q) samples' gradient: a fresh one per level costs more in page
-        # faults than the multiply that fills it
-        grad_sampled = torch.empty_like(samples[0]) if need_value or need_grids else None
+        # one buffer for every chunk's samples' gradient: a fresh one each time costs more in page faults than the
+        # multiply that fills it
+        grad_sampled = grad.new_empty(min(ctx.rows, Bh), d, K, Q) if need_value or need_grids else None
         start = 0
         for level, (H, W) in enumerate(ctx.shapes):
-            if grad_sampled is not None:
-                torch.mul(grad, weights[level, :, None], out=grad_sampled)  # (B h, d, 1, Q) * (B h, 1, K, Q)
-                mask = [need_value, need_grids]
-                grad_map, grad_grid = torch.ops.aten.grid_sampler_2d_backward(
-                    grad_sampled, maps[level], grids[level], 0, 0, False, mask
-                )
-                if need_value:  # (B h, d, H, W) -> (B, H W, h, d)
-                    grad_value[:, start : start + H * W].copy_(grad_map.view(B, h, d, H * W).permute(0, 3, 1, 2))
-                if need_grids:
-                    grad_grids[level] = grad_grid
-                del grad_map, grad_grid
-            if need_weights:  # sum over d of (B h, d, K, Q) * (B h, d, 1, Q), a channel at a time: no product kept
-                sampled, into = samples[level], grad_weights[level]  # (B h, K, Q)
-                torch.mul(sampled[:, 0], grad[:, 0], out=into)
-                for c in range(1, d):
-                    into.addcmul_(sampled[:, c], grad[:, c])
+            grad_map = grad.new_empty(Bh, d, H, W) if need_value else None
+            for first in range(0, Bh, ctx.rows):
+                chunk = slice(first, first + ctx.rows)
+                map_l, grid, chunk_grad = maps[level][chunk], grids[level, chunk], grad[chunk]
+                if need_weights:  # sum over d of (rows, d, K, Q) * (rows, d, 1, Q), a channel at a time
+                    sampled = torch.grid_sampler_2d(map_l, grid, 0, 0, False)
+                    into = grad_weights[level, chunk]  # (rows, K, Q)
+                    torch.mul(sampled[:, 0], chunk_grad[:, 0], out=into)
+                    for c in range(1, d):
+                        into.addcmul_(sampled[:, c], chunk_grad[:, c])
+                    del sampled
+                if grad_sampled is not None:
+                    into = grad_sampled[: map_l.shape[0]]
+                    torch.mul(chunk_grad, weights[level, chunk, None], out=into)  # (rows, d, 1, Q) * (rows, 1, K, Q)
+                    mask = [need_value, need_grids]
+                    chunk_map, chunk_grid = torch.ops.aten.grid_sampler_2d_backward(
+                        into, map_l, grid, 0, 0, False, mask
+                    )
+                    if need_value:
+                        grad_map[chunk] = chunk_map
+                    if need_grids:
+                        grad_grids[level, chunk] = chunk_grid
+                    del chunk_map, chunk_grid
+            if need_value:  # (B h, d, H, W) -> (B, H W, h, d)
+                grad_value[:, start : start + H * W].copy_(grad_map.view(B, h, d, H * W).permute(0, 3, 1, 2))
             start += H * W
-        return grad_value, grad_grids, grad_weights, None
+        return grad_value, grad_grids, grad_weights, None, None
 
 
 def pad_levels(value_heads: Tensor, spatial_shapes: SpatialShapes) -> Tensor:
@@ -451,27 +475,30 @@ def cost_levelwise(
     ops(elementwise_op(name, "2*locations", grids, 1, sample, in_place=True))  # one multiply per coordinate
     ops(elementwise_op(name, "-1", grids, 1, sample, in_place=True))  # one subtraction per coordinate
     levels = ops(copy_op(name, "weights_levels", weights, (L, B * h, K, Q), sample))
-    # `_LevelwiseSampling`: its maps and samples live to its end (without autograd) or to its backward's end
-    maps, samples, out, size = [], [], None, (B * h, d, Q)
+    # `_LevelwiseSampling`: the output, then per level its map and the chunks' samples and weighted sums (counted as
+    # one operator each, over a chunk's samples); the maps live to its end (without autograd) or its backward's end
+    rows, size = chunk_rows(B * h, ctx.device), (B * h, d, Q)
+    out = ops(OpCost(name, "output", (levels,), new_value(size, sample), 0, 0))
+    first = len(ops) - 1
+    maps = []
     for level, (H, W) in enumerate(shapes):
         maps.append(ops(copy_op(name, f"value{level}", heads, (B * h, d, H, W), sample)))  # in float
-        sampled = new_value((B * h, d, K, Q), sample)  # 4 multiply-adds per sampled channel
-        flops = BILINEAR_FLOPS * numel(sampled.shape)
-        samples.append(ops(OpCost(name, f"grid_sample{level}", (maps[-1], grids), sampled, 0, flops)))
-        reads = (samples[-1], levels) if out is None else (out, samples[-1], levels)
-        result = new_value(size, sample) if out is None else view(out, size)
-        multiplies = (2 * K - 1 if out is None else 2 * K) * numel(size)
-        out = ops(OpCost(name, f"weighted{level}", reads, result, 0, multiplies))
-    # one backward for the function, at its last operator: the output's gradient, the inputs' gradients, one buffer
-    # for the samples' gradient, and a level's map and points' gradients
-    level_grads = samples[0].nbytes + max(m.nbytes for m in maps) + samples[0].nbytes // d * 2 // K
-    whole = out.nbytes + heads.nbytes + grids.nbytes + levels.nbytes + level_grads
-    first = next(i for i, op in enumerate(ops) if op.op == "value0")
+        sampled = new_value((rows, d, K, Q), sample)  # a chunk's; 4 multiply-adds per sampled channel
+        flops = BILINEAR_FLOPS * numel((B * h, d, K, Q))
+        ops(OpCost(name, f"grid_sample{level}", (maps[-1], grids), sampled, 0, flops))
+        multiplies = (2 * K - 1 if level == 0 else 2 * K) * numel(size)  # a multiply, then multiply-adds
+        ops(OpCost(name, f"weighted{level}", (out, sampled, levels), view(out, size), 0, multiplies))
+    # one backward for the function, at its last operator: the output's gradient, the inputs' gradients, the buffer
+    # of a chunk's samples' gradient, a level's map gradient, and either a chunk's samples taken again or the map's
+    # and points' gradients of a chunk
+    chunk, largest = sampled.nbytes, max(m.nbytes for m in maps)
+    transient = max(chunk, largest * rows // (B * h) + chunk // d * 2 // K)
+    whole = out.nbytes + heads.nbytes + grids.nbytes + levels.nbytes + chunk + largest + transient
     for i in range(first, len(ops)):
         ops[i] = dataclasses.replace(ops[i], backward_bytes=whole if i == len(ops) - 1 else 0)
-    ops[-1] = holding(ops[-1], *maps, *samples)
+    ops[-1] = holding(ops[-1], *maps)
     # the function's saved tensors, all freed when its backward ends: on its first operator
-    ops[first] = dataclasses.replace(ops[first], saved=(grids, levels, *maps, *samples))
+    ops[first] = dataclasses.replace(ops[first], saved=(grids, levels, *maps))
     # the transposed (B, Q, h d) made contiguous, while the caller still holds the grids and weights
     ops(holding(copy_op(name, "merge_heads", out, (B, Q, h * d), sample, copies=Q > 1), grids, levels))
     if sample.dtype != ctx.dtype:
