@@ -224,7 +224,7 @@ def test_levelwise_backward_passes_gradcheck(monkeypatch, needed, rows):
     """The written-out backward against finite differences, for every input and for each alone (the others given
     without gradients, as a frozen projection gives them), with points on and off the maps of uneven levels, in
     chunks of 1, 3 (the last one short) and all 4 rows of (batch, head)."""
-    monkeypatch.setattr(deformable, "chunk_rows", lambda total, device: rows)
+    monkeypatch.setattr(deformable, "chunk_rows", lambda total, row_bytes, device: rows)
     shapes = ((4, 5), (3, 2), (1, 3))
     torch.manual_seed(4)
     value_heads = torch.randn(2, sum(H * W for H, W in shapes), 2, 3, dtype=torch.float64)

@@ -200,16 +200,23 @@ def levelwise_deformable_attention(
     grids = locations.permute(3, 0, 2, 4, 1, 5).to(dtype, memory_format=torch.contiguous_format, copy=True)
     grids = grids.mul_(2).sub_(1).view(L, B * h, K, Q, 2)  # in grid_sample's [-1, 1]
     weights = weights.to(dtype).permute(3, 0, 2, 4, 1).contiguous().view(L, B * h, K, Q)  # (B, Q, h, L, K) ->
-    rows = chunk_rows(B * h, value_heads.device)
+    rows = chunk_rows(B * h, d * K * Q * dtype.itemsize, value_heads.device)
     out = _LevelwiseSampling.apply(value_heads, grids, weights, shapes, rows)  # (B h, d, Q)
     return out.view(B, h * d, Q).transpose(1, 2).contiguous().to(value_heads.dtype)  # (B, Q, h d)
 
 
-def chunk_rows(rows: int, device: torch.device) -> int:
-    """Rows of (batch, head) that `levelwise_deformable_attention` samples at once: on CPU one per thread (torch's
-    `grid_sample` kernel shares out its batch rows), so that a chunk's samples stay in cache for the weighted sum; on
-    other devices all of them."""
-    return min(rows, max(1, torch.get_num_threads())) if device.type == "cpu" else rows
+CHUNK_BYTES = 4 * 2**20
+"""Bytes of samples per thread that `levelwise_deformable_attention` takes at once on CPU."""
+
+
+def chunk_rows(rows: int, row_bytes: int, device: torch.device) -> int:
+    """Rows of (batch, head), of `row_bytes` of samples each, that `levelwise_deformable_attention` samples at once:
+    on CPU `CHUNK_BYTES` a thread (at least a row; torch's `grid_sample` kernel shares out its batch rows), so that
+    a chunk's samples stay in cache for the weighted sum, and few chunks where the rows are small (the decoder's 300
+    queries); on other devices all of them."""
+    if device.type != "cpu":
+        return rows
+    return min(rows, max(1, torch.get_num_threads()) * max(1, CHUNK_BYTES // row_bytes))
 
 
 class _LevelwiseSampling(torch.autograd.Function):
@@ -477,7 +484,7 @@ def cost_levelwise(
     levels = ops(copy_op(name, "weights_levels", weights, (L, B * h, K, Q), sample))
     # `_LevelwiseSampling`: the output, then per level its map and the chunks' samples and weighted sums (counted as
     # one operator each, over a chunk's samples); the maps live to its end (without autograd) or its backward's end
-    rows, size = chunk_rows(B * h, ctx.device), (B * h, d, Q)
+    rows, size = chunk_rows(B * h, d * K * Q * sample.itemsize, ctx.device), (B * h, d, Q)
     out = ops(OpCost(name, "output", (levels,), new_value(size, sample), 0, 0))
     first = len(ops) - 1
     maps = []
