@@ -8,22 +8,30 @@ in fp32 and under bf16 values, and prints the median milliseconds and the refere
 from these numbers.
 
     python benchmarks/deformable_paths.py --img-size 800x1216 --rounds 5
+    python benchmarks/deformable_paths.py --img-size 512x512 --batch 8 --rounds 2 --train-step deformable_detr_resnet50
+
+With `--train-step MODEL` it times that detector's whole training step instead (`vitkit bench --train`'s step: the
+set criterion on random boxes, AdamW), on the reference (`math`) and on `auto` (the levelwise path), interleaved.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
 import torch
 
+from vitkit import create_model
+from vitkit.layers import set_attention_backend
 from vitkit.layers.deformable import (
     gathered_deformable_attention,
     levelwise_deformable_attention,
     reference_deformable_attention,
 )
+from vitkit.perf.bench import DETECTION_BOXES, _detection_train_step, adamw, detection_targets
 
 PATHS = {
     "reference": reference_deformable_attention,
@@ -75,13 +83,17 @@ def timed(step: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--img-size", default="800x1216", help="HxW of the image (default 800x1216)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--train-step", metavar="MODEL", help="time MODEL's training step on math and auto instead")
+    args = parser.parse_args(argv)
     height, width = (int(v) for v in args.img_size.split("x"))
+    if args.train_step:
+        train_step(args.train_step, args.batch, (height, width), args.rounds)
+        return 0
     shapes = level_shapes(height, width)
     cases = {"encoder (every token)": None, "decoder (300 queries)": 300}
     print(f"levels {shapes}, 8 heads, d = 32, 4 points, {torch.get_num_threads()} threads; median ms of {args.rounds}")
@@ -112,7 +124,28 @@ def main() -> None:
                 f"| {case} | {mode} | {ref:.0f} | {gather:.0f} | {levelwise:.0f} | {ref / gather:.2f}x "
                 f"| {ref / levelwise:.2f}x |"
             )
+    return 0
+
+
+def train_step(name: str, batch: int, size: tuple[int, int], rounds: int) -> None:
+    """Seconds of `name`'s fp32 training step with every deformable layer on the reference and on `auto`."""
+    torch.manual_seed(0)
+    model = create_model(name)
+    x = torch.randn(batch, model.config.in_chans, *size)
+    targets = detection_targets(batch, model.config.num_classes, DETECTION_BOXES, x.device)
+    step = _detection_train_step(model, x, targets, False, adamw(model, lr=1e-4, weight_decay=0.05))
+    times: dict[str, list[float]] = {"math": [], "auto": []}
+    for backend in times:  # warm-up
+        set_attention_backend(model, backend)
+        step()
+    for _ in range(rounds):
+        for backend, seconds in times.items():
+            set_attention_backend(model, backend)
+            seconds.append(timed(step))
+    reference, levelwise = (statistics.median(times[b]) for b in times)
+    print(f"{name} training step, batch {batch}, {size[0]}x{size[1]}, fp32, {torch.get_num_threads()} threads")
+    print(f"reference (math) {reference:.2f} s, levelwise (auto) {levelwise:.2f} s: {reference / levelwise:.2f}x")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

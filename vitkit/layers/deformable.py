@@ -16,10 +16,11 @@ paths compute the sampling and the weighted sum, chosen per call by `MultiScaleD
   of the `auto` and `sdpa` backends: on CPU it forms neither the per-level samples nor their stack, and measures
   1.7-4.9x faster than the reference at Deformable DETR's sizes (BENCHMARKS.md). Its backward (torch's
   embedding-bag gradients) is slower than `grid_sample`'s;
-- `levelwise_deformable_attention`: the reference's `grid_sample` per level, with the points laid out so that each
-  level's samples are summed into the output in place as soon as they are taken, and a backward written out
-  (`grid_sample`'s own backward per level, the weights' gradient from the saved samples): the training path of the
-  `auto` backend, 1.7x faster than the reference forward and backward over the encoder's tokens.
+- `levelwise_deformable_attention`: the reference's `grid_sample` per level, a few rows of (batch, head) at a time,
+  with the points laid out so that a chunk's samples are summed into the output in place while they are in cache, and
+  a backward written out (the samples taken again, `grid_sample`'s own backward): the training path of the `auto`
+  backend, 2.1-2.3x faster than the reference forward and backward over the encoder's tokens, as fast from the
+  decoder's queries, keeping no samples for backward.
 
 Letters used in shape comments: B batch, Q queries, N value tokens (all levels, concatenated; level l row-major over
 its H_l x W_l pixels), D channels (= h * d), h heads, d head dim, L levels, K points per head and level, Np the value
@@ -767,8 +768,8 @@ class MultiScaleDeformableAttention(nn.Module):
         levelwise path in training: on CPU the gather's forward is 1.7-4.9x faster than the reference at Deformable
         DETR's sizes in float32 (2.3-3.7x in bfloat16), but with its backward (torch's embedding-bag gradients: a
         sort of every index, a serial loop for the weights) a forward and backward takes longer than the
-        reference's; the levelwise path's forward and backward takes 1.7x less time than the reference's over the
-        encoder's tokens and 1.1-1.2x less from the decoder's queries (BENCHMARKS.md).
+        reference's; the levelwise path's forward and backward takes 2.1-2.3x less time than the reference's over
+        the encoder's tokens and as long from the decoder's queries (BENCHMARKS.md).
         """
         if self.backend == "math":
             return "reference"
