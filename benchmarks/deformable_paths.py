@@ -144,7 +144,7 @@ def train_step(name: str, batch: int, size: tuple[int, int], rounds: int) -> Non
             seconds.append(timed(step))
     reference, levelwise = (statistics.median(times[b]) for b in times)
     print(f"{name} training step, batch {batch}, {size[0]}x{size[1]}, fp32, {torch.get_num_threads()} threads")
-    print(f"reference (math) {reference:.2f} s, levelwise (auto) {levelwise:.2f} s: {reference / levelwise:.2f}x")
+    print(f"reference (math) {reference:.3f} s, levelwise (auto) {levelwise:.3f} s: {reference / levelwise:.2f}x")
 
 
 if __name__ == "__main__":
