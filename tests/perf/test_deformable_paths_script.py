@@ -1,23 +1,9 @@
 """benchmarks/deformable_paths.py at small sizes, so that the figures behind `MultiScaleDeformableAttention.path`
 stay reproducible."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "deformable_paths.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("deformable_paths_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_paths_and_a_training_step_are_timed(capsys):
-    script = load_script()
+def test_paths_and_a_training_step_are_timed(capsys, load_benchmark):
+    script = load_benchmark("deformable_paths")
     assert script.main(["--img-size", "64x96", "--rounds", "1", "--batch", "2"]) == 0
     rows = [
         line

@@ -1,10 +1,7 @@
 """benchmarks/gpu.py, the prepared GPU check, in its CPU dry run: the same code on tiny models, so that it runs the
 day a GPU machine is there. What it checks is checked here too: a backend that disagreed would fail it."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,22 +9,13 @@ import torch
 import vitkit.layers.attention
 import vitkit.perf.bench
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "gpu.py"
 pytestmark = pytest.mark.usefixtures("hub_offline")
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_dry_run_checks_and_times_every_case(tmp_path):
+def test_dry_run_checks_and_times_every_case(tmp_path, load_benchmark):
     out = tmp_path / "gpu.json"
     full_rate = vitkit.perf.bench.gemm_rate
-    assert load_script().main(["--dry-run", "--out", str(out)]) == 0
+    assert load_benchmark("gpu").main(["--dry-run", "--out", str(out)]) == 0
     assert vitkit.perf.bench.gemm_rate is full_rate  # its small GEMMs do not leak into later `vitkit bench` calls
     report = json.loads(out.read_text())
     checks = report["checks"]
@@ -54,8 +42,8 @@ def test_dry_run_checks_and_times_every_case(tmp_path):
     ]
 
 
-def test_a_wrong_backend_fails_the_check(monkeypatch):
-    script = load_script()
+def test_a_wrong_backend_fails_the_check(monkeypatch, load_benchmark):
+    script = load_benchmark("gpu")
     fused = vitkit.layers.attention.F.scaled_dot_product_attention
 
     def wrong(q, k, v, **kwargs):  # a fused kernel that forgot the scale

@@ -1,22 +1,8 @@
 """benchmarks/kernels.py in its quick mode, so that the figures behind `Attention.path` stay reproducible."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "kernels.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("kernels_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_quick_run_times_every_kernel_and_path(capsys):
-    script = load_script()
+def test_quick_run_times_every_kernel_and_path(capsys, load_benchmark):
+    script = load_benchmark("kernels")
     assert script.main(["--quick"]) == 0
     out = capsys.readouterr().out
     assert "matmul fp32" in out and "matmul bf16" in out and "F.linear bf16" in out
