@@ -198,7 +198,7 @@ def speed(dry_run: bool, device: str, rounds: int) -> list[dict]:
     reports = []
     full_rate = bench_module.gemm_rate
     if dry_run:  # small GEMMs for the rate: a 2048^3 bf16 product takes a minute on a CPU without bf16 units
-        bench_module.gemm_rate = functools.partial(full_rate, n=256, repeats=2)
+        bench_module.gemm_rate = functools.partial(full_rate, n=256, repeats=2, min_seconds=0)
     try:
         for name, batch, size, compare in SPEED[dry_run]:
             for train in (False, True):

@@ -45,7 +45,7 @@ def counted_matmul_flops(name: str, img_size: int, batch: int, backward: bool = 
 def small_gemms(monkeypatch):
     """GEMM rates measured on 256 x 256 products: one 2048 x 2048 bf16 product takes a minute on a CPU without bf16
     units (`gemm_rate` itself is tested on its own)."""
-    monkeypatch.setattr("vitkit.perf.bench.gemm_rate", functools.partial(gemm_rate, n=256, repeats=2))
+    monkeypatch.setattr("vitkit.perf.bench.gemm_rate", functools.partial(gemm_rate, n=256, repeats=2, min_seconds=0))
 
 
 def test_inference_against_timm_reports_every_candidate(small_gemms):
@@ -127,20 +127,25 @@ class ProductClock(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_gemm_rate_is_the_flops_of_one_product_over_the_median_time(monkeypatch):
+def test_gemm_rate_is_the_flops_of_one_product_over_the_fastest_time(monkeypatch):
     n, repeats = 96, 5
     with FlopCounterMode(display=False) as counter:
-        gemm_rate("fp32", torch.device("cpu"), n=n, repeats=repeats)
+        gemm_rate("fp32", torch.device("cpu"), n=n, repeats=repeats, min_seconds=0)
     assert counter.get_total_flops() == (2 + repeats) * 2 * n**3  # two warm-up products, then the timed ones
-    # warm-ups of 50 ms are left out; the median of 4, 1, 3, 2 and 5 ms is 3 ms
-    clock = ProductClock([0.05, 0.05, 0.004, 0.001, 0.003, 0.002, 0.005])
+    # warm-ups of 0.5 ms are left out (faster than any timed product); the fastest of 4, 1, 3, 2 and 5 ms is 1 ms
+    clock = ProductClock([0.0005, 0.0005, 0.004, 0.001, 0.003, 0.002, 0.005])
     monkeypatch.setattr("vitkit.perf.bench.time", clock)
     with clock:
-        assert gemm_rate("fp32", torch.device("cpu"), n=n, repeats=repeats) == pytest.approx(2 * n**3 / 0.003)
-    clock = ProductClock([1.0, 1.0, 0.5, 0.25])  # the median of two products is their mean
+        rate = gemm_rate("fp32", torch.device("cpu"), n=n, repeats=repeats, min_seconds=0)
+    assert rate == pytest.approx(2 * n**3 / 0.001)
+    # past `repeats`, products go on until `min_seconds` are timed: 2 + 3 products of 0.2 s reach 0.5 s
+    clock = ProductClock([1.0, 1.0, 0.2, 0.2, 0.2, 0.1])
     monkeypatch.setattr("vitkit.perf.bench.time", clock)
     with clock:
-        assert gemm_rate("bf16", torch.device("cpu"), n=64, repeats=2) == pytest.approx(2 * 64**3 / 0.375)
+        assert gemm_rate("bf16", torch.device("cpu"), n=64, repeats=2, min_seconds=0.5) == pytest.approx(
+            2 * 64**3 / 0.2
+        )
+    assert next(clock.durations) == 0.1  # the sixth product never ran
 
 
 def test_errors():
