@@ -132,6 +132,9 @@ def test_gemm_rate_is_the_flops_of_one_product_over_the_fastest_time(monkeypatch
     with FlopCounterMode(display=False) as counter:
         gemm_rate("fp32", torch.device("cpu"), n=n, repeats=repeats, min_seconds=0)
     assert counter.get_total_flops() == (2 + repeats) * 2 * n**3  # two warm-up products, then the timed ones
+    with FlopCounterMode(display=False) as counter:
+        gemm_rate("fp32", torch.device("cpu"), repeats=1, min_seconds=0)
+    assert counter.get_total_flops() == 3 * 2 * 2048**3  # on CPU 2048^3 by default
     # warm-ups of 0.5 ms are left out (faster than any timed product); the fastest of 4, 1, 3, 2 and 5 ms is 1 ms
     clock = ProductClock([0.0005, 0.0005, 0.004, 0.001, 0.003, 0.002, 0.005])
     monkeypatch.setattr("vitkit.perf.bench.time", clock)

@@ -76,15 +76,17 @@ def _sync(device: torch.device) -> None:
 
 
 def gemm_rate(
-    precision: str, device: torch.device, n: int = 2048, repeats: int = 10, min_seconds: float = 0.5
+    precision: str, device: torch.device, n: int | None = None, repeats: int = 10, min_seconds: float = 0.5
 ) -> float:
     """Dense matmul FLOP/s at `precision` on `device`: n x n x n products after two warm-ups, at least `repeats` of
-    them and for at least `min_seconds`, rated by the fastest.
+    them and for at least `min_seconds`, rated by the fastest. n is 2048 on CPU and 8192 on a GPU by default (a
+    2048^3 product takes tens of microseconds there, as long as the synchronisation that times it).
 
     The fastest, not the median: on a shared or frequency-scaled CPU every product of a short probe can run slow. On
     a 2-core Xeon with AMX, five processes measured bf16 medians of 10 products between 1.31 and 2.11 TFLOP/s, and
     the fastest of 60 products between 2.17 and 2.28 (BENCHMARKS.md): the share of the peak a step reaches moved
     with the probe, not with the step."""
+    n = n or (2048 if torch.device(device).type == "cpu" else 8192)
     dtype = precision_dtype(precision)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
