@@ -245,6 +245,19 @@ def test_levelwise_backward_passes_gradcheck(monkeypatch, needed, rows):
     )
 
 
+def test_levelwise_leaves_the_callers_points_alone():
+    """One level and one query: the points' new layout is their old one, and the arithmetic in place still goes to a
+    copy (the points are what `capture_attention` records)."""
+    torch.manual_seed(5)
+    value_heads = torch.randn(1, 12, 2, 3, dtype=torch.float64)
+    locations = torch.rand(1, 1, 2, 1, 3, 2, dtype=torch.float64)
+    weights = torch.rand(1, 1, 2, 1, 3, dtype=torch.float64)
+    before = locations.clone()
+    out = levelwise_deformable_attention(value_heads, ((3, 4),), locations, weights)
+    assert torch.equal(locations, before)
+    torch.testing.assert_close(out, reference_deformable_attention(value_heads, ((3, 4),), locations, weights))
+
+
 @pytest.mark.parametrize("attend", [gathered_deformable_attention, levelwise_deformable_attention])
 def test_fast_paths_equal_reference_at_the_borders(attend):
     """Points on pixel centres, on the maps' edges, half a pixel and a pixel outside, and far away."""
