@@ -1,4 +1,4 @@
-"""Time multi-scale deformable attention's two paths at Deformable DETR's sizes, interleaved, on this machine.
+"""Time multi-scale deformable attention's three paths at Deformable DETR's sizes, interleaved, on this machine.
 
 For each case (the encoder's self-attention over every token, the decoder's cross-attention from 300 queries) it
 times the sampling and weighted sum alone (`reference_deformable_attention`, `gathered_deformable_attention` and
