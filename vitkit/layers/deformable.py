@@ -284,11 +284,11 @@ class _LevelwiseSampling(torch.autograd.Function):
                         into.addcmul_(sampled[:, c], chunk_grad[:, c])
                     del sampled
                 if grad_sampled is not None:
-                    into = grad_sampled[: map_l.shape[0]]
-                    torch.mul(chunk_grad, weights[level, chunk, None], out=into)  # (rows, d, 1, Q) * (rows, 1, K, Q)
+                    chunk_sampled = grad_sampled[: map_l.shape[0]]  # (rows, d, 1, Q) * (rows, 1, K, Q)
+                    torch.mul(chunk_grad, weights[level, chunk, None], out=chunk_sampled)
                     mask = [need_value, need_grids]
                     chunk_map, chunk_grid = torch.ops.aten.grid_sampler_2d_backward(
-                        into, map_l, grid, 0, 0, False, mask
+                        chunk_sampled, map_l, grid, 0, 0, False, mask
                     )
                     if need_value:
                         grad_map[chunk] = chunk_map

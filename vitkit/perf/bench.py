@@ -7,7 +7,6 @@ second by the dense GEMM rate measured on the spot for the candidate's precision
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -90,16 +89,15 @@ def gemm_rate(
     dtype = precision_dtype(precision)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):  # the first products warm up
+        a @ b
     times: list[float] = []
-    for i in itertools.count():
-        if i >= 2 and len(times) >= repeats and sum(times) >= min_seconds:
-            break
+    while len(times) < max(repeats, 1) or sum(times) < min_seconds:
         _sync(device)
         start = time.perf_counter()
         a @ b
         _sync(device)
-        if i >= 2:  # the first products warm up
-            times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - start)
     return 2 * n**3 / min(times)
 
 
