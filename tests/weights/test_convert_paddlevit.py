@@ -40,3 +40,13 @@ def test_paddlevit_needs_its_head_count(tmp_path):
     write_pdparams({k: torch.from_numpy(v) for k, v in state.items()}, tmp_path / "theirs.pdparams")
     with pytest.raises(ValueError, match="PaddleViT state dict does not say its number of heads"):
         model_from_file(tmp_path / "theirs.pdparams")
+
+
+def test_paddlevit_takes_square_images(tmp_path):
+    model = vitkit.create_model("vit_tiny_patch16_224", **dict(SIZES, img_size=(16, 64)))
+    with pytest.raises(ValueError, match=r"PaddleViT's ViT / DeiT needs square images \(this model: 16x64\)"):
+        vitkit.export_weights(model, tmp_path / "x.pdparams", format="paddlevit")
+    state = paddlevit_state("vit", **SIZES)
+    write_pdparams({k: torch.from_numpy(v) for k, v in state.items()}, tmp_path / "theirs.pdparams")
+    ours, report = model_from_file(tmp_path / "theirs.pdparams", num_heads=4)
+    assert ours.config.img_size == 32 and report.assumed[0].startswith("img_size 32: a square 4x4 grid")

@@ -73,3 +73,48 @@ def test_export_names_what_vit_pytorch_cannot_express(tmp_path):
     model = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=32)
     with pytest.raises(ValueError, match=r"vit-pytorch's ViT needs patch_norm=True \(this model: False\)"):
         vitkit.export_weights(model, tmp_path / "x.pth", format="vit-pytorch")
+
+
+def test_a_non_square_model_needs_its_image_size(tmp_path):
+    """vit-pytorch's ViT takes (H, W) images; its table's rows say the grid's size, not its shape. Rows that are no
+    square number need img_size; a square number is read as a square grid and the report says so; with img_size
+    given the model equals theirs."""
+    sizes = dict(SIZES, image_size=(16, 64))  # a 2 x 8 grid: 16 rows, read as 4 x 4 unless told
+    theirs = _moved(vit_pytorch.ViT(**sizes))
+    torch.save(theirs.state_dict(), tmp_path / "wide.pth")
+    ours, report = model_from_file(tmp_path / "wide.pth", num_heads=3)
+    assert ours.config.img_size == 32
+    assert report.assumed == [
+        "img_size 32: a square 4x4 grid from the position table's 16 patch rows (give img_size for a model built "
+        "for other images)"
+    ]
+    assert "assumed: img_size 32" in report.summary()
+    ours, report = model_from_file(tmp_path / "wide.pth", num_heads=3, img_size=(16, 64))
+    assert report.assumed == []
+    x = torch.randn(2, 3, 16, 64, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.double()(x), theirs(x), atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="img_size 16x16 is a 2x2 grid of 8-pixel patches, but the vit-pytorch"):
+        model_from_file(tmp_path / "wide.pth", num_heads=3, img_size=16)
+
+    torch.save(_moved(vit_pytorch.ViT(**dict(SIZES, image_size=(32, 48)))).state_dict(), tmp_path / "w.pth")
+    with pytest.raises(ValueError, match=r"24 patch rows of 8-pixel patches, not a square grid: give the image size"):
+        model_from_file(tmp_path / "w.pth", num_heads=3)
+
+
+def test_convert_names_the_layout_a_file_is_in(tmp_path, capsys):
+    from vitkit.cli import main
+
+    torch.save(_reference("cls").state_dict(), tmp_path / "theirs.pth")
+    src, out = str(tmp_path / "theirs.pth"), str(tmp_path / "out")
+    assert main(["convert", src, out, "--set", "num_heads=3", "--from", "paddlevit"]) == 2
+    assert "is in the vit-pytorch layout, not paddlevit's: read it as vit-pytorch" in capsys.readouterr().err
+    # a registered model named for it: the fields its shapes fix would not make that model fit
+    assert main(["convert", src, out, "--set", "num_heads=3", "--model", "vit_small_patch16_224"]) == 2
+    err = capsys.readouterr().err
+    assert "is a vit-pytorch file, which builds its own model from its shapes" in err and "drop --model" in err
+    timm_file = tmp_path / "timm.pth"
+    torch.save(vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=32).state_dict(), timm_file)
+    assert main(["convert", str(timm_file), out, "--from", "vit-pytorch"]) == 2
+    err = capsys.readouterr().err
+    assert "not in the vit-pytorch layout; it looks like a vitkit vit checkpoint: name the model with --model" in err

@@ -84,6 +84,8 @@ class LoadReport:
     missing: list[str] = field(default_factory=list)  # model keys left as initialised (strict=False only)
     unexpected: list[str] = field(default_factory=list)  # checkpoint keys not used (strict=False only)
     mismatched: list[str] = field(default_factory=list)  # keys skipped for their shape (strict=False only)
+    assumed: list[str] = field(default_factory=list)  # what a model built from a config-less file's shapes assumed
+    # that neither the shapes nor the fields given said (`model_from_file`), in words
 
     @property
     def adapted(self) -> bool:
@@ -102,6 +104,7 @@ class LoadReport:
             ("missing (left as initialised)", self.missing),
             ("unexpected (ignored)", self.unexpected),
             ("shape-mismatched (skipped)", self.mismatched),
+            ("assumed", self.assumed),
         ):
             if items:
                 lines.append(f"  {label}: {', '.join(items[:5])}{' ...' if len(items) > 5 else ''}")
@@ -611,9 +614,29 @@ def convert(
         model, report = model_from_file(src, src_format, reset_head, **overrides)
     else:
         model = create_model(model_name, **overrides)
-        report = load_weights(model, src, format=src_format, reset_head=reset_head)
+        try:
+            report = load_weights(model, src, format=src_format, reset_head=reset_head)
+        except ValueError as err:
+            _builds_own_model(src, src_format, err)
+            raise
     info = model_info(model)  # a model directory's names and normalisation, written where dst has a place
     return report, export_weights(model.eval(), dst, dst_format, info.class_names, info.mean, info.std)
+
+
+def _builds_own_model(path: Path, format: str, err: ValueError) -> None:
+    """ValueError saying to drop --model when `path`, which did not fit the model named, is in a layout whose files
+    build their own model from their shapes (`Layout.read_config`): following the fields `err` lists would not
+    make a registered model fit such a file."""
+    state, _ = unwrap_state_dict(read_checkpoint(path), str(path))
+    for weights in registered_weights().values():
+        for layout in weights.layouts:
+            if layout.read_config is not None and format in ("auto", layout.format) and layout.matches(set(state)):
+                problem = err.problem if isinstance(err, CheckpointMismatch) else str(err)
+                raise ValueError(
+                    f"{path} is a {layout.format} file, which builds its own model from its shapes, and it does not "
+                    f"fit the model named ({problem}): drop --model (vitkit convert {path} DST --set num_heads=H; "
+                    "vitkit.weights.model_from_file from Python)"
+                ) from err
 
 
 def model_from_file(
@@ -621,21 +644,43 @@ def model_from_file(
 ) -> tuple[nn.Module, LoadReport]:
     """Build the model a checkpoint file of a config-less format holds (vit-pytorch's: `Layout.read_config`) from
     its shapes and `fields` (what the shapes do not say, e.g. ``num_heads=8``), and load it. Returns (model in eval
-    mode, report); ValueError naming `--model` for a file no such format reads."""
+    mode, report; `report.assumed` says what the shapes left open, e.g. a square image); ValueError naming
+    `--model` for a file no such format reads, and the layout a file is in when `format` names another."""
     state, _ = unwrap_state_dict(read_checkpoint(path), str(path))
     keys = set(state)
-    for fam, weights in registered_weights().items():
-        for layout in weights.layouts:
-            if layout.read_config is None or (format not in ("auto", layout.format) or not layout.matches(keys)):
-                continue
-            try:
-                config = layout.read_config(state, dict(fields))
-            except (KeyError, TypeError) as err:
-                raise ValueError(f"{path}: not a whole {layout.format} state dict ({err})") from err
-            model = build_model(fam, config)
-            return model.eval(), load_weights(model, path, format=layout.format, reset_head=reset_head)
+    readable = [
+        (fam, layout)
+        for fam, weights in registered_weights().items()
+        for layout in weights.layouts
+        if layout.read_config is not None and layout.matches(keys)
+    ]
+    for fam, layout in readable:
+        if format not in ("auto", layout.format):
+            continue
+        try:
+            config, assumed = layout.read_config(state, dict(fields))
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{path}: not a whole {layout.format} state dict ({err})") from err
+        model = build_model(fam, config)
+        report = load_weights(model, path, format=layout.format, reset_head=reset_head)
+        report.assumed = assumed
+        return model.eval(), report
+    if readable:  # in a config-less layout, but not the one named
+        found = readable[0][1].format
+        raise ValueError(
+            f"{path} is in the {found} layout, not {format}'s: read it as {found} (--from {found}; format={found!r} "
+            "from Python), or let the layout be recognised (no --from; format='auto')"
+        )
+    config_less = {
+        layout.format for weights in registered_weights().values() for layout in weights.layouts if layout.read_config
+    }
+    named = ""
+    if format in config_less:  # a format whose files build their own model, named for a file in another
+        others, _ = _lookalikes(state)
+        seen = f"; it looks like a {' or '.join(others)} checkpoint" if others else ""
+        named = f", and not in the {format} layout{seen}"
     raise ValueError(
-        f"{path} is a checkpoint file without a config: name the model with --model "
+        f"{path} is a checkpoint file without a config{named}: name the model with --model "
         "(e.g. --model vit_base_patch16_224; see `vitkit models`)"
     )
 

@@ -91,9 +91,12 @@ class Layout:
     # classifier's file: a detector's "backbone."): loading fills that part and leaves the rest as initialised;
     # "": the whole model
     part_name: str = ""  # what such a file is, in words (e.g. "ResNet"), for messages
-    read_config: Callable[[dict[str, torch.Tensor], dict[str, Any]], Any] | None = field(default=None, compare=False)
+    read_config: Callable[[dict[str, torch.Tensor], dict[str, Any]], tuple[Any, list[str]]] | None = field(
+        default=None, compare=False
+    )
     # builds the config of the model a file in this layout holds from its shapes and the fields given (formats whose
-    # files carry no config, like vit-pytorch's); None: the model is named (a registered one) or read from a directory
+    # files carry no config, like vit-pytorch's), with what it assumed that neither said (in words, for the load
+    # report); None: the model is named (a registered one) or read from a directory
     other_markers: tuple[tuple[str, ...], ...] = ()  # further sets of keys, any one of which, all its keys present,
     # identifies the layout too (one format's several model classes, e.g. transformers' CLIP and SigLIP towers)
 

@@ -18,6 +18,7 @@ reads into the ViT whose `model(x)` is transformers' `pooler_output` and whose `
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -679,7 +680,7 @@ VITPYTORCH = VitPytorchLayout(
     rules=_VP_COMMON + _VP_VIT + _VP_SIMPLE,
     markers=("to_patch_embedding.2.weight", "transformer.norm.weight"),
     check_export=check_vit_pytorch_export,
-    read_config=lambda state, fields: config_from_vit_pytorch(state, **fields),
+    read_config=lambda state, fields: _read_assuming(config_from_vit_pytorch, state, fields),
 )
 VITPYTORCH_VIT = Layout(format="vit-pytorch", family="vit", rules=_VP_COMMON + _VP_VIT, markers=VITPYTORCH.markers)
 VITPYTORCH_SIMPLE = Layout(
@@ -687,12 +688,49 @@ VITPYTORCH_SIMPLE = Layout(
 )
 
 
-def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], **fields: Any) -> ViTConfig:
+def grid_img_size(rows: int, patch: int, fields: dict[str, Any], library: str, assumed: list[str] | None) -> None:
+    """Set `fields["img_size"]` for a position table of `rows` patch rows (the prefix rows left out) of `patch`-pixel
+    patches. An image size the caller gave is checked against the rows; else the grid must be square, and what that
+    assumes is appended to `assumed` (the table does not say whether 16 rows are a 4x4 grid or a 2x8 one)."""
+    if "img_size" in fields:
+        h, w = to_2tuple(fields["img_size"])
+        if h % patch or w % patch or (h // patch) * (w // patch) != rows:
+            raise ValueError(
+                f"img_size {h}x{w} is a {h / patch:g}x{w / patch:g} grid of {patch}-pixel patches, but the {library} "
+                f"position table has {rows} patch rows"
+            )
+        return
+    side = math.isqrt(rows)
+    if side * side != rows:
+        raise ValueError(
+            f"the {library} position table has {rows} patch rows of {patch}-pixel patches, not a square grid: give "
+            "the image size the model was built for (vitkit convert ... --set img_size=[H,W]; img_size=(H, W) from "
+            "Python)"
+        )
+    fields["img_size"] = side * patch
+    if assumed is not None:
+        assumed.append(
+            f"img_size {side * patch}: a square {side}x{side} grid from the position table's {rows} patch rows (give "
+            "img_size for a model built for other images)"
+        )
+
+
+def _read_assuming(read: Any, state: Mapping[str, torch.Tensor], fields: dict[str, Any]) -> tuple[ViTConfig, list[str]]:
+    """A `Layout.read_config` result: the config `read` builds, and what it assumed that the shapes did not say."""
+    assumed: list[str] = []
+    return read(state, assumed=assumed, **fields), assumed
+
+
+def config_from_vit_pytorch(
+    state: Mapping[str, torch.Tensor], assumed: list[str] | None = None, **fields: Any
+) -> ViTConfig:
     """The vitkit ViT equal to the vit-pytorch `ViT` / `SimpleViT` whose state dict is `state`.
 
     Their state dicts hold every size but the number of heads (pass `num_heads`; the head width follows from the
     qkv rows) and, for SimpleViT, whose table is computed, the image size (pass `img_size`). `fields` may also set
-    `in_chans` (3) and any other ViTConfig field.
+    `in_chans` (3) and any other ViTConfig field. A `ViT`'s image size is read from its position table: a square
+    grid unless `fields` gives `img_size` (the table's rows do not say the grid's shape), and that assumption is
+    appended to `assumed`; a table of rows that are no square number needs `img_size`.
     """
     if "num_heads" not in fields:
         raise ValueError(
@@ -711,8 +749,7 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], **fields: Any) ->
     if pos is None and "img_size" not in fields:
         raise ValueError("a SimpleViT state dict has no position table to read the image size from: give img_size")
     if pos is not None:
-        side = round((pos.reshape(-1, D).shape[0] - class_token) ** 0.5)
-        fields.setdefault("img_size", side * p)
+        grid_img_size(pos.reshape(-1, D).shape[0] - class_token, p, fields, "vit-pytorch", assumed)
     head = state.get("mlp_head.weight", state.get("linear_head.weight"))
     simple = pos is None
     layer0 = "transformer.layers.0"
@@ -767,23 +804,26 @@ PADDLEVIT = Layout(
         *_linear("head_dist", "classifier_dist"),
     ),
     markers=("patch_embedding.patch_embedding.weight", "encoder.encoder_norm.weight"),
-    check_export=lambda config: require(
-        config,
-        "PaddleViT's ViT / DeiT",
-        **PLAIN,
-        class_token=True,
-        global_pool="token",
-        init_values=None,
-        qkv_bias=True,
-        layer_norm_eps=1e-6,
-    ),
-    read_config=lambda state, fields: config_from_paddlevit(state, **fields),
+    check_export=lambda config: check_paddlevit_export(config),
+    read_config=lambda state, fields: _read_assuming(config_from_paddlevit, state, fields),
 )
 
 
-def config_from_paddlevit(state: Mapping[str, torch.Tensor], **fields: Any) -> ViTConfig:
+def check_paddlevit_export(config: ViTConfig) -> None:
+    """ValueError for ViT configurations PaddleViT's ViT / DeiT cannot express (its image_size is one side)."""
+    library = "PaddleViT's ViT / DeiT"
+    wanted = dict(PLAIN, class_token=True, global_pool="token", init_values=None, qkv_bias=True, layer_norm_eps=1e-6)
+    require(config, library, **wanted)
+    _square_size(config, library)
+
+
+def config_from_paddlevit(
+    state: Mapping[str, torch.Tensor], assumed: list[str] | None = None, **fields: Any
+) -> ViTConfig:
     """The vitkit ViT / DeiT equal to the PaddleViT model whose state dict is `state` (Paddle's names): every size
-    but the number of heads, which `fields` gives (`num_heads`), with any other ViTConfig field."""
+    but the number of heads, which `fields` gives (`num_heads`), with any other ViTConfig field. The image size is
+    the square grid of the position table (PaddleViT's models take square images) unless `fields` gives one; that
+    assumption is appended to `assumed`."""
     if "num_heads" not in fields:
         raise ValueError(
             "a PaddleViT state dict does not say its number of heads: give it (vitkit convert ... --set "
@@ -792,10 +832,9 @@ def config_from_paddlevit(state: Mapping[str, torch.Tensor], **fields: Any) -> V
     conv, pos = state["patch_embedding.patch_embedding.weight"], state["position_embedding"]
     D, C, p, _ = conv.shape
     distilled = "dist_token" in state
-    side = round((pos.shape[1] - 1 - distilled) ** 0.5)
+    grid_img_size(pos.shape[1] - 1 - distilled, p, fields, "PaddleViT", assumed)
     head = state.get("classifier.weight")
     built = dict(
-        img_size=side * p,
         patch_size=p,
         in_chans=C,
         num_classes=0 if head is None else head.shape[1],  # [D, K]
