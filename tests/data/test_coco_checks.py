@@ -59,7 +59,9 @@ def test_a_train_split_without_a_usable_box_is_refused(tmp_path):
     expected = (
         f"{path}: no boxes to train on: the file lists 2 images and 4 annotations; kept 1 image and 0 annotations; "
         "skipped 1 image (1 missing file); skipped 2 annotations (1 unknown category, 1 empty box); left out 1 crowd "
-        "annotation; left out 1 annotation of skipped images"
+        "annotation; left out 1 annotation of skipped images; for example image 2: missing file "
+        f"({tmp_path / 'train' / '2.png'}); annotation 1: unknown category (category_id 9); annotation 2: empty box "
+        "(bbox [2, 2, 0, 10])"
     )
     with pytest.raises(ValueError) as err:
         load_coco_folder(tmp_path)
@@ -89,7 +91,9 @@ def test_a_val_split_without_a_box_is_refused_for_training_and_evaluation(tmp_pa
         load_coco_folder(tmp_path, val_only=True)
     assert str(err.value) == (
         f"{path}: no boxes to evaluate on (COCO mAP is undefined without ground-truth boxes): the file lists 1 image "
-        "and 2 annotations; kept 1 image and 0 annotations; skipped 2 annotations (1 outside image, 1 unknown image)"
+        "and 2 annotations; kept 1 image and 0 annotations; skipped 2 annotations (1 outside image, 1 unknown image); "
+        "for example annotation 1: outside image (bbox [50, 5, 5, 5] in a 40x30 image); annotation 2: unknown image "
+        "(image_id 7)"
     )
 
 
@@ -166,3 +170,20 @@ def test_detection_stats_of_digits_canvases_and_of_their_coco_folder_agree(tmp_p
     assert stats.classes == tuple("0123456789") and sum(stats.boxes_per_class) == stats.boxes
     assert (stats.short_side_min, stats.long_side_max, stats.max_objects) == (96, 96, 4)
     assert stats.small_share == 1.0  # glyphs of at most 40 pixels, tight boxes smaller still
+
+
+def test_bad_entries_say_what_is_wrong(tmp_path):
+    """An image entry of a float width and an annotation of a string category are skipped saying which field is
+    wrong and what it holds; the annotations of a skipped image entry are not called annotations of an unknown one."""
+    path = write_split(tmp_path, "val", [(1, 40, 30)], [box(1, 1, [2, 2, 5, 5], category_id="1")])
+    data = json.loads(path.read_text())
+    data["images"][0]["width"] = 40.0
+    data["annotations"].append(box(2, 1, [2, 2, 5, 5]))
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError) as err:
+        load_coco_folder(tmp_path, val_only=True)
+    assert str(err.value).endswith(
+        "skipped 1 image (1 bad image entry); skipped 1 annotation (1 bad annotation entry); left out 1 annotation of "
+        "skipped images; for example image 1: bad image entry (width must be a positive integer, got 40.0); "
+        "annotation 1: bad annotation entry (category_id must be an integer, got '1')"
+    )

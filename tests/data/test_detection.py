@@ -275,10 +275,28 @@ def test_digits_round_trip_through_a_coco_folder(tmp_path, digits):
         (other / split / "_annotations.coco.json").write_text(annotations)
     flat_train, flat_val, _ = load_coco_folder(other, short_side=None)
     assert (len(flat_train), len(flat_val)) == (6, 4)
-    with pytest.raises(ValueError, match="expected one annotations/instances_train"):
+    # annotations/train.json and val.json beside train/ and val/
+    named = tmp_path / "named"
+    (named / "annotations").mkdir(parents=True)
+    for split in ("train", "val"):
+        (named / split).mkdir()
+        for p in (other / split).glob("*.png"):
+            (named / split / p.name).write_bytes(p.read_bytes())
+        (named / "annotations" / f"{split}.json").write_text((other / split / "_annotations.coco.json").read_text())
+    named_train, named_val, _ = load_coco_folder(named, short_side=None)
+    assert (len(named_train), len(named_val)) == (6, 4)
+    # an export of one split (as CVAT's): the message lists the layouts and the .json files it found
+    (named / "annotations" / "train.json").rename(named / "annotations" / "instances_default.json")
+    with pytest.raises(ValueError, match="expected one annotations/instances_train") as err:
+        load_coco_folder(named)
+    assert "found the .json files ['annotations/instances_default.json', 'annotations/val.json']" in str(err.value)
+    with pytest.raises(ValueError, match="no COCO-format train split: expected one annotations/instances_train"):
         load_coco_folder(tmp_path / "annotations")
     with pytest.raises(FileNotFoundError, match="not a directory"):
         load_coco_folder(tmp_path / "nowhere")
+    from vitkit.train.recipe import is_detection_data  # the layouts a run trains a detector on
+
+    assert all(is_detection_data(str(folder)) for folder in (tmp_path, other, named))
 
 
 def test_load_detection_sources(tmp_path):
@@ -401,3 +419,42 @@ def test_detection_batches_hold_one_orientation(tmp_path):
         assert sum(len(s) > 1 for s in shapes) == len(mixed)
     plain = list(det.detection_sampler(load_digits_detect()[1], 4))  # no orientations: the stored order
     assert [k[0] for k in plain] == list(range(len(plain)))
+
+
+def _sideways_photo(path: Path) -> np.ndarray:
+    """A JPEG stored 60 wide and 40 high with EXIF orientation 6 (a portrait photo as phones store it: viewers
+    turn it 90 degrees clockwise, to 40 wide and 60 high). Returns the upright pixels viewers show."""
+    stored = np.zeros((40, 60, 3), dtype=np.uint8)
+    stored[:, :20] = (255, 0, 0)  # the stored left third: the top of the upright photo
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(stored).save(path, exif=exif, quality=95)
+    return np.rot90(stored, k=-1)
+
+
+def test_photos_are_read_upright_by_their_exif_orientation(tmp_path):
+    upright = _sideways_photo(tmp_path / "phone.jpg")
+    image = det.open_image(tmp_path / "phone.jpg")
+    assert image.size == (40, 60) and np.asarray(image)[:15, :, 0].min() > 200  # red on top
+    assert det.open_image(tmp_path / "phone.jpg", upright=False).size == (60, 40)
+    assert upright.shape == (60, 40, 3)
+
+    def dataset(width, height):
+        coco = {
+            "images": [{"id": 1, "file_name": "phone.jpg", "width": width, "height": height}],
+            "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 10, 10]}],
+            "categories": [{"id": 1, "name": "thing"}],
+        }
+        (tmp_path / "a.json").write_text(json.dumps(coco))
+        return CocoDetection(tmp_path / "a.json", tmp_path, short_side=None, check_images=True)
+
+    # labelling tools show the photo upright, and say so in width and height: read upright
+    data = dataset(40, 60)
+    tensor, _ = data[0]
+    assert len(data) == 1 and tensor.shape[-2:] == (60, 40) and tensor[0, :15].min() > tensor[0, -15:].max()
+    # annotations of the stored pixels (their size says so): read as stored
+    tensor, _ = dataset(60, 40)[0]
+    assert tensor.shape[-2:] == (40, 60)
+    # neither: skipped, saying both sizes
+    report = dataset(50, 50).report
+    assert "is 60x40 (40x60 upright by its EXIF orientation), the annotations say 50x50" in str(report)

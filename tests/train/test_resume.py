@@ -101,9 +101,11 @@ def test_ctrl_c_saves_mid_epoch_and_resume_is_bit_identical(tmp_path, reference,
 
 def test_a_detector_stopped_mid_epoch_resumes_bit_identical(tmp_path, tiny_detector_config):
     """A detector's own state resumes too: the box classifier trained beside the model, and the partial sums of
-    the loss parts (the metrics lines are the uninterrupted run's)."""
-    config = tiny_detector_config(tmp_path / "stopped", epochs=6, batch_size=4)
-    reference = tiny_detector_config(tmp_path / "reference", epochs=6, batch_size=4)
+    the loss parts (the metrics lines are the uninterrupted run's). With dropout on, the model draws from torch's
+    global generator, which the resumed run's new data iterator must leave alone."""
+    dropout = {**tiny_detector_config(tmp_path).model_args, "drop_rate": 0.1}
+    config = tiny_detector_config(tmp_path / "stopped", epochs=6, batch_size=4, model_args=dropout)
+    reference = tiny_detector_config(tmp_path / "reference", epochs=6, batch_size=4, model_args=dropout)
     fit(reference)
     command = ["vitkit", "train", "--out", config.out, "--data", config.data, "--model", config.model]
     command += ["--epochs", "6", "--batch-size", "4", "--device", "cpu"]

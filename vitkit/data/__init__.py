@@ -25,6 +25,7 @@ from vitkit.data.loader import (
     TransformedImages,
     Unreadable,
     collate,
+    loader_generator,
     make_loader,
     summarize_unreadable,
 )
@@ -106,6 +107,7 @@ __all__ = [
     "load_digits_detect",
     "load_eval_split",
     "load_folder",
+    "loader_generator",
     "make_loader",
     "normalize",
     "open_image",

@@ -39,7 +39,14 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
 from vitkit.data.loader import EpochSampler, Unreadable
-from vitkit.data.sources import BUILTIN_PREFIX, INFO_NAME, check_normalisation, load_builtin, open_image
+from vitkit.data.sources import (
+    BUILTIN_PREFIX,
+    INFO_NAME,
+    UnreadableImageError,
+    check_normalisation,
+    load_builtin,
+    open_image,
+)
 from vitkit.data.transforms import channel_stats, detection_train_transform, image_mode
 from vitkit.layers.helpers import counted
 
@@ -441,6 +448,36 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _image_entry_problem(entry: Any) -> str:
+    """What is wrong with an `images` entry of a COCO file, in words ("" when nothing)."""
+    if not isinstance(entry, dict):
+        return f"an image entry must be an object, got {type(entry).__name__}"
+    wrong = []
+    if not _is_int(entry.get("id")):
+        wrong.append(f"id must be an integer, got {entry.get('id')!r}")
+    if not isinstance(entry.get("file_name"), str):
+        wrong.append(f"file_name must be a string, got {entry.get('file_name')!r}")
+    for key in ("width", "height"):
+        if not (_is_int(entry.get(key)) and entry[key] > 0):
+            wrong.append(f"{key} must be a positive integer, got {entry.get(key)!r}")
+    return "; ".join(wrong)
+
+
+def _annotation_problem(ann: Any) -> str:
+    """What is wrong with an `annotations` entry of a COCO file, in words."""
+    if not isinstance(ann, dict):
+        return f"an annotation must be an object, got {type(ann).__name__}"
+    wrong = [
+        f"{key} must be an integer, got {ann.get(key)!r}"
+        for key in ("image_id", "category_id")
+        if not _is_int(ann.get(key))
+    ]
+    bbox = ann.get("bbox")
+    if not (isinstance(bbox, list) and len(bbox) == 4 and all(_is_number(v) for v in bbox)):
+        wrong.append(f"bbox must be [x, y, width, height] numbers, got {bbox!r}")
+    return "; ".join(wrong)
+
+
 def read_coco_json(path: str | os.PathLike) -> dict:
     """The instances JSON at `path`: OSError if it cannot be read, ValueError if it is not COCO's format."""
     path = Path(path)
@@ -475,6 +512,22 @@ def _categories(data: dict, path: Path) -> tuple[tuple[int, ...], tuple[str, ...
         raise ValueError(f"{path}: the file lists no categories")
     ids = tuple(sorted(names))
     return ids, tuple(names[i] for i in ids)
+
+
+def open_annotated(path: str | os.PathLike, height: int, width: int) -> Image.Image:
+    """The image file at `path` as its annotations of `width` x `height` saw it: upright by its EXIF orientation
+    (as labelling tools show a photo), or as stored when only the stored pixels have that size (annotations of the
+    raw pixels of a rotated photo). UnreadableImageError when it cannot be read or neither has the size."""
+    image = open_image(path)
+    if image.size == (width, height):
+        return image
+    stored = open_image(path, upright=False)
+    if stored.size == (width, height):
+        return stored
+    turned = f" ({image.size[0]}x{image.size[1]} upright by its EXIF orientation)" if stored.size != image.size else ""
+    raise UnreadableImageError(
+        path, f"the file is {stored.size[0]}x{stored.size[1]}{turned}, the annotations say {width}x{height}"
+    )
 
 
 class CocoDetection(Dataset):
@@ -533,14 +586,11 @@ class CocoDetection(Dataset):
         listed: set = set()
         for i, entry in enumerate(entries):
             image_id = entry.get("id", f"#{i}") if isinstance(entry, dict) else f"#{i}"
-            valid = (
-                isinstance(entry, dict)
-                and _is_int(entry.get("id"))
-                and isinstance(entry.get("file_name"), str)
-                and all(_is_int(entry.get(k)) and entry[k] > 0 for k in ("width", "height"))
-            )
-            if not valid:
-                self._skip("image", image_id, "bad image entry", "needs integer id, file_name, width, height > 0")
+            problem = _image_entry_problem(entry)
+            if problem:
+                if isinstance(entry, dict) and _is_int(entry.get("id")):
+                    listed.add(image_id)  # its annotations are of a skipped image, not of an unknown one
+                self._skip("image", image_id, "bad image entry", problem)
                 continue
             if image_id in listed:
                 self._skip("image", image_id, "bad image entry", "the id appears twice")
@@ -552,18 +602,9 @@ class CocoDetection(Dataset):
                 continue
             if check:
                 try:
-                    with open_image(file) as decoded:
-                        size = decoded.size
+                    open_annotated(file, entry["height"], entry["width"]).close()
                 except OSError as err:
                     self._skip("image", image_id, "unreadable file", str(err))
-                    continue
-                if size != (entry["width"], entry["height"]):
-                    self._skip(
-                        "image",
-                        image_id,
-                        "unreadable file",
-                        f"{file} is {size[0]}x{size[1]}, the annotations say {entry['width']}x{entry['height']}",
-                    )
                     continue
             kept[image_id] = (file, entry["height"], entry["width"])
         return kept, listed
@@ -583,9 +624,7 @@ class CocoDetection(Dataset):
                 and len(bbox) == 4
                 and all(_is_number(v) for v in bbox)
             ):
-                self._skip(
-                    "annotation", ann_id, "bad annotation entry", "needs image_id, category_id, bbox [x, y, w, h]"
-                )
+                self._skip("annotation", ann_id, "bad annotation entry", _annotation_problem(ann))
                 continue
             if ann["image_id"] not in listed:
                 self._skip("annotation", ann_id, "unknown image", f"image_id {ann['image_id']}")
@@ -654,16 +693,11 @@ class CocoDetection(Dataset):
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | Unreadable:
         index = _index(key)
         sample = self.samples[index]
+        height, width = sample.size
         try:
-            image = open_image(sample.path)
+            image = open_annotated(sample.path, height, width)
         except OSError as err:
             return Unreadable(self.describe(index), str(err))
-        height, width = sample.size
-        if image.size != (width, height):
-            return Unreadable(
-                self.describe(index),
-                f"the file is {image.size[0]}x{image.size[1]}, the annotations say {width}x{height}",
-            )
         if self.transform is not None and isinstance(key, tuple):
             return self._augmented(image, sample, int(key[1]), int(key[-1]))
         size = self.model_size(height, width)
@@ -736,22 +770,35 @@ def _require_boxes(data: CocoDetection, split: str) -> None:
     with_skipped_images = report.listed_annotations - skipped - report.crowd  # none was kept
     if with_skipped_images:
         parts.append(f"left out {counted(with_skipped_images, 'annotation')} of skipped images")
+    first = {}  # the first entry skipped for each reason, with what was found
+    for s in report.skipped:
+        first.setdefault((s.kind, s.reason), s)
+    if first:
+        shown = [f"{s.kind} {s.id}: {s.reason}" + (f" ({s.detail})" if s.detail else "") for s in first.values()]
+        parts.append("for example " + "; ".join(shown[:4]))
     raise ValueError(f"{report.path}: no boxes to {purpose}: {'; '.join(parts)}")
 
 
 def _find_split(root: Path, split: str) -> tuple[Path, Path]:
     """(instances JSON, image folder) of `split` ("train" or "val") under `root`; see `load_coco_folder`."""
-    found = sorted((root / "annotations").glob(f"instances_{split}*.json"))
+    annotations = root / "annotations"
+    found = sorted(annotations.glob(f"instances_{split}*.json"))
     if len(found) == 1:
         return found[0], root / found[0].stem[len("instances_") :]
     if not found:
+        named = sorted(annotations.glob(f"{split}*.json"))  # annotations/train.json beside train/
+        if len(named) == 1 and (root / named[0].stem).is_dir():
+            return named[0], root / named[0].stem
         folders = sorted(p for p in root.glob(f"{split}*") if p.is_dir())
         jsons = [j for folder in folders for j in sorted(folder.glob("*.json"))]
         if len(folders) == 1 and len(jsons) == 1:
             return jsons[0], folders[0]
+    seen = sorted({str(p.relative_to(root)) for p in root.glob("*/*.json")})  # annotations/ and split folders
+    seen_text = f"found the .json files {seen[:8]}{' ...' if len(seen) > 8 else ''}" if seen else "found no .json file"
     raise ValueError(
-        f"{root}: expected one annotations/instances_{split}*.json with its images in {split}*/ (COCO's layout), or "
-        f"one {split}*/ folder holding the images and one .json; found {[str(p) for p in found] or 'neither'}"
+        f"{root}: no COCO-format {split} split: expected one annotations/instances_{split}*.json with its images in "
+        f"{split}*/ (COCO's layout), one annotations/{split}*.json with its images in the folder of the same name, "
+        f"or one {split}*/ folder holding the images and one .json; {seen_text}"
     )
 
 
@@ -763,9 +810,10 @@ def load_coco_folder(
 
     Layouts: COCO's, ``root/annotations/instances_train2017.json`` with images in ``root/train2017/`` and the same
     for val (any suffix after ``instances_train`` / ``instances_val``, the folder named as the JSON without
-    ``instances_``); or a ``root/train*/`` folder with the images and a single JSON, and the same for val (as
-    several annotation tools export). Both splits must list the same categories. With `val_only` the training
-    annotations are not read (train is None; evaluation needs only val).
+    ``instances_``); ``root/annotations/train.json`` with images in ``root/train/`` (any name starting with the
+    split, the folder named as the JSON); or a ``root/train*/`` folder with the images and a single JSON, and the
+    same for val (as several annotation tools export). Both splits must list the same categories. With `val_only`
+    the training annotations are not read (train is None; evaluation needs only val).
 
     A split that keeps no box (after the skips `CocoDetection` reports) is a ValueError naming its file, with what
     it lists and why nothing was kept: training would learn nothing, and COCO mAP is undefined without boxes.

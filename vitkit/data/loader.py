@@ -204,4 +204,13 @@ def make_loader(
         collate_fn=collate,
         pin_memory=pin_memory,
         worker_init_fn=_ignore_interrupt if workers > 0 else None,
+        generator=loader_generator(sampler),
     )
+
+
+def loader_generator(sampler: EpochSampler) -> torch.Generator:
+    """The DataLoader's own generator, seeded by the run: each `iter(loader)` draws its workers' base seed from
+    it instead of from torch's global generator, which the model's dropout and a detector's denoising queries
+    draw from. Otherwise a run resumed inside an epoch, whose new iterator draws once more, would continue on
+    other random numbers than the run it resumes (its images are seeded per sample by the sampler either way)."""
+    return torch.Generator().manual_seed(sampler.seed)

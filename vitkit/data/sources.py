@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from vitkit.data.transforms import EIGHT_BIT_MODES, ImageModeError, to_8bit
 
@@ -28,6 +28,7 @@ DEFAULT_VAL_FRACTION = 0.1  # share of each class held out from a folder without
 SPLITS = ("train", "val")  # the split folders of an ImageFolder tree
 
 # Errors PIL raises for files it cannot decode (truncated, not an image, corrupt headers, too large).
+EXIF_ORIENTATION = 0x0112  # the EXIF tag of how to turn the stored pixels upright
 UNREADABLE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 log = logging.getLogger("vitkit.data")
@@ -132,13 +133,28 @@ class UnreadableImageError(OSError):
         self.reason = reason  # why, without the path
 
 
-def open_image(path: str | os.PathLike) -> Image.Image:
+def _upright(image: Image.Image) -> Image.Image:
+    """`image` turned as its EXIF orientation says; itself when it has none (a copy would lose what `to_8bit` reads
+    of a TIFF's header) or when the EXIF block is damaged (the pixels are still good)."""
+    try:
+        if image.getexif().get(EXIF_ORIENTATION, 1) in (0, 1):
+            return image
+        return ImageOps.exif_transpose(image)
+    except Exception:  # Pillow raises many kinds for a damaged EXIF block
+        return image
+
+
+def open_image(path: str | os.PathLike, upright: bool = True) -> Image.Image:
     """Open and decode an image file now, so a damaged file fails here, as 8 bits per sample (16-bit and float
-    images scaled by `vitkit.data.transforms.to_8bit`). UnreadableImageError (an OSError) naming the file and the
-    reason if it cannot be read or is of a mode vitkit does not convert."""
+    images scaled by `vitkit.data.transforms.to_8bit`), turned upright by its EXIF orientation as image viewers and
+    labelling tools show it (a phone's portrait photo is stored sideways with a tag saying so; `upright=False`
+    keeps the stored pixels). UnreadableImageError (an OSError) naming the file and the reason if it cannot be read
+    or is of a mode vitkit does not convert."""
     try:
         with Image.open(path) as image:
             image.load()
+            if upright:
+                image = _upright(image)
     except UNREADABLE_ERRORS as err:
         raise UnreadableImageError(path, str(err) or type(err).__name__) from err
     try:
@@ -267,10 +283,16 @@ def load_builtin(name: str) -> tuple[ArrayImages, ArrayImages, DataInfo]:
 
 def _class_folders(root: Path) -> list[str]:
     if not root.is_dir():
-        raise FileNotFoundError(f"{root} is not a directory: expected a folder of class folders")
+        raise FileNotFoundError(
+            f"{root} is not a directory: expected a folder of class folders (or, for detection, of COCO-format "
+            "annotations)"
+        )
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
-        raise ValueError(f"{root} has no class folders: expected {root}/<class>/<image files>")
+        raise ValueError(
+            f"{root} has no class folders: expected {root}/<class>/<image files> (or, for detection, COCO-format "
+            "annotations: annotations/instances_train*.json, or a train*/ folder holding one .json with its images)"
+        )
     return classes
 
 

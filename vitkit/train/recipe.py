@@ -139,14 +139,15 @@ def data_choices(
 
 
 def is_detection_data(source: str) -> bool:
-    """Whether `source` (a `--data` value) is detection data: a bundled detection set, or a folder in a COCO layout
-    (``annotations/instances_train*.json``, or a ``train*/`` folder holding one .json file)."""
+    """Whether `source` (a `--data` value) is detection data: a bundled detection set, or a folder of COCO-format
+    annotations: .json files in ``annotations/`` or in ``train*/`` folders (`vitkit.data.load_coco_folder` reads
+    its layouts, and names them when the folder is in none). Class folders hold images, not .json files."""
     if source.startswith(BUILTIN_PREFIX):
         return source[len(BUILTIN_PREFIX) :] in DETECTION_BUILTINS
     root = Path(source)
-    if any((root / "annotations").glob("instances_train*.json")):
+    if any((root / "annotations").glob("*.json")):
         return True
-    return any(len(list(folder.glob("*.json"))) == 1 for folder in root.glob("train*") if folder.is_dir())
+    return any(any(folder.glob("*.json")) for folder in root.glob("train*") if folder.is_dir())
 
 
 def model_task(model: str | None = None, init: str | None = None) -> str | None:

@@ -30,6 +30,7 @@ from vitkit.data import (
     jittered_sides,
     load_data,
     load_detection,
+    loader_generator,
     make_loader,
     normalize,
     train_transform,
@@ -236,7 +237,7 @@ def _detection_loader(dataset: Dataset, sampler: EpochSampler, batch_size: int, 
     """`vitkit.data.make_loader` for detection samples: padded batches (`collate_detection`)."""
     return DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate_detection,
-        pin_memory=pin,
+        pin_memory=pin, generator=loader_generator(sampler),
     )  # fmt: skip
 
 
