@@ -71,8 +71,11 @@ def test_deformable_pages_hold_each_querys_sampling_points():
 
 @pytest.mark.parametrize("name", ["detr_tiny", "deformable_detr_small"])
 def test_clicking_a_detection_in_the_browser(name, tmp_path):
+    """Then the second picture, of another shape: its detections, and the colour bar (DETR's maps) or the levels'
+    legend (Deformable DETR's points) under it, as under the first."""
     model, image = detector(name), picture()
-    data = detector_explorer_data(model, INFO, [("a.png", image)], threshold=0.0)
+    wide = Image.fromarray(np.random.default_rng(1).integers(0, 255, (48, 160, 3), dtype=np.uint8))
+    data = detector_explorer_data(model, INFO, [("a.png", image), ("b.png", wide)], threshold=0.0)
     (tmp_path / "page.html").write_text(explorer_page(data), encoding="utf-8")
     records, padded, real = captured(model, image)
     one = data["images"][0]
@@ -92,6 +95,16 @@ def test_clicking_a_detection_in_the_browser(name, tmp_path):
             np.testing.assert_allclose(drawn[:, :2], samples.points[0].reshape(-1, 2).numpy(), atol=1e-3)
             np.testing.assert_allclose(drawn[:, 2], samples.weights[0].reshape(-1).numpy() / h, atol=1e-6)
         assert one["detections"][2]["label"] in page.locator("#title").inner_text()
+        sampled = name != "detr_tiny"
+        for picture_index in (1, 0, 1):
+            page.select_option("#picture", index=picture_index)
+            shown = data["images"][picture_index]
+            assert page.locator("#detections button").count() == len(shown["detections"])
+            page.locator("#detections button").nth(1).click()
+            assert shown["detections"][1]["label"] in page.locator("#title").inner_text()
+            assert page.locator("#levels").is_visible() == sampled and page.locator("#bar").is_visible() != sampled
+            if sampled:
+                assert page.locator("#levels").inner_text().count("level") == len(shown["layers"][0]["levels"])
     assert errors == []
 
 
