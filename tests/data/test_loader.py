@@ -227,3 +227,20 @@ def test_unreadable_summary_lists_the_first_few_with_reasons_then_a_count():
     assert summarize_unreadable(skipped[:1]).splitlines() == ["skipped 1 unreadable image:", "  img3.png: reason 3"]
     assert summarize_unreadable([]) == ""
     assert str(skipped[0]) == "img3.png: reason 3"
+
+
+def test_eval_transform_covers_a_non_square_model_and_keeps_square_ones():
+    """The image resized to cover (H, W), then its centre: no black bars for a 4:3 photo on a 2:3 model; a square
+    model's shorter side resized to its side, as torchvision's Resize(S) and CenterCrop(S) do."""
+    from vitkit.data import eval_transform
+
+    rng = np.random.default_rng(0)
+    photo = Image.fromarray(rng.integers(1, 256, (480, 640, 3), dtype=np.uint8))  # no zero pixel
+    out = eval_transform((224, 320), 3)(photo)
+    assert out.shape == (3, 224, 320) and out.min() > 0
+    expected = v2.functional.center_crop(v2.functional.resize(photo, [240, 320], antialias=True), [224, 320])
+    assert torch.equal(out, v2.functional.pil_to_tensor(expected))
+    tall = Image.fromarray(rng.integers(1, 256, (300, 100, 3), dtype=np.uint8))
+    assert eval_transform((224, 320), 3)(tall).min() > 0
+    square = v2.Compose([v2.Resize(224, antialias=True), v2.CenterCrop(224), v2.PILToTensor()])
+    assert torch.equal(eval_transform((224, 224), 3)(photo), square(photo))

@@ -180,3 +180,18 @@ def test_deformable_pages_hold_the_encoders_sampling_points_and_draw_them(tmp_pa
         np.testing.assert_allclose(drawn[:, 2], last.weights[0].reshape(-1).numpy() / heads, atol=1e-6)
         assert "encoder's sampling points there" in page.locator("#title").inner_text()
     assert errors == []
+
+
+def test_explore_takes_a_registered_detector(tmp_path, capsys):
+    """`vitkit explore --model NAME` writes a detector's page for a registered detector, as for a directory, with
+    --threshold; for a classifier --threshold stays an error."""
+    from vitkit.cli import main
+
+    picture().save(tmp_path / "a.png")
+    out = tmp_path / "page.html"
+    args = ["explore", "--model", "detr_tiny", str(tmp_path / "a.png"), "--out", str(out), "--threshold", "0"]
+    assert main(args) == 0
+    assert "detection(s) above 0.00" in capsys.readouterr().out and out.stat().st_size > 0
+    args = ["explore", "--model", "vit_tiny_patch16_224", str(tmp_path / "a.png"), "--out", str(out)]
+    assert main([*args, "--threshold", "0.5"]) == 2
+    assert "this is a classifier" in capsys.readouterr().err

@@ -111,6 +111,18 @@ def test_capture_only_inside_context_and_selected_layers():
     assert list(maps) == ["second"]  # nothing recorded after the context closed
 
 
+def test_captures_nest_and_take_one_name():
+    model = TwoLayers()
+    x = torch.randn(1, 4, 16)
+    with capture_attention(model) as outer:
+        with capture_attention(model, layers="first") as inner:  # one name, not its letters
+            model(x)
+        assert list(inner) == ["first"] and list(outer) == ["first", "second"]  # in forward order, both
+        torch.testing.assert_close(outer["first"], inner["first"])
+        model(x)
+    assert all(layer.capture_hook is None for _, layer in attention_layers(model))
+
+
 def test_capture_errors():
     with pytest.raises(ValueError, match="no vitkit Attention layers"):
         with capture_attention(torch.nn.Linear(2, 2)):

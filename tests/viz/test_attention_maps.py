@@ -35,3 +35,16 @@ def test_model_view_is_the_centre_crop_enlarged():
     assert view.size == (224, 224) and view.mode == "RGB"
     expected = wide.convert("RGB").resize((448, 224), Image.Resampling.BICUBIC).crop((112, 0, 336, 224))
     assert np.array_equal(np.asarray(view), np.asarray(expected))
+
+
+def test_model_view_shows_the_models_channels_and_crop():
+    """Transparency on white and a 1-channel model's grey, as `eval_transform` gives the model; a (H, W) model's
+    crop covers the image's centre without bars."""
+    rgba = np.zeros((40, 40, 4), dtype=np.uint8)
+    rgba[:, 20:] = (255, 0, 0, 255)  # the left half transparent (stored black)
+    view = np.asarray(model_view(Image.fromarray(rgba), (40, 40), min_side=40))
+    assert view[:, :18].min() == 255 and view[:, 22:].tolist() == [[[255, 0, 0]] * 18] * 40
+    grey = np.asarray(model_view(Image.fromarray(rgba), (40, 40), min_side=40, channels=1))
+    assert (grey[..., 0] == grey[..., 1]).all() and (grey[..., 1] == grey[..., 2]).all()
+    photo = Image.fromarray(np.full((48, 64, 3), 90, dtype=np.uint8))  # 4:3, for a 2:3 (H, W) model
+    assert np.asarray(model_view(photo, (16, 24), min_side=16)).min() == 90

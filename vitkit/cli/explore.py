@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vitkit.cli.options import add_memory_option, add_threshold_option, check_inference_memory
 from vitkit.data import open_image
-from vitkit.infer import is_detector_dir, load_detector
+from vitkit.infer import is_detector_dir, is_detector_name, load_detector, registered_detector
 from vitkit.infer.attention import load_attention_model
 from vitkit.infer.explore import detector_explorer_data, explorer_data
 from vitkit.models.registry import create_model
@@ -53,12 +53,15 @@ def _write(out: Path, data: dict) -> None:
 def _run_detector(args: argparse.Namespace, out: Path) -> int:
     if args.layers is not None or args.heads is not None:
         raise ValueError("--layers and --heads choose a classifier's maps; a detector's page holds every decoder layer")
-    model, info, postprocessing = load_detector(args.model_dir, args.device)
+    if args.model_dir:
+        model, info, postprocessing = load_detector(args.model_dir, args.device)
+    else:
+        model, info, postprocessing = registered_detector(args.model, args.device)
     postprocessing = postprocessing.one_per_query()  # one box per object, with its best class
     threshold = postprocessing.shown_above(args.threshold)
     check_inference_memory(model, args, capture=True)
     images = [(Path(p).name, open_image(p)) for p in args.images]
-    data = detector_explorer_data(model, info, images, threshold, postprocessing, args.model_dir)
+    data = detector_explorer_data(model, info, images, threshold, postprocessing, args.model_dir or args.model)
     _write(out, data)
     found = sum(len(page["detections"]) for page in data["images"])
     print(
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out {out}: expected an .html file name")
-    if args.model_dir and is_detector_dir(args.model_dir):
+    if is_detector_dir(args.model_dir) if args.model_dir else is_detector_name(args.model):
         return _run_detector(args, out)
     if args.threshold is not None:
         raise ValueError("--threshold is a detector's smallest class probability; this is a classifier")

@@ -135,13 +135,30 @@ def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, .
     return (images.float() / 255 - mean_t) / std_t
 
 
+class ResizeToCover:
+    """PIL image -> the image resized (bilinear, aspect kept) to the smallest size that covers (H, W): scaled by the
+    larger of H / height and W / width, so a centre crop of (H, W) leaves no side short. For a square (H, W) it is
+    torchvision's `Resize(H)` (the shorter side to H)."""
+
+    def __init__(self, size: tuple[int, int]) -> None:
+        self.size = size
+
+    def __call__(self, image: Image.Image) -> Image.Image:
+        H, W = self.size
+        if H == W:
+            return v2.functional.resize(image, H, antialias=True)
+        factor = max(H / image.height, W / image.width)
+        size = (max(H, round(image.height * factor)), max(W, round(image.width * factor)))
+        return v2.functional.resize(image, list(size), antialias=True)
+
+
 def eval_transform(img_size: tuple[int, int], channels: int) -> v2.Compose:
-    """PIL image -> uint8 (C, H, W): the model's channels (`convert_image`), shorter side resized, centre crop of
-    `img_size`."""
+    """PIL image -> uint8 (C, H, W): the model's channels (`convert_image`), resized to cover `img_size` (the
+    shorter side to its side, for a square model), centre crop of `img_size`."""
     return v2.Compose(
         [
             ConvertImage(channels),
-            v2.Resize(min(img_size), antialias=True),
+            ResizeToCover(tuple(img_size)),
             v2.CenterCrop(img_size),
             v2.PILToTensor(),
         ]

@@ -26,10 +26,12 @@ from vitkit.infer.evaluate import (
 from vitkit.infer.files import image_loader, image_paths, progress_bar
 from vitkit.infer.model_dir import (
     is_detector_dir,
+    is_detector_name,
     load_classifier,
     load_detection_settings,
     load_detector,
     missing_info_note,
+    registered_detector,
     save_detection_settings,
 )
 from vitkit.infer.object_attention import (
@@ -74,9 +76,11 @@ __all__ = [
     "image_loader",
     "image_paths",
     "is_detector_dir",
+    "is_detector_name",
     "load_classifier",
     "load_detection_settings",
     "load_detector",
+    "registered_detector",
     "missing_info_note",
     "predict",
     "predict_files",

@@ -255,7 +255,7 @@ def attention_overlay(
     device = next(model.parameters()).device
     pixels = preprocess(image, img_size, model.config.in_chans, mean, std)[None].to(device)  # (1, C, H, W)
     heat = attention_map(model, pixels, layer, head, rollout)[0].cpu()  # (Hp, Wp)
-    return overlay(model_view(image, img_size), heat, alpha)
+    return overlay(model_view(image, img_size, channels=model.config.in_chans), heat, alpha)
 
 
 def _check_options(layer: int | None, head: int | str | None, rollout: bool, grid: bool) -> None:
@@ -324,7 +324,7 @@ def attention_maps(
     grid = f"a {token_grid[0]}x{token_grid[1]} grid of {patch}-px patches"
     described = f"{family_of(model).display_name}, {counted(L, 'layer')} x {counted(h, 'head')}, {grid}"
     return AttentionMaps(
-        view=model_view(image, img_size),
+        view=model_view(image, img_size, channels=config.in_chans),
         heats=_patches(rows, P, token_grid),  # (n, Hp, Wp)
         titles=titles,
         columns=columns,

@@ -112,7 +112,7 @@ def image_data(
     top = _top(model, output, class_names)
     return {
         "label": label,
-        "view": _png(model_view(image, img_size)),
+        "view": _png(model_view(image, img_size, channels=config.in_chans)),
         "attention": _packed(codes),
         "scales": _packed(scales),
         "rollout": _packed(rollout_codes),
@@ -411,7 +411,7 @@ def grid_explorer_data(
         pages.append(
             {
                 "label": label,
-                "view": _png(model_view(image, img_size)),
+                "view": _png(model_view(image, img_size, channels=config.in_chans)),
                 "layers": weights,
                 "top": _top(model, output, class_names),
             }

@@ -32,7 +32,7 @@ from vitkit.detection import Postprocessing
 from vitkit.infer.detect import reading
 from vitkit.infer.runtime import resolve_device
 from vitkit.models.interface import has_no_object_logit
-from vitkit.models.registry import DETECTION
+from vitkit.models.registry import DETECTION, create_model, family, model_entry
 from vitkit.weights import from_pretrained, model_info, read_model_info
 from vitkit.weights.family import saved_family
 
@@ -132,6 +132,21 @@ def load_classifier(directory: str | os.PathLike, device: str | None = None) -> 
     if len(info.classes) != num_classes:
         raise ValueError(f"{directory}: the model has {num_classes} outputs but {len(info.classes)} class names")
     return model, info
+
+
+def registered_detector(name: str, device: str | None = None) -> tuple[nn.Module, DetectionInfo, Postprocessing]:
+    """(untrained model on `device`, data description, postprocessing) of a registered detector, as `load_detector`
+    gives them for a directory without dataset.json or postprocess.json: class indices as names, ImageNet's
+    normalisation, the default reading of its class logits."""
+    model = create_model(name).eval().to(resolve_device(device))
+    classes, mean, std = model_dir_classes(model)
+    info = DetectionInfo("", classes, tuple(range(len(classes))), mean, std)
+    return model, info, Postprocessing.default(has_no_object_logit(model))
+
+
+def is_detector_name(name: str) -> bool:
+    """Whether the registered model `name` is a detector (its family's task)."""
+    return family(model_entry(name).family).task == DETECTION
 
 
 def load_detector(

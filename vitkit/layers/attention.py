@@ -474,8 +474,10 @@ def capture_attention(
 
     Args:
         model: any module containing vitkit attention layers (`attention_layers`).
-        layers: names of the layers to capture (default: all). Capturing one dense layer costs that layer's
-            N x N map only.
+        layers: names of the layers to capture, or one name (default: all). Capturing one dense layer costs that
+            layer's N x N map only.
+
+    Contexts nest: a layer captured by an inner context records into the outer one's dict as well.
     """
     found = attention_layers(model)
     if not found:
@@ -483,7 +485,7 @@ def capture_attention(
             f"{type(model).__name__} has no vitkit Attention layers (dense or multi-scale deformable) to capture"
         )
     if layers is not None:
-        wanted = list(layers)
+        wanted = [layers] if isinstance(layers, str) else list(layers)
         available = dict(found)
         unknown = [name for name in wanted if name not in available]
         if unknown:
@@ -494,14 +496,18 @@ def capture_attention(
     maps: dict[str, torch.Tensor | SampledAttention] = OrderedDict()
     previous = [layer.capture_hook for _, layer in found]
 
-    def hook_for(name: str) -> Callable[[torch.Tensor | SampledAttention], None]:
+    def hook_for(
+        name: str, outer: Callable[[torch.Tensor | SampledAttention], None] | None
+    ) -> Callable[[torch.Tensor | SampledAttention], None]:
         def store(attn: torch.Tensor | SampledAttention) -> None:
             maps[name] = attn.detach()
+            if outer is not None:  # an enclosing capture of the same layer records it too
+                outer(attn)
 
         return store
 
-    for name, layer in found:
-        layer.capture_hook = hook_for(name)
+    for (name, layer), outer in zip(found, previous, strict=True):
+        layer.capture_hook = hook_for(name, outer)
     try:
         yield maps
     finally:

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from vitkit.data.transforms import convert_image
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.colors import Colormap
@@ -69,13 +71,16 @@ def overlay(image: Image.Image, heat: torch.Tensor, alpha: float = 0.5) -> Image
     return Image.blend(image.convert("RGB"), colours, alpha)
 
 
-def model_view(image: Image.Image, img_size: tuple[int, int], min_side: int = 224) -> Image.Image:
-    """The part of `image` a model of `img_size` sees in evaluation (shorter side resized, centre crop), drawn at
-    a whole multiple of `img_size` at least `min_side` pixels high so that small inputs stay visible."""
+def model_view(
+    image: Image.Image, img_size: tuple[int, int], min_side: int = 224, channels: int = 3
+) -> Image.Image:
+    """The part of `image` a model of `img_size` and `channels` sees in evaluation (`vitkit.data.eval_transform`:
+    its channels by `convert_image`, transparency on white; resized to cover, centre crop), as RGB, drawn at a whole
+    multiple of `img_size` at least `min_side` pixels high so that small inputs stay visible."""
     scale = max(1, math.ceil(min_side / min(img_size)))
     H, W = img_size[0] * scale, img_size[1] * scale
     factor = max(H / image.height, W / image.width)
-    resized = image.convert("RGB").resize(
+    resized = convert_image(image, channels).convert("RGB").resize(
         (max(W, round(image.width * factor)), max(H, round(image.height * factor))), Image.Resampling.BICUBIC
     )
     left, top = (resized.width - W) // 2, (resized.height - H) // 2
