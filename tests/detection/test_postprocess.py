@@ -196,3 +196,29 @@ def test_a_reading_for_the_other_class_logits_is_refused(tmp_path):
     (tmp_path / "postprocess.json").write_text(json.dumps({"classification": "focal", "no_object_logit": True}))
     with pytest.raises(ValueError, match=r"postprocess.json: the postprocessing reads class logits with a"):
         load_detector(tmp_path)
+
+
+def test_detections_are_clipped_to_their_image():
+    """`detect` clips boxes to the image (a DETR box may reach past it; `postprocess`, which evaluation scores,
+    keeps them as DETR's does): an untrained detector's boxes are all inside, and some were not before."""
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.data import DetectionInfo
+    from vitkit.detection import postprocess
+    from vitkit.infer import detect
+    from vitkit.infer.detect import detector_inputs, detector_outputs
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("detr_tiny", backbone_width=8, hidden_dim=32, dim_feedforward=32, num_classes=3).eval()
+    with torch.no_grad():
+        model.bbox_embed.layers[-1].bias.copy_(torch.tensor([0.0, 0.0, 3.0, 3.0]))  # wide boxes about the centre
+    info = DetectionInfo("t", ("a", "b", "c"), (1, 2, 3), (0.5,) * 3, (0.25,) * 3)
+    images = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (40, 90, 3), dtype=np.uint8)) for i in (0, 1)]
+    pixels, mask, sizes = detector_inputs(model, info, images)
+    raw = postprocess(detector_outputs(model, pixels, mask), sizes, threshold=0.0)
+    assert any((r["boxes"][:, :2] < 0).any() or (r["boxes"][:, 2] > 90).any() for r in raw)
+    for found, unclipped in zip(detect(model, info, images, threshold=0.0), raw, strict=True):
+        boxes = torch.tensor([d.box for d in found])
+        assert len(found) == len(unclipped["boxes"]) and (boxes >= 0).all()
+        assert (boxes[:, [0, 2]] <= 90).all() and (boxes[:, [1, 3]] <= 40).all()

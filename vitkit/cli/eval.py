@@ -10,10 +10,17 @@ from pathlib import Path
 
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.detection import COCO_METRICS
-from vitkit.infer import evaluate_detector_dir, evaluate_model_dir, is_detector_dir, missing_info_note
+from vitkit.infer import (
+    evaluate_detector_dir,
+    evaluate_model_dir,
+    is_detector_dir,
+    missing_info_note,
+    run_batch_size,
+)
 from vitkit.viz import confusion_image
 from vitkit.viz.attention import check_picture_path
 
+CLASSIFIER_BATCH, DETECTOR_BATCH = 256, 8  # images per batch when neither --batch-size nor the run says
 HELP = "evaluate a trained or converted model: loss, top-1 / top-5 and per-class accuracy, or a detector's mAP"
 
 
@@ -31,7 +38,13 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         help="builtin:NAME, a train/val folder (val/ is used) or a folder of class folders (all of it), for a "
         "detector a COCO-format folder (its val split); default: the held-out part of the training data",
     )
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"images per batch (default: {CLASSIFIER_BATCH}; a detector: the batch size of the run that wrote it, as "
+        f"it was validated, else {DETECTOR_BATCH}: padding within a batch moves a detector's outputs near the borders)",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
     parser.add_argument("--plot", metavar="PNG", default=None, help="write a classifier's confusion matrix to this PNG")
@@ -52,6 +65,8 @@ def _skipped(skipped: tuple[Unreadable, ...]) -> None:
 def _run_detector(args: argparse.Namespace) -> int:
     if args.plot:
         raise ValueError("--plot draws a classifier's confusion matrix; a detector has none")
+    if args.batch_size is None:
+        args.batch_size = run_batch_size(args.model_dir) or DETECTOR_BATCH
     result, _ = evaluate_detector_dir(args.model_dir, args.data, args.batch_size, args.device, args.workers)
     _note(args)
     values = result.to_dict()
@@ -67,6 +82,8 @@ def _run_detector(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if is_detector_dir(args.model_dir):
         return _run_detector(args)
+    if args.batch_size is None:
+        args.batch_size = CLASSIFIER_BATCH
     if args.plot:  # before the evaluation, not after it
         check_picture_path(args.plot)
     result, info = evaluate_model_dir(args.model_dir, args.data, args.batch_size, args.device, args.workers)

@@ -32,6 +32,7 @@ from vitkit.infer.model_dir import (
     load_detector,
     missing_info_note,
     registered_detector,
+    run_batch_size,
     save_detection_settings,
 )
 from vitkit.infer.object_attention import (
@@ -81,6 +82,7 @@ __all__ = [
     "load_detection_settings",
     "load_detector",
     "registered_detector",
+    "run_batch_size",
     "missing_info_note",
     "predict",
     "predict_files",

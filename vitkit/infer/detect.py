@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from torchvision.ops import clip_boxes_to_image
 
 from vitkit.data import DetectionInfo, Unreadable, image_mode, normalize, open_image
 from vitkit.detection import Postprocessing, pad_images
@@ -124,14 +125,17 @@ def detect(
     postprocessing: Postprocessing | None = None,
 ) -> list[list[Detection]]:
     """The objects a detector finds in each image: its queries whose class probability is above `threshold`,
-    boxes in pixels of the image given, most probable first; its outputs read as `postprocessing` says (None: the
-    model's default, `reading`)."""
+    boxes in pixels of the image given, clipped to it (a DETR box may reach past the border; evaluation scores them
+    unclipped, as DETR's), most probable first; its outputs read as `postprocessing` says (None: the model's
+    default, `reading`)."""
     read = reading(model, postprocessing)  # before any work: a reading for the other class logits is refused
     if not images:
         return []
     pixels, mask, sizes = detector_inputs(model, info, images)
     outputs = detector_outputs(model.eval(), pixels, mask)
     results = read(outputs, sizes, threshold)
+    for result, (height, width) in zip(results, sizes.tolist(), strict=True):
+        result["boxes"] = clip_boxes_to_image(result["boxes"], (height, width))
     return [image_detections(result, info) for result in results]
 
 

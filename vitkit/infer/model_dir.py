@@ -134,6 +134,20 @@ def load_classifier(directory: str | os.PathLike, device: str | None = None) -> 
     return model, info
 
 
+def run_batch_size(directory: str | os.PathLike) -> int | None:
+    """The batch size of the `vitkit train` run a model directory was written by (its best/ or final/: the run's
+    config.json one folder up), with which the run validated it; None for a directory of no run."""
+    path = Path(directory).resolve().parent / "config.json"
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(saved, dict) or not {"batch_size", "epochs", "data", "out"} <= saved.keys():
+        return None  # not a run's config
+    batch = saved["batch_size"]
+    return batch if isinstance(batch, int) and batch > 0 else None
+
+
 def registered_detector(name: str, device: str | None = None) -> tuple[nn.Module, DetectionInfo, Postprocessing]:
     """(untrained model on `device`, data description, postprocessing) of a registered detector, as `load_detector`
     gives them for a directory without dataset.json or postprocess.json: class indices as names, ImageNet's
