@@ -142,3 +142,21 @@ def test_hf_directories_vitkit_cannot_build(tmp_path):
     with torch.no_grad():
         expected = single_head.deit(pixel_values=x).last_hidden_state
         torch.testing.assert_close(ours.forward_features(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_fields_that_would_not_make_the_model_fit_say_so(tmp_path):
+    """timm's EVA-02 has a ViT's patch embedding, position table and blocks, so its shapes read as ViT settings; but
+    its attention has separate q and v biases: the error says that those settings alone would leave its keys
+    unmatched, not only which to set. A plain ViT of another width gets the settings alone."""
+    import timm
+
+    eva = timm.create_model("eva02_tiny_patch14_224", pretrained=False).state_dict()
+    with pytest.raises(vitkit.weights.CheckpointMismatch) as err:
+        vitkit.load_weights(vitkit.create_model("vit_tiny_patch16_224"), eva)
+    unmatched = r"Those settings alone would leave \d+ of its keys unmatched \(blocks.0.attn.q_bias"
+    assert re.search(unmatched, str(err.value))
+    assert "architecture vitkit does not read" in str(err.value) and err.value.fields["qkv_bias"] is False
+    tiny = vitkit.create_model("vit_tiny_patch16_224", depth=2).state_dict()
+    with pytest.raises(vitkit.weights.CheckpointMismatch) as err:
+        vitkit.load_weights(vitkit.create_model("vit_small_patch16_224", depth=2), tiny)
+    assert "alone would leave" not in str(err.value) and err.value.fields["embed_dim"] == 192

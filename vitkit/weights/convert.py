@@ -361,7 +361,34 @@ def _check_architecture(
     layers = f"; {_layers_that_differ(expected, state, part)}" if part else ""
     models = shapes.models_with(family, theirs)
     fields = dict(listed) | (_shared_fields(models, config) if config is not None and not part else {})
-    raise CheckpointMismatch(f"{source} is {theirs_text}{ours_text}{layers}", fields=fields, models=models)
+    problem = f"{source} is {theirs_text}{ours_text}{layers}"
+    if not part and config is not None and (unfit := _unfit_keys(family, config, fields, state)):
+        problem += (
+            f". Those settings alone would leave {unfit}: it needs settings its shapes do not show, or it is of an "
+            "architecture vitkit does not read. The settings its shapes show"
+        )
+    raise CheckpointMismatch(problem, fields=fields, models=models)
+
+
+def _unfit_keys(family: str, config: Any, fields: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> str:
+    """The checkpoint keys a model of `config` with `fields` set would still not have, and its keys the checkpoint
+    lacks, in words ("" when the names fit): a way out that `fields` offers only if they make the names fit. The
+    classifier and the tensors sized by the classes are left out (their own checks name them); a model that cannot
+    be built with `fields` is left to the load to explain."""
+    weights = family_weights(family)
+    try:
+        with torch.device("meta"):
+            expected = build_model(family, replace_config(config, **fields)).state_dict()
+    except Exception:  # a combination the config refuses: the load's own error says why
+        return ""
+    skip = (*weights.head, *weights.class_sized)
+    extra = [k for k in state if k not in expected and not k.startswith(skip)]
+    missing = [k for k in expected if k not in state and not k.startswith(skip)]
+    found = []
+    for what, keys in (("of its keys unmatched", extra), ("of the model's missing", missing)):
+        if keys:
+            found.append(f"{len(keys)} {what} ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''})")
+    return " and ".join(found)
 
 
 # Config fields a checkpoint's architecture does not fix: what the run chooses (classes, input size, regularisation)
