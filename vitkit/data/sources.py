@@ -27,8 +27,8 @@ INFO_NAME = "dataset.json"
 DEFAULT_VAL_FRACTION = 0.1  # share of each class held out from a folder without val/, when none is given
 SPLITS = ("train", "val")  # the split folders of an ImageFolder tree
 
-# Errors PIL raises for files it cannot decode (truncated, not an image, corrupt headers, too large).
 EXIF_ORIENTATION = 0x0112  # the EXIF tag of how to turn the stored pixels upright
+# Errors PIL raises for files it cannot decode (truncated, not an image, corrupt headers, too large).
 UNREADABLE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 log = logging.getLogger("vitkit.data")
