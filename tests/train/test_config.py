@@ -179,3 +179,13 @@ def test_hints_leave_out_the_device_the_machine_picks_anyway(monkeypatch):
     assert config.minimal().command() == "vitkit train --epochs 3 --out runs/x"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert config.minimal().command() == "vitkit train --epochs 3 --device cpu --out runs/x"
+
+
+def test_a_learning_rate_below_the_recipes_end_takes_the_end_along(tmp_path, digit_folder):
+    """The recipe's min_lr (1e-5) above a fine-tuning rate of 1e-6 would make the cosine rise: it scales with the
+    rate given (the recipe's share of its own rate); a min_lr given above lr is an error."""
+    config = TrainConfig(data=str(digit_folder), lr=1e-6, out=str(tmp_path))
+    assert config.resolved().min_lr == pytest.approx(1e-6 * 1e-5 / 2e-3)
+    assert TrainConfig(data=str(digit_folder), lr=1e-3, out=str(tmp_path)).resolved().min_lr == 1e-5
+    with pytest.raises(ValueError, match="min_lr 2e-06 is above lr 1e-06: the cosine decay would raise"):
+        TrainConfig(data=str(digit_folder), lr=1e-6, min_lr=2e-6, out=str(tmp_path)).resolved()

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,3 +154,42 @@ def test_more_epochs_continue_on_the_cosine_of_the_new_length(tmp_path, tiny_con
     assert json.loads((tmp_path / "config.json").read_text())["epochs"] == 4
     with pytest.raises(ValueError, match="can extend it, not shorten it"):
         fit(tiny_config(tmp_path, epochs=3, batch_size=32, warmup_epochs=0.0), resume=True)
+
+
+def test_a_complete_run_without_its_final_model_writes_it_on_resume(tmp_path, tiny_config):
+    """A run killed after its last checkpoint but before (or while) writing final/: resuming writes final/ from the
+    checkpoint, equal to what the run would have written, instead of calling the run complete."""
+    config = tiny_config(tmp_path, epochs=1)
+    fit(config)
+    expected = _final_weights(tmp_path)
+    shutil.rmtree(tmp_path / "final")
+    fit(config, resume=True)
+    _assert_identical(_final_weights(tmp_path), expected)
+    assert (tmp_path / "final" / "dataset.json").is_file()
+
+
+def test_resuming_on_data_whose_classes_changed_is_refused(tmp_path, tiny_config, digit_folder):
+    data = tmp_path / "data"
+    shutil.copytree(digit_folder, data)
+    config = tiny_config(tmp_path / "run", data=str(data), epochs=1)
+    fit(config)
+    shutil.copytree(data / "9", data / "9b")
+    again = tiny_config(tmp_path / "run", data=str(data), epochs=2)
+    with pytest.raises(
+        ValueError,
+        match=r"the data's classes have changed since the checkpoint .*\(new \['9b'\]; 10 "
+        r"then, 11 now\)",
+    ):
+        fit(again, resume=True)
+
+
+def test_loader_workers_leave_stop_signals_to_the_main_process():
+    from vitkit.data import ignore_stop_signals
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        ignore_stop_signals(0)
+        assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in before)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

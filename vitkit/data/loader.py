@@ -183,9 +183,12 @@ def collate(samples: list[tuple[torch.Tensor, int] | Unreadable]) -> Batch:
     return Batch(images, torch.tensor([label for _, label in good]), skipped)
 
 
-def _ignore_interrupt(worker_id: int) -> None:
-    """Loader workers leave Ctrl-C to the main process, which stops at the end of a step and saves."""
+def ignore_stop_signals(worker_id: int) -> None:
+    """A loader worker's `worker_init_fn`: Ctrl-C (SIGINT) and SIGTERM are left to the main process, which stops at
+    the end of a step and saves. A job stopped as a whole (`timeout`, Slurm, systemd signal every process of it)
+    would otherwise kill the workers first, and the main process with them, before it could save."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def make_loader(
@@ -203,7 +206,7 @@ def make_loader(
         num_workers=workers,
         collate_fn=collate,
         pin_memory=pin_memory,
-        worker_init_fn=_ignore_interrupt if workers > 0 else None,
+        worker_init_fn=ignore_stop_signals if workers > 0 else None,
         generator=loader_generator(sampler),
     )
 

@@ -345,6 +345,14 @@ class TrainConfig:
         fill.update({k: v for k, v in augment.items() if getattr(self, k) is None})
         if task != CLASSIFICATION:
             _check_detection_loss(self.detection_loss or fill.get("detection_loss"), model, self.init)
+        lr, min_lr = self.lr or fill.get("lr"), self.min_lr if self.min_lr is not None else fill.get("min_lr")
+        if lr is not None and min_lr is not None and min_lr > lr:  # the cosine would rise
+            if self.min_lr is not None:
+                raise ValueError(
+                    f"min_lr {min_lr:g} is above lr {lr:g}: the cosine decay would raise the learning rate; give a "
+                    "min_lr of at most lr"
+                )
+            fill["min_lr"] = lr * recipe.min_lr / recipe.lr  # the recipe's end, as a share of the rate given
         if self._own_split(task) is not None:
             fill["val_fraction"] = None
         elif self.val_fraction is None:

@@ -56,6 +56,7 @@ from tqdm import tqdm
 from vitkit.analysis.precision import slow_precision
 from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
+from vitkit.data.sources import INFO_NAME
 from vitkit.detection import FOCAL_PRIOR
 from vitkit.layers import to_2tuple
 from vitkit.layers.helpers import counted
@@ -86,7 +87,7 @@ from vitkit.train.sharding import (
 )
 from vitkit.train.task import Task, create_task
 from vitkit.viz.curves import write_curves
-from vitkit.weights.io import save_pretrained
+from vitkit.weights.io import WEIGHTS_NAME, save_pretrained
 
 log = logging.getLogger("vitkit.train")
 
@@ -359,6 +360,7 @@ class _Run:
             "partials": gather_objects(dict(self.partial), self.env),  # each process's sums over this epoch so far
             # the earlier run that --force moved aside, kept until this run finishes its first epoch
             "replaced": None if self.replaced is None else str(self.replaced),
+            "classes": list(self.task.info.classes),  # what the data named; a resume checks its data still does
         }
         if weights:
             state["model"] = self.model.state_dict()
@@ -387,6 +389,7 @@ class _Run:
         """Continue from the checkpoint `state` (`_check_out`'s): written by this number of processes, or by any
         number for a sharded checkpoint, whose shards are then split anew."""
         env, saved_world = self.env, state["world_size"]
+        self._check_classes(state)
         if "sharded" in state:
             load_sharded(state["sharded"], self.trained, self.optimizer)
         elif saved_world != env.world_size:
@@ -396,7 +399,14 @@ class _Run:
                 "--strategy fsdp write checkpoints that resume on any number)"
             )
         else:
-            self.model.load_state_dict(state["model"])
+            try:
+                self.model.load_state_dict(state["model"])
+            except RuntimeError as err:  # e.g. an --init directory that holds another model now
+                first = str(err).strip().splitlines()[-1].strip()
+                raise ValueError(
+                    f"the checkpoint in {self.out} does not fit the model this run builds ({first}): its data or the "
+                    "model it started from have changed since it was written"
+                ) from None
             self.optimizer.load_state_dict(state["optimizer"])
             if self.ema is not None:
                 self.ema.load_state_dict(state["ema"])
@@ -426,6 +436,21 @@ class _Run:
         source = state.get("sharded", self.out / CHECKPOINT_NAME)
         moved = f" (written by {saved_world} processes)" if saved_world != env.world_size else ""
         self.info_line(f"resuming at {where} from {source}{moved}")
+
+    def _check_classes(self, state: dict[str, Any]) -> None:
+        """ValueError when the data's classes are not those the checkpoint was trained on (a class folder added,
+        renamed or removed since): its classifier would not fit, or would name other classes. Checkpoints written
+        before they recorded the classes are checked by the load of their weights."""
+        saved, now = state.get("classes"), list(self.task.info.classes)
+        if saved is None or saved == now:
+            return
+        added, gone = [c for c in now if c not in saved], [c for c in saved if c not in now]
+        changes = "; ".join(f"{what} {names}" for what, names in (("new", added), ("gone", gone)) if names)
+        raise ValueError(
+            f"the data's classes have changed since the checkpoint in {self.out} was written "
+            f"({changes or 'the same names in another order'}; {len(saved)} then, {len(now)} now): resume on the "
+            "data it was trained on, or train afresh on this one (--force)"
+        )
 
     def _resumed_partial(self, state: dict[str, Any]) -> dict[str, float]:
         """This process's epoch sums from the checkpoint: rank 0 takes the sums of every process that wrote it (only
@@ -684,8 +709,8 @@ def fit(
     run = None
     try:
         resolved, state = _resolve_run(config, env, resume, force)
-        if state is not None and state["epoch"] >= resolved.epochs:
-            return _complete(resolved, state, env)
+        if state is not None and state["epoch"] >= resolved.epochs and _has_final(Path(resolved.out)):
+            return _complete(resolved, state, env)  # else it is written below from the checkpoint
         run = _Run(resolved, env, allow_memory, memory_names)  # data and model (memory checked) before OUT changes
         run.sized = config.data_choices() if state is None else []
         _begin(run, state)
@@ -697,6 +722,13 @@ def fit(
                 f"this run, resumed, finishes its first epoch; to go back to the earlier run, move them into {run.out})"
             )
         cleanup(env)
+
+
+def _has_final(out: Path) -> bool:
+    """Whether OUT holds the final model of its run, whole (`write_model` writes the weights, then config.json, then
+    the task's files; a run killed in between is resumed to write it again)."""
+    final = out / "final"
+    return all((final / name).is_file() for name in (WEIGHTS_NAME, CONFIG_NAME, INFO_NAME))
 
 
 def _complete(config: TrainConfig, state: dict[str, Any], env: DistEnv) -> FitResult:
@@ -767,7 +799,7 @@ def _train(run: _Run) -> FitResult:
                 )
                 return run.result(last, interrupted=True)
             last = run.end_epoch()
-    final = run.write_model("final")
+        final = run.write_model("final")  # a stop asked for now waits for it: the run is complete
     if env.is_main:
         run.info_line(
             f"best {run.task.best_metric} {run.best_value:.4f} (epoch {run.best_epoch}); final model in {final}"

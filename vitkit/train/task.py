@@ -27,6 +27,7 @@ from vitkit.data import (
     Unreadable,
     detection_sampler,
     eval_transform,
+    ignore_stop_signals,
     jittered_sides,
     load_data,
     load_detection,
@@ -238,6 +239,7 @@ def _detection_loader(dataset: Dataset, sampler: EpochSampler, batch_size: int, 
     return DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate_detection,
         pin_memory=pin, generator=loader_generator(sampler),
+        worker_init_fn=ignore_stop_signals if workers > 0 else None,
     )  # fmt: skip
 
 
