@@ -68,3 +68,20 @@ def test_library_exports_deformable_detr_at_any_batch_and_image_size(tmp_path):
             if not mask.all():  # the padding mask reaches the graph
                 all_real = session.run(None, {"images": images.numpy(), "pixel_mask": (mask | True).numpy()})
                 assert not torch.allclose(torch.from_numpy(all_real[0]), torch.from_numpy(got[0]), atol=1e-3)
+
+
+def test_torchscript_keeps_the_batch_dynamic_and_fixes_the_image_size(tmp_path):
+    """TorchScript's trace bakes the levels' sizes into the graph: the export says its image size is fixed, and the
+    file takes any batch at that size, padded images included, with the PyTorch model's outputs (gather path)."""
+    model = tiny_deformable_detr()
+    report = export_model(model, tmp_path / "deformable.pt", "torchscript", img_size=SIZE)
+    assert not report.dynamic_img_size and report.check_sizes == (SIZE, SIZE)
+    assert report.attn_backend == "sdpa" and 0 <= report.max_abs_diff <= report.atol
+    assert all(layer.backend == "auto" for _, layer in attention_layers(model))  # the caller's model is untouched
+    traced = torch.jit.load(str(report.path))
+    for images, mask in batches(SIZE):
+        with torch.no_grad():
+            expected = model(images, mask)
+            got = traced(images, mask)
+        for name, value in zip(OUTPUTS, got, strict=True):
+            torch.testing.assert_close(value, expected[name], atol=1e-4, rtol=0)

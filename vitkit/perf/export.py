@@ -21,9 +21,9 @@ does not, at some sizes).
 Attention backend per format: ONNX uses the "math" attention, the reference formula (the fused kernel's
 decomposition with an additive bias does not export with a dynamic batch for Swin and BoTNet; ONNX Runtime fuses the
 formula's pattern itself); TorchScript keeps torch's fused "sdpa" kernel, which the traced module calls directly.
-`set_attention_backend` switches multi-scale deformable attention too: under "math" it runs its reference, one
-bilinear `grid_sample` per level (ONNX GridSample), with the batch and the maps' sizes symbolic; its inference path,
-the `embedding_bag` gather, builds its index tables per batch element and would fix the batch size in the graph.
+Multi-scale deformable attention runs its reference ("math") in both formats: one bilinear `grid_sample` per level
+(ONNX GridSample), with the batch and the maps' sizes symbolic; its inference path, the `embedding_bag` gather,
+builds its index tables per batch element and would fix the batch size in the graph (`DEFORMABLE_BACKEND`).
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitkit.layers import set_attention_backend, to_2tuple
+from vitkit.layers import MultiScaleDeformableAttention, attention_layers, set_attention_backend, to_2tuple
 from vitkit.models.interface import VitkitDetector
 from vitkit.models.registry import DETECTION, family_of
 from vitkit.weights.io import atomic_write
 
 FORMATS = ("onnx", "torchscript")
-BACKENDS = {"onnx": "math", "torchscript": "sdpa"}  # attention backend each format is exported with (see above)
+BACKENDS = {"onnx": "math", "torchscript": "sdpa"}  # dense attention's backend in each format (see above)
+DEFORMABLE_BACKEND = "math"  # multi-scale deformable attention's, in both: its reference keeps the batch free
 EXPORT_BATCH = 2  # batch size of the example input (torch.export specialises sizes 0 and 1, so not 1)
 CHECK_BATCHES = (1, 3)  # batch sizes the exported file is run at, both different from EXPORT_BATCH
 INPUT_NAME = "images"  # ONNX graph input (B, C, H, W)
@@ -150,10 +151,14 @@ def _input_size(model: nn.Module, img_size: int | tuple[int, int] | None) -> tup
     return size, getattr(config, "in_chans", 3)
 
 
-def _signature(model: nn.Module) -> Signature:
-    if is_detector(model):
-        return Signature(DETECTOR_INPUTS, DETECTOR_OUTPUTS, getattr(model.config, "dynamic_img_size", False))
-    return Signature((INPUT_NAME,), (OUTPUT_NAME,), False)
+def _signature(model: nn.Module, format: str) -> Signature:
+    """What `model`'s graph in `format` takes and returns. TorchScript's trace fixes the image size of a model with
+    multi-scale deformable attention (its levels' sizes become constants of the graph); ONNX keeps it dynamic."""
+    if not is_detector(model):
+        return Signature((INPUT_NAME,), (OUTPUT_NAME,), False)
+    deformable = any(isinstance(layer, MultiScaleDeformableAttention) for _, layer in attention_layers(model))
+    dynamic = getattr(model.config, "dynamic_img_size", False) and not (format == "torchscript" and deformable)
+    return Signature(DETECTOR_INPUTS, DETECTOR_OUTPUTS, dynamic)
 
 
 def _padded_mask(batch: int, H: int, W: int) -> torch.Tensor:
@@ -315,7 +320,7 @@ def export_model(
         raise IsADirectoryError(f"{path} is a directory; expected a file name such as model.onnx or model.pt")
     export, load = _format_functions(format)
     (H, W), in_chans = _input_size(model, img_size)
-    signature = _signature(model)
+    signature = _signature(model, format)
     reference, exported = _models(model, format, signature)
     sizes = [(H, W)] * len(CHECK_BATCHES)
     if signature.dynamic_img_size:  # the first check at the exported size, the others at another one
@@ -364,6 +369,9 @@ def _models(model: nn.Module, format: str, signature: Signature) -> tuple[nn.Mod
     attention backend, a detector wrapped in `DetectorOutputs`)."""
     reference = copy.deepcopy(model).to(device="cpu", dtype=torch.float32).eval()
     exported = set_attention_backend(copy.deepcopy(reference), BACKENDS[format])
+    for _, layer in attention_layers(exported):
+        if isinstance(layer, MultiScaleDeformableAttention):
+            layer.backend = DEFORMABLE_BACKEND
     if signature.inputs == DETECTOR_INPUTS:
         exported = DetectorOutputs(exported).eval()
     return reference, exported
