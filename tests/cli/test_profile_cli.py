@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from vitkit.analysis import estimate_memory, profile
@@ -139,3 +140,26 @@ def test_training_memory_in_json_and_only_with_train(capsys):
     assert "training_memory" not in json.loads(capsys.readouterr().out)  # the report as before
     assert main(["profile", "vit_tiny_patch16_224", "--world", "2"]) == 2
     assert "--strategy and --world estimate a training run's memory: add --train" in capsys.readouterr().err
+
+
+def test_the_sweep_takes_the_dtype_and_counts_only_dense_attention_as_quadratic():
+    """In bf16 the activations of the sweep are half fp32's; a Deformable DETR's N^2 terms are its decoder's
+    self-attention among the queries, the same at every size (its sampling's softmax grows with the tokens)."""
+    fp32, bf16 = (scaling("vit_tiny_patch16_224", [224], dtype=d)[0] for d in (torch.float32, torch.bfloat16))
+    assert bf16.activation_bytes_sdpa * 2 == fp32.activation_bytes_sdpa and bf16.quadratic_flops == fp32.quadratic_flops
+    small, large = scaling("deformable_detr_small", [128, 512])
+    assert small.quadratic_flops == large.quadratic_flops > 0 and large.linear_flops > 10 * small.linear_flops
+
+
+def test_mistakes_before_any_work(capsys):
+    assert main(["profile", "botnet26t_256", "--plot", "b.png"]) == 2
+    captured = capsys.readouterr()
+    assert "takes only 256x256 images, so there are no other sizes to plot" in captured.err and not captured.out
+    assert main(["profile", "vit_tiny_patch16_224", "--train", "--strategy", "fsdp", "--world", "0"]) == 2
+    assert "world must be >= 1, got 0" in capsys.readouterr().err
+    for size in (-16, 96.0, (0, 3)):
+        with pytest.raises(ValueError, match="img_size must be a positive int or a pair"):
+            profile("vit_tiny_patch16_224", size)
+    if not torch.cuda.is_available():
+        assert main(["profile", "vit_tiny_patch16_224", "--measure", "--device", "cuda"]) == 2
+        assert "torch sees no CUDA device" in capsys.readouterr().err

@@ -116,6 +116,18 @@ def profile(
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
+    sides = (img_size, img_size) if isinstance(img_size, int) else img_size
+    if img_size is not None and not (
+        isinstance(sides, tuple | list)
+        and len(sides) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sides)
+    ):
+        raise ValueError(f"img_size must be a positive int or a pair (H, W) of them, got {img_size!r}")
+    if measure and torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            "measuring runs the model on 'cuda', but torch sees no CUDA device: measure on the CPU, or count the "
+            "costs a GPU run would have without measuring"
+        )
     model = require_model(_resolve(model_or_name, img_size, measure, overrides or {}), "profile")
     if measure and isinstance(model_or_name, str):
         model = model.to(device, dtype)  # measured where and as the costs assume

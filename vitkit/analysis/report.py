@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -9,7 +10,7 @@ import torch
 
 from vitkit.analysis.profile import CATEGORIES, Report, category, group_key, profile
 from vitkit.layers.cost import OpCost
-from vitkit.models.registry import create_model
+from vitkit.models.registry import create_model, model_entry
 
 # How the notes write each operator's shapes; letters: B batch, N tokens, C channels, h heads, d = C / h.
 SYMBOLIC = {
@@ -81,8 +82,10 @@ def shape_flow(report: Report) -> list[str]:
     return lines
 
 
-def _quadratic(op: OpCost) -> bool:
-    return op.op in ("q@k^T", "attn@v", "softmax", "+bias")
+def _quadratic(op: OpCost, dense: set[str]) -> bool:
+    """Whether `op` is one of dense attention's N^2 terms; `dense` names the modules that form q@k^T (a deformable
+    layer's softmax over its sampling points grows with the tokens, not their square)."""
+    return op.op in ("q@k^T", "attn@v") or (op.op in ("softmax", "+bias") and op.module in dense)
 
 
 @dataclass(frozen=True)
@@ -95,16 +98,34 @@ class ScalePoint:
     activation_bytes_math: int
 
 
-def scaling(model_name: str, sides: list[int], batch: int = 1) -> list[ScalePoint]:
-    """Cost and peak activation memory of `model_name` at square sizes `sides`, for both attention backends."""
+def check_scalable(model_name: str) -> None:
+    """ValueError unless the registered model `model_name` takes images of other sizes (`scaling` sweeps them)."""
+    config = model_entry(model_name).config
+    if not any(f.name == "dynamic_img_size" for f in dataclasses.fields(config)):
+        raise ValueError(
+            f"{model_name} takes only {config.img_size}x{config.img_size} images, so there are no other sizes to plot"
+        )
+
+
+def scaling(
+    model_name: str,
+    sides: list[int],
+    batch: int = 1,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> list[ScalePoint]:
+    """Cost and peak activation memory of `model_name` at square sizes `sides`, for both attention backends, with
+    activations in `dtype` on `device` (as `profile` assumes them)."""
+    check_scalable(model_name)
     models = {}
     for backend in ("sdpa", "math"):
         with torch.device("meta"):
             models[backend] = create_model(model_name, dynamic_img_size=True, attn_backend=backend).eval()
     points = []
     for side in sides:
-        fused, reference = (profile(models[b], side, batch) for b in ("sdpa", "math"))
-        quadratic = sum(op.flops for op in fused.ops if _quadratic(op))
+        fused, reference = (profile(models[b], side, batch, dtype=dtype, device=device) for b in ("sdpa", "math"))
+        dense = {op.module for op in fused.ops if op.op == "q@k^T"}
+        quadratic = sum(op.flops for op in fused.ops if _quadratic(op, dense))
         tokens = next((op.in_shape[1] for op in fused.ops if op.op == "qkv"), 0)
         points.append(
             ScalePoint(

@@ -9,7 +9,7 @@ import json
 from vitkit.analysis.precision import PRECISIONS
 from vitkit.analysis.preflight import STRATEGIES, MemoryEstimate, check_memory, estimate_memory
 from vitkit.analysis.profile import Report, profile
-from vitkit.analysis.report import crossover, grouped, scaling, shape_flow, shares
+from vitkit.analysis.report import check_scalable, crossover, grouped, scaling, shape_flow, shares
 from vitkit.cli.options import add_memory_option, memory_flags, parse_size
 from vitkit.viz import plot_scaling
 
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             overrides=overrides,
             strategy=args.strategy or "ddp",
-            world=args.world or 1,
+            world=1 if args.world is None else args.world,
         )
     if args.measure:  # the forward pass runs for real: refuse it if it would not fit
         check_memory(
@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
             names=memory_flags(batch="--batch", grad_checkpointing=None),
             overrides=overrides,
         )
+    if args.plot:  # before any work: a model of one size has no sweep
+        check_scalable(args.model)
     report = profile(args.model, args.img_size, args.batch, args.measure, dtype, args.device, overrides)
     if args.json:
         data = report.to_dict()
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             print_training_memory(memory)
     if args.plot:
         sides = list(range(64, 2048 + 1, 64))
-        points = scaling(args.model, sides, args.batch)
+        points = scaling(args.model, sides, args.batch, dtype, args.device)
         plot_scaling(points, args.plot, args.model)
         cross = crossover(points)
         where = f"from {cross.side}px ({cross.tokens} tokens)" if cross else f"not below {sides[-1]}px"
