@@ -60,26 +60,27 @@ def test_eval_prints_the_map_of_the_final_epoch(trained, capsys):
 
 
 def test_eval_batches_a_detector_as_its_run_validated_it(trained, monkeypatch, tmp_path):
-    """Padding within a batch moves a detector's outputs near the image borders, so eval takes the batch size of
-    the run that wrote the directory (its config.json one folder up), else 8, unless --batch-size says."""
+    """Padding within a batch moves a detector's outputs near the image borders, so eval takes the batch size (and
+    the precision) of the run that wrote the directory (its config.json one folder up), else 8 (and fp32), unless
+    --batch-size (--precision) says."""
     from vitkit.cli import eval as eval_cli
 
     seen, real = [], eval_cli.evaluate_detector_dir
 
-    def recorded(directory, data, batch_size, *rest):
-        seen.append(batch_size)
-        return real(directory, data, batch_size, *rest)
+    def recorded(directory, data, batch_size, device, workers, precision):
+        seen.append((batch_size, precision))
+        return real(directory, data, batch_size, device, workers, precision)
 
     monkeypatch.setattr(eval_cli, "evaluate_detector_dir", recorded)
     out, _ = trained
     run = tmp_path / "run"
     shutil.copytree(out / "final", run / "final")
     config = json.loads((out / "config.json").read_text())
-    (run / "config.json").write_text(json.dumps({**config, "batch_size": 3}))
+    (run / "config.json").write_text(json.dumps({**config, "batch_size": 3, "precision": "bf16"}))
     shutil.copytree(out / "final", tmp_path / "alone")
     for directory, extra in ((run / "final", []), (tmp_path / "alone", []), (run / "final", ["--batch-size", "5"])):
         assert main(["eval", "--model-dir", str(directory), "--device", "cpu", *extra]) == 0
-    assert seen == [3, 8, 5]
+    assert seen == [(3, "bf16"), (8, "fp32"), (5, "bf16")]
 
 
 def test_predict_draws_and_lists_the_detections_of_a_folder(trained, capsys, tmp_path):

@@ -194,3 +194,18 @@ def test_cli_errors(tmp_path, capsys):
     assert main(["export", "--model-dir", str(tmp_path / "model"), "--format", "onnx", "--atol", "-1", out]) == 2
     assert "vitkit export: error: atol must be >= 0, got -1.0" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_bf16_optimized_model_is_refused_and_profiled(tmp_path):
+    """export takes the model before optimize(model, "bf16"); `profile` counts the optimized model as the one it
+    was made from (the packed linear layers as linear layers, the fused GELU in fc1), with less written."""
+    from vitkit.analysis import profile
+
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=2).eval()
+    optimized = vitkit.optimize(model, "bf16")
+    for candidate in (optimized, optimized.model):
+        with pytest.raises(ValueError, match=r"export takes a model before vitkit.optimize\(model, 'bf16'\)"):
+            export_model(candidate, tmp_path / "x.pt", "torchscript")
+    assert not list(tmp_path.iterdir())
+    ours, theirs = (profile(m, 224, dtype=torch.bfloat16) for m in (optimized.model, model))
+    assert (ours.macs, ours.flops) == (theirs.macs, theirs.flops) and ours.activation_bytes < theirs.activation_bytes

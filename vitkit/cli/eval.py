@@ -15,7 +15,7 @@ from vitkit.infer import (
     evaluate_model_dir,
     is_detector_dir,
     missing_info_note,
-    run_batch_size,
+    run_config,
 )
 from vitkit.viz import confusion_image
 from vitkit.viz.attention import check_picture_path
@@ -45,6 +45,13 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         help=f"images per batch (default: {CLASSIFIER_BATCH}; a detector: the batch size of the run that wrote it, as "
         f"it was validated, else {DETECTOR_BATCH}: padding within a batch moves a detector's outputs near the borders)",
     )
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default=None,
+        help="bf16: under bfloat16 autocast (default: the precision of the run that wrote the model, as it was "
+        "validated, else fp32)",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
     parser.add_argument("--plot", metavar="PNG", default=None, help="write a classifier's confusion matrix to this PNG")
@@ -65,9 +72,10 @@ def _skipped(skipped: tuple[Unreadable, ...]) -> None:
 def _run_detector(args: argparse.Namespace) -> int:
     if args.plot:
         raise ValueError("--plot draws a classifier's confusion matrix; a detector has none")
-    if args.batch_size is None:
-        args.batch_size = run_batch_size(args.model_dir) or DETECTOR_BATCH
-    result, _ = evaluate_detector_dir(args.model_dir, args.data, args.batch_size, args.device, args.workers)
+    run = run_config(args.model_dir)
+    batch = args.batch_size or run.get("batch_size") or DETECTOR_BATCH
+    precision = args.precision or run.get("precision") or "fp32"
+    result, _ = evaluate_detector_dir(args.model_dir, args.data, batch, args.device, args.workers, precision)
     _note(args)
     values = result.to_dict()
     if args.json:
@@ -82,11 +90,11 @@ def _run_detector(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if is_detector_dir(args.model_dir):
         return _run_detector(args)
-    if args.batch_size is None:
-        args.batch_size = CLASSIFIER_BATCH
     if args.plot:  # before the evaluation, not after it
         check_picture_path(args.plot)
-    result, info = evaluate_model_dir(args.model_dir, args.data, args.batch_size, args.device, args.workers)
+    precision = args.precision or run_config(args.model_dir).get("precision") or "fp32"
+    batch = args.batch_size or CLASSIFIER_BATCH
+    result, info = evaluate_model_dir(args.model_dir, args.data, batch, args.device, args.workers, precision)
     _note(args)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

@@ -32,7 +32,7 @@ from vitkit.infer.model_dir import (
     load_detector,
     missing_info_note,
     registered_detector,
-    run_batch_size,
+    run_config,
     save_detection_settings,
 )
 from vitkit.infer.object_attention import (
@@ -82,7 +82,7 @@ __all__ = [
     "load_detection_settings",
     "load_detector",
     "registered_detector",
-    "run_batch_size",
+    "run_config",
     "missing_info_note",
     "predict",
     "predict_files",

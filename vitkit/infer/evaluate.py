@@ -155,10 +155,16 @@ def evaluate(
 
 
 def evaluate_model_dir(
-    model_dir: str, data: str | None = None, batch_size: int = 256, device: str | None = None, workers: int = 0
+    model_dir: str,
+    data: str | None = None,
+    batch_size: int = 256,
+    device: str | None = None,
+    workers: int = 0,
+    precision: str = "fp32",
 ) -> tuple[EvalResult, DataInfo]:
     """Evaluate the classifier in `model_dir` on `data` (see `vitkit.data.load_eval_split`; by default the held-out
-    part of its training data, which only a directory written by vitkit train knows).
+    part of its training data, which only a directory written by vitkit train knows), in `precision` ("bf16":
+    under bfloat16 autocast, as a bf16 run validates).
 
     A directory without dataset.json (see `vitkit.infer.load_classifier`) needs `data`; when its config names no
     classes, the data's class names are taken, in their sorted order, as the model's (`missing_info_note` words
@@ -182,7 +188,7 @@ def evaluate_model_dir(
     transform = eval_transform(to_2tuple(model.config.img_size), model.config.in_chans)
     images = TransformedImages(held, transform)
     loader = make_loader(images, EpochSampler(len(images), shuffle=False, pad=False), batch_size, workers)
-    return evaluate(model, loader, info), info
+    return evaluate(model, loader, info, precision=precision), info
 
 
 @torch.no_grad()
@@ -223,11 +229,16 @@ def evaluate_detector(
 
 
 def evaluate_detector_dir(
-    model_dir: str, data: str | None = None, batch_size: int = 64, device: str | None = None, workers: int = 0
+    model_dir: str,
+    data: str | None = None,
+    batch_size: int = 64,
+    device: str | None = None,
+    workers: int = 0,
+    precision: str = "fp32",
 ) -> tuple[DetectionResult, DetectionInfo]:
     """COCO mAP of the detector in `model_dir` on the validation split of `data` (builtin:digits-detect or a
     COCO-format folder; by default the data it was trained on, which only a directory written by vitkit train
-    knows).
+    knows), in `precision` ("bf16": under bfloat16 autocast, as a bf16 run validates).
 
     A directory without dataset.json needs `data`; when its config names no classes, the data's classes and
     category ids are taken, in class-index order, as the model's (`vitkit.infer.missing_info_note` words what
@@ -249,4 +260,4 @@ def evaluate_detector_dir(
         raise ValueError(f"{data} has classes {list(found.classes)}, the model knows {list(info.classes)}")
     sampler = detection_sampler(val, batch_size)  # batches of one orientation
     loader = DataLoader(val, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate_detection)
-    return evaluate_detector(model, loader, info, postprocessing), info
+    return evaluate_detector(model, loader, info, postprocessing, precision=precision), info

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -134,18 +135,18 @@ def load_classifier(directory: str | os.PathLike, device: str | None = None) -> 
     return model, info
 
 
-def run_batch_size(directory: str | os.PathLike) -> int | None:
-    """The batch size of the `vitkit train` run a model directory was written by (its best/ or final/: the run's
-    config.json one folder up), with which the run validated it; None for a directory of no run."""
+def run_config(directory: str | os.PathLike) -> dict[str, Any]:
+    """The options of the `vitkit train` run a model directory was written by (its best/ or final/: the run's
+    config.json one folder up), e.g. the batch size and precision it validated the model at; {} for a directory
+    of no run."""
     path = Path(directory).resolve().parent / "config.json"
     try:
         saved = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
-        return None
+        return {}
     if not isinstance(saved, dict) or not {"batch_size", "epochs", "data", "out"} <= saved.keys():
-        return None  # not a run's config
-    batch = saved["batch_size"]
-    return batch if isinstance(batch, int) and batch > 0 else None
+        return {}  # not a run's config
+    return saved
 
 
 def registered_detector(name: str, device: str | None = None) -> tuple[nn.Module, DetectionInfo, Postprocessing]:

@@ -176,8 +176,8 @@ def linear_op(module: str, op: str, x: Value, out_features: int, ctx: CostContex
     return matmul_op(module, op, (x,), (*x.shape[:-1], out_features), numel(x.shape) * out_features, ctx, bias=bias)
 
 
-def linear(module: str, op: str, x: Value, layer: nn.Linear, ctx: CostContext) -> OpCost:
-    """`linear_op` for the nn.Linear `layer`."""
+def linear(module: str, op: str, x: Value, layer: nn.Module, ctx: CostContext) -> OpCost:
+    """`linear_op` for the linear `layer` (an nn.Linear, or any layer with its `out_features` and `bias`)."""
     return linear_op(module, op, x, layer.out_features, ctx, bias=layer.bias is not None)
 
 

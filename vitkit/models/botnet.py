@@ -238,7 +238,7 @@ class ClassifierHead(nn.Module):
             ops(self.pool.cost(f"{name}.pool", view(x, (B, H * W, C)), ctx))  # the cells as tokens: a view
         else:
             ops(reduce_op(name, "mean", x, (B, C), numel(x.shape), ctx))
-        if isinstance(self.fc, nn.Linear):
+        if not isinstance(self.fc, nn.Identity):  # nn.Linear, or optimize's packed one
             ops(linear(f"{name}.fc", "fc", ops.out, self.fc, ctx))  # B*C*classes
         return ops
 

@@ -534,7 +534,7 @@ class ClassifierHead(nn.Module):
         ops = Ops(x)
         ops(reduce_op(name, "mean", x, (B, C), numel(x.shape), ctx))  # BHWC: one add per element
         ops(cost_of(f"{name}.drop", self.drop, ops.out, ctx))
-        return ops + ([linear(name, "head", ops.out, self.fc, ctx)] if isinstance(self.fc, nn.Linear) else [])
+        return ops + ([] if isinstance(self.fc, nn.Identity) else [linear(name, "head", ops.out, self.fc, ctx)])
 
 
 class SwinTransformer(CostFromImages, nn.Module):

@@ -373,7 +373,7 @@ class VisionTransformer(CostFromImages, nn.Module):
         for name, head in heads:  # head_drop before each head (training only)
             dropped = cost_of("head_drop", self.head_drop, features, ctx)
             x = ops(dropped) if dropped else features
-            outputs.append(ops(linear(name, "head", x, head, ctx)) if isinstance(head, nn.Linear) else x)  # BFK
+            outputs.append(x if isinstance(head, nn.Identity) else ops(linear(name, "head", x, head, ctx)))  # BFK
         if c.distilled:  # (cls + dist) / 2, of the logits (or of the features when the heads are Identity)
             ops(elementwise_op("head", "mean_heads", tuple(outputs), 2, ctx))
         return ops

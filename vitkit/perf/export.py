@@ -44,6 +44,7 @@ from torch import nn
 from vitkit.layers import MultiScaleDeformableAttention, attention_layers, set_attention_backend, to_2tuple
 from vitkit.models.interface import VitkitDetector
 from vitkit.models.registry import DETECTION, family_of
+from vitkit.perf.optimize import OptimizedModel, PackedLinear
 from vitkit.weights.io import atomic_write
 
 FORMATS = ("onnx", "torchscript")
@@ -313,6 +314,13 @@ def export_model(
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    packed = any(isinstance(m, PackedLinear) for m in model.modules())
+    if packed or (isinstance(model, OptimizedModel) and model.dtype != torch.float32):
+        raise ValueError(
+            "export takes a model before vitkit.optimize(model, 'bf16'): its bf16 layers (oneDNN's packed CPU "
+            "kernels) are not what ONNX or TorchScript hold; export the model optimize was given (ONNX Runtime and "
+            "TorchScript optimise the float32 graph themselves)"
+        )
     if not atol >= 0:
         raise ValueError(f"atol must be >= 0, got {atol}")
     path = Path(path)

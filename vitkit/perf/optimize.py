@@ -9,6 +9,7 @@ the separate pass over the (B, N, 4C) hidden activations that GELU takes (profil
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import warnings
 from typing import Any
@@ -19,6 +20,7 @@ from torch import nn
 
 from vitkit.analysis.precision import precision_dtype, slow_precision
 from vitkit.layers import Mlp, attention_layers
+from vitkit.layers.cost import GELU_FLOPS, CostContext, OpCost, Value, linear_op, numel
 from vitkit.layers.helpers import native_cpu_bf16
 
 ACTIVATIONS = ("none", "gelu")
@@ -99,6 +101,15 @@ class PackedLinear(nn.Module):
             return F.gelu(y) if self.activation == "gelu" else y
         # algorithm "none" selects the exact erf GELU ("tanh" would be the approximation); unused for "none"
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.activation, [], "none")
+
+    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The `nn.Linear` it replaces, as `vitkit.layers.cost` counts one (its row in the layer holding it), with
+        the fused GELU's FLOPs in the same operator: it writes no tensor of its own."""
+        parent, _, child = name.rpartition(".")
+        op = linear_op(parent, child, x, self.out_features, ctx, bias=self.bias is not None)
+        if self.activation == "gelu":
+            op = dataclasses.replace(op, flops=op.flops + GELU_FLOPS * numel(op.out_shape))
+        return [op]
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         destination[prefix + "weight"] = self.weight
