@@ -193,3 +193,24 @@ def test_loader_workers_leave_stop_signals_to_the_main_process():
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def test_a_run_from_init_resumes_when_that_model_is_gone(tmp_path, tiny_config, caplog):
+    """A resumed run takes only the architecture from --init (the checkpoint holds the weights): with the model it
+    started from moved away, it reads the architecture from the run's own saved model and ends as the run resumed
+    with it there."""
+    fit(tiny_config(tmp_path / "base", epochs=1))
+    ends = []
+    for name, move in (("kept", False), ("moved", True)):
+        init = tmp_path / f"init_{name}"
+        shutil.copytree(tmp_path / "base" / "final", init)
+        out = tmp_path / name
+        fields = dict(model=None, model_args={}, init=str(init), img_size=14)
+        fit(tiny_config(out, epochs=1, **fields))
+        if move:
+            shutil.move(init, tmp_path / "elsewhere")
+        with caplog.at_level(logging.INFO, logger="vitkit.train"):
+            fit(tiny_config(out, epochs=2, **fields), resume=True)
+        assert ("is gone: its architecture is read from" in caplog.text) == move
+        ends.append(_final_weights(out))
+    _assert_identical(*ends)

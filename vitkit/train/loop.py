@@ -754,13 +754,17 @@ def _resolve_run(
     """(the resolved configuration on this process's device, the checkpoint to resume from or None for a fresh run);
     the options given that the run does not use are logged as warnings. ValueError when OUT does not hold what
     `resume` / `force` expect, or the settings differ from the checkpoint's beyond `RESUME_MAY_CHANGE`."""
+    original = given.init
+    if resume and given.init is not None and not Path(given.init).exists():
+        given = _init_stand_in(given, env)
     config = dataclasses.replace(given.resolved(), device=env.device.type)
     if env.is_main:
         for message in given.ignored():
             log.warning(message)
     state = _check_out(Path(config.out), resume, force, given)
     if state is not None:
-        _check_resume(json.loads(state["config"]), config, given)
+        compared = config if given.init == original else dataclasses.replace(config, init=os.path.abspath(original))
+        _check_resume(json.loads(state["config"]), compared, given)
         if "sharded" in state and state["world_size"] != env.world_size:  # keep the global batch
             batch = resharded_batch(config.batch_size, state["world_size"], env.world_size)
             if env.is_main and batch != config.batch_size:
@@ -770,6 +774,22 @@ def _resolve_run(
                 )
             config = dataclasses.replace(config, batch_size=batch)
     return config, state
+
+
+def _init_stand_in(given: TrainConfig, env: DistEnv) -> TrainConfig:
+    """`given` with `init` replaced by the run's own final/ or best/ model when the model it started from is gone:
+    a resumed run takes only the architecture from `init` (the checkpoint holds every weight), and the run's saved
+    models have that architecture. `given` as it is when the run has saved no model yet."""
+    out = Path(given.out)
+    stand_in = next((d for d in (out / "final", out / "best") if (d / CONFIG_NAME).is_file()), None)
+    if stand_in is None:
+        return given
+    if env.is_main:
+        log.info(
+            f"the model this run started from, {given.init}, is gone: its architecture is read from {stand_in} "
+            "instead (the checkpoint holds the weights)"
+        )
+    return dataclasses.replace(given, init=os.fspath(stand_in))
 
 
 def _begin(run: _Run, state: dict[str, Any] | None) -> None:
