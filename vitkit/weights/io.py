@@ -318,6 +318,10 @@ def _saved_config(directory: str | os.PathLike, overrides: dict[str, Any]) -> tu
     config_path = Path(directory) / CONFIG_NAME
     saved = read_vitkit_config(config_path)
     fam = family(saved["family"])
+    names = {f.name for f in dataclasses.fields(fam.config_cls)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:  # the caller's, not the file's: worded as `create_model` words them
+        raise ValueError(f"{fam.config_cls.__name__} has no field(s) {unknown}; its fields are {sorted(names)}")
     fields = {**saved["config"], **overrides}
     return fam.name, _config_from_dict(fam.config_cls, fields, fam.name, saved["format_version"], str(config_path))
 
