@@ -3,10 +3,9 @@ a dynamic batch and image size, exported on the reference path of its deformable
 "math" backend ONNX export uses for every attention layer) and checked here against the PyTorch model, on its default
 ("auto": the gather) path, on padded batches of sizes other than the export's own check."""
 
-import warnings
-
 import pytest
 import torch
+from test_export_detr import assert_matches_pytorch
 
 import vitkit
 from vitkit.detection import pad_images
@@ -74,18 +73,11 @@ def test_library_exports_deformable_detr_at_any_batch_and_image_size(tmp_path):
 
 def test_torchscript_keeps_the_batch_dynamic_and_fixes_the_image_size(tmp_path):
     """TorchScript's trace bakes the levels' sizes into the graph: the export says its image size is fixed, and the
-    file takes any batch at that size, padded images included, with the PyTorch model's outputs (gather path)."""
+    file takes any batch at that size, padded images included (their mask reaching it), with the PyTorch model's
+    outputs (gather path)."""
     model = tiny_deformable_detr()
     report = export_model(model, tmp_path / "deformable.pt", "torchscript", img_size=SIZE)
     assert not report.dynamic_img_size and report.check_sizes == (SIZE, SIZE)
     assert report.attn_backend == "sdpa" and 0 <= report.max_abs_diff <= report.atol
     assert all(layer.backend == "auto" for _, layer in attention_layers(model))  # the caller's model is untouched
-    with warnings.catch_warnings():  # torch 2.14 marks torch.jit deprecated; the format is still what it loads
-        warnings.simplefilter("ignore", FutureWarning)
-        traced = torch.jit.load(str(report.path))
-    for images, mask in batches(SIZE):
-        with torch.no_grad():
-            expected = model(images, mask)
-            got = traced(images, mask)
-        for name, value in zip(OUTPUTS, got, strict=True):
-            torch.testing.assert_close(value, expected[name], atol=1e-4, rtol=0)
+    assert_matches_pytorch(model, report.path, "torchscript", [SIZE], fixed=True)  # padded batches, the mask read
