@@ -28,7 +28,7 @@ def native_bf16(monkeypatch):
     """Attention's dispatch as on a CPU with bf16 instructions and no AMX tiles (AVX512-BF16), on whatever CPU runs
     the test: the paths `auto` takes only there are then checked everywhere (on other CPUs they are slow, not
     wrong)."""
-    import vitkit.layers.helpers
+    from vitkit.kernels import policy
 
-    monkeypatch.setattr(vitkit.layers.helpers, "native_cpu_bf16", lambda: True)
-    monkeypatch.setattr(vitkit.layers.helpers, "cpu_amx", lambda: False)
+    monkeypatch.setattr(policy, "native_cpu_bf16", lambda: True)
+    monkeypatch.setattr(policy, "cpu_amx", lambda: False)

@@ -12,9 +12,9 @@ from timm.layers.bottleneck_attn import PosEmbedRel
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from vitkit.cost import trace
 from vitkit.layers.attention import Attention, capture_attention
 from vitkit.layers.attention2d import Attention2d
-from vitkit.layers.cost import CostContext, given
 from vitkit.layers.rel_pos import FactorizedPosEmbed2d, RelPosEmbed2d
 
 
@@ -198,8 +198,7 @@ def test_analytic_cost_equals_flop_counter(pos):
     with torch.device("meta"):
         layer = Attention2d(32, 4, backend="math", pos=pos, feat_size=(3, 5) if pos != "none" else None)
         x = torch.empty(2, 32, 3, 5)
-    ops = layer.cost("attn", given((2, 32, 3, 5)), CostContext())
+    ops = trace(layer, x)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         layer(x)
     assert sum(op.matmul_flops for op in ops) == counter.get_total_flops()
-    assert ops[-1].out_shape == (2, 32, 3, 5)

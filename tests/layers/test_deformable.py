@@ -12,21 +12,24 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-import vitkit.layers.deformable as deformable
+import vitkit
+import vitkit.kernels.deformable as deformable
 from vitkit.analysis import PeakMemory
 from vitkit.analysis.memory import inference_peak_bytes, saved_for_backward_bytes, training_peak_bytes
+from vitkit.cost import CostContext, trace
+from vitkit.kernels.deformable import (
+    gathered_deformable_attention,
+    levelwise_deformable_attention,
+    reference_deformable_attention,
+)
 from vitkit.layers import (
     Attention,
     MultiScaleDeformableAttention,
     SampledAttention,
     attention_layers,
     capture_attention,
-    gathered_deformable_attention,
-    levelwise_deformable_attention,
-    reference_deformable_attention,
     set_attention_backend,
 )
-from vitkit.layers.cost import CostContext, given
 
 SHAPES = ((5, 7), (3, 4), (1, 2))  # levels of different sizes, one a single row
 B, Q, D, HEADS, K = 2, 6, 16, 2, 3
@@ -34,13 +37,14 @@ L, N = len(SHAPES), sum(H * W for H, W in SHAPES)
 
 
 @functools.cache
-def elementwise_mapping() -> dict:
-    """The aten -> element-wise FLOPs mapping of tests/analysis/test_elementwise_flops.py (one count for all)."""
+def dispatcher_flops() -> type:
+    """The counting mode of tests/analysis/test_elementwise_flops.py: every operator dispatched, counted by the rule
+    a trace counts with."""
     path = Path(__file__).parents[1] / "analysis" / "test_elementwise_flops.py"
-    spec = importlib.util.spec_from_file_location("elementwise_flops_mapping", path)
+    spec = importlib.util.spec_from_file_location("elementwise_flops", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.ELEMENTWISE
+    return module.DispatcherFlops
 
 
 def make_layer(backend: str = "auto", dtype: torch.dtype = torch.float64, seed: int = 0, **sizes):
@@ -146,7 +150,7 @@ def test_reference_equals_transformers_in_float64(shapes):
 
 
 @pytest.mark.parametrize("kind", [2, 4])
-@pytest.mark.parametrize("backend", ["math", "sdpa"])
+@pytest.mark.parametrize("backend", ["math", "gather"])
 def test_layer_equals_the_papers_equation_and_transformers_layer(kind, backend):
     from transformers import DeformableDetrConfig
     from transformers.models.deformable_detr.modeling_deformable_detr import (
@@ -189,10 +193,9 @@ def forward_backward(layer, query, ref, value, mask=None):
 
 
 def by_path(layer, *args, **kwargs):
-    """`forward_backward` in training mode on each path: the gather ("sdpa"), the levelwise path ("auto") and the
-    reference ("math")."""
+    """`forward_backward` in training mode on each path: the gather, the levelwise path and the reference ("math")."""
     results = {}
-    for path, backend in (("gather", "sdpa"), ("levelwise", "auto"), ("reference", "math")):
+    for path, backend in (("gather", "gather"), ("levelwise", "levelwise"), ("reference", "math")):
         layer.backend = backend
         assert layer.path(True) == path
         results[path] = forward_backward(layer.train(), *args, **kwargs)
@@ -305,7 +308,7 @@ def test_every_path_in_lower_precision(kind, dtype, forward_tolerance, gradient_
                 assert largest_error(grad, reference_grads[name]) <= between_paths[1], f"{path} {name}"
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "math"])
+@pytest.mark.parametrize("backend", ["gather", "math"])
 def test_padding_mask_zeroes_the_padded_values(backend):
     layer = make_layer(backend).eval()
     query, ref, value = inputs()
@@ -322,21 +325,25 @@ def test_padding_mask_zeroes_the_padded_values(backend):
 
 @pytest.mark.parametrize(
     ("backend", "in_training", "in_eval"),
-    [("auto", "levelwise", "gather"), ("sdpa", "gather", "gather"), ("math", "reference", "reference")],
+    [
+        ("auto", "levelwise", "gather"),
+        ("gather", "gather", "gather"),
+        ("levelwise", "levelwise", "levelwise"),
+        ("math", "reference", "reference"),
+    ],
 )
 def test_path_per_backend_and_mode_is_what_forward_and_cost_run(monkeypatch, backend, in_training, in_eval):
     layer = make_layer(backend, dtype=torch.float32)
     query, ref, value = inputs(dtype=torch.float32)
     called = []
-    for path, fn in deformable.ATTEND.items():
-        monkeypatch.setitem(deformable.ATTEND, path, lambda *a, path=path, fn=fn: called.append(path) or fn(*a))
+    for path, fn in deformable.PATHS.items():
+        monkeypatch.setitem(deformable.PATHS, path, lambda *a, path=path, fn=fn: called.append(path) or fn(*a))
     for training, expected in ((True, in_training), (False, in_eval)):
         layer.train(training)
         assert layer.path(training) == expected
         layer(query, ref, value, SHAPES)
         assert called.pop() == expected
-        ops = layer.cost("a", given(query.shape), CostContext(), value=given(value.shape), spatial_shapes=SHAPES,
-                         reference_points=ref.shape)  # fmt: skip
+        ops = trace(layer, query, ref, value, SHAPES)
         names = {op.op for op in ops}
         marks = {"gather": "embedding_bag", "levelwise": "weights_levels", "reference": "weighted"}
         assert {path for path, mark in marks.items() if mark in names} == {expected}
@@ -345,15 +352,24 @@ def test_path_per_backend_and_mode_is_what_forward_and_cost_run(monkeypatch, bac
 def test_set_attention_backend_reaches_deformable_layers():
     model = nn.ModuleDict({"self_attn": Attention(D, HEADS), "cross_attn": make_layer()})
     assert [name for name, _ in attention_layers(model)] == ["self_attn", "cross_attn"]
-    for backend in ("math", "sdpa", "auto"):
+    for backend in ("math", "auto"):  # names of both kinds
         set_attention_backend(model, backend)
         assert model["cross_attn"].backend == model["self_attn"].backend == backend
+    set_attention_backend(model, "sdpa")  # the dense layer's alone
+    assert (model["self_attn"].backend, model["cross_attn"].backend) == ("sdpa", "auto")
+    set_attention_backend(model, "gather")  # the deformable layer's alone
+    assert (model["self_attn"].backend, model["cross_attn"].backend) == ("sdpa", "gather")
+    with vitkit.layers.attention_backend(model, "math"):  # for a block: every layer's own comes back after it
+        assert model["self_attn"].backend == model["cross_attn"].backend == "math"
+    assert (model["self_attn"].backend, model["cross_attn"].backend) == ("sdpa", "gather")
     with pytest.raises(ValueError, match="backend"):
         MultiScaleDeformableAttention(D, HEADS, backend="flash")
+    with pytest.raises(ValueError, match="backend"):
+        MultiScaleDeformableAttention(D, HEADS, backend="sdpa")  # a dense layer's name
 
 
 @pytest.mark.parametrize("kind", [2, 4])
-@pytest.mark.parametrize("backend", ["sdpa", "math"])
+@pytest.mark.parametrize("backend", ["gather", "math"])
 def test_capture_records_the_layers_locations_and_weights(kind, backend):
     model = nn.ModuleDict({"cross_attn": make_layer(backend)}).eval()
     layer = model["cross_attn"]
@@ -443,15 +459,23 @@ def test_wrong_shapes_say_what_was_expected_and_what_came():
 # --- cost --------------------------------------------------------------------------------------------------------
 
 
+class Holder(nn.Module):
+    """The layer as a model holds it (`attn`): its linear layers' rows are then the layer's, as in a model."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.attn = layer
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.attn(*args)
+
+
 def layer_cost(layer, query, ref, value, mask=None, dtype=torch.float32):
-    return layer.cost(
-        "attn", given(query.shape), CostContext(dtype), value=given(value.shape), spatial_shapes=SHAPES,
-        reference_points=ref.shape, padding_mask=None if mask is None else mask.shape,
-    )  # fmt: skip
+    return trace(Holder(layer), query, ref, value, SHAPES, mask, ctx=CostContext(dtype))
 
 
 @pytest.mark.parametrize("kind", [2, 4])
-@pytest.mark.parametrize(("backend", "training"), [("sdpa", False), ("math", False), ("auto", True)])
+@pytest.mark.parametrize(("backend", "training"), [("gather", False), ("math", False), ("auto", True)])
 def test_cost_flops_equal_the_counters(kind, backend, training):
     """On each path: the gather and the reference in inference, the levelwise path in training."""
     layer = make_layer(backend, dtype=torch.float32).train(training)
@@ -459,11 +483,11 @@ def test_cost_flops_equal_the_counters(kind, backend, training):
     mask = torch.rand(B, N) < 0.2
     with torch.no_grad(), FlopCounterMode(display=False) as matmul:
         layer(query, ref, value, SHAPES, mask)
-    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=elementwise_mapping()) as elementwise:
+    with torch.no_grad(), dispatcher_flops()() as dispatcher:
         layer(query, ref, value, SHAPES, mask)
     ops = layer_cost(layer, query, ref, value, mask)
     assert sum(op.matmul_flops for op in ops) == matmul.get_total_flops() > 0
-    assert sum(op.other_flops for op in ops) == elementwise.get_total_flops() > 0
+    assert sum(op.flops for op in ops) == dispatcher.flops > 0 and not dispatcher.unknown
     # the closed forms: four linear layers; bilinear sampling 8 FLOPs per sampled channel on either path
     d = D // HEADS
     assert sum(op.macs for op in ops) == B * N * D * D + B * Q * D * HEADS * L * K * 3 + B * Q * D * D
@@ -473,7 +497,7 @@ def test_cost_flops_equal_the_counters(kind, backend, training):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("backend", ["sdpa", "math", "auto"])
+@pytest.mark.parametrize("backend", ["gather", "math", "auto"])
 def test_cost_memory_against_measured(dtype, backend):
     """Inference: the estimated peak equals the measured one. Training: what autograd saves equals the estimate
     (the query, an input that requires grad, left out of both), and the peak of a step (forward, zero_grad,
@@ -517,4 +541,4 @@ def test_cost_memory_against_measured(dtype, backend):
         step()  # with the first step's gradients alive until zero_grad
     grads = {"attn": sum(p.numel() * p.element_size() for p in layer.parameters())}
     estimate = training_peak_bytes(ops, grads)
-    assert abs(estimate - measured.peak) <= {"sdpa": 0.10, "auto": 0.08, "math": 0.05}[backend] * measured.peak
+    assert abs(estimate - measured.peak) <= {"gather": 0.10, "auto": 0.08, "math": 0.05}[backend] * measured.peak

@@ -4,8 +4,8 @@ import pytest
 import torch
 from test_attention import explicit_attention  # the per-head loop: tests/layers/test_attention.py
 
+from vitkit.kernels.attention import reference_attention
 from vitkit.layers import Attention, Attention2d, attention_einsum, multihead_attention_einsum
-from vitkit.layers.attention import reference_attention
 
 
 def grads(out: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:

@@ -2,7 +2,7 @@
 
 `inference_peak_bytes`, `training_peak_bytes` and `saved_for_backward_bytes` are the one place that turns the
 operator lists of the layers' `cost()` methods into memory: which tensors are alive together, and which ones training
-keeps, by the lifetime rules written at the top of `vitkit.layers.cost`.
+keeps, by the lifetime rules written at the top of `vitkit.cost.rows`.
 
 Under FSDP (`Sharding`) a training step also holds, beside the activations, the parameters FSDP2 gathers unit by
 unit and the full gradients of the unit in backward until they are reduce-scattered; `training_peak` walks the same
@@ -28,7 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from vitkit.layers.cost import OpCost, Storage
+from vitkit.cost.rows import OpCost, Storage
 
 
 def _has_storage(t: Any) -> bool:
@@ -76,7 +76,7 @@ class PeakMemory(TorchDispatchMode):
 
 def _release(ops: Sequence[OpCost]) -> dict[Storage, tuple[int, int]]:
     """(first, last) op index between which each storage the ops write is alive, by the lifetime rules of
-    `vitkit.layers.cost`: from its writer to its last reader, to the end of the module it was handed to, to the end
+    `vitkit.cost.rows`: from its writer to its last reader, to the end of the module it was handed to, to the end
     of its own module when `named`, to the end for the result."""
     path = [tuple(op.module.split(".")) if op.module else () for op in ops]
     last_under: dict[tuple[str, ...], int] = {}

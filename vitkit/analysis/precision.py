@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vitkit.layers.helpers import cpu_amx, native_cpu_bf16
+from vitkit.kernels.policy import cpu_amx, native_cpu_bf16
 
 PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -38,7 +38,7 @@ from torch import nn
 from vitkit.analysis.memory import Sharding, inference_peak_bytes, training_peak
 from vitkit.analysis.precision import precision_dtype
 from vitkit.analysis.profile import _resolve
-from vitkit.layers.cost import numel
+from vitkit.cost.rows import numel
 from vitkit.layers.helpers import to_2tuple
 from vitkit.models.interface import require_model
 

@@ -18,8 +18,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from vitkit.analysis.memory import PeakMemory, inference_peak_bytes, saved_for_backward_bytes
+from vitkit.cost.rows import OpCost
 from vitkit.layers import Mlp, attention_layers
-from vitkit.layers.cost import OpCost
 from vitkit.layers.helpers import to_2tuple
 from vitkit.models.interface import require_model
 from vitkit.models.registry import create_model, family_of, model_entry
@@ -40,7 +40,7 @@ class Report:
     params: int  # parameter count
     macs: int  # multiply-adds of every conv / linear / matmul, attention included
     matmul_flops: int  # 2 * macs
-    other_flops: int  # softmax, norms, activations, bias and residual adds (constants in vitkit.layers.cost)
+    other_flops: int  # softmax, norms, activations, bias and residual adds (constants in vitkit.cost.rows)
     flops: int  # matmul_flops + other_flops
     activation_bytes: int  # peak live activations of an inference forward pass (estimate from the op rows)
     train_flops: int  # forward + backward: 3x forward for matmuls, 2x for the other operators
@@ -216,10 +216,15 @@ def part_of(module: str, parts: Mapping[str, str]) -> str | None:
     return None
 
 
+TOP = "model"  # the grouped row of the model's own operators (its forward's position adds, concatenations)
+
+
 def group_key(module: str, by: str, parts: Mapping[str, str]) -> str:
     """The row a module's operators are summed into: its block (`blocks.3`, `layers.1.blocks.0`; a detector's
     `backbone`, `encoder`, `decoder`), the top-level module, with every module of the "heads" part in one `heads`
-    row, or the full module name (`by` "layer")."""
+    row, or the full module name (`by` "layer"); `TOP` for the model's own."""
+    if not module:
+        return TOP
     if by == "layer":
         return module
     match = re.match(r"(.*?blocks\.\d+)", module)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from vitkit.analysis.profile import CATEGORIES, Report, category, group_key, profile
-from vitkit.layers.cost import OpCost
+from vitkit.cost.rows import OpCost
 from vitkit.models.registry import create_model, model_entry
 
 # How the notes write each operator's shapes; letters: B batch, N tokens, C channels, h heads, d = C / h.

@@ -11,6 +11,8 @@ from vitkit.analysis.preflight import STRATEGIES, MemoryEstimate, check_memory, 
 from vitkit.analysis.profile import Report, profile
 from vitkit.analysis.report import check_scalable, crossover, grouped, scaling, shape_flow, shares
 from vitkit.cli.options import add_memory_option, memory_flags, parse_size
+from vitkit.layers import BACKENDS
+from vitkit.models.registry import backend_overrides
 from vitkit.viz import plot_scaling
 
 HELP = "cost of a model: FLOPs per operator (attention included), parameters, activation memory, shape flow"
@@ -21,7 +23,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--img-size", type=parse_size, default=None, help="224 or HxW (default: the model's size)")
     parser.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     parser.add_argument(
-        "--backend", choices=("auto", "sdpa", "math"), default="auto", help="attention backend to assume (default auto)"
+        "--backend", choices=BACKENDS, default="auto", help="attention backend to assume (default auto; gather and "
+        "levelwise name deformable attention's)"
     )
     parser.add_argument(
         "--dtype", choices=tuple(PRECISIONS), default="fp32", help="activation dtype to assume (default fp32)"
@@ -49,7 +52,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = {"attn_backend": args.backend}
+    overrides = backend_overrides(args.model, args.backend)
     dtype = PRECISIONS[args.dtype]
     memory = None
     if args.strategy is not None or args.world is not None:

@@ -1,8 +1,11 @@
 """Building blocks shared by every vitkit model: one concept per module."""
 
 from vitkit.layers.attention import (
+    ATTENTION_BACKENDS,
     BACKENDS,
+    DEFORMABLE_BACKENDS,
     Attention,
+    attention_backend,
     attention_layers,
     capture_attention,
     check_backend,
@@ -12,14 +15,7 @@ from vitkit.layers.attention2d import POS_KINDS, Attention2d
 from vitkit.layers.attention_pool import AttentionPool
 from vitkit.layers.bilinear import BilinearPool
 from vitkit.layers.block import Block, LayerScale
-from vitkit.layers.cost import CostContext, Device, OpCost, Value
-from vitkit.layers.deformable import (
-    MultiScaleDeformableAttention,
-    SampledAttention,
-    gathered_deformable_attention,
-    levelwise_deformable_attention,
-    reference_deformable_attention,
-)
+from vitkit.layers.deformable import MultiScaleDeformableAttention, SampledAttention
 from vitkit.layers.drop import DropPath, drop_path
 from vitkit.layers.einsum import attention_einsum, multihead_attention_einsum
 from vitkit.layers.helpers import to_2tuple
@@ -35,37 +31,33 @@ from vitkit.layers.pos_embed import (
 from vitkit.layers.rel_pos import FactorizedPosEmbed2d, RelPosEmbed2d
 
 __all__ = [
+    "ATTENTION_BACKENDS",
     "BACKENDS",
+    "DEFORMABLE_BACKENDS",
     "POS_KINDS",
     "Attention",
     "Attention2d",
     "AttentionPool",
     "BilinearPool",
     "Block",
-    "CostContext",
-    "Device",
     "DropPath",
     "FactorizedPosEmbed2d",
     "FrozenBatchNorm2d",
     "LayerScale",
     "Mlp",
     "MultiScaleDeformableAttention",
-    "OpCost",
     "PatchEmbed",
     "RelPosEmbed2d",
     "SampledAttention",
     "SinePositionEmbedding",
-    "Value",
+    "attention_backend",
     "attention_einsum",
     "attention_layers",
     "big_vision_sincos_2d",
     "capture_attention",
     "check_backend",
     "drop_path",
-    "gathered_deformable_attention",
-    "levelwise_deformable_attention",
     "multihead_attention_einsum",
-    "reference_deformable_attention",
     "resample_abs_pos_embed",
     "set_attention_backend",
     "sincos_2d_pos_embed",

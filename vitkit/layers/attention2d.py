@@ -9,24 +9,10 @@ Letters: B batch, C channels, H, W feature-map height and width, N = H * W token
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import nn
 
 from vitkit.layers.attention import Attention
-from vitkit.layers.cost import (
-    CostContext,
-    OpCost,
-    Ops,
-    Value,
-    copy_op,
-    cost_of,
-    elementwise_op,
-    linear,
-    linear_op,
-    view,
-)
 from vitkit.layers.helpers import to_2tuple
 from vitkit.layers.rel_pos import FactorizedPosEmbed2d, RelPosEmbed2d
 
@@ -116,33 +102,9 @@ class Attention2d(Attention):
         if self.pos_embed is not None:
             pos_logits = self.pos_embed(q)  # (B, h, N, N)
             bias = pos_logits if bias is None else bias + pos_logits
-        out = self.attend(q, k, v, bias)  # (B, h, N, d)
-        out = out.transpose(1, 2).reshape(B, H * W, C)  # (B, N, h, d) -> (B, N, C)
+        out = self.attend(q, k, v, bias)  # (B, N, C)
         out = self.proj_drop(self.proj(out))  # (B, N, C)
         return out.transpose(1, 2).reshape(B, C, H, W)  # (B, C, N) -> (B, C, H, W)
 
-    def cost(self, name: str, x: Value, ctx: CostContext, bias: Value | None = None) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, C, H, W), in forward order; `bias` as in `forward`."""
-        B, C, H, W = x.shape
-        ops = Ops(x)
-        projected = ops(dataclasses.replace(self.cost_qkv(name, x, ctx), named=True))  # q, k, v kept to the end
-        q = k = v = view(projected, (B, self.num_heads, H * W, self.head_dim))  # (B, h, N, d) views of it
-        if self.pos_embed is not None:
-            pos = ops(self.pos_embed.cost(f"{name}.pos_embed", q, ctx))  # formed from q, before the attention
-            bias = pos if bias is None else ops(elementwise_op(name, "bias+pos", (pos, bias), 1, ctx))  # BhN^2
-        ops(self.cost_attend(name, q, k, v, ctx, bias))
-        ops(self.cost_merge_heads(name, q, k, ops.out, ctx))  # (B, h, N, d) -> (B, N, C)
-        return ops + self.cost_output(name, ops.out, x.shape, ctx)
 
-    def cost_qkv(self, name: str, x: Value, ctx: CostContext) -> OpCost:
-        """The projection of `qkv_heads`: the map seen as tokens (B, N, C), one linear layer to (B, N, 3C)."""
-        B, C, H, W = x.shape
-        tokens = view(x, (B, H * W, C))  # (B, C, H, W) -> (B, C, N) -> (B, N, C)
-        return linear_op(name, "qkv", tokens, 3 * C, ctx, bias=self.qkv.bias is not None)  # 3BNC^2 MACs
 
-    def cost_output(self, name: str, merged: Value, shape: tuple[int, ...], ctx: CostContext) -> list[OpCost]:
-        """After the heads are merged (B, N, C): the output projection, folded back to the map `shape`."""
-        ops = Ops(merged)
-        ops(linear(name, "proj", merged, self.proj, ctx))  # BNC^2 MACs
-        ops(cost_of(f"{name}.proj_drop", self.proj_drop, ops.out, ctx))
-        return [*ops, copy_op(name, "to_map", ops.out, shape, ctx, copies=False)]  # (B, C, H, W): a view

@@ -21,19 +21,6 @@ import torch
 from torch import Tensor, nn
 
 from vitkit.layers.attention import Attention
-from vitkit.layers.cost import (
-    CostContext,
-    OpCost,
-    Ops,
-    Value,
-    copy_op,
-    cost_of,
-    given,
-    linear,
-    residual,
-    sequence,
-    view,
-)
 from vitkit.layers.mlp import Mlp
 
 
@@ -77,22 +64,8 @@ class AttentionPool(Attention):
         q = self.q(self.latent).reshape(1, 1, h, d).transpose(1, 2).expand(B, -1, -1, -1)  # (B, h, 1, d)
         kv = self.kv(x).reshape(B, N, 2, h, d)  # (B, N, 2D) -> (B, N, 2, h, d)
         k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (2, B, h, N, d) -> 2 x (B, h, N, d)
-        y = self.attend(q, k, v)  # (B, h, 1, d): the shared dispatch (backends, capture)
-        y = self.proj_drop(self.proj(y.transpose(1, 2).reshape(B, 1, D)))  # (B, 1, D)
+        y = self.attend(q, k, v)  # (B, 1, D): the shared dispatch (backends, capture)
+        y = self.proj_drop(self.proj(y))  # (B, 1, D)
         y = y + self.mlp(self.norm(y))
         return y[:, 0]  # (B, D)
 
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:  # type: ignore[override]
-        """The operators of `forward` on tokens x (B, N, D), in forward order."""
-        B, N, D = x.shape
-        h, d = self.num_heads, self.head_dim
-        ops = Ops(x)
-        q = ops(linear(name, "q", given((1, 1, D)), self.q, ctx))  # the probe: D^2 MACs
-        kv = ops(linear(name, "kv", x, self.kv, ctx))  # 2 B N D^2 MACs
-        q, k = view(q, (B, h, 1, d)), view(kv, (B, h, N, d))  # views (q broadcast over the batch)
-        ops(self.cost_attend(name, q, k, k, ctx))
-        ops(self.cost_merge_heads(name, q, k, ops.out, ctx))  # (B, h, 1, d) -> (B, 1, D)
-        ops(linear(name, "proj", ops.out, self.proj, ctx))
-        ops(cost_of(f"{name}.proj_drop", self.proj_drop, ops.out, ctx))
-        ops(residual(name, ops.out, ctx, sequence(name, ops.out, ctx, self, "norm", "mlp")))
-        return ops + [copy_op(name, "take_probe", ops.out, (B, D), ctx, copies=False)]  # y[:, 0]: a view

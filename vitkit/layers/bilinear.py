@@ -30,8 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers.cost import CostContext, OpCost, Ops, Value, elementwise_op, linear, matmul_op, view
-
 RSQRT_ABS_FLOPS = 3  # per element: abs, + eps, reciprocal square root
 L2_NORMALIZE_FLOPS = 3  # per element: square and add for the norm, divide
 
@@ -90,23 +88,6 @@ class BilinearPool(nn.Module):
         y = x * torch.rsqrt(x.abs() + self.eps)  # signed square root: sign(x) sqrt(|x|) = x / sqrt(|x|)
         return F.normalize(y, dim=1)  # y / ||y||_2
 
-    def cost(self, name: str, fa: Value, ctx: CostContext, fb: Value | None = None) -> list[OpCost]:
-        """The operators of `forward` on fA (B, T, M) and fB (B, T, N) (default: fA), in forward order."""
-        ops = Ops(fa)
-        if self.reduce_a is not None:
-            fa = ops(linear(name, "reduce_a", fa, self.reduce_a, ctx))  # BTMr MACs
-        if fb is None:
-            fb = fa
-        elif self.reduce_b is not None:
-            fb = ops(linear(name, "reduce_b", fb, self.reduce_b, ctx))  # BTNr MACs
-        (B, T, M), N = fa.shape, fb.shape[-1]
-        x = view(ops(matmul_op(name, "fA^T@fB", (fa, fb), (B, M, N), B * T * M * N, ctx)), (B, M * N))  # BTMN; vec
-        # x / sqrt(|x| + eps): the reciprocal root (3BMN, autograd keeps x for abs and the root), then the product
-        # (BMN, keeps both); y / ||y|| (3BMN) keeps its input (and the (B, 1) norms)
-        root = ops(elementwise_op(name, "rsqrt_abs", x, RSQRT_ABS_FLOPS, ctx, saves=(x,), saves_output=True))
-        y = ops(elementwise_op(name, "signed_sqrt", (x, root), 1, ctx, saves=(x, root)))
-        ops(elementwise_op(name, "l2_normalize", y, L2_NORMALIZE_FLOPS, ctx, saves=(y,)))
-        return ops
 
     def extra_repr(self) -> str:
         return f"dims={self.dims}, num_features={self.num_features}"

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from vitkit.layers.attention import Attention
-from vitkit.layers.cost import CostContext, OpCost, Ops, Value, elementwise_op, residual, sequence
 from vitkit.layers.drop import DropPath
 from vitkit.layers.mlp import Mlp
 
@@ -23,10 +22,6 @@ class LayerScale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.gamma
-
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """x * gamma: one product per element; backward keeps x."""
-        return [elementwise_op(name, "layer_scale", x, 1, ctx, saves=(x,))]
 
 
 class Block(nn.Module):
@@ -81,9 +76,3 @@ class Block(nn.Module):
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
 
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on tokens x (B, N, C), in forward order."""
-        ops = Ops(x)
-        for branch in (("norm1", "attn", "ls1", "drop_path1"), ("norm2", "mlp", "ls2", "drop_path2")):
-            ops(residual(name, ops.out, ctx, sequence(name, ops.out, ctx, self, *branch)))  # x + branch(x)
-        return ops

@@ -8,8 +8,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitkit.layers.cost import CostContext, OpCost, Value, drop_path_ops
-
 
 def drop_path(x: torch.Tensor, drop_prob: float, training: bool) -> torch.Tensor:
     """Zero each sample's branch with probability `drop_prob` and scale the kept ones by 1 / (1 - drop_prob)."""
@@ -33,8 +31,6 @@ class DropPath(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return drop_path(x, self.drop_prob, self.training)
 
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        return drop_path_ops(name, x, self.drop_prob, self.training, ctx)
 
     def extra_repr(self) -> str:
         return f"drop_prob={self.drop_prob}"

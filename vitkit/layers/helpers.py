@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
-import torch
-
 
 def to_2tuple(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     """An int `n` becomes (n, n); a pair stays a pair (as a tuple)."""
@@ -45,22 +41,3 @@ def nearest_multiples(size: int, multiple: int) -> str:
     """The multiples of `multiple` around `size`, for a message: "28 or 35" (32, 7), "7" (3, 7)."""
     below, above = size // multiple * multiple, (size // multiple + 1) * multiple
     return f"{below} or {above}" if below > 0 else str(above)
-
-
-@functools.cache
-def native_cpu_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX), as oneDNN reports it. Without,
-    torch emulates bf16 products, several times slower than fp32 (`vitkit.analysis.precision.slow_precision`)."""
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-@functools.cache
-def cpu_amx() -> bool:
-    """Whether this CPU has AMX bf16 tiles (Intel Xeon since Sapphire Rapids), as torch reports it. There torch's
-    fused CPU attention kernel runs its blocks on the tiles and is faster than forming the weights explicitly, in
-    inference (`vitkit.layers.attention.Attention.path`)."""
-    capabilities = getattr(torch.cpu, "get_capabilities", None)
-    try:
-        return bool(capabilities is not None and capabilities().get("amx_bf16", False))
-    except RuntimeError:  # a build or platform that cannot read the CPU's features
-        return False

@@ -6,8 +6,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitkit.layers.cost import SIGMOID_FLOPS, CostContext, OpCost, Value, elementwise_op, sequence
-
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "relu")
 """`gelu`: exact, erf-based (ViT, Swin, DINOv2); `gelu_tanh`: its tanh approximation (SigLIP, transformers'
 "gelu_pytorch_tanh"); `quick_gelu`: x * sigmoid(1.702 x) (OpenAI's CLIP); `relu`: the original transformer's (DETR)."""
@@ -18,15 +16,6 @@ class QuickGELU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.sigmoid(1.702 * x)
-
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """1.702 x, its sigmoid, the product with x: three tensors written, one after the other (rows of the layer
-        holding it, as torch's activations' are); backward keeps x and the sigmoid."""
-        parent = name.rpartition(".")[0]
-        scaled = elementwise_op(parent, "quick_gelu_scale", x, 1, ctx)
-        gate = elementwise_op(parent, "quick_gelu_sigmoid", scaled.output, SIGMOID_FLOPS, ctx, saves_output=True)
-        out = elementwise_op(parent, "quick_gelu", (x, gate.output), 1, ctx, saves=(x, gate.output))
-        return [scaled, gate, out]
 
 
 def activation(act: str) -> nn.Module:
@@ -69,7 +58,3 @@ class Mlp(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on x (..., in) in forward order: fc1 (T in H MACs for T tokens, H hidden), the
-        activation (8TH for GELU, TH for ReLU), fc2 (T H out MACs), the dropouts in training."""
-        return sequence(name, x, ctx, self)

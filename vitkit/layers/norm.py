@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitkit.layers.cost import BATCH_NORM_FLOPS, CostContext, OpCost, Value, elementwise_op
-
 
 class FrozenBatchNorm2d(nn.Module):
     """BatchNorm2d with fixed statistics and affine terms (buffers): y = (x - mean) * weight / sqrt(var + eps) + bias.
@@ -32,16 +30,12 @@ class FrozenBatchNorm2d(nn.Module):
         scale, shift = self.scale_shift()
         return torch.addcmul(shift[:, None, None], x, scale[:, None, None])  # one pass: (B, C, H, W)
 
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """x * scale + shift on x (B, C, H, W); backward needs only the scale, nothing of x."""
-        return [elementwise_op(name, "frozen_bn", x, BATCH_NORM_FLOPS, ctx)]  # 2 per element
-
 
 def fold_frozen_norms(module: nn.Module) -> int:
     """Fold each `FrozenBatchNorm2d` under `module` that directly follows a convolution (the next child registered
     beside it) into that convolution, for inference: conv weight * scale, bias = shift, the norm replaced by
     nn.Identity (one pass over the activations less per convolution, and the affine map applied in the
-    convolution's precision). Returns the number of norms folded; a model's `cost()` no longer applies after."""
+    convolution's precision). Returns the number of norms folded."""
     folded = 0
     for parent in list(module.modules()):
         children = list(parent.named_children())

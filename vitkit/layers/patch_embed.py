@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers.cost import CostContext, OpCost, Ops, Value, copy_op, cost_of, matmul_op
 from vitkit.layers.helpers import nearest_multiples, to_2tuple
 
 
@@ -122,19 +121,3 @@ class PatchEmbed(nn.Module):
         x = self.pixel_norm(x.reshape(B, Hp, Wp, C * ph * pw))  # (B, Hp, Wp, C ph pw), in (c, ph, pw) order
         return F.linear(x, self.proj.weight.flatten(1), self.proj.bias)  # the conv's (D, C, ph, pw) as (D, C ph pw)
 
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on images x (B, C, H, W): the strided conv, then the optional norm."""
-        B, C, H, W = x.shape
-        Hp, Wp = self.feat_size((H, W))
-        D, (ph, pw) = self.proj.out_channels, self.patch_size
-        # conv with kernel = stride = p: every output element takes C * ph * pw multiply-adds: B*Hp*Wp*D*C*ph*pw MACs
-        tokens = (B, Hp * Wp, D) if self.flatten else (B, Hp, Wp, D)  # a channels-last view of (B, D, Hp, Wp)
-        bias = self.proj.bias is not None
-        if self.pixel_norm is not None:  # unfold (a copy), the norm over each patch's pixels, the same GEMM
-            ops = Ops(x)
-            ops(copy_op(name, "unfold", x, (B, Hp * Wp, C * ph * pw), ctx))
-            ops(cost_of(f"{name}.pixel_norm", self.pixel_norm, ops.out, ctx))
-            ops(matmul_op(name, "patch_embed", (ops.out,), tokens, B * Hp * Wp * D * C * ph * pw, ctx, bias=bias))
-            return ops + cost_of(f"{name}.norm", self.norm, ops.out, ctx)
-        conv = matmul_op(name, "patch_embed", (x,), tokens, B * Hp * Wp * D * C * ph * pw, ctx, bias=bias)
-        return [conv, *cost_of(f"{name}.norm", self.norm, conv.output, ctx)]

@@ -13,8 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers.cost import CostContext, OpCost, Value, new_value, numel
-
 POS_TEMPERATURE = 10000  # the sine encoding's wavelengths grow geometrically up to 2 pi * this
 POS_SCALE = 2 * math.pi  # normalised positions run over (0, 2 pi]
 POS_EPS = 1e-6  # keeps the normalisation finite in all-padding columns
@@ -157,9 +155,3 @@ class SinePositionEmbedding(nn.Module):
         pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=4).flatten(3)  # (B, h, w, F)
         return torch.cat((pos_y, pos_x), dim=3).flatten(1, 2)  # (B, h, w, 2F) -> (B, N, 2F)
 
-    def cost(self, name: str, mask: Value, ctx: CostContext) -> list[OpCost]:
-        """The encoding of a mask (B, h, w): a divide and a sine or cosine per output element (the cumulative
-        sums and normalisation, per position, are left out)."""
-        B, h, w = mask.shape
-        out = new_value((B, h * w, 2 * self.num_features), ctx)
-        return [OpCost(name, "sine", (mask,), out, 0, 2 * numel(out.shape))]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitkit.layers.cost import CostContext, OpCost, Value, elementwise_op, given, matmul_op, new_value
 from vitkit.layers.helpers import to_2tuple
 
 
@@ -75,22 +74,12 @@ class RelPosEmbed2d(nn.Module):
         q = q.reshape(B, nh, H, W, d)  # (B, h, N, d) -> (B, h, H, W, d): query at row x, column y
         rel_h = self.height_rel[self.height_index]  # (H, H, d): [x, x'] -> height_rel[x' - x]
         rel_w = self.width_rel[self.width_index]  # (W, W, d): [y, y'] -> width_rel[y' - y]
-        # cost: B * h * N * (H + W) * d multiply-adds, then B * h * N * N adds
+
         logits_h = torch.einsum("bnxyd,xkd->bnxyk", q, rel_h)  # (B, h, H, W, H): key row x'
         logits_w = torch.einsum("bnxyd,ykd->bnxyk", q, rel_w)  # (B, h, H, W, W): key column y'
         logits = logits_h[..., :, None] + logits_w[..., None, :]  # (B, h, H, W, H, W)
         return logits.reshape(B, nh, N, N)  # (B, h, N, N): query (x, y) row-major, key (x', y') row-major
 
-    def cost(self, name: str, q: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` for queries q (B, h, N, d): two small products, one broadcast sum."""
-        B, nh, N, d = q.shape
-        H, W = self.feat_size
-        rel_h, rel_w = given((H, H, d)), given((W, W, d))  # the tables gathered by offset
-        by_row = matmul_op(name, "q@height_rel", (q, rel_h), (B, nh, H, W, H), B * nh * N * H * d, ctx)  # BhNHd
-        by_col = matmul_op(name, "q@width_rel", (q, rel_w), (B, nh, H, W, W), B * nh * N * W * d, ctx)  # BhNWd
-        logits = new_value((B, nh, N, N), ctx)  # (B, h, H, W, H, W) -> (B, h, N, N)
-        total = OpCost(name, "rel_h+rel_w", (by_row.output, by_col.output), logits, 0, B * nh * N * N)  # BhN^2
-        return [by_row, by_col, total]
 
     def extra_repr(self) -> str:
         return f"feat_size={self.feat_size}, head_dim={self.head_dim}"
@@ -127,15 +116,9 @@ class FactorizedPosEmbed2d(nn.Module):
     def forward(self, q: torch.Tensor) -> torch.Tensor:
         _check_tokens(q, self.feat_size, type(self).__name__)
         r = (self.rel_h + self.rel_w).flatten(2)  # (h, d, H, W) -> (h, d, N): key positions row-major
-        # cost: B * h * N * N * d multiply-adds
+
         return q @ r  # (B, h, N, d) @ (h, d, N) -> (B, h, N, N)
 
-    def cost(self, name: str, q: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` for queries q (B, h, N, d): the table sum, then q r^T."""
-        B, nh, N, d = q.shape
-        table = elementwise_op(name, "rel_h+rel_w", given((nh, d, *self.feat_size)), 1, ctx)  # hdN
-        logits = matmul_op(name, "q@r^T", (q, table.output), (B, nh, N, N), B * nh * N * N * d, ctx)  # BhN^2d
-        return [table, logits]
 
     def extra_repr(self) -> str:
         return f"feat_size={self.feat_size}, num_heads={self.rel_h.shape[0]}, head_dim={self.head_dim}"

@@ -29,18 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers import Attention2d, BilinearPool, CostContext, OpCost, Value, check_backend, to_2tuple
-from vitkit.layers.cost import (
-    BATCH_NORM_FLOPS,
-    Ops,
-    copy_op,
-    elementwise_op,
-    linear,
-    numel,
-    reduce_op,
-    relu_op,
-    view,
-)
+from vitkit.layers import Attention2d, BilinearPool, check_backend, to_2tuple
 from vitkit.layers.helpers import nearest_multiples
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import check_field_types, check_positive, register_family, register_model
@@ -131,11 +120,6 @@ class BatchNormReLU(nn.BatchNorm2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(super().forward(x))
 
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, C, H, W): the normalisation, then ReLU (a new tensor)."""
-        norm = elementwise_op(name, "batch_norm", x, BATCH_NORM_FLOPS, ctx, saves=(x,))
-        return [norm, relu_op(name, norm.output, ctx)]
-
 
 class BottleneckAttn(Attention2d):
     """BoT multi-head self-attention: (B, C, H, W) -> (B, C, H / stride, W / stride).
@@ -175,14 +159,6 @@ class BottleneckAttn(Attention2d):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self.pool(super().forward(x, bias))
-
-    def cost_output(self, name: str, merged: Value, shape: tuple[int, ...], ctx: CostContext) -> list[OpCost]:
-        """After the heads are merged (B, N, C): seen as the map (no output projection), then the 2x2 pool."""
-        B, C, H, W = shape
-        to_map = copy_op(name, "to_map", merged, shape, ctx, copies=False)  # (B, C, H, W): a view
-        if isinstance(self.pool, nn.Identity):
-            return [to_map]
-        return [to_map, reduce_op(name, "avg_pool", to_map.output, (B, C, H // 2, W // 2), numel(shape), ctx)]
 
 
 class BotBlock(ResidualBlock):
@@ -229,18 +205,6 @@ class ClassifierHead(nn.Module):
         else:
             x = x.mean(dim=(2, 3))  # (B, C, H, W) -> (B, C)
         return x if pre_logits else self.fc(x)
-
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, C, H, W): the pool (the mean: one add per element), the fc."""
-        B, C, H, W = x.shape
-        ops = Ops(x)
-        if self.pool is not None:
-            ops(self.pool.cost(f"{name}.pool", view(x, (B, H * W, C)), ctx))  # the cells as tokens: a view
-        else:
-            ops(reduce_op(name, "mean", x, (B, C), numel(x.shape), ctx))
-        if not isinstance(self.fc, nn.Identity):  # nn.Linear, or optimize's packed one
-            ops(linear(f"{name}.fc", "fc", ops.out, self.fc, ctx))  # B*C*classes
-        return ops
 
 
 class BotNet(CostFromImages, ResNet):
@@ -356,12 +320,6 @@ class BotNet(CostFromImages, ResNet):
     def no_weight_decay(self) -> set[str]:
         """None besides the parameters of ndim <= 1: the relative position tables decay, as in timm."""
         return set()
-
-    def cost_images(self, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on images x (B, C, H, W), in forward order."""
-        ops = Ops(x)
-        ops(self.cost_stages("", ops.out, ctx)[0])
-        return ops + self.head.cost("head", ops.out, ctx)
 
 
 register_family(

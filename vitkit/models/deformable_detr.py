@@ -35,7 +35,7 @@ Parameter names: vitkit's DETR layout (`backbone.*` in torchvision's names, `inp
 `output_proj`). `vitkit.weights.deformable_detr` converts transformers' `DeformableDetrForObjectDetection`.
 
 The encoder and decoder layers are here, not in `vitkit.models.transformer` beside DETR's: they share DETR's post-norm
-shape (and its `add_norm` cost helper), but every call differs (reference points, levels and padding masks instead
+shape, but every call differs (reference points, levels and padding masks instead
 of attention masks, the level positions only on the queries).
 
 Letters: B batch, H, W image size, L levels, (H_l, W_l) level l's map, N = sum H_l W_l tokens, D width, Q queries,
@@ -54,32 +54,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit.cost.rows import conv_output_size
 from vitkit.layers import (
+    DEFORMABLE_BACKENDS,
     Attention,
-    CostContext,
     Mlp,
     MultiScaleDeformableAttention,
-    OpCost,
-    Value,
     check_backend,
     to_2tuple,
-)
-from vitkit.layers.cost import (
-    LAYER_NORM_FLOPS,
-    SIGMOID_FLOPS,
-    Ops,
-    conv_op,
-    conv_output_size,
-    copy_op,
-    cost_of,
-    elementwise_op,
-    given,
-    holding,
-    layer_norm_op,
-    linear,
-    new_value,
-    numel,
-    view,
 )
 from vitkit.layers.pos_embed import POS_SCALE, POS_TEMPERATURE, SinePositionEmbedding, nearest_mask
 from vitkit.models.detr import BLOCKS, BoxMLP, check_backbone_norm, resnet_backbone
@@ -98,7 +80,6 @@ from vitkit.models.registry import (
     register_family,
     register_model,
 )
-from vitkit.models.transformer import add_norm
 
 DEFORMABLE_DETR_PAPER = (
     "Deformable DETR: Deformable Transformers for End-to-End Object Detection (Zhu et al., arXiv:2010.04159)"
@@ -106,9 +87,6 @@ DEFORMABLE_DETR_PAPER = (
 GROUPS = 32  # GroupNorm groups of every input projection (both codes fix 32)
 PRIOR = 0.01  # the probability every class of a fresh class head starts at (the focal loss's initialisation)
 INVERSE_SIGMOID_EPS = 1e-5  # keeps the logarithm of `inverse_sigmoid` finite at 0 and 1
-# inverse_sigmoid per element: clamp to [0, 1] (2 comparisons), clamp x (1), 1 - x (1), clamp it (1), divide, log
-INVERSE_SIGMOID_FLOPS = 7
-GROUP_NORM_FLOPS = LAYER_NORM_FLOPS  # the same arithmetic per element, over groups of channels instead of rows
 PROPOSAL_SIZE = 0.05  # the two-stage anchors' width and height on the finest level, doubled on each coarser one
 PROPOSAL_MARGIN = 0.01  # anchors with a coordinate within this of 0 or 1 propose nothing
 
@@ -155,8 +133,9 @@ class DeformableDetrConfig:
     dn_label_noise: float = 0.5  # share of denoising copies whose label is redrawn (DINO: 0.5, half of it at random)
     dn_box_noise: float = 1.0  # scale of the denoising boxes' noise, in half box sides (DINO: 1.0)
     dynamic_img_size: bool = True  # accept any image size (batches of several sizes are padded); False: img_size only
-    attn_backend: str = "auto"  # "auto", "sdpa" or "math" (the reference formulas), for the dense decoder
-    # self-attention and the deformable attentions alike; see layers.attention and layers.deformable
+    attn_backend: str = "auto"  # the decoder self-attention's: "auto", "sdpa" or "math" (the reference formula)
+    deformable_backend: str = "auto"  # the deformable attentions': "auto", "gather", "levelwise" or "math" (the
+    # reference); see vitkit.kernels.policy
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -196,6 +175,7 @@ class DeformableDetrConfig:
         if self.two_stage and not self.box_refine:
             raise ValueError("two_stage needs box_refine=True (the decoder refines the proposed boxes)")
         check_backend(self.attn_backend)
+        check_backend(self.deformable_backend, DEFORMABLE_BACKENDS)
 
     @property
     def stages(self) -> tuple[int, ...]:
@@ -240,23 +220,6 @@ def box_from_reference(delta: Tensor, reference_logit: Tensor) -> Tensor:
     if reference_logit.shape[-1] == 4:
         return (delta + reference_logit).sigmoid()
     return torch.cat([delta[..., :2] + reference_logit, delta[..., 2:]], -1).sigmoid()
-
-
-def cost_inverse_sigmoid(name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-    """The operators of `inverse_sigmoid` on x, as one row."""
-    return [elementwise_op(name, "inverse_sigmoid", x, INVERSE_SIGMOID_FLOPS, ctx, saves=(x,))]
-
-
-def cost_box_from_reference(name: str, delta: Value, reference_logit: Value, ctx: CostContext) -> list[OpCost]:
-    """The operators of `box_from_reference`: the add (on the centre only for a point), the sigmoid."""
-    if reference_logit.shape[-1] == 4:
-        added = elementwise_op(name, "+reference", (delta, reference_logit), 1, ctx)
-    else:
-        centre = (*delta.shape[:-1], 2)
-        add = OpCost(name, "+reference", (delta, reference_logit), new_value(centre, ctx), 0, numel(centre))
-        added = OpCost(name, "cat", (add.output, delta), new_value(delta.shape, ctx), 0, 0)
-        return [add, added, elementwise_op(name, "sigmoid", added.output, SIGMOID_FLOPS, ctx, saves_output=True)]
-    return [added, elementwise_op(name, "sigmoid", added.output, SIGMOID_FLOPS, ctx, saves_output=True)]
 
 
 def level_references(reference: Tensor, valid_ratios: Tensor | None, num_levels: int) -> Tensor:
@@ -320,11 +283,6 @@ def proposal_encoding(boxes: Tensor, num_features: int) -> Tensor:
     return pos.to(boxes.dtype)
 
 
-def group_norm_op(name: str, x: Value, ctx: CostContext) -> OpCost:
-    """GroupNorm on x (B, C, H, W): LayerNorm's arithmetic per element; keeps its input (and the group statistics)."""
-    return elementwise_op(name, "group_norm", x, GROUP_NORM_FLOPS, ctx, saves=(x,))
-
-
 class BoxDelta(BoxMLP):
     """DETR's box head without its sigmoid: Linear -> ReLU -> Linear -> ReLU -> Linear, (..., D) -> (..., 4), the
     change to a reference box's inverse sigmoid (`box_from_reference`)."""
@@ -333,9 +291,6 @@ class BoxDelta(BoxMLP):
         for i, layer in enumerate(self.layers):
             x = layer(x) if i == len(self.layers) - 1 else F.relu(layer(x))
         return x
-
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        return super().cost(name, x, ctx)[:-1]  # the layers and ReLUs, no sigmoid
 
 
 class DeformableEncoderLayer(nn.Module):
@@ -349,7 +304,7 @@ class DeformableEncoderLayer(nn.Module):
         num_points: sampling points per head and level.
         dim_feedforward: hidden width of the ReLU feed-forward block.
         drop: dropout after the attention and in the feed-forward block.
-        backend: attention backend.
+        deformable_backend: the deformable attention's backend.
     """
 
     def __init__(
@@ -360,10 +315,10 @@ class DeformableEncoderLayer(nn.Module):
         num_points: int,
         dim_feedforward: int,
         drop: float,
-        backend: str,
+        deformable_backend: str,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiScaleDeformableAttention(dim, num_heads, num_levels, num_points, backend)
+        self.self_attn = MultiScaleDeformableAttention(dim, num_heads, num_levels, num_points, deformable_backend)
         self.self_attn_drop = nn.Dropout(drop)
         self.norm1 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, dim_feedforward, drop=drop, act="relu")
@@ -382,19 +337,6 @@ class DeformableEncoderLayer(nn.Module):
         x = self.norm1(x + self.self_attn_drop(attended))
         return self.norm2(x + self.mlp(x))
 
-    def cost(
-        self, name: str, x: Value, ctx: CostContext, pos: Value, reference_points: Value, spatial_shapes: Sequence
-    ) -> list[OpCost]:
-        """The operators of `forward` on tokens x (B, N, D) without padding, in forward order."""
-        ops = Ops(x)
-        q = ops(elementwise_op(name, "+pos", (x, pos), 1, ctx))  # BND
-        attended = self.self_attn.cost(
-            f"{name}.self_attn", q, ctx, value=x, spatial_shapes=spatial_shapes, reference_points=reference_points
-        )
-        attended += cost_of(f"{name}.self_attn_drop", self.self_attn_drop, attended[-1].output, ctx)
-        x = ops(add_norm(name, "norm1", x, attended, ctx))
-        return ops + add_norm(name, "norm2", x, self.mlp.cost(f"{name}.mlp", x, ctx), ctx)
-
 
 class DeformableDecoderLayer(nn.Module):
     """Post-norm decoder layer on the query slots tgt (B, Q, D):
@@ -402,7 +344,8 @@ class DeformableDecoderLayer(nn.Module):
     tgt = norm2(tgt + msda(q = tgt + query_pos, around the references, v = memory));
     tgt = norm3(tgt + ffn(tgt)).
 
-    Args as `DeformableEncoderLayer`, and `attn_drop`: dropout on the self-attention's weights.
+    Args as `DeformableEncoderLayer`, and `attn_drop`: dropout on the self-attention's weights, `backend`: its
+    backend.
     """
 
     def __init__(
@@ -415,11 +358,12 @@ class DeformableDecoderLayer(nn.Module):
         drop: float,
         attn_drop: float,
         backend: str,
+        deformable_backend: str,
     ) -> None:
         super().__init__()
         self.self_attn = Attention(dim, num_heads, True, attn_drop, drop, backend)
         self.norm1 = nn.LayerNorm(dim)
-        self.cross_attn = MultiScaleDeformableAttention(dim, num_heads, num_levels, num_points, backend)
+        self.cross_attn = MultiScaleDeformableAttention(dim, num_heads, num_levels, num_points, deformable_backend)
         self.cross_attn_drop = nn.Dropout(drop)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, dim_feedforward, drop=drop, act="relu")
@@ -443,28 +387,6 @@ class DeformableDecoderLayer(nn.Module):
         tgt = self.norm2(tgt + self.cross_attn_drop(attended))
         return self.norm3(tgt + self.mlp(tgt))
 
-    def cost(
-        self,
-        name: str,
-        tgt: Value,
-        ctx: CostContext,
-        query_pos: Value,
-        reference_points: Value,
-        memory: Value,
-        spatial_shapes: Sequence,
-    ) -> list[OpCost]:
-        """The operators of `forward` on the query slots tgt (B, Q, D) without padding, in forward order."""
-        ops = Ops(tgt)
-        q = ops(elementwise_op(name, "+query_pos", (tgt, query_pos), 1, ctx))  # BQD
-        tgt = ops(add_norm(name, "norm1", tgt, self.self_attn.cost(f"{name}.self_attn", q, ctx, value=tgt), ctx))
-        q = ops(elementwise_op(name, "+query_pos", (tgt, query_pos), 1, ctx))  # BQD
-        attended = self.cross_attn.cost(
-            f"{name}.cross_attn", q, ctx, value=memory, spatial_shapes=spatial_shapes, reference_points=reference_points
-        )
-        attended += cost_of(f"{name}.cross_attn_drop", self.cross_attn_drop, attended[-1].output, ctx)
-        tgt = ops(add_norm(name, "norm2", tgt, attended, ctx))
-        return ops + add_norm(name, "norm3", tgt, self.mlp.cost(f"{name}.mlp", tgt, ctx), ctx)
-
 
 class DeformableEncoder(nn.Module):
     """`DeformableEncoderLayer` x depth over the tokens of all levels (B, N, D); no final norm."""
@@ -484,14 +406,6 @@ class DeformableEncoder(nn.Module):
         for layer in self.layers:
             x = layer(x, pos, reference_points, spatial_shapes, padding_mask)
         return x  # (B, N, D)
-
-    def cost(
-        self, name: str, x: Value, ctx: CostContext, pos: Value, reference_points: Value, spatial_shapes: Sequence
-    ) -> list[OpCost]:
-        ops = Ops(x)
-        for i, layer in enumerate(self.layers):
-            ops(layer.cost(f"{name}.layers.{i}", ops.out, ctx, pos, reference_points, spatial_shapes))
-        return ops
 
 
 class DeformableDecoder(nn.Module):
@@ -533,36 +447,6 @@ class DeformableDecoder(nn.Module):
                 reference = boxes[-1].detach()
         return torch.stack(states), torch.stack(boxes) if boxes else None
 
-    def cost(
-        self,
-        name: str,
-        tgt: Value,
-        ctx: CostContext,
-        query_pos: Value,
-        reference: Value,
-        memory: Value,
-        spatial_shapes: Sequence,
-        box_heads: Sequence[tuple[str, nn.Module]] | None = None,
-    ) -> list[OpCost]:
-        """The operators of `forward` without padding; `box_heads` as (name, module) pairs. The last two rows make
-        the stacked states and (with `box_heads`) boxes."""
-        B, Q, D = tgt.shape
-        ops, states, boxes = Ops(tgt), [], []
-        for i, layer in enumerate(self.layers):
-            points = view(reference, (B, Q, len(spatial_shapes), reference.shape[-1]))  # expanded over the levels
-            tgt = ops(layer.cost(f"{name}.layers.{i}", tgt, ctx, query_pos, points, memory, spatial_shapes))
-            states.append(tgt)
-            if box_heads is not None:
-                head_name, head = box_heads[i]
-                delta = ops(head.cost(head_name, tgt, ctx))
-                logit = ops(cost_inverse_sigmoid(head_name, reference, ctx))
-                boxes.append(ops(cost_box_from_reference(head_name, delta, logit, ctx)))
-                reference = view(boxes[-1], boxes[-1].shape)  # detached: the same storage
-        ops(OpCost(name, "stack", tuple(states), new_value((len(states), B, Q, D), ctx), 0, 0))
-        if boxes:
-            ops(OpCost(name, "stack_boxes", tuple(boxes), new_value((len(boxes), B, Q, 4), ctx), 0, 0))
-        return ops
-
 
 class DeformableDETR(CostFromImages, nn.Module):
     """Deformable DETR built from a `DeformableDetrConfig`.
@@ -599,8 +483,11 @@ class DeformableDETR(CostFromImages, nn.Module):
         self.input_proj = nn.ModuleList(projections)
         self.position_embedding = SinePositionEmbedding(D // 2, offset=0.5)
         self.level_embed = nn.Parameter(torch.empty(L, D))
-        levels = dict(dim=D, num_heads=c.num_heads, num_levels=L, dim_feedforward=c.dim_feedforward, drop=c.drop_rate)
-        self.encoder = DeformableEncoder(c.enc_layers, num_points=c.enc_points, backend=c.attn_backend, **levels)
+        levels = dict(
+            dim=D, num_heads=c.num_heads, num_levels=L, dim_feedforward=c.dim_feedforward, drop=c.drop_rate,
+            deformable_backend=c.deformable_backend,
+        )  # fmt: skip
+        self.encoder = DeformableEncoder(c.enc_layers, num_points=c.enc_points, **levels)
         self.decoder = DeformableDecoder(
             c.dec_layers, num_points=c.dec_points, attn_drop=c.attn_drop_rate, backend=c.attn_backend, **levels
         )
@@ -938,101 +825,7 @@ class DeformableDETR(CostFromImages, nn.Module):
         """The finest level's (H_0, W_0) for images of `img_size` (the captured records carry every level's)."""
         return self.level_sizes(img_size)[0]
 
-    # --- costs --------------------------------------------------------------------------------------------------------
 
-    def cost_images(self, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on images x (B, C, H, W) without pixel mask, in forward order."""
-        c, ops = self.config, Ops(x)
-        rows, maps = self.backbone.cost_stages("backbone", ops.out, ctx)
-        ops(rows)
-        B, D = x.shape[0], c.hidden_dim
-        levels: list[Value] = []
-        for level, projection in enumerate(self.input_proj):
-            source = maps[level] if level < len(maps) else maps[-1] if level == len(maps) else levels[-1]
-            conv = ops(conv_op(f"input_proj.{level}.0", projection[0], source, ctx))
-            levels.append(ops(group_norm_op(f"input_proj.{level}.1", conv, ctx)))
-        shapes = tuple(level.shape[-2:] for level in levels)
-        N = sum(h * w for h, w in shapes)
-        x = ops(OpCost("input_proj", "flatten", tuple(levels), new_value((B, N, D), ctx), 0, 0))  # (B, N, D)
-        positions = []
-        for h, w in shapes:
-            mask = ops(copy_op("position_embedding", "ones", x, (B, h, w), ctx))  # the all-real mask
-            pos = ops(self.position_embedding.cost("position_embedding", mask, ctx))  # (B, H_l W_l, D)
-            positions.append(ops(elementwise_op("level_embed", "+level_embed", pos, 1, ctx)))
-        pos = ops(OpCost("level_embed", "cat", tuple(positions), new_value((B, N, D), ctx), 0, 0))
-        coord = dataclasses.replace(ctx, dtype=torch.promote_types(ctx.dtype, torch.float32))  # as forward's
-        points = ops(OpCost("encoder", "reference_points", (x,), new_value((1, N, 2), coord), 0, 0))  # the centres
-        points = view(points, (B, N, len(shapes), 2))  # expanded over the batch and the levels
-        memory = ops(self.encoder.cost("encoder", x, ctx, pos, points, shapes))
-        if c.two_stage:
-            query_pos, tgt, reference = self.cost_two_stage(ops, memory, shapes, ctx)
-        else:
-            Q = c.num_queries
-            table = given((Q, 2 * D))
-            query_pos = view(table, (Q, D))  # the first half of each row: a view
-            ops(linear("reference_points", "linear", query_pos, self.reference_points, ctx))  # 2QD MACs
-            ops(elementwise_op("reference_points", "sigmoid", ops.out, SIGMOID_FLOPS, ctx, saves_output=True))
-            reference = view(ops.out, (B, Q, 2))  # expanded over the batch
-            query_pos, tgt = view(table, (B, Q, D)), view(table, (B, Q, D))
-        box_heads = [(f"bbox_embed.{i}", head) for i, head in enumerate(self.box_heads()[: c.dec_layers])]
-        refine = box_heads if c.box_refine else None
-        ops(self.decoder.cost("decoder", tgt, ctx, query_pos, reference, memory, shapes, refine))
-        return ops + self.cost_heads(ops, reference, ctx)
-
-    def cost_two_stage(self, ops: Ops, memory: Value, shapes: Sequence, ctx: CostContext) -> tuple[Value, Value, Value]:
-        """The operators of `two_stage_queries` without padding, appended to `ops`; (query_pos, tgt, reference)."""
-        c = self.config
-        B, N, D = memory.shape
-        Q, n = c.num_queries, c.dec_layers
-        anchors = ops(OpCost("enc_output", "anchors", (memory,), new_value((1, N, 4), ctx), 0, 0))  # (1, N, 4)
-        # the inverse sigmoid: 1 - p, p / (1 - p), log: one FLOP each
-        anchors = ops(elementwise_op("enc_output", "anchor_logits", anchors, 3, ctx))
-        anchors = ops(copy_op("enc_output", "masked_anchors", anchors, anchors.shape, ctx))  # +inf where unused
-        query = ops(copy_op("enc_output", "masked_memory", memory, memory.shape, ctx))  # zeros where unused
-        ops(linear("enc_output", "linear", query, self.enc_output, ctx))  # BND^2 MACs
-        query = ops(layer_norm_op("enc_output_norm", ops.out, ctx))
-        logits = ops(linear(f"class_embed.{n}", "linear", query, self.class_embed[n], ctx))  # BNDK MACs
-        delta = ops(self.bbox_embed[n].cost(f"bbox_embed.{n}", query, ctx))
-        coords = ops(elementwise_op(f"bbox_embed.{n}", "+anchors", (delta, anchors), 1, ctx))  # (B, N, 4)
-        best = ops(OpCost(f"class_embed.{n}", "topk", (logits,), new_value((B, Q), ctx), 0, 0))  # indices, (B, Q)
-        chosen = ops(holding(copy_op("enc_output", "gather", coords, (B, Q, 4), ctx), best))
-        reference = ops(elementwise_op("enc_output", "sigmoid", chosen, SIGMOID_FLOPS, ctx, saves_output=True))
-        # `proposal_encoding`, in float32
-        F32 = dataclasses.replace(ctx, dtype=torch.float32)
-        boxes = reference
-        if ctx.dtype != torch.float32:
-            boxes = ops(copy_op("pos_trans", "float", reference, (B, Q, 4), F32))
-        scaled = ops(elementwise_op("pos_trans", "*2pi", boxes, 1, F32))  # BQ4
-        angles = ops(
-            OpCost("pos_trans", "/wavelengths", (scaled,), new_value((B, Q, 4, D // 2), F32), 0, 2 * B * Q * D)
-        )
-        sines = ops(elementwise_op("pos_trans", "sin_cos", angles, 1, F32))  # a sine or a cosine per feature
-        encoding = ops(copy_op("pos_trans", "stack", sines, (B, Q, 2 * D), F32))
-        if ctx.dtype != torch.float32:
-            encoding = ops(copy_op("pos_trans", "to_dtype", encoding, (B, Q, 2 * D), ctx))
-        ops(linear("pos_trans", "linear", encoding, self.pos_trans, ctx))  # 4BQD^2 MACs
-        embedded = ops(layer_norm_op("pos_trans_norm", ops.out, ctx))  # (B, Q, 2D)
-        ops(elementwise_op(f"bbox_embed.{n}", "sigmoid", coords, SIGMOID_FLOPS, ctx, saves_output=True))  # enc boxes
-        return view(embedded, (B, Q, D)), view(embedded, (B, Q, D)), view(reference, reference.shape)
-
-    def cost_heads(self, ops: Ops, reference: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward_head` after the decoder's rows in `ops` (its stacked states last, or before
-        the stacked boxes with box refinement)."""
-        c = self.config
-        rows: list[OpCost] = []
-        states = ops[-2].output if c.box_refine else ops.out  # (L_d, B, Q, D)
-        L, B, Q, D = states.shape
-        first = 0 if c.aux_loss else L - 1
-        if c.box_refine:
-            for i in range(first, L):
-                state = view(states, (B, Q, D))
-                rows.append(linear(f"class_embed.{i}", "linear", state, self.class_embed[i], ctx))  # BQDK MACs
-            return rows
-        states = view(states, (L - first, B, Q, D))
-        rows.append(linear("class_embed", "linear", states, self.class_embed, ctx))  # L'BQDK MACs
-        rows += self.bbox_embed.cost("bbox_embed", states, ctx)
-        logit = cost_inverse_sigmoid("bbox_embed", reference, ctx)
-        return rows + logit + cost_box_from_reference("bbox_embed", rows[-1].output, logit[-1].output, ctx)
 
 
 def _layer_outputs(logits: Sequence[Tensor], boxes: Sequence[Tensor]) -> dict[str, Any]:

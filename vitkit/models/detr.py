@@ -36,8 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers import Attention, CostContext, OpCost, Value, check_backend, to_2tuple
-from vitkit.layers.cost import SIGMOID_FLOPS, Ops, conv_op, copy_op, elementwise_op, given, linear, relu_op, view
+from vitkit.layers import Attention, check_backend, to_2tuple
 from vitkit.layers.pos_embed import SinePositionEmbedding, nearest_mask
 from vitkit.models.interface import CostFromImages, SpatialAttention, check_detector_input, checkpoint_blocks
 from vitkit.models.registry import check_field_types, check_positive, check_rates, register_family, register_model
@@ -139,14 +138,6 @@ class BoxMLP(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x) if i == len(self.layers) - 1 else F.relu(layer(x))
         return x.sigmoid()
-
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        ops = Ops(x)
-        for i, layer in enumerate(self.layers):
-            ops(linear(f"{name}.layers.{i}", "linear", ops.out, layer, ctx))
-            if i < len(self.layers) - 1:
-                ops(relu_op(name, ops.out, ctx))
-        return ops + [elementwise_op(name, "sigmoid", ops.out, SIGMOID_FLOPS, ctx, saves_output=True)]
 
 
 class DETR(CostFromImages, nn.Module):
@@ -299,22 +290,6 @@ class DETR(CostFromImages, nn.Module):
         names = [f"encoder.layers.{i}.self_attn" for i in range(len(self.encoder.layers))]
         note = f"all {h}x{w} positions of the feature map"
         return [SpatialAttention(name, (h, w), keys, maps[name], note) for name in names if name in maps]
-
-    def cost_images(self, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on images x (B, C, H, W) without pixel mask, in forward order."""
-        c, ops = self.config, Ops(x)
-        rows, (features,) = self.backbone.cost_stages("backbone", ops.out, ctx)  # (B, C5, h, w)
-        ops(rows)
-        B, _, h, w = features.shape
-        N, D, Q = h * w, c.hidden_dim, c.num_queries
-        ops(copy_op("position_embedding", "ones", features, (B, h, w), ctx))  # the all-real mask
-        pos = ops(self.position_embedding.cost("position_embedding", ops.out, ctx))  # (B, N, D)
-        tokens = view(ops(conv_op("input_proj", self.input_proj, features, ctx)), (B, N, D))  # flatten, transpose
-        memory = ops(self.encoder.cost("encoder", tokens, ctx, pos))
-        ops(self.decoder.cost("decoder", given((Q, D)), ctx, memory, pos))  # query_pos: the table (Q, D)
-        states = view(ops.out, (c.dec_layers if c.aux_loss else 1, B, Q, D))  # all layers, or the last one: views
-        ops(linear("class_embed", "linear", states, self.class_embed, ctx))  # LBQD(K+1)
-        return ops + self.bbox_embed.cost("bbox_embed", states, ctx)
 
 
 # DETR's recipe (Carion et al., arXiv:2005.12872): AdamW, lr 1e-4 with the backbone at 1e-5, weight decay 1e-4,

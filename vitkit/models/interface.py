@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from vitkit.layers.cost import CostContext, Device, OpCost, given
+from vitkit.cost import CostContext, Device, OpCost, trace, tracing
 from vitkit.layers.helpers import to_2tuple
 
 
@@ -29,7 +29,8 @@ class VitkitModel(Protocol):
       ``num_classes``).
     - ``forward(x)``: images (B, C, H, W) -> logits (B, num_classes), always
       ``forward_head(forward_features(x))``.
-    - ``cost(...)``: the analytic cost of `forward`, one row per operator in forward order.
+    - ``cost(...)``: the analytic cost of `forward`, one row per operator in forward order (its forward traced on
+      meta tensors, `vitkit.cost.trace`).
     - ``shard_units()``: the model's repeated blocks, the units that gradient checkpointing recomputes and that
       FSDP (`vitkit train --strategy fsdp`) shards and gathers one at a time.
     - ``set_grad_checkpointing(enable)``: recompute the model's blocks (`shard_units`) in backward instead of
@@ -254,17 +255,17 @@ def denoising_settings(detector: object) -> DenoisingSettings | None:
 
 
 class CostFromImages:
-    """`VitkitModel.cost` written once, for a model that checks its images with `check_input(x)` and lists its
-    operators on an image batch with `cost_images(x, ctx)`."""
+    """`VitkitModel.cost` written once, for a model that checks its images with `check_input(x)`: its forward on a
+    batch of images, traced (`vitkit.cost.trace`)."""
 
     def cost(
         self, img_size: tuple[int, int], batch: int = 1, dtype: torch.dtype = torch.float32, device: Device = "cpu"
     ) -> list[OpCost]:
         """The operators of `forward` on a (batch, C, H, W) input in `dtype` on `device`, in forward order (a size
         `forward` refuses raises its ValueError)."""
-        shape = (batch, self.config.in_chans, *img_size)
-        self.check_input(torch.empty(shape, device="meta"))
-        return self.cost_images(given(shape), CostContext(dtype, device))
+        images = torch.empty((batch, self.config.in_chans, *img_size), device="meta")
+        self.check_input(images)
+        return trace(self, images, ctx=CostContext(dtype, device))
 
 
 def require_model(model: object, purpose: str) -> VitkitModel:
@@ -300,7 +301,7 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     drop path).
     """
     forward = type(self).forward
-    if not (self.training and torch.is_grad_enabled()):
+    if not (self.training and torch.is_grad_enabled()) or tracing():  # a cost trace counts the plain forward
         return forward(self, *args, **kwargs)
     calls = 0
 

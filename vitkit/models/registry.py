@@ -23,6 +23,7 @@ from typing import Any
 
 from torch import nn
 
+from vitkit.kernels.policy import ATTENTION_BACKENDS, BACKENDS, DEFORMABLE_BACKENDS, check_backend
 from vitkit.models.interface import DETECTOR_METHODS, METHODS
 
 CLASSIFICATION, DETECTION = "classification", "detection"
@@ -203,6 +204,19 @@ def check_rates(config: Any, *names: str) -> None:
         value = getattr(config, name)
         if not 0 <= value < 1:
             raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
+
+
+def backend_overrides(name: str, backend: str) -> dict[str, str]:
+    """The config fields that switch the attention layers of the registered model `name` that know `backend` to it,
+    as `vitkit.layers.set_attention_backend` switches a built model's: `attn_backend` for the dense layers and, where
+    the config has it, `deformable_backend` for the deformable ones."""
+    check_backend(backend, BACKENDS)
+    fields = {f.name for f in dataclasses.fields(model_entry(name).config)}
+    kinds = {"attn_backend": ATTENTION_BACKENDS, "deformable_backend": DEFORMABLE_BACKENDS}
+    overrides = {field: backend for field, names in kinds.items() if field in fields and backend in names}
+    if not overrides:
+        raise ValueError(f"{name} has no attention layer with a {backend!r} backend")
+    return overrides
 
 
 def replace_config(config: Any, **overrides: Any) -> Any:

@@ -6,7 +6,7 @@ torchvision's "ResNet v1.5"; DC5 dilation as in DETR, arXiv:2005.12872).
 A stride-4 stem, then four stages of residual blocks, each stage after the first halving the map in its first block
 (or dilating instead); `forward` returns the maps of the stages asked for (`out_indices`: strides 4, 8, 16, 32), so
 a detector can read one map or a pyramid. Every block is a `ResidualBlock` (branch, shortcut, add, ReLU), whose
-forward and cost are written once. Module names follow one of two layouts, so that each family's checkpoints load
+forward is written once. Module names follow one of two layouts, so that each family's checkpoints load
 unchanged:
 
 - "torchvision": torchvision's (and timm's) ResNet: ``conv1``, ``bn1``, ``maxpool``, ``layer1`` .. ``layer4``;
@@ -25,8 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from vitkit.layers import CostContext, OpCost, Value
-from vitkit.layers.cost import Ops, add_op, cost_of, given, relu_op, sequence
+from vitkit.cost import meta_forward
 from vitkit.layers.norm import FrozenBatchNorm2d, fold_frozen_norms
 
 LAYOUTS = ("torchvision", "timm")
@@ -66,15 +65,6 @@ class ResidualBlock(nn.Module):
             out = getattr(self, child)(out)
         shortcut = getattr(self, self.shortcut_name)(x)
         return self.act(out.add_(shortcut) if self.in_place_add else out + shortcut)
-
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, C, H, W), in forward order."""
-        ops = Ops(x)
-        branch = ops(sequence(name, x, ctx, self, *self.branch))
-        shortcut = cost_of(f"{name}.{self.shortcut_name}", getattr(self, self.shortcut_name), x, ctx)
-        short = ops(shortcut) if shortcut else x
-        ops(add_op(name, branch, short, ctx, in_place=self.in_place_add))  # one add per element
-        return [*ops, relu_op(name, ops.out, ctx, in_place=True)]
 
 
 def make_shortcut(
@@ -236,6 +226,7 @@ class ResNet(nn.Module):
         # the channels of each map `forward` returns: the last convolution's of its stage (the shortcut's agree)
         convs = [[m for m in stage.modules() if isinstance(m, nn.Conv2d)] for _, stage in self.stage_list()]
         self.out_channels = [convs[i][-1].out_channels for i in self.out_indices]
+        self._feature_sizes: dict[tuple[int, int], list[tuple[int, int]]] = {}  # image size -> `feature_sizes`
 
     def stem_modules(self) -> list[tuple[str, nn.Module]]:
         """(name, module) of the stem in forward order."""
@@ -255,7 +246,7 @@ class ResNet(nn.Module):
 
     def fold_norms(self) -> int:
         """Fold every frozen norm into the convolution before it, for inference (`fold_frozen_norms`); the number
-        folded. `cost()` no longer applies after."""
+        folded."""
         return fold_frozen_norms(self)
 
     def forward_stages(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -272,19 +263,10 @@ class ResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         return self.forward_stages(x)
 
-    def cost_stages(self, name: str, x: Value, ctx: CostContext) -> tuple[list[OpCost], list[Value]]:
-        """The operators of `forward_stages` on images x (B, C, H, W), in forward order, and the maps it returns."""
-        prefix = f"{name}." if name else ""
-        ops, maps = Ops(x), []
-        for child, module in self.stem_modules():
-            ops(cost_of(prefix + child, module, ops.out, ctx))
-        for s, (child, stage) in enumerate(self.stage_list()[: max(self.out_indices) + 1]):
-            out = ops(sequence(prefix + child, ops.out, ctx, stage))
-            if s in self.out_indices:
-                maps.append(out)
-        return ops, maps
-
     def feature_sizes(self, img_size: tuple[int, int]) -> list[tuple[int, int]]:
         """The (h, w) of each map `forward` returns for images of `img_size` (H, W)."""
-        _, maps = self.cost_stages("", given((1, self.in_chans, *img_size)), CostContext())
-        return [tuple(m.shape[-2:]) for m in maps]
+        img_size = tuple(img_size)
+        if img_size not in self._feature_sizes:  # the maps of a forward on meta tensors
+            maps = meta_forward(self, torch.empty(1, self.in_chans, *img_size, device="meta"))
+            self._feature_sizes[img_size] = [tuple(m.shape[-2:]) for m in maps]
+        return list(self._feature_sizes[img_size])

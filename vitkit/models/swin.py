@@ -18,7 +18,7 @@ nW windows per image.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -27,30 +27,11 @@ from torch import nn
 
 from vitkit.layers import (
     Attention,
-    CostContext,
     DropPath,
     Mlp,
-    OpCost,
     PatchEmbed,
-    Value,
     check_backend,
     to_2tuple,
-)
-from vitkit.layers.cost import (
-    Ops,
-    add_op,
-    copy_op,
-    cost_of,
-    given,
-    holding,
-    layer_norm_op,
-    linear,
-    new_value,
-    numel,
-    reduce_op,
-    residual,
-    sequence,
-    view,
 )
 from vitkit.layers.helpers import nearest_multiples, take_indices
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
@@ -242,24 +223,6 @@ class WindowAttention(Attention):
             bias = bias.reshape(x.shape[0], *bias.shape[2:])  # (B * nW, h, N, N)
         return super().forward(x, bias)
 
-    def cost(self, name: str, x: Value, ctx: CostContext, mask: Value | None = None) -> list[OpCost]:
-        """The operators of `forward` on windows x (B * nW, N, C), in forward order; `mask`: the shift mask
-        (nW, N, N) forward is given (the block's buffer, or one made for another size), or None."""
-        B_, N, C = x.shape
-        h = self.num_heads
-        ops = Ops(x)
-        table = given(self.relative_position_bias_table.shape)
-        bias = ops(copy_op(name, "gather_bias", table, (1, h, N, N), ctx))  # table rows by offset: h N^2 moved
-        if mask is not None:
-            per_window = (mask.shape[0], h, N, N)
-            windows_mask = view(mask, (mask.shape[0], 1, N, N))  # unsqueezed: a view
-            ops(OpCost(name, "+mask", (bias, windows_mask), new_value(per_window, ctx), 0, numel(per_window)))
-            ops(copy_op(name, "expand_mask", ops.out, (B_, h, N, N), ctx))  # B copies: B nW h N^2 moved
-        # forward holds the bias in a variable until the attention returns, past its last reader on the math path
-        ops[-1] = replace(ops[-1], named=True)
-        # "+bias": the table bias (with the mask when shifted) added to the logits (B nW h N^2)
-        return ops + super().cost(name, x, ctx, bias=ops.out)
-
 
 class SwinBlock(nn.Module):
     """Pre-norm block with (shifted) window attention on a map (B, H, W, C) -> (B, H, W, C).
@@ -384,47 +347,6 @@ class SwinBlock(nn.Module):
         x = x + self.drop_path2(self.mlp(self.norm2(x)))
         return x
 
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, H, W, C), in forward order.
-
-        Attention is counted over the windows of the map padded to whole windows, as forward runs it.
-        """
-        rows, attended = self._cost_attention(name, x, ctx)
-        dropped = cost_of(f"{name}.drop_path1", self.drop_path1, attended, ctx)
-        ops = Ops(x)
-        ops(rows, dropped, add_op(name, x, dropped[-1].output if dropped else attended, ctx))  # x + branch(x)
-        return ops + residual(name, ops.out, ctx, sequence(name, ops.out, ctx, self, "norm2", "mlp", "drop_path2"))
-
-    def _cost_attention(self, name: str, x: Value, ctx: CostContext) -> tuple[list[OpCost], Value]:
-        """The operators of norm1 and `_attention` on a map x (B, H, W, C), and the attended map (B, H, W, C)."""
-        B, H, W, C = x.shape
-        (Wh, Ww), (Hp, Wp) = self.window_size, self._padded(H, W)
-        nW, N = (Hp // Wh) * (Wp // Ww), Wh * Ww
-        own_size = (H, W) == self.resolution
-        ops = Ops(x)
-        normed = ops(layer_norm_op(f"{name}.norm1", x, ctx))  # 8BHWC: `_attention`'s x, held until it returns
-        mask = None
-        if any(self.shift_size):  # the block's buffer, or made for this size (`shift_mask`) and held to the end
-            shift = OpCost(name, "shift_mask", (given((H, W)),), new_value((nW, N, N), ctx), 0, nW * N * N)
-            mask = given((nW, N, N)) if own_size else ops(shift)
-        if (Hp, Wp) == (H, W):  # roll and partition are one gather, merge and roll back one scatter
-            windows = ops(copy_op(name, "window_partition", normed, (B * nW, N, C), ctx))  # BHWC moved
-            ops(self.attn.cost(f"{name}.attn", windows, ctx, mask))
-            held = (normed,) if mask is None or own_size else (normed, mask)
-            reverse = holding(copy_op(name, "window_reverse", ops.out, x.shape, ctx), *held)  # BHWC moved
-            return [*ops, reverse], reverse.output
-        if mask is not None:
-            ops(copy_op(name, "roll", normed, x.shape, ctx))  # BHWC moved
-        padded = ops(copy_op(name, "pad", ops.out, (B, Hp, Wp, C), ctx))  # `_attention`'s x until the merge
-        # The window permute keeps the memory order (a view) when one window spans the width or is one row tall.
-        permuted = Wp // Ww > 1 and Wh > 1
-        windows = ops(copy_op(name, "window_partition", padded, (B * nW, N, C), ctx, copies=permuted))
-        ops(self.attn.cost(f"{name}.attn", windows, ctx, mask))
-        reverse = copy_op(name, "window_reverse", ops.out, (B, Hp, Wp, C), ctx, copies=permuted)  # (B, Hp, Wp, C)
-        attended = view(ops(holding(reverse, padded)), x.shape)  # cropped to (B, H, W, C): a view
-        if mask is not None:  # rolling back copies (BHWC moved); the mask is held until then
-            attended = ops(holding(copy_op(name, "roll", attended, x.shape, ctx), mask))
-        return ops, attended
 
 
 class PatchMerging(nn.Module):
@@ -447,13 +369,6 @@ class PatchMerging(nn.Module):
         # Channel order (dx, dy, C): the neighbours (0,0), (1,0), (0,1), (1,1) as (dy, dx), as the reference code.
         x = x.permute(0, 1, 3, 4, 2, 5).flatten(3)  # (B, H/2, W/2, dx, dy, C) -> (B, H/2, W/2, 4C)
         return self.reduction(self.norm(x))
-
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, H, W, C), in forward order."""
-        B, H, W, C = x.shape
-        merge = copy_op(name, "patch_merging", x, (B, H // 2, W // 2, 4 * C), ctx)  # BHWC moved
-        norm = layer_norm_op(f"{name}.norm", merge.output, ctx)  # 8BHWC
-        return [merge, norm, linear(name, "reduction", norm.output, self.reduction, ctx)]  # (BHW/4) * 4C * out MACs
 
 
 class SwinStage(nn.Module):
@@ -511,10 +426,6 @@ class SwinStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(self.downsample(x))
 
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, H, W, C): the patch merging (if any), then the blocks."""
-        return sequence(name, x, ctx, self)
-
 
 class ClassifierHead(nn.Module):
     """Mean over the map (B, H, W, C) -> (B, C), dropout, linear classifier (absent when num_classes is 0)."""
@@ -527,14 +438,6 @@ class ClassifierHead(nn.Module):
     def forward(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.drop(x.mean(dim=(1, 2)))  # (B, C)
         return x if pre_logits else self.fc(x)
-
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on a map x (B, H, W, C), in forward order."""
-        B, _, _, C = x.shape
-        ops = Ops(x)
-        ops(reduce_op(name, "mean", x, (B, C), numel(x.shape), ctx))  # BHWC: one add per element
-        ops(cost_of(f"{name}.drop", self.drop, ops.out, ctx))
-        return ops + ([] if isinstance(self.fc, nn.Identity) else [linear(name, "head", ops.out, self.fc, ctx)])
 
 
 class SwinTransformer(CostFromImages, nn.Module):
@@ -668,10 +571,6 @@ class SwinTransformer(CostFromImages, nn.Module):
         """Every block's relative position bias table (timm's `no_weight_decay_keywords`)."""
         return {name for name, _ in self.named_parameters() if name.endswith("relative_position_bias_table")}
 
-    def cost_images(self, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on images x (B, C, H, W), in forward order; attention is counted over the
-        windows of each map padded to whole windows."""
-        return sequence("", x, ctx, self, "patch_embed", "layers", "norm", "head")
 
     def forward_intermediates(
         self,

@@ -18,14 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitkit.layers import Attention, CostContext, Mlp, OpCost, Value
-from vitkit.layers.cost import Ops, copy_op, elementwise_op, layer_norm_op, new_value, residual
-
-
-def add_norm(name: str, norm: str, x: Value, branch: list[OpCost], ctx: CostContext) -> list[OpCost]:
-    """The operators of a post-norm residual, norm(x + branch(x)): the branch's, the add, the norm `name.norm`."""
-    rows = residual(name, x, ctx, branch)
-    return [*rows, layer_norm_op(f"{name}.{norm}", rows[-1].output, ctx)]
+from vitkit.layers import Attention, Mlp
 
 
 class EncoderLayer(nn.Module):
@@ -54,13 +47,6 @@ class EncoderLayer(nn.Module):
         q = x + pos  # queries and keys carry the positions, values do not
         x = self.norm1(x + self.self_attn(q, mask, value=x))
         return self.norm2(x + self.mlp(x))
-
-    def cost(self, name: str, x: Value, ctx: CostContext, pos: Value, mask: Value | None = None) -> list[OpCost]:
-        """The operators of `forward` on tokens x (B, N, D), in forward order."""
-        ops = Ops(x)
-        q = ops(elementwise_op(name, "+pos", (x, pos), 1, ctx))  # BND
-        x = ops(add_norm(name, "norm1", x, self.self_attn.cost(f"{name}.self_attn", q, ctx, mask, value=x), ctx))
-        return ops + add_norm(name, "norm2", x, self.mlp.cost(f"{name}.mlp", x, ctx), ctx)
 
 
 class DecoderLayer(nn.Module):
@@ -95,26 +81,6 @@ class DecoderLayer(nn.Module):
         tgt = self.norm2(tgt + self.cross_attn(tgt + query_pos, mask, key=memory_key, value=memory))
         return self.norm3(tgt + self.mlp(tgt))
 
-    def cost(
-        self,
-        name: str,
-        tgt: Value,
-        ctx: CostContext,
-        query_pos: Value,
-        memory: Value,
-        memory_key: Value,
-        mask: Value | None = None,
-    ) -> list[OpCost]:
-        """The operators of `forward` on the query slots tgt (B, Q, D), in forward order."""
-        ops = Ops(tgt)
-        q = ops(elementwise_op(name, "+query_pos", (tgt, query_pos), 1, ctx))  # BQD
-        attended = self.self_attn.cost(f"{name}.self_attn", q, ctx, value=tgt)
-        tgt = ops(add_norm(name, "norm1", tgt, attended, ctx))
-        q = ops(elementwise_op(name, "+query_pos", (tgt, query_pos), 1, ctx))  # BQD
-        attended = self.cross_attn.cost(f"{name}.cross_attn", q, ctx, mask, key=memory_key, value=memory)
-        tgt = ops(add_norm(name, "norm2", tgt, attended, ctx))
-        return ops + add_norm(name, "norm3", tgt, self.mlp.cost(f"{name}.mlp", tgt, ctx), ctx)
-
 
 class Encoder(nn.Module):
     """`EncoderLayer` x depth over the image tokens (B, N, D); no final norm (post-norm layers end normalised)."""
@@ -127,12 +93,6 @@ class Encoder(nn.Module):
         for layer in self.layers:
             x = layer(x, pos, mask)
         return x  # (B, N, D)
-
-    def cost(self, name: str, x: Value, ctx: CostContext, pos: Value, mask: Value | None = None) -> list[OpCost]:
-        ops = Ops(x)
-        for i, layer in enumerate(self.layers):
-            ops(layer.cost(f"{name}.layers.{i}", ops.out, ctx, pos, mask))
-        return ops
 
 
 class Decoder(nn.Module):
@@ -159,15 +119,3 @@ class Decoder(nn.Module):
             outputs.append(self.norm(tgt))
         return torch.stack(outputs)  # (L, B, Q, D)
 
-    def cost(
-        self, name: str, query_pos: Value, ctx: CostContext, memory: Value, pos: Value, mask: Value | None = None
-    ) -> list[OpCost]:
-        B, Q, D = memory.shape[0], *query_pos.shape
-        ops = Ops(query_pos)
-        tgt = ops(copy_op(name, "zeros", query_pos, (B, Q, D), ctx))  # the empty slots (B, Q, D)
-        memory_key = ops(elementwise_op(name, "+pos", (memory, pos), 1, ctx))  # BND
-        outputs = []
-        for i, layer in enumerate(self.layers):
-            tgt = ops(layer.cost(f"{name}.layers.{i}", tgt, ctx, query_pos, memory, memory_key, mask))
-            outputs.append(ops(layer_norm_op(f"{name}.norm", tgt, ctx)))  # 8BQD
-        return [*ops, OpCost(name, "stack", tuple(outputs), new_value((len(outputs), B, Q, D), ctx), 0, 0)]

@@ -29,17 +29,13 @@ from vitkit.layers import (
     AttentionPool,
     BilinearPool,
     Block,
-    CostContext,
-    OpCost,
     PatchEmbed,
-    Value,
     big_vision_sincos_2d,
     check_backend,
     resample_abs_pos_embed,
     sincos_2d_pos_embed,
     to_2tuple,
 )
-from vitkit.layers.cost import Ops, copy_op, cost_of, elementwise_op, linear, numel, reduce_op, sequence, view
 from vitkit.layers.helpers import take_indices
 from vitkit.layers.mlp import ACTIVATIONS
 from vitkit.models.interface import CostFromImages, checkpoint_blocks
@@ -339,44 +335,6 @@ class VisionTransformer(CostFromImages, nn.Module):
         """ValueError, saying what was expected and what came, for images (B, C, H, W) forward cannot take."""
         self.patch_embed.check_input(x)
 
-    def cost_images(self, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The operators of `forward` on images x (B, C, H, W), in forward order."""
-        B, c = x.shape[0], self.config
-        Hp, Wp = self.patch_embed.feat_size(x.shape[-2:])
-        ops = Ops(x)
-        ops(self.patch_embed.cost("patch_embed", ops.out, ctx))
-        tokens = (B, self.num_prefix_tokens + Hp * Wp, c.embed_dim)
-        if c.no_embed_class:  # + pos on the patches: BND, then the prefix prepended
-            ops(elementwise_op("pos_embed", "+pos", ops.out, 1, ctx))
-            if self.num_prefix_tokens:
-                ops(copy_op("pos_embed", "cat_prefix", ops.out, tokens, ctx))
-        else:
-            if self.num_prefix_tokens:  # (B, P + N, D) written
-                ops(copy_op("pos_embed", "cat_prefix", ops.out, tokens, ctx))
-            ops(elementwise_op("pos_embed", "+pos", ops.out, 1, ctx))  # + pos: BND
-        ops(cost_of("pos_drop", self.pos_drop, ops.out, ctx))
-        ops(cost_of("norm_pre", self.norm_pre, ops.out, ctx))  # 8BND with pre_norm
-        ops(sequence("blocks", ops.out, ctx, self.blocks))
-        ops(cost_of("norm", self.norm, ops.out, ctx))  # 8BND
-        patches = view(ops.out, (B, Hp * Wp, c.embed_dim))  # the prefix tokens dropped: a view
-        if c.global_pool == "avg":
-            ops(reduce_op("pool", "mean", patches, (B, c.embed_dim), numel(patches.shape), ctx))  # one add per element
-        elif self.pool is not None:
-            ops(self.pool.cost("pool", patches, ctx))  # (B, N, D) -> (B, r * r)
-        elif self.attn_pool is not None:
-            ops(self.attn_pool.cost("attn_pool", ops.out, ctx))  # (B, P + N, D) -> (B, D)
-        features = ops.out if c.global_pool != "token" else view(ops.out, (B, c.embed_dim))  # x[:, i]: views
-        if self.use_fc_norm:
-            features = ops(cost_of("fc_norm", self.fc_norm, features, ctx))  # 8BD
-        heads = [("head", self.head)] + ([("head_dist", self.head_dist)] if c.distilled else [])
-        outputs = []
-        for name, head in heads:  # head_drop before each head (training only)
-            dropped = cost_of("head_drop", self.head_drop, features, ctx)
-            x = ops(dropped) if dropped else features
-            outputs.append(x if isinstance(head, nn.Identity) else ops(linear(name, "head", x, head, ctx)))  # BFK
-        if c.distilled:  # (cls + dist) / 2, of the logits (or of the features when the heads are Identity)
-            ops(elementwise_op("head", "mean_heads", tuple(outputs), 2, ctx))
-        return ops
 
     def forward_intermediates(
         self,

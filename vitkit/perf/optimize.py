@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitkit.analysis.precision import precision_dtype, slow_precision
+from vitkit.cost.rows import GELU_FLOPS, CostContext, OpCost, Value, linear_op, numel
+from vitkit.kernels.policy import native_cpu_bf16
 from vitkit.layers import Mlp, attention_layers
-from vitkit.layers.cost import GELU_FLOPS, CostContext, OpCost, Value, linear_op, numel
-from vitkit.layers.helpers import native_cpu_bf16
 
 ACTIVATIONS = ("none", "gelu")
 
@@ -102,9 +102,10 @@ class PackedLinear(nn.Module):
         # algorithm "none" selects the exact erf GELU ("tanh" would be the approximation); unused for "none"
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.activation, [], "none")
 
-    def cost(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
-        """The `nn.Linear` it replaces, as `vitkit.layers.cost` counts one (its row in the layer holding it), with
-        the fused GELU's FLOPs in the same operator: it writes no tensor of its own."""
+    def cost_rows(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+        """The rows of a packed layer, whose reordered weight and fused GELU a trace cannot see: the `nn.Linear` it
+        replaces (its row in the layer holding it), with the GELU's FLOPs in the same operator (it writes no tensor
+        of its own)."""
         parent, _, child = name.rpartition(".")
         op = linear_op(parent, child, x, self.out_features, ctx, bias=self.bias is not None)
         if self.activation == "gelu":

@@ -1,20 +1,18 @@
-"""The operators a layer states next to its `forward`: the vocabulary and combinators of every `cost()`.
+"""The rows of a cost list: what one operator of a forward reads, writes, computes and keeps for backward.
 
-A layer's `cost(name, x, ctx)` takes the symbolic input `x` (a `Value`: shape and storage) and lists its operators
-in forward order, each with its input and output values, its MACs and FLOPs (the formula in a one-line comment
-beside it) and the values it keeps for backward. Leaf operators (linear, conv, attention, norms, sampling) are
-written by hand with the functions below; a composite layer composes its children's lists with `Ops`, `cost_of`,
-`sequence` and `residual`, so that its `cost` reads like its `forward`.
+`vitkit.cost.trace` writes one `OpCost` per operator of a module's forward, in forward order; a leaf whose path or
+memory the dispatcher cannot see (an attention kernel's path, a sampling path, a packed layer) states its rows itself
+with the functions below, each term commented with the line it counts.
 
 Conventions (the same as torch's FlopCounterMode for matrix work, so the two can be compared exactly):
 - A matmul-type operator (linear, conv, batched matmul) costs `macs` multiply-adds, that is 2 * macs matmul FLOPs;
   its bias add is one more FLOP per output element, counted as "other" FLOPs since FlopCounterMode leaves it out.
 - Element-wise and reduction operators cost a fixed number of FLOPs per element, the constants below.
-- Bytes are activation bytes (weights excluded) at the element size of `CostContext.dtype`.
-- A row's `module` names where its gradients and weight copies belong: linear layers and activations inside a layer
-  (an MLP's fc1, gelu and fc2, attention's qkv and proj) are rows of that layer, named by their role (`op`);
-  convolutions, norms, dropout and stochastic depth are rows of their own module. `cost_of` applies this to torch's
-  parameter-free modules and norms; a layer with parameters of its own states its rows in its `cost()`.
+- Bytes are activation bytes (weights excluded), at the element size of each tensor.
+- A row's `module` names where its gradients and weight copies belong: the rows of torch's linear layers and
+  activations inside a layer (an MLP's fc1, gelu and fc2, attention's qkv and proj) are rows of that layer, named by
+  their role (`op`); convolutions, norms and dropout are rows of their own module; every other operator is a row
+  of the module whose forward runs it.
 
 Lifetimes: what a cost list says about memory, worked out in one place (`vitkit.analysis.memory`):
 - A value lives from the operator that writes it (`OpCost.output`, unless it is a view or in-place result, which
@@ -23,7 +21,8 @@ Lifetimes: what a cost list says about memory, worked out in one place (`vitkit.
   module returns: a read by an operator of module `a.b.c` of a value made under `a.x` keeps it alive to the last
   operator under `a.b`.
 - An output marked `named` lives at least to its module's last operator (forward keeps it in a variable: q, k, v).
-- `holding(op, *values)` keeps values alive up to `op` that forward holds without reading (a mask, a rolled map).
+- `holding(op, *values)` keeps values alive up to `op` that forward holds without reading (a mask, a rolled map);
+  the trace holds each tensor to the last operator before the forward let go of it.
 - The last operator's output is the result and lives to the end.
 - Training keeps every value an operator lists in `saved` until its backward; a parameter's gradient appears at
   the backward of the last operator of the module that owns it.
@@ -37,7 +36,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 SOFTMAX_FLOPS = 5  # per element: subtract the row max, exp, sum, divide (+ the max itself)
 LAYER_NORM_FLOPS = 8  # per element: mean, subtract, square, variance sum, normalise (x2), scale, shift
@@ -45,6 +43,7 @@ GELU_FLOPS = 8  # per element: GELU counted as 8 (x * 0.5 * (1 + erf(x / sqrt 2)
 RELU_FLOPS = 1  # per element: one comparison
 BATCH_NORM_FLOPS = 2  # per element in eval: folded scale and shift
 SIGMOID_FLOPS = 4  # per element: negate, exp, add, divide
+GROUP_NORM_FLOPS = LAYER_NORM_FLOPS  # the same arithmetic per element, over groups of channels instead of rows
 
 
 Device = torch.device | str  # where the costed forward runs: torch.device("cuda") or "cpu"
@@ -52,8 +51,8 @@ Device = torch.device | str  # where the costed forward runs: torch.device("cuda
 
 @dataclass(frozen=True)
 class CostContext:
-    """Where and in what precision the costed forward runs: the element size of activations, and what the
-    attention dispatch (`Attention.path`) picks for each call."""
+    """Where and in what precision the costed forward runs: the element size of activations, and the path each
+    kernel would take there (`vitkit.kernels.policy`)."""
 
     dtype: torch.dtype = torch.float32  # activation dtype (bfloat16 under autocast or after optimize("bf16"))
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -123,7 +122,8 @@ class OpCost:
 
     @property
     def in_shape(self) -> tuple[int, ...]:
-        return self.inputs[0].shape
+        """The main input's shape (the output's for an operator that reads no tensor: a factory)."""
+        return self.inputs[0].shape if self.inputs else self.output.shape
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -176,23 +176,9 @@ def linear_op(module: str, op: str, x: Value, out_features: int, ctx: CostContex
     return matmul_op(module, op, (x,), (*x.shape[:-1], out_features), numel(x.shape) * out_features, ctx, bias=bias)
 
 
-def linear(module: str, op: str, x: Value, layer: nn.Module, ctx: CostContext) -> OpCost:
-    """`linear_op` for the linear `layer` (an nn.Linear, or any layer with its `out_features` and `bias`)."""
-    return linear_op(module, op, x, layer.out_features, ctx, bias=layer.bias is not None)
-
-
 def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1) -> int:
     """One side of a convolution's or pooling's output: (size + 2 padding - dilation (kernel - 1) - 1) // stride + 1."""
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
-
-
-def conv_op(module: str, conv: nn.Conv2d, x: Value, ctx: CostContext) -> OpCost:
-    """A Conv2d on x (B, C, H, W): out elements x (C / groups) x kh x kw multiply-adds (+ one add each for a bias)."""
-    B, _, H, W = x.shape
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = conv.kernel_size, conv.stride, conv.padding, conv.dilation
-    out = (B, conv.out_channels, conv_output_size(H, kh, sh, ph, dh), conv_output_size(W, kw, sw, pw, dw))
-    macs = numel(out) * conv.in_channels // conv.groups * kh * kw
-    return matmul_op(module, "conv", (x,), out, macs, ctx, bias=conv.bias is not None)
 
 
 def copy_op(
@@ -232,21 +218,6 @@ def elementwise_op(
     )
 
 
-def layer_norm_op(module: str, x: Value, ctx: CostContext) -> OpCost:
-    """LayerNorm over the last dim: LAYER_NORM_FLOPS per element; keeps its input (and per-row statistics)."""
-    return elementwise_op(module, "layer_norm", x, LAYER_NORM_FLOPS, ctx, saves=(x,))
-
-
-def relu_op(module: str, x: Value, ctx: CostContext, *, in_place: bool = False) -> OpCost:
-    """ReLU: one comparison per element; backward needs its output."""
-    return elementwise_op(module, "relu", x, RELU_FLOPS, ctx, in_place=in_place, saves_output=True)
-
-
-def add_op(module: str, x: Value, y: Value, ctx: CostContext, *, in_place: bool = False) -> OpCost:
-    """The residual add x + y (x += y `in_place`): one add per element, nothing kept for backward."""
-    return elementwise_op(module, "residual_add", (x, y), 1, ctx, in_place=in_place)
-
-
 def holding(op: OpCost, *held: Value) -> OpCost:
     """`op` with `held` among its inputs: tensors that forward keeps in a variable (or an argument) up to this
     operator without reading them, so the memory accounting keeps them alive until it runs."""
@@ -265,30 +236,6 @@ def dropout_ops(module: str, x: Value, p: float, training: bool, ctx: CostContex
     mask = Value(x.shape, Storage(numel(x.shape) * itemsize))
     draw = OpCost(module, "dropout_mask", (x,), mask, 0, 2 * numel(x.shape))  # bernoulli and scale: 2 per element
     return [draw, elementwise_op(module, "dropout", (x, mask), 1, ctx, saves=(mask,))]  # x * mask: 1 per element
-
-
-def drop_path_ops(module: str, x: Value, p: float, training: bool, ctx: CostContext) -> list[OpCost]:
-    """Stochastic depth (`drop_path`) at rate `p` on x (B, ...) in a `training` forward: x * mask / (1 - p) with one
-    draw per sample, two new tensors of x's shape; autograd keeps only the (B, 1, ...) mask."""
-    if not training or p == 0:
-        return []
-    mask = new_value((x.shape[0],) + (1,) * (len(x.shape) - 1), ctx)
-    draw = OpCost(module, "drop_path_mask", (x,), mask, 0, x.shape[0])  # one bernoulli draw per sample
-    kept = elementwise_op(module, "drop_path", (x, mask), 1, ctx, saves=(mask,))  # x * mask: 1 per element
-    return [draw, kept, elementwise_op(module, "drop_path_scale", kept.output, 1, ctx)]  # / (1 - p)
-
-
-def reduce_op(module: str, op: str, x: Value, out_shape: tuple[int, ...], flops: int, ctx: CostContext) -> OpCost:
-    """A reduction or pooling (mean, average or max pool) to `out_shape`, `flops` as counted beside the call."""
-    return OpCost(module, op, (x,), new_value(out_shape, ctx), 0, flops)
-
-
-def max_pool_op(module: str, pool: nn.MaxPool2d, x: Value, ctx: CostContext) -> OpCost:
-    """A square max pool of kernel k on x (B, C, H, W): k^2 - 1 comparisons per output element."""
-    B, C, H, W = x.shape
-    k, s, p = pool.kernel_size, pool.stride, pool.padding
-    out = (B, C, conv_output_size(H, k, s, p), conv_output_size(W, k, s, p))
-    return reduce_op(module, "max_pool", x, out, (k * k - 1) * numel(out), ctx)
 
 
 # --- combinators -------------------------------------------------------------------------------------------------
@@ -313,50 +260,3 @@ class Ops(list[OpCost]):
             else:
                 self.extend(row)
         return self.out
-
-
-def cost_of(name: str, module: nn.Module, x: Value, ctx: CostContext, **kwargs: object) -> list[OpCost]:
-    """The rows of `module` (named `name`) on x: its own `cost()`, or for torch's modules the rows their forward runs.
-
-    A linear layer's and an activation's rows belong to the layer holding them (module: `name` without its last
-    part; op: the linear layer's child name, or "gelu" / "relu"); a convolution's, norm's, pooling's and dropout's to
-    themselves. Dropout and the identity add nothing in eval; a Sequential is its children in turn.
-    """
-    if hasattr(module, "cost"):
-        return module.cost(name, x, ctx, **kwargs)
-    parent, _, child = name.rpartition(".")
-    if isinstance(module, nn.Identity):
-        return []
-    if isinstance(module, nn.Linear):
-        return [linear(parent, child, x, module, ctx)]
-    if isinstance(module, nn.GELU):
-        return [elementwise_op(parent, "gelu", x, GELU_FLOPS, ctx, saves=(x,))]
-    if isinstance(module, nn.ReLU):
-        return [relu_op(parent, x, ctx, in_place=module.inplace)]
-    if isinstance(module, nn.Dropout):
-        return dropout_ops(name, x, module.p, module.training, ctx)
-    if isinstance(module, nn.LayerNorm):
-        return [layer_norm_op(name, x, ctx)]
-    if isinstance(module, nn.BatchNorm2d):  # autograd keeps its input
-        return [elementwise_op(name, "batch_norm", x, BATCH_NORM_FLOPS, ctx, saves=(x,))]
-    if isinstance(module, nn.Conv2d):
-        return [conv_op(name, module, x, ctx)]
-    if isinstance(module, nn.MaxPool2d):
-        return [max_pool_op(name, module, x, ctx)]
-    if isinstance(module, nn.Sequential):
-        return sequence(name, x, ctx, module)
-    raise TypeError(f"{type(module).__name__} ({name}) states no cost: give it a cost(name, x, ctx) method")
-
-
-def sequence(name: str, x: Value, ctx: CostContext, parent: nn.Module, *children: str) -> list[OpCost]:
-    """The rows of `parent`'s children `children` (default: all, in registration order) applied in turn to x, as
-    ``for child in children: x = child(x)``; each named `name.child`."""
-    ops = Ops(x)
-    for child in children or [n for n, _ in parent.named_children()]:
-        ops(cost_of(f"{name}.{child}" if name else child, getattr(parent, child), ops.out, ctx))
-    return ops
-
-
-def residual(name: str, x: Value, ctx: CostContext, branch: list[OpCost]) -> list[OpCost]:
-    """x + branch(x): the branch's rows (computed from x), then the add (module `name`)."""
-    return [*branch, add_op(name, x, branch[-1].output, ctx)]
