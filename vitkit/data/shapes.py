@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vitkit.data.detection import DIGITS_DETECT, VAL_SEED, DigitsDetection, overlap_ok, write_coco_folder
+from vitkit.data.digits_detect import DIGITS_DETECT, VAL_SEED, DigitsDetection, overlap_ok, write_coco_folder
 from vitkit.data.sources import load_builtin
 
 SHAPES = "shapes"
