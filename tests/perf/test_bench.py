@@ -218,11 +218,13 @@ def test_detector_against_transformers(capsys, small_gemms):
     assert "64x96" in out
 
 
-def test_detector_comparison_errors():
-    with pytest.raises(ValueError, match="--compare transformers covers the detectors"):
+def test_detector_comparison_errors(capsys):
+    with pytest.raises(ValueError, match="compare='transformers' covers the detectors"):
         bench("vit_tiny_patch16_224", compare="transformers")
     with pytest.raises(ValueError, match="detr_tiny is a detector: compare it with transformers"):
         bench("detr_tiny", compare="timm")
+    assert main(["bench", "detr_tiny", "--compare", "timm"]) == 2  # the command names its flag
+    assert "compare it with transformers (--compare transformers)" in capsys.readouterr().err
 
 
 @pytest.mark.usefixtures("hub_offline")

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from vitkit.errors import OptionMessage
+
 # One line per command module, in the order `vitkit --help` lists them.
 COMMANDS = (
     "models",
@@ -52,5 +54,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except (ValueError, OSError, ImportError) as err:
-        print(f"vitkit {args.command}: error: {err}", file=sys.stderr)
+        message = err.cli_message() if isinstance(err, OptionMessage) else err  # the library's ways out as flags
+        print(f"vitkit {args.command}: error: {message}", file=sys.stderr)
         return 2
