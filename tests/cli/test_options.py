@@ -1,5 +1,5 @@
-"""Option parsing shared by commands: FIELD=VALUE (`vitkit train --model-arg`, `vitkit convert --set`), image sizes,
-and options generated from a config dataclass (`vitkit train`)."""
+"""Option parsing shared by commands: FIELD=VALUE (`vitkit train` and `vitkit convert`'s --model-arg), image sizes,
+options generated from a config dataclass (`vitkit train`), and refusals that name options."""
 
 from __future__ import annotations
 

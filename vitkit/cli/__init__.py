@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 
+from vitkit.cli.options import take_positional_out
 from vitkit.errors import OptionMessage
 
 # One line per command module, in the order `vitkit --help` lists them.
@@ -44,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    extra = take_positional_out(args, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2
