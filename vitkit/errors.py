@@ -29,15 +29,21 @@ class OptionMessage:
     arguments (`python_option`); `cli_message()` as a command's flags (`cli_option`).
 
     Args:
-        words: the message, given a `Namer`: ``lambda name: f"... ({name('compare', 'transformers')})"``.
+        words: the message, given a `Namer`: ``lambda name: f"... ({name('compare', 'transformers')})"``; or a
+            message already worded (how an exception copied from its text, e.g. out of a loader worker, is made).
     """
 
-    def __init__(self, words: Callable[[Namer], str]) -> None:
+    def __init__(self, words: Callable[[Namer], str] | str) -> None:
         self.words = words
         super().__init__(self.message())
 
     def message(self, cli: bool = False) -> str:
+        if isinstance(self.words, str):
+            return self.words
         return self.words(cli_option if cli else python_option)
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.message(),)  # copied as its text: the function does not travel between processes
 
     def cli_message(self) -> str:
         """The message with the command's flags for the options."""

@@ -4,6 +4,7 @@ options generated from a config dataclass (`vitkit train`), and refusals that na
 from __future__ import annotations
 
 import argparse
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,8 @@ def test_option_errors_name_arguments_in_python_and_flags_on_the_command_line():
     err = OptionError(lambda name: f"fewer ({name('layers', [0, -1])}; {name('scale_jitter')}; {name('force', True)})")
     assert str(err) == "fewer (layers=[0, -1]; scale_jitter; force=True)"
     assert err.cli_message() == "fewer (--layers 0,-1; --scale-jitter; --force)"
+    copied = pickle.loads(pickle.dumps(err))  # as its text, as from another process
+    assert isinstance(copied, ValueError) and str(copied) == copied.cli_message() == str(err)
 
 
 def test_missing_value_is_an_error():
