@@ -1,5 +1,5 @@
-"""`vitkit convert` speaks in its own flags: --set and --reset-head for the ways out, --model with the registered
-models that fit a checkpoint, and a checkpoint of another width named by its width."""
+"""`vitkit convert` speaks in its own flags: --model-arg and --reset-head for the ways out, --model with the
+registered models that fit a checkpoint, and a checkpoint of another width named by its width."""
 
 import json
 
@@ -9,7 +9,7 @@ import torch
 import vitkit
 from vitkit.cli import main
 
-SMALL_AT_32 = ["--set", "img_size=32", "--set", "num_classes=5"]
+SMALL_AT_32 = ["--model-arg", "img_size=32", "--model-arg", "num_classes=5"]
 
 
 def _tiny_checkpoint(tmp_path):
@@ -20,50 +20,62 @@ def _tiny_checkpoint(tmp_path):
 
 def test_checkpoint_of_another_width(tmp_path, capsys):
     path = _tiny_checkpoint(tmp_path)
-    args = ["convert", str(path), str(tmp_path / "out"), "--model", "vit_small_patch16_224", *SMALL_AT_32]
+    args = ["convert", str(path), "--out", str(tmp_path / "out"), "--model", "vit_small_patch16_224", *SMALL_AT_32]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.strip() == (
         f"vitkit convert: error: {path} is a ViT with embed_dim 192, the model has 384: pass --model NAME with a "
-        "registered model of that size: deit_tiny_patch16_224, vit_tiny_patch16_224, or pass --set embed_dim=192 "
-        "--set num_heads=3"  # every field that makes it ViT-Tiny, not only the one the shapes show
+        "registered model of that size: deit_tiny_patch16_224, vit_tiny_patch16_224, or pass --model-arg "
+        "embed_dim=192 --model-arg num_heads=3"  # every field that makes it ViT-Tiny, not only the one the shapes show
     )
     assert not (tmp_path / "out").exists()
     # Either way out works, and gives ViT-Tiny itself: the same outputs.
-    assert main([*args, "--set", "embed_dim=192", "--set", "num_heads=3"]) == 0
+    assert main([*args, "--model-arg", "embed_dim=192", "--model-arg", "num_heads=3"]) == 0
     tiny = vitkit.create_model("vit_tiny_patch16_224", img_size=32, num_classes=5).eval()
     tiny.load_state_dict(torch.load(path, weights_only=True))
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(vitkit.from_pretrained(tmp_path / "out").eval()(x), tiny(x))
-    assert main(["convert", str(path), str(tmp_path / "out2"), "--model", "vit_tiny_patch16_224", *SMALL_AT_32]) == 0
+    assert (
+        main(["convert", str(path), "--out", str(tmp_path / "out2"), "--model", "vit_tiny_patch16_224", *SMALL_AT_32])
+        == 0
+    )
 
 
 def test_classifier_messages_use_the_flags(tmp_path, capsys):
     path = _tiny_checkpoint(tmp_path)
-    args = ["convert", str(path), str(tmp_path / "out"), "--model", "vit_tiny_patch16_224", "--set", "img_size=32"]
+    args = [
+        "convert",
+        str(path),
+        "--out",
+        str(tmp_path / "out"),
+        "--model",
+        "vit_tiny_patch16_224",
+        "--model-arg",
+        "img_size=32",
+    ]
     assert main(args) == 2
     assert (
         capsys.readouterr()
         .err.strip()
         .endswith(
-            "has a classifier for 5 classes, the model 1000: pass --set num_classes=5, or pass --reset-head to keep "
-            "the model's freshly initialised head"
+            "has a classifier for 5 classes, the model 1000: pass --model-arg num_classes=5, or pass --reset-head to "
+            "keep the model's freshly initialised head"
         )
     )
-    assert main([*args, "--set", "num_classes=0"]) == 2
+    assert main([*args, "--model-arg", "num_classes=0"]) == 2
     err = capsys.readouterr().err
-    assert "has a classifier but the model has none (num_classes=0): pass --set num_classes=5, or pass " in err
+    assert "has a classifier but the model has none (num_classes=0): pass --model-arg num_classes=5, or pass " in err
     assert "reset_head" not in err and "build the model" not in err
 
 
 def test_close_model_names_and_other_families(tmp_path, capsys):
     path = _tiny_checkpoint(tmp_path)
-    assert main(["convert", str(path), str(tmp_path / "out"), "--model", "vit_tiny_patch16_22"]) == 2
+    assert main(["convert", str(path), "--out", str(tmp_path / "out"), "--model", "vit_tiny_patch16_22"]) == 2
     assert "unknown model 'vit_tiny_patch16_22'; closest: vit_tiny_patch16_224" in capsys.readouterr().err
 
     swin = tmp_path / "swin.pth"
     torch.save(vitkit.create_model("swin_tiny_patch4_window7_224", img_size=64).state_dict(), swin)
-    assert main(["convert", str(swin), str(tmp_path / "out"), "--model", "vit_tiny_patch16_224"]) == 2
+    assert main(["convert", str(swin), "--out", str(tmp_path / "out"), "--model", "vit_tiny_patch16_224"]) == 2
     err = capsys.readouterr().err
     assert "it looks like a vitkit swin checkpoint" in err
     assert err.strip().endswith("pass --model NAME with a registered model of that size: swin_tiny_patch4_window7_224")
@@ -72,9 +84,9 @@ def test_close_model_names_and_other_families(tmp_path, capsys):
 def test_class_names_travel_through_convert(tmp_path):
     model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, num_classes=2, depth=1)
     vitkit.save_pretrained(model, tmp_path / "vk", class_names=["no", "yes"], mean=(0.5,), std=(0.5,))
-    assert main(["convert", str(tmp_path / "vk"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    assert main(["convert", str(tmp_path / "vk"), "--out", str(tmp_path / "hf"), "--to", "hf"]) == 0
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["id2label"] == {"0": "no", "1": "yes"}
-    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    assert main(["convert", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
     saved = json.loads((tmp_path / "back" / "config.json").read_text())
     assert (saved["class_names"], saved["mean"], saved["std"]) == (["no", "yes"], [0.5] * 3, [0.5] * 3)
 
@@ -82,7 +94,7 @@ def test_class_names_travel_through_convert(tmp_path):
 @pytest.mark.parametrize("given", ["hf", "torchvision"])
 def test_a_file_read_in_the_wrong_layout_names_the_right_one(tmp_path, capsys, given):
     path = _tiny_checkpoint(tmp_path)
-    args = ["convert", str(path), str(tmp_path / "out"), "--model", "vit_tiny_patch16_224", *SMALL_AT_32]
+    args = ["convert", str(path), "--out", str(tmp_path / "out"), "--model", "vit_tiny_patch16_224", *SMALL_AT_32]
     assert main([*args, "--from", given]) == 2
     err = capsys.readouterr().err
     assert f"is in the timm / vitkit layout, not {given}'s: read it as vitkit (--from vitkit; format='vitkit'" in err
@@ -95,6 +107,6 @@ def test_a_file_read_in_the_wrong_layout_names_the_right_one(tmp_path, capsys, g
 )
 def test_a_misspelt_layout_gets_the_closest_name(tmp_path, capsys, flag, given, meant):
     with pytest.raises(SystemExit) as done:
-        main(["convert", "a.pth", str(tmp_path / "out"), flag, given])
+        main(["convert", "a.pth", "--out", str(tmp_path / "out"), flag, given])
     assert done.value.code == 2
     assert f"unknown layout {given!r}: did you mean {meant}? (known: " in capsys.readouterr().err

@@ -81,7 +81,10 @@ def test_unreadable_images_are_listed_with_the_reason(model, data, capsys, tmp_p
 def test_a_directory_without_dataset_json_needs_the_data(model, data, capsys, tmp_path):
     named = save_pretrained(model, tmp_path / "named", CLASSES, MEAN, STD)
     assert main(["eval", "--model-dir", str(named)]) == 2
-    assert "has no dataset.json, so the data it was trained on is unknown" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "has no dataset.json, so the data it was trained on is unknown" in err and "(--data)" in err
+    with pytest.raises(ValueError, match=r"name the data to evaluate on \(data\)$"):  # the library's argument
+        evaluate_model_dir(str(named))
     report, err = _eval(named, data, capsys)
     assert {k: report[k] for k in ("images", "loss", "top1")} == pytest.approx(_expected(model, data), rel=1e-4)
     assert list(report["per_class"]) == list(CLASSES) and err.count("note:") == 1

@@ -14,7 +14,7 @@ from vitkit.data.shapes import CLASSES
 
 def test_shapes_folder_and_what_it_holds(tmp_path, capsys):
     out = tmp_path / "shapes"
-    assert main(["example-data", "shapes", str(out), "--train", "8", "--val", "4", "--seed", "2"]) == 0
+    assert main(["example-data", "shapes", "--out", str(out), "--train", "8", "--val", "4", "--seed", "2"]) == 0
     train, val, info = load_coco_folder(out, short_side=None)
     assert (len(train), len(val)) == (8, 4) and info.classes == CLASSES
     text = capsys.readouterr().out
@@ -30,20 +30,22 @@ def test_shapes_folder_and_what_it_holds(tmp_path, capsys):
     assert text.splitlines()[1].startswith("train: 8 images (") and "circle: " in text and "% small (< 32 px)" in text
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
-    assert main(["example-data", "shapes", str(out), "--train", "8", "--val", "4"]) == 2
+    assert main(["example-data", "shapes", "--out", str(out), "--train", "8", "--val", "4"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"vitkit example-data: error: {out} is not empty: expected a new or empty folder")
     assert "--force" in err
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing written
 
-    assert main(["example-data", "shapes", str(out), "--train", "8", "--val", "4", "--seed", "2", "--force"]) == 0
+    assert (
+        main(["example-data", "shapes", "--out", str(out), "--train", "8", "--val", "4", "--seed", "2", "--force"]) == 0
+    )
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the same seed, the same bytes
 
 
 def test_digits_detect_folder(tmp_path, capsys):
     out = tmp_path / "digits"
     out.mkdir()  # an empty folder is fine
-    assert main(["example-data", "digits-detect", str(out), "--train", "5", "--val", "3"]) == 0
+    assert main(["example-data", "digits-detect", "--out", str(out), "--train", "5", "--val", "3"]) == 0
     train, val, info = load_coco_folder(out, short_side=None)
     assert (len(train), len(val)) == (5, 3) and info.classes == tuple("0123456789")
     builtin_train, builtin_val, _ = load_digits_detect(seed=0)
@@ -55,10 +57,10 @@ def test_digits_detect_folder(tmp_path, capsys):
 
 def test_bad_arguments(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
-    assert main(["example-data", "shapes", str(tmp_path / "file")]) == 2
+    assert main(["example-data", "shapes", "--out", str(tmp_path / "file")]) == 2
     assert f"{tmp_path / 'file'} is a file: expected a new or empty folder" in capsys.readouterr().err
-    assert main(["example-data", "shapes", str(tmp_path / "new"), "--train", "0"]) == 2
+    assert main(["example-data", "shapes", "--out", str(tmp_path / "new"), "--train", "0"]) == 2
     assert "expected at least 1 train and 1 val image, got train=0 and val=100" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["example-data", "coco", str(tmp_path / "new")])
+        main(["example-data", "coco", "--out", str(tmp_path / "new")])
     assert "invalid choice: 'coco'" in capsys.readouterr().err

@@ -1,15 +1,17 @@
-"""Option parsing shared by commands: FIELD=VALUE (`vitkit train --model-arg`, `vitkit convert --set`), image sizes,
-and options generated from a config dataclass (`vitkit train`)."""
+"""Option parsing shared by commands: FIELD=VALUE (`vitkit train` and `vitkit convert`'s --model-arg), image sizes,
+options generated from a config dataclass (`vitkit train`), and refusals that name options."""
 
 from __future__ import annotations
 
 import argparse
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from vitkit.cli.options import add_config_options, parse_assignment, parse_size
+from vitkit.errors import OptionError
 from vitkit.train.config import option
 
 
@@ -27,6 +29,14 @@ from vitkit.train.config import option
 )
 def test_values(text, expected):
     assert parse_assignment(text) == expected
+
+
+def test_option_errors_name_arguments_in_python_and_flags_on_the_command_line():
+    err = OptionError(lambda name: f"fewer ({name('layers', [0, -1])}; {name('scale_jitter')}; {name('force', True)})")
+    assert str(err) == "fewer (layers=[0, -1]; scale_jitter; force=True)"
+    assert err.cli_message() == "fewer (--layers 0,-1; --scale-jitter; --force)"
+    copied = pickle.loads(pickle.dumps(err))  # as its text, as from another process
+    assert isinstance(copied, ValueError) and str(copied) == copied.cli_message() == str(err)
 
 
 def test_missing_value_is_an_error():

@@ -26,7 +26,7 @@ def test_table_by_block_with_totals_and_shape_flow(capsys):
 
 
 def test_json_is_the_report(capsys):
-    assert main(["profile", "deit_tiny_patch16_224", "--img-size", "160x224", "--batch", "2", "--json"]) == 0
+    assert main(["profile", "deit_tiny_patch16_224", "--img-size", "160x224", "--batch-size", "2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data == json.loads(json.dumps(profile("deit_tiny_patch16_224", (160, 224), batch=2).to_dict()))
 
@@ -62,9 +62,9 @@ def test_bad_arguments(capsys):
 
 
 def test_dtype_and_device_pick_the_attention_path_counted(capsys, native_bf16):
-    assert main(["profile", "vit_tiny_patch16_224", "--dtype", "bf16", "--by", "op", "--json"]) == 0
+    assert main(["profile", "vit_tiny_patch16_224", "--precision", "bf16", "--by", "op", "--json"]) == 0
     cpu = json.loads(capsys.readouterr().out)
-    assert main(["profile", "vit_tiny_patch16_224", "--dtype", "bf16", "--device", "cuda", "--json"]) == 0
+    assert main(["profile", "vit_tiny_patch16_224", "--precision", "bf16", "--device", "cuda", "--json"]) == 0
     gpu = json.loads(capsys.readouterr().out)
     assert (cpu["dtype"], cpu["device"], gpu["device"]) == ("bfloat16", "cpu", "cuda")
     assert {"q_copy", "k_copy", "v_copy"} <= {op["op"] for op in cpu["ops"]}  # the explicit path runs on CPU
@@ -79,7 +79,7 @@ def one_mebibyte(monkeypatch):
 
 
 def test_measure_is_refused_when_the_estimate_exceeds_the_memory_available(one_mebibyte, capsys):
-    assert main(["profile", "vit_tiny_patch16_224", "--batch", "4", "--measure"]) == 2
+    assert main(["profile", "vit_tiny_patch16_224", "--batch-size", "4", "--measure"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vitkit profile: error: vit_tiny_patch16_224 inference at batch 4, 224x224, fp32 needs about")
     assert "but only 1 MiB is available" in err and "To run anyway, pass --ignore-memory-check." in err
@@ -90,9 +90,9 @@ def test_measure_is_refused_when_the_estimate_exceeds_the_memory_available(one_m
 def test_the_memory_check_names_the_commands_flags(monkeypatch, capsys):
     room = int(estimate_memory("vit_tiny_patch16_224", 448, 3, training=False).needed_bytes / 0.9) + 16  # batch 3 fits
     monkeypatch.setattr("vitkit.analysis.preflight.available_memory", lambda device="cpu": room)
-    assert main(["profile", "vit_tiny_patch16_224", "--img-size", "448", "--batch", "8", "--measure"]) == 2
+    assert main(["profile", "vit_tiny_patch16_224", "--img-size", "448", "--batch-size", "8", "--measure"]) == 2
     err = capsys.readouterr().err
-    assert "Ways out: --batch 3 (the largest batch that fits); --img-size 224 (the model's own size)." in err
+    assert "Ways out: --batch-size 3 (the largest batch that fits); --img-size 224 (the model's own size)." in err
 
 
 def test_ignore_memory_check_measures_anyway_and_the_analytic_report_needs_no_check(one_mebibyte, capsys):
@@ -103,7 +103,7 @@ def test_ignore_memory_check_measures_anyway_and_the_analytic_report_needs_no_ch
 
 
 def test_training_memory_per_process_for_a_strategy_and_world(capsys):
-    args = ["profile", "vit_small_patch16_224", "--train", "--batch", "8", "--dtype", "bf16"]
+    args = ["profile", "vit_small_patch16_224", "--train", "--batch-size", "8", "--precision", "bf16"]
     assert main([*args, "--strategy", "fsdp", "--world", "4"]) == 0
     out = capsys.readouterr().out
     e = estimate_memory("vit_small_patch16_224", None, 8, training=True, precision="bf16", strategy="fsdp", world=4)

@@ -14,16 +14,21 @@ from torchvision.ops import box_convert, box_iou
 
 from vitkit.data import (
     CocoDetection,
+    DetectionAugment,
     DetectionInfo,
     DigitsDetection,
     Unreadable,
+    detection_augment_defaults,
+    detection_sampler,
     load_builtin,
     load_coco_folder,
     load_detection,
     load_digits_detect,
+    open_image,
     write_coco_folder,
 )
-from vitkit.data import detection as det
+from vitkit.data.coco import COCO_AUGMENT
+from vitkit.data.digits_detect import DIGITS_MEAN, DIGITS_STD
 
 
 @pytest.fixture(scope="module")
@@ -104,12 +109,12 @@ def test_training_and_validation_digits_come_from_disjoint_splits(digits):
 def test_digits_statistics_and_model_input(digits):
     train, _, _ = digits
     canvases = np.stack([train.canvas(i)[0] for i in range(1000)]) / 255
-    assert canvases.mean() == pytest.approx(det.DIGITS_MEAN[0], abs=2e-3)
-    assert canvases.std() == pytest.approx(det.DIGITS_STD[0], abs=2e-3)
+    assert canvases.mean() == pytest.approx(DIGITS_MEAN[0], abs=2e-3)
+    assert canvases.std() == pytest.approx(DIGITS_STD[0], abs=2e-3)
     image, _ = train[3]
     canvas, _ = train.canvas(3)
     assert image.shape == (3, 96, 96) and image.dtype == torch.float32
-    expected = (torch.from_numpy(canvas).float() / 255 - det.DIGITS_MEAN[0]) / det.DIGITS_STD[0]
+    expected = (torch.from_numpy(canvas).float() / 255 - DIGITS_MEAN[0]) / DIGITS_STD[0]
     assert all(torch.allclose(image[c], expected) for c in range(3))
     big = DigitsDetection(train.images, train.labels, 10, 0, True, channels=1, img_size=192)
     image, target = big[3]
@@ -352,7 +357,7 @@ def pixel_box(mask: torch.Tensor) -> list[float]:
 
 
 def test_augmented_boxes_follow_the_pixels_and_the_labels_their_boxes(tmp_path):
-    augment = det.DetectionAugment(hflip=0.5, scale_jitter=0.3, crop=0.7)
+    augment = DetectionAugment(hflip=0.5, scale_jitter=0.3, crop=0.7)
     options = dict(short_side=64, max_size=None, mean=(0.0,) * 3, std=(1.0,) * 3)
     data = CocoDetection(coloured_boxes(tmp_path), tmp_path, augment=augment, **options)
     plain = CocoDetection(tmp_path / "boxes.json", tmp_path, **options)
@@ -386,14 +391,14 @@ def test_augmented_boxes_follow_the_pixels_and_the_labels_their_boxes(tmp_path):
 def test_augmentation_settings_are_checked_and_the_bundled_canvases_take_none(tmp_path):
     coloured_boxes(tmp_path)
     with pytest.raises(ValueError, match="augmentation resizes to a random shorter side around short_side"):
-        CocoDetection(tmp_path / "boxes.json", tmp_path, short_side=None, augment=det.DetectionAugment(hflip=0.5))
+        CocoDetection(tmp_path / "boxes.json", tmp_path, short_side=None, augment=DetectionAugment(hflip=0.5))
     with pytest.raises(ValueError, match="scale_jitter must be in"):
-        CocoDetection(tmp_path / "boxes.json", tmp_path, augment=det.DetectionAugment(scale_jitter=1.0))
+        CocoDetection(tmp_path / "boxes.json", tmp_path, augment=DetectionAugment(scale_jitter=1.0))
     with pytest.raises(ValueError, match="digits-detect draws fresh training canvases every epoch .* got crop 0.5$"):
-        load_detection("builtin:digits-detect", augment=det.DetectionAugment(crop=0.5))
-    assert load_detection("builtin:digits-detect", augment=det.DetectionAugment())[0] is not None
-    assert not det.detection_augment_defaults("builtin:digits-detect")
-    assert det.detection_augment_defaults(str(tmp_path)) == det.COCO_AUGMENT
+        load_detection("builtin:digits-detect", augment=DetectionAugment(crop=0.5))
+    assert load_detection("builtin:digits-detect", augment=DetectionAugment())[0] is not None
+    assert not detection_augment_defaults("builtin:digits-detect")
+    assert detection_augment_defaults(str(tmp_path)) == COCO_AUGMENT
 
 
 def test_detection_batches_hold_one_orientation(tmp_path):
@@ -410,14 +415,14 @@ def test_detection_batches_hold_one_orientation(tmp_path):
     split = CocoDetection(tmp_path / "a.json", tmp_path, short_side=None)
     assert split.orientations() == [i % 2 for i in range(len(sizes))]
     for shuffle in (False, True):
-        keys = list(det.detection_sampler(split, 2, shuffle=shuffle))
+        keys = list(detection_sampler(split, 2, shuffle=shuffle))
         assert sorted(k[0] for k in keys) == list(range(len(sizes)))  # each image once
         batches = [keys[i : i + 2] for i in range(0, len(keys), 2)]
         mixed = [b for b in batches if len({split.orientations()[k[0]] for k in b}) > 1]
         assert len(mixed) <= 1  # only the leftovers of the two orientations share a batch
         shapes = [{split[k[0]][0].shape for k in b} for b in batches]
         assert sum(len(s) > 1 for s in shapes) == len(mixed)
-    plain = list(det.detection_sampler(load_digits_detect()[1], 4))  # no orientations: the stored order
+    plain = list(detection_sampler(load_digits_detect()[1], 4))  # no orientations: the stored order
     assert [k[0] for k in plain] == list(range(len(plain)))
 
 
@@ -434,9 +439,9 @@ def _sideways_photo(path: Path) -> np.ndarray:
 
 def test_photos_are_read_upright_by_their_exif_orientation(tmp_path):
     upright = _sideways_photo(tmp_path / "phone.jpg")
-    image = det.open_image(tmp_path / "phone.jpg")
+    image = open_image(tmp_path / "phone.jpg")
     assert image.size == (40, 60) and np.asarray(image)[:15, :, 0].min() > 200  # red on top
-    assert det.open_image(tmp_path / "phone.jpg", upright=False).size == (60, 40)
+    assert open_image(tmp_path / "phone.jpg", upright=False).size == (60, 40)
     assert upright.shape == (60, 40, 3)
 
     def dataset(width, height):

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from vitkit.data import detection_stats, load_coco_folder, write_shapes_folder
-from vitkit.data.detection import overlap_ok
+from vitkit.data.digits_detect import overlap_ok
 from vitkit.data.shapes import CLASSES, IMAGE_SIZES, MAX_OBJECTS, PALETTE, draw_shapes_image
 
 

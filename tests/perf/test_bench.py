@@ -75,7 +75,7 @@ def test_training_steps_update_the_weights(capsys, monkeypatch):
         return built["optimizer"]
 
     monkeypatch.setattr("vitkit.cli.bench.create_optimizer", recording)
-    assert main(["bench", "vit_tiny_patch16_224", "--batch", "2", "--img-size", "32", "--train", "--rounds", "1",
+    assert main(["bench", "vit_tiny_patch16_224", "--batch-size", "2", "--img-size", "32", "--train", "--rounds", "1",
                  "--warmup", "0", "--json"]) == 0  # fmt: skip
     data = json.loads(capsys.readouterr().out)
     assert data["mode"] == "train" and [r["name"] for r in data["results"]] == ["vitkit fp32 train"]
@@ -93,7 +93,7 @@ def test_training_steps_update_the_weights(capsys, monkeypatch):
 
 
 def test_table_output(capsys):
-    assert main(["bench", "deit_tiny_patch16_224", "--batch", "1", "--img-size", "32", "--rounds", "1",
+    assert main(["bench", "deit_tiny_patch16_224", "--batch-size", "1", "--img-size", "32", "--rounds", "1",
                  "--compare", "timm"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "vitkit fp32" in out and "timm fp32" in out and "vs timm fp32" in out and "1.00x" in out
@@ -210,19 +210,21 @@ def test_the_command_times_the_optimizer_vitkit_train_uses(monkeypatch):
 
 
 def test_detector_against_transformers(capsys, small_gemms):
-    assert main(["bench", "detr_tiny", "--batch", "1", "--img-size", "64x96", "--precision", "bf16", "--rounds", "1",
-                 "--warmup", "0", "--compare", "transformers"]) == 0  # fmt: skip
+    assert main(["bench", "detr_tiny", "--batch-size", "1", "--img-size", "64x96", "--precision", "bf16",
+                 "--rounds", "1", "--warmup", "0", "--compare", "transformers"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     for name in ("vitkit bf16", "transformers fp32", "transformers autocast-bf16", "vs transformers fp32"):
         assert name in out
     assert "64x96" in out
 
 
-def test_detector_comparison_errors():
-    with pytest.raises(ValueError, match="--compare transformers covers the detectors"):
+def test_detector_comparison_errors(capsys):
+    with pytest.raises(ValueError, match="compare='transformers' covers the detectors"):
         bench("vit_tiny_patch16_224", compare="transformers")
     with pytest.raises(ValueError, match="detr_tiny is a detector: compare it with transformers"):
         bench("detr_tiny", compare="timm")
+    assert main(["bench", "detr_tiny", "--compare", "timm"]) == 2  # the command names its flag
+    assert "compare it with transformers (--compare transformers)" in capsys.readouterr().err
 
 
 @pytest.mark.usefixtures("hub_offline")
@@ -303,7 +305,7 @@ def test_allow_memory_runs_anyway(monkeypatch):
 
 
 def test_the_command_refuses_with_its_flags(one_mebibyte, capsys):
-    assert main(["bench", "vit_tiny_patch16_224", "--batch", "8", "--img-size", "448", "--train"]) == 2
+    assert main(["bench", "vit_tiny_patch16_224", "--batch-size", "8", "--img-size", "448", "--train"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vitkit bench: error: vit_tiny_patch16_224 training at batch 8, 448x448, fp32")
     assert "a smaller --img-size" in err and "pass --ignore-memory-check" in err and "Traceback" not in err

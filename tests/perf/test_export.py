@@ -102,7 +102,7 @@ def test_cli_exports_a_saved_model(tmp_path, capsys, format):
     model = tiny_vit()
     vitkit.save_pretrained(model, tmp_path / "model")
     out = tmp_path / "export" / f"vit.{format}"
-    assert main(["export", "--model-dir", str(tmp_path / "model"), "--format", format, str(out)]) == 0
+    assert main(["export", "--model-dir", str(tmp_path / "model"), "--format", format, "--out", str(out)]) == 0
     assert only_file(out.parent) == out
     printed = capsys.readouterr().out
     assert f"wrote {format} model to {out}" in printed
@@ -185,13 +185,15 @@ def test_library_errors(tmp_path, monkeypatch):
 
 def test_cli_errors(tmp_path, capsys):
     out = str(tmp_path / "m.onnx")
-    assert main(["export", "--model-dir", str(tmp_path / "missing"), "--format", "onnx", out]) == 2
+    assert main(["export", "--model-dir", str(tmp_path / "missing"), "--format", "onnx", "--out", out]) == 2
     assert "config.json not found: expected a directory written by vitkit.save_pretrained" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["export", "--model-dir", str(tmp_path), "--format", "tflite", out])
+        main(["export", "--model-dir", str(tmp_path), "--format", "tflite", "--out", out])
     assert "invalid choice: 'tflite'" in capsys.readouterr().err
     vitkit.save_pretrained(tiny_vit(), tmp_path / "model")
-    assert main(["export", "--model-dir", str(tmp_path / "model"), "--format", "onnx", "--atol", "-1", out]) == 2
+    assert (
+        main(["export", "--model-dir", str(tmp_path / "model"), "--format", "onnx", "--atol", "-1", "--out", out]) == 2
+    )
     assert "vitkit export: error: atol must be >= 0, got -1.0" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 

@@ -120,10 +120,10 @@ def test_cli_exports_a_fixed_size_detr(tmp_path, capsys):
     vitkit.save_pretrained(model, tmp_path / "model")
     out = tmp_path / "export" / "detr.onnx"
     args = ["export", "--model-dir", str(tmp_path / "model"), "--format", "onnx"]
-    assert main([*args, "--img-size", "96", str(out)]) == 2  # the model's own size check, before any export
+    assert main([*args, "--img-size", "96", "--out", str(out)]) == 2  # the model's own size check, before any export
     assert "expected images of size 128x160, got 96x96" in capsys.readouterr().err
     assert not out.parent.exists()
-    assert main([*args, str(out)]) == 0
+    assert main([*args, "--out", str(out)]) == 0
     assert list(out.parent.iterdir()) == [out]
     printed = capsys.readouterr().out
     assert f"wrote onnx model to {out} (inputs images, pixel_mask, outputs pred_logits, pred_boxes; " in printed

@@ -17,7 +17,7 @@ from PIL import Image
 from vitkit import create_model, from_pretrained, save_pretrained
 from vitkit.data import DataInfo, Unreadable, UnreadableImageError, load_folder, open_image, summarize_unreadable
 from vitkit.layers.helpers import counted
-from vitkit.train import build_training_model, enable_grad_checkpointing, fit, load_checkpoint
+from vitkit.train import TrainConfig, build_training_model, enable_grad_checkpointing, fit, load_checkpoint
 from vitkit.train.model import describe_init, init_report
 from vitkit.viz import write_curves
 from vitkit.weights import read_model_info
@@ -77,9 +77,13 @@ def test_fit_writes_config_metrics_checkpoint_and_models(tmp_path, tiny_config, 
 def test_refuses_a_used_folder_unless_resumed_or_forced(tmp_path, tiny_config):
     config = tiny_config(tmp_path, epochs=1)
     (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match=r"not empty: start there anyway with: vitkit train .* --force"):
+    with pytest.raises(
+        ValueError, match=r"not empty: start there anyway with: fit\(TrainConfig\(.*\), force=True\)"
+    ) as caught:
         fit(config)
-    fit(config, force=True)
+    # the way on as a Python call, which works as printed
+    hint = str(caught.value).split("start there anyway with: ")[1].split("  ")[0]
+    eval(hint, {"fit": fit, "TrainConfig": TrainConfig})
     assert (tmp_path / "notes.txt").read_text() == "mine"  # only vitkit's own outputs are replaced
     final = (tmp_path / "final" / "model.safetensors").stat().st_mtime_ns
     resumed = fit(config, resume=True)  # nothing left to train: said, and nothing changed
@@ -88,7 +92,8 @@ def test_refuses_a_used_folder_unless_resumed_or_forced(tmp_path, tiny_config):
     assert (tmp_path / "final" / "model.safetensors").stat().st_mtime_ns == final
     with pytest.raises(ValueError, match=r"different settings \(lr: 0.002 -> 0.1\)"):
         fit(tiny_config(tmp_path, epochs=1, lr=0.1), resume=True)
-    with pytest.raises(ValueError, match=r"continue the run there with: vitkit train --out \S+ --resume"):
+    resume = r"continue the run there with: fit\(TrainConfig.for_resume\('\S+'\), resume=True\)"
+    with pytest.raises(ValueError, match=resume):
         fit(config)
 
 

@@ -247,7 +247,7 @@ def test_resharding_keeps_the_global_batch():
 
 def test_ddp_checkpoint_names_fsdp_when_the_processes_change(runs):
     out = runs.finished("ddp", 2, "ddp")
-    with pytest.raises(ValueError, match="written by 2 processes and this run has 1.*--strategy fsdp"):
+    with pytest.raises(ValueError, match="written by 2 processes and this run has 1.*strategy='fsdp'"):
         fit(TrainConfig.for_resume(out, epochs=3), resume=True)
 
 

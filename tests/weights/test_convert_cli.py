@@ -68,7 +68,7 @@ def test_convert_errors(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "out"), str(tmp_path / "x"), "--from", "hf"]) == 2
     assert "is a vitkit directory, not hf" in capsys.readouterr().err
     assert main([*args, "--set", "depth"]) == 2
-    assert "--set expects FIELD=VALUE, got 'depth'" in capsys.readouterr().err
+    assert "--model-arg expects FIELD=VALUE, got 'depth'" in capsys.readouterr().err
 
 
 def test_convert_from_python_is_what_the_command_does(tmp_path):

@@ -61,7 +61,8 @@ def test_convert_cli_builds_the_model_from_the_shapes(tmp_path, capsys):
     theirs = _moved(_reference("cls")).float()
     torch.save(theirs.state_dict(), tmp_path / "theirs.pth")
     assert main(["convert", str(tmp_path / "theirs.pth"), str(tmp_path / "out"), "--from", "vit-pytorch"]) == 2
-    assert "does not say its number of heads: give it (vitkit convert ... --set num_heads=H" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "does not say its number of heads: give it (vitkit convert ... --model-arg num_heads=H" in err
     assert main(["convert", str(tmp_path / "theirs.pth"), str(tmp_path / "out"), "--set", "num_heads=3"]) == 0
     ours = vitkit.from_pretrained(tmp_path / "out")
     x = torch.randn(2, 3, 32, 32)

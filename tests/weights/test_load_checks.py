@@ -139,7 +139,7 @@ def test_checkpoint_of_another_width_names_the_width_and_the_models_that_fit(tmp
     )
     assert err.cli_message().endswith(
         "the model has 384: pass --model NAME with a registered model of that size: deit_tiny_patch16_224, "
-        "vit_tiny_patch16_224, or pass --set embed_dim=192 --set num_heads=3"
+        "vit_tiny_patch16_224, or pass --model-arg embed_dim=192 --model-arg num_heads=3"
     )
     assert isinstance(err, ValueError) and err.fields == {"embed_dim": 192, "num_heads": 3}
 
@@ -149,7 +149,7 @@ def test_several_fields_and_the_classifier_in_cli_words():
     with pytest.raises(CheckpointMismatch) as caught:
         vitkit.load_weights(tiny_vit(), deeper)
     assert caught.value.problem.endswith("is a ViT with patch_size 8, depth 3; the model has patch_size 4, depth 2")
-    assert "pass --set patch_size=8 --set depth=3" in caught.value.cli_message()
+    assert "pass --model-arg patch_size=8 --model-arg depth=3" in caught.value.cli_message()
 
     with pytest.raises(CheckpointMismatch) as caught:
         vitkit.load_weights(tiny_vit(num_classes=7), tiny_vit().state_dict())
@@ -158,8 +158,8 @@ def test_several_fields_and_the_classifier_in_cli_words():
         "reset_head=True to keep the model's freshly initialised head"
     )
     assert caught.value.cli_message() == (
-        "state dict has a classifier for 5 classes, the model 7: pass --set num_classes=5, or pass --reset-head to "
-        "keep the model's freshly initialised head"
+        "state dict has a classifier for 5 classes, the model 7: pass --model-arg num_classes=5, or pass "
+        "--reset-head to keep the model's freshly initialised head"
     )
 
 

@@ -10,6 +10,9 @@ import argparse
 import importlib
 import sys
 
+from vitkit.cli.options import take_positional_out
+from vitkit.errors import OptionMessage
+
 # One line per command module, in the order `vitkit --help` lists them.
 COMMANDS = (
     "models",
@@ -42,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    extra = take_positional_out(args, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2
@@ -52,5 +58,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except (ValueError, OSError, ImportError) as err:
-        print(f"vitkit {args.command}: error: {err}", file=sys.stderr)
+        message = err.cli_message() if isinstance(err, OptionMessage) else err  # the library's ways out as flags
+        print(f"vitkit {args.command}: error: {message}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ import json
 import sys
 
 from vitkit.analysis.precision import PRECISIONS, slow_precision
-from vitkit.cli.options import add_memory_option, memory_flags, parse_size
+from vitkit.cli.options import add_memory_option, add_renamed_option, memory_flags, parse_size
 from vitkit.layers.helpers import counted
 from vitkit.perf.bench import COMPARE, Report, bench
 from vitkit.train import create_optimizer
@@ -17,7 +17,7 @@ HELP = "benchmark a model (img/s, latency, peak memory, MFU), interleaved with t
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="registered model name (see `vitkit models`)")
-    parser.add_argument("--batch", type=int, default=16, help="images per step (default 16)")
+    add_renamed_option(parser, "--batch-size", "--batch", type=int, default=16, help="images per step (default 16)")
     parser.add_argument("--img-size", type=parse_size, default=None, help="224 or HxW (default: the model's size)")
     parser.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32", help="GEMM precision")
     parser.add_argument("--compile", action="store_true", help="torch.compile the vitkit model")
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {slow}", file=sys.stderr)
     report = bench(
         args.model,
-        batch=args.batch,
+        batch=args.batch_size,
         img_size=args.img_size,
         precision=args.precision,
         compile=args.compile,
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         optimizer=create_optimizer,
         allow_memory=args.ignore_memory_check,
-        memory_names=memory_flags(batch="--batch", grad_checkpointing=None, strategy=None),
+        memory_names=memory_flags(batch="--batch-size", grad_checkpointing=None, strategy=None),
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

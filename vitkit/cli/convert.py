@@ -1,4 +1,4 @@
-"""`vitkit convert SRC DST`: read weights in one library's layout and write them in another's."""
+"""`vitkit convert SRC --out DST`: read weights in one library's layout and write them in another's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import difflib
 from collections.abc import Callable
 from typing import Any
 
-from vitkit.cli.options import parse_assignment
+from vitkit.cli.options import add_out_option, add_renamed_option, out_path, parse_assignment
 from vitkit.weights.convert import convert, formats
 from vitkit.weights.io import CheckpointMismatch
 
@@ -19,7 +19,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "src", help="a model directory (vitkit or Hugging Face) or a checkpoint file (.safetensors, .pth, .pt, .bin)"
     )
-    parser.add_argument("dst", help="where to write: a directory for vitkit / hf, a file for timm / torchvision / detr")
+    add_out_option(parser, "DST", "where to write: a directory for vitkit / hf, a file for timm / torchvision / detr")
     sources = ("auto", *known)
     parser.add_argument(
         "--from",
@@ -40,15 +40,17 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         help="registered model to load a checkpoint file into (see `vitkit models`); not for directories, nor for "
-        "vit-pytorch files, whose model is built from their shapes and --set num_heads=H",
+        "vit-pytorch files, whose model is built from their shapes and --model-arg num_heads=H",
     )
-    parser.add_argument(
+    add_renamed_option(
+        parser,
+        "--model-arg",
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="replace a config field, e.g. --set num_classes=10 --set img_size=384 (values parsed as JSON)",
+        help="replace a config field, e.g. --model-arg num_classes=10 --model-arg img_size=384 (values parsed as JSON)",
     )
     parser.add_argument(
         "--reset-head", action="store_true", help="skip the checkpoint's classifier; keep a freshly initialised one"
@@ -77,15 +79,16 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
     try:
         return dict(parse_assignment(item) for item in items)
     except ValueError as err:
-        raise ValueError(f"--set {err}") from err
+        raise ValueError(f"--model-arg {err}") from err
 
 
 def run(args: argparse.Namespace) -> int:
+    dst = out_path(args)
     overrides = _parse_overrides(args.overrides)
     try:
         report, written = convert(
             args.src,
-            args.dst,
+            dst,
             src_format=args.src_format,
             dst_format=args.dst_format,
             model_name=args.model,

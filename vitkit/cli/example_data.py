@@ -1,4 +1,4 @@
-"""`vitkit example-data NAME OUT`: write an example detection dataset as a COCO-format folder (see
+"""`vitkit example-data NAME --out DIR`: write an example detection dataset as a COCO-format folder (see
 `vitkit.data.write_example_data`), say what it holds and how to train on it."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from vitkit.cli.options import add_out_option, out_path
 from vitkit.data import EXAMPLE_DATA, detection_stats, load_coco_folder, write_example_data
 
 HELP = (
@@ -16,19 +17,21 @@ HELP = (
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", choices=EXAMPLE_DATA, help=f"one of: {', '.join(EXAMPLE_DATA)}")
-    parser.add_argument("out", metavar="OUT", help="the folder to write; new or empty unless --force")
+    add_out_option(parser, "DIR", "the folder to write; new or empty unless --force")
     parser.add_argument("--train", type=int, default=300, metavar="N", help="training images (default 300)")
     parser.add_argument("--val", type=int, default=100, metavar="N", help="validation images (default 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the images; the same seed writes the same files")
     parser.add_argument(
         "--force",
         action="store_true",
-        help="write into OUT even if it holds files (files of the same names are replaced, others kept)",
+        help="write into DIR even if it holds files (files of the same names are replaced, others kept)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    root = write_example_data(args.name, args.out, train=args.train, val=args.val, seed=args.seed, force=args.force)
+    root = write_example_data(
+        args.name, out_path(args), train=args.train, val=args.val, seed=args.seed, force=args.force
+    )
     train, val, _ = load_coco_folder(root, short_side=None)
     print(f"wrote {args.name} to {root}")
     for split, data in (("train", train), ("val", val)):

@@ -99,6 +99,43 @@ def add_config_options(parser: argparse.ArgumentParser, config_cls: type) -> Non
         parser.add_argument(option_flag(f), **kwargs)
 
 
+def add_renamed_option(parser: argparse.ArgumentParser, flag: str, old: str, **kwargs: Any) -> argparse.Action:
+    """`parser.add_argument(flag, **kwargs)`, and `old`, the option's earlier spelling, accepted with the same
+    meaning for a release but not shown in --help (nor in the usage line). Returns the action of `flag`."""
+    action = parser.add_argument(flag, **kwargs)
+    same = {k: v for k, v in kwargs.items() if k not in ("dest", "default", "required", "help", "metavar")}
+    parser.add_argument(old, dest=action.dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **same)
+    return action
+
+
+def add_out_option(parser: argparse.ArgumentParser, metavar: str, help: str) -> None:
+    """--out (what the command writes), which `out_path` reads; also accepted, as it was spelt before, as a
+    positional argument after the command's own (not in --help, kept for a release; `take_positional_out`)."""
+    parser.add_argument("--out", metavar=metavar, default=None, help=f"{help} (required)")
+    parser.set_defaults(positional_out=None)
+
+
+def take_positional_out(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """After `parse_known_args`: a single argument left over that is not an option becomes the output of a command
+    with `add_out_option` (`positional_out`); returns what is still unrecognised. (A declared optional positional
+    would be taken, empty, before options that precede it on the command line.)"""
+    if len(extra) == 1 and not extra[0].startswith("-") and getattr(args, "positional_out", "") is None:
+        args.positional_out = extra[0]
+        return []
+    return extra
+
+
+def out_path(args: argparse.Namespace) -> str:
+    """The --out of a command with `add_out_option` (or its positional spelling); ValueError when neither or two
+    different ones are given."""
+    out, positional = args.out, args.positional_out
+    if out is not None and positional is not None and out != positional:
+        raise ValueError(f"two outputs given, --out {out} and {positional}: give one, with --out")
+    if out is None and positional is None:
+        raise ValueError("the following arguments are required: --out")
+    return out if out is not None else positional
+
+
 IGNORE_MEMORY_CHECK = "--ignore-memory-check"
 
 

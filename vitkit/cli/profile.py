@@ -10,7 +10,7 @@ from vitkit.analysis.precision import PRECISIONS
 from vitkit.analysis.preflight import STRATEGIES, MemoryEstimate, check_memory, estimate_memory
 from vitkit.analysis.profile import Report, profile
 from vitkit.analysis.report import check_scalable, crossover, grouped, scaling, shape_flow, shares
-from vitkit.cli.options import add_memory_option, memory_flags, parse_size
+from vitkit.cli.options import add_memory_option, add_renamed_option, memory_flags, parse_size
 from vitkit.layers import BACKENDS
 from vitkit.models.registry import backend_overrides
 from vitkit.viz import plot_scaling
@@ -21,13 +21,18 @@ HELP = "cost of a model: FLOPs per operator (attention included), parameters, ac
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="registered model name (see `vitkit models`)")
     parser.add_argument("--img-size", type=parse_size, default=None, help="224 or HxW (default: the model's size)")
-    parser.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    add_renamed_option(parser, "--batch-size", "--batch", type=int, default=1, help="batch size (default 1)")
     parser.add_argument(
         "--backend", choices=BACKENDS, default="auto", help="attention backend to assume (default auto; gather and "
         "levelwise name deformable attention's)"
     )
-    parser.add_argument(
-        "--dtype", choices=tuple(PRECISIONS), default="fp32", help="activation dtype to assume (default fp32)"
+    add_renamed_option(
+        parser,
+        "--precision",
+        "--dtype",
+        choices=tuple(PRECISIONS),
+        default="fp32",
+        help="activation dtype to assume (default fp32)",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to assume (default cpu)")
     parser.add_argument("--by", choices=("block", "op", "layer"), default="block", help="group rows (default block)")
@@ -53,7 +58,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     overrides = backend_overrides(args.model, args.backend)
-    dtype = PRECISIONS[args.dtype]
+    dtype = PRECISIONS[args.precision]
     memory = None
     if args.strategy is not None or args.world is not None:
         if not args.train:
@@ -61,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
         memory = estimate_memory(
             args.model,
             args.img_size,
-            args.batch,
+            args.batch_size,
             training=True,
-            precision=args.dtype,
+            precision=args.precision,
             device=args.device,
             overrides=overrides,
             strategy=args.strategy or "ddp",
@@ -73,17 +78,17 @@ def run(args: argparse.Namespace) -> int:
         check_memory(
             args.model,
             args.img_size,
-            args.batch,
+            args.batch_size,
             training=False,
-            precision=args.dtype,
+            precision=args.precision,
             device=args.device,
             allow=args.ignore_memory_check,
-            names=memory_flags(batch="--batch", grad_checkpointing=None),
+            names=memory_flags(batch="--batch-size", grad_checkpointing=None),
             overrides=overrides,
         )
     if args.plot:  # before any work: a model of one size has no sweep
         check_scalable(args.model)
-    report = profile(args.model, args.img_size, args.batch, args.measure, dtype, args.device, overrides)
+    report = profile(args.model, args.img_size, args.batch_size, args.measure, dtype, args.device, overrides)
     if args.json:
         data = report.to_dict()
         if memory is not None:
@@ -95,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             print_training_memory(memory)
     if args.plot:
         sides = list(range(64, 2048 + 1, 64))
-        points = scaling(args.model, sides, args.batch, dtype, args.device)
+        points = scaling(args.model, sides, args.batch_size, dtype, args.device)
         plot_scaling(points, args.plot, args.model)
         cross = crossover(points)
         where = f"from {cross.side}px ({cross.tokens} tokens)" if cross else f"not below {sides[-1]}px"

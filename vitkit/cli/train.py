@@ -6,12 +6,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
+import shlex
 import sys
+from typing import Any
 
 from vitkit.cli.options import add_config_options, add_memory_option, memory_flags
-from vitkit.train import TrainConfig, fit
+from vitkit.errors import cli_option
+from vitkit.train import RunHints, TrainConfig, fit
 from vitkit.train.config import option_flag
-from vitkit.train.loop import RESUME_MAY_CHANGE
+from vitkit.train.resume import RESUME_MAY_CHANGE
 
 HELP = (
     "train a classifier (default: a small ViT on the bundled MNIST digits) or a detector (detr_digits on detection "
@@ -45,6 +49,21 @@ def _may_change() -> str:
     return ", ".join(flags[:-1]) + " and " + flags[-1]
 
 
+class CommandHints(RunHints):
+    """The ways on from a run (continue it, start afresh, train it longer) as `vitkit train` command lines, ready to
+    paste into a shell, and its options as flags."""
+
+    def option(self, name: str, value: Any = None) -> str:
+        return cli_option(name, value)
+
+    def resume(self, out: str | os.PathLike, epochs: int | None = None) -> str:
+        more = [] if epochs is None else ["--epochs", str(epochs)]
+        return shlex.join(["vitkit", "train", "--out", os.fspath(out), "--resume", *more])
+
+    def start(self, config: TrainConfig, force: bool = False) -> str:
+        return config.command(*(["--force"] if force else []))
+
+
 class _Stdout(logging.StreamHandler):
     """Log lines to whatever sys.stdout is when they are written (one handler, however often `vitkit train` runs in
     a process)."""
@@ -73,6 +92,11 @@ def run(args: argparse.Namespace) -> int:
     config = TrainConfig.for_resume(**given) if args.resume else TrainConfig(**given)
     _setup_logging()
     result = fit(
-        config, resume=args.resume, force=args.force, allow_memory=args.ignore_memory_check, memory_names=memory_flags()
+        config,
+        resume=args.resume,
+        force=args.force,
+        allow_memory=args.ignore_memory_check,
+        memory_names=memory_flags(),
+        hints=CommandHints(),
     )
     return 130 if result.interrupted else 0

@@ -1,24 +1,11 @@
 """Data for training and evaluation: bundled datasets, ImageFolder trees, COCO-format detection datasets (and a
 generated one, `shapes`), transforms (torchvision v2), batching."""
 
-from vitkit.data.detection import (
-    DIGITS_DETECT,
-    CocoDetection,
-    CocoReport,
-    DetectionAugment,
-    DetectionInfo,
-    DetectionStats,
-    DigitsDetection,
-    Skipped,
-    detection_augment_defaults,
-    detection_sampler,
-    detection_stats,
-    load_coco_folder,
-    load_detection,
-    load_digits_detect,
-    read_coco_json,
-    write_coco_folder,
-)
+from vitkit.data.coco import CocoDetection, CocoReport, Skipped, load_coco_folder, read_coco_json
+from vitkit.data.detection import DetectionAugment, DetectionInfo, detection_sampler
+from vitkit.data.detection_sources import detection_augment_defaults, load_detection
+from vitkit.data.detection_stats import DetectionStats, detection_stats
+from vitkit.data.digits_detect import DIGITS_DETECT, DigitsDetection, load_digits_detect, write_coco_folder
 from vitkit.data.loader import (
     Batch,
     EpochSampler,

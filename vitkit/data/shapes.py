@@ -32,8 +32,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vitkit.data.detection import DIGITS_DETECT, VAL_SEED, DigitsDetection, overlap_ok, write_coco_folder
+from vitkit.data.digits_detect import DIGITS_DETECT, VAL_SEED, DigitsDetection, overlap_ok, write_coco_folder
 from vitkit.data.sources import load_builtin
+from vitkit.errors import OptionFileExistsError
 
 SHAPES = "shapes"
 EXAMPLE_DATA = (SHAPES, DIGITS_DETECT)  # the datasets `write_example_data` (`vitkit example-data`) writes
@@ -337,9 +338,11 @@ def write_example_data(
     if root.exists() and not root.is_dir():
         raise FileExistsError(f"{root} is a file: expected a new or empty folder to write the dataset into")
     if root.is_dir() and any(root.iterdir()) and not force:
-        raise FileExistsError(
-            f"{root} is not empty: expected a new or empty folder; write into it anyway with --force (force=True), "
-            "which replaces files of the same names and keeps the others"
+        raise OptionFileExistsError(
+            lambda name: (
+                f"{root} is not empty: expected a new or empty folder; write into it anyway with "
+                f"{name('force', True)}, which replaces files of the same names and keeps the others"
+            )
         )
     if name == SHAPES:
         return write_shapes_folder(root, train, val, seed)

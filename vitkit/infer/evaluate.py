@@ -36,6 +36,7 @@ from vitkit.data import (
 )
 from vitkit.data.sources import INFO_NAME
 from vitkit.detection import CocoEvaluator, Postprocessing, collate_detection
+from vitkit.errors import OptionError
 from vitkit.infer.detect import detector_outputs, reading
 from vitkit.infer.model_dir import load_classifier, load_detector
 from vitkit.infer.runtime import autocast
@@ -173,9 +174,11 @@ def evaluate_model_dir(
     model, info = load_classifier(model_dir, device)
     if data is None:
         if not info.source:
-            raise ValueError(
-                f"{model_dir} has no {INFO_NAME}, so the data it was trained on is unknown: name the data to "
-                "evaluate on (vitkit eval --data DIR)"
+            raise OptionError(
+                lambda name: (
+                    f"{model_dir} has no {INFO_NAME}, so the data it was trained on is unknown: name the "
+                    f"data to evaluate on ({name('data')})"
+                )
             )
         held = load_eval_split(None, info)
     else:
@@ -246,9 +249,11 @@ def evaluate_detector_dir(
     """
     model, info, postprocessing = load_detector(model_dir, device)
     if not info.source and data is None:
-        raise ValueError(
-            f"{model_dir} has no {INFO_NAME}, so the data it was trained on is unknown: name the data to evaluate "
-            "on (vitkit eval --data DIR)"
+        raise OptionError(
+            lambda name: (
+                f"{model_dir} has no {INFO_NAME}, so the data it was trained on is unknown: name the data "
+                f"to evaluate on ({name('data')})"
+            )
         )
     side = min(to_2tuple(model.config.img_size))
     _, val, found = load_detection(data or info.source, channels=model.config.in_chans, img_size=side, val_only=True)

@@ -36,7 +36,8 @@ from vitkit.analysis.preflight import available_memory
 from vitkit.analysis.profile import category, group_key
 from vitkit.analysis.report import grouped, shape_flow, shares
 from vitkit.data import preprocess
-from vitkit.infer.attention import _capture, prefix_token_names, rollouts
+from vitkit.errors import OptionError
+from vitkit.infer.attention import capture_maps, prefix_token_names, rollouts
 from vitkit.infer.detect import detector_inputs, detector_outputs, image_detections, reading
 from vitkit.infer.object_attention import sampled_points
 from vitkit.layers import AttentionPool, attention_layers, capture_attention, to_2tuple
@@ -101,7 +102,7 @@ def image_data(
     img_size = to_2tuple(config.img_size)
     device = next(model.parameters()).device
     pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std))[None].to(device)  # (1, C, H, W)
-    output, maps, _, _ = _capture(model, pixels)
+    output, maps, _, _ = capture_maps(model, pixels)
     L = _selected(len(maps), layers, "layer")
     H = _selected(maps[0].shape[1], heads, "head")
     attn = torch.stack([maps[i][0, H].float().cpu() for i in L])  # (L', h', N, N)
@@ -182,8 +183,7 @@ def explorer_data(
     if tokens is None:
         raise ValueError(
             f"{family_of(model).display_name} neither attends over one grid of patches (`token_grid`) nor lays its "
-            "attention on the image (`spatial_attention`); a detector's page is detector_explorer_data's "
-            "(`vitkit explore --model-dir` on its directory)"
+            "attention on the image (`spatial_attention`); a detector's page is detector_explorer_data's"
         )
     prefix, grid = tokens
     _check_size(model, len(images), prefix + grid[0] * grid[1], layers, heads)
@@ -221,10 +221,13 @@ def _check_size(
     needed = images * L * (H + 1) * N * N * 13
     free = available_memory()
     if free is not None and needed > PAGE_MEMORY_SHARE * free:
-        raise ValueError(
-            f"the explorer's data for {images} image(s), {L} layer(s) x {H} head(s) of {N} x {N} attention would take "
-            f"about {needed / 2**30:.1f} GiB while the page is made, and {free / 2**30:.1f} GiB are free: keep fewer "
-            "layers or heads (--layers 0,-1 --heads 0), or use a smaller image size"
+        raise OptionError(
+            lambda name: (
+                f"the explorer's data for {images} image(s), {L} layer(s) x {H} head(s) of {N} x {N} attention "
+                f"would take about {needed / 2**30:.1f} GiB while the page is made, and {free / 2**30:.1f} GiB are "
+                f"free: keep fewer layers ({name('layers', [0, -1])}) or heads ({name('heads', [0])}), or use a "
+                "smaller image size"
+            )
         )
 
 

@@ -26,6 +26,7 @@ from vitkit.analysis.memory import PeakMemory
 from vitkit.analysis.precision import cpu_features, precision_dtype
 from vitkit.analysis.preflight import MemoryEstimate, MemoryEstimator, SettingNames, enforce
 from vitkit.analysis.profile import profile
+from vitkit.errors import OptionError
 from vitkit.layers.helpers import to_2tuple
 from vitkit.models.registry import DETECTION, create_model, family, model_entry
 from vitkit.perf.optimize import optimize
@@ -363,10 +364,15 @@ def _check_setting(model_name: str, train: bool, compare: str | None) -> bool:
     """Refuse what `bench` cannot time for this model; whether it is a detector."""
     detector = family(model_entry(model_name).family).task == DETECTION
     if detector and compare == "timm":
-        raise ValueError(f"{model_name} is a detector: compare it with transformers (--compare transformers)")
+        raise OptionError(
+            lambda name: f"{model_name} is a detector: compare it with transformers ({name('compare', 'transformers')})"
+        )
     if compare == "transformers" and not detector:
-        raise ValueError(
-            f"--compare transformers covers the detectors (DETR, Deformable DETR); compare {model_name} with timm"
+        raise OptionError(
+            lambda name: (
+                f"{name('compare', 'transformers')} covers the detectors (DETR, Deformable DETR); compare "
+                f"{model_name} with timm"
+            )
         )
     return detector
 

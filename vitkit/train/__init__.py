@@ -4,9 +4,10 @@ prediction of the trained models are `vitkit.infer`'s."""
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from vitkit.train.config import TrainConfig
 from vitkit.train.ema import ModelEma
-from vitkit.train.loop import METRICS_NAME, FitResult, build_training_model, fit
+from vitkit.train.loop import FitResult, build_training_model, fit
 from vitkit.train.model import enable_grad_checkpointing, load_for_finetune
 from vitkit.train.optim import create_optimizer, param_groups, warmup_cosine
+from vitkit.train.outputs import METRICS_NAME, RunHints
 from vitkit.train.recipe import DEFAULT_DETECTOR, DEFAULT_MODEL, Recipe, recipe_for, resolve_task
 from vitkit.train.task import ClassificationTask, DetectionTask, Task, create_task, forward_loss
 
@@ -20,6 +21,7 @@ __all__ = [
     "FitResult",
     "ModelEma",
     "Recipe",
+    "RunHints",
     "Task",
     "TrainConfig",
     "build_training_model",

@@ -445,7 +445,7 @@ class TrainConfig:
 
         Args:
             out: the run's output folder.
-            changes: fields to set; a resumed run refuses any but `vitkit.train.loop.RESUME_MAY_CHANGE` that
+            changes: fields to set; a resumed run refuses any but `vitkit.train.resume.RESUME_MAY_CHANGE` that
                 differ from the checkpoint's.
         """
         if (Path(out) / CONFIG_NAME).is_file():

@@ -16,28 +16,26 @@ OUT (config.out, created if missing) receives:
   postprocess.json; best/ holds the epoch of the highest val_acc (classifier) or ap (detector).
 
 Resuming (`resume=True`) needs OUT's checkpoint and the settings it was written with, except the output folder and
-`RESUME_MAY_CHANGE`: loader workers, device, gradient checkpointing (none changes the model, the data or the
-arithmetic of a step) and a larger number of epochs. With more epochs the schedule becomes the one a run of the new
-length has (`warmup_cosine` over epochs * steps per epoch, its warmup clipped to that total only), from the step
-reached on: the next step's learning rate is the longer schedule's at that step, so where the old cosine had decayed
-further the rate rises at once (a finished run goes from min_lr back up to the longer cosine's value there) and then
-decays to min_lr at the new last step. The epochs already run and their metrics stay as they were. Starting afresh
-in a used OUT (`force=True`) moves the earlier run's outputs aside to OUT.old-<time> and deletes them only once the
-new run has finished its first epoch.
+`RESUME_MAY_CHANGE` (`vitkit.train.resume`): loader workers, device, gradient checkpointing (none changes the model,
+the data or the arithmetic of a step) and a larger number of epochs. With more epochs the schedule becomes the one a
+run of the new length has (`warmup_cosine` over epochs * steps per epoch, its warmup clipped to that total only),
+from the step reached on: the next step's learning rate is the longer schedule's at that step, so where the old
+cosine had decayed further the rate rises at once (a finished run goes from min_lr back up to the longer cosine's
+value there) and then decays to min_lr at the new last step. The epochs already run and their metrics stay as they
+were. Starting afresh in a used OUT (`force=True`) moves the earlier run's outputs aside to OUT.old-<time> and
+deletes them only once the new run has finished its first epoch (`vitkit.train.outputs`). Messages name the ways on
+(continue, start afresh, train longer) as Python calls, or as command lines where `vitkit train` gives its `hints`.
 
 Under torchrun every process trains its shard of each batch (DistributedDataParallel); only rank 0 writes and logs.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import glob
 import json
 import logging
 import math
 import os
 import random
-import shlex
 import shutil
 import signal
 import sys
@@ -56,49 +54,26 @@ from tqdm import tqdm
 from vitkit.analysis.precision import slow_precision
 from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
-from vitkit.data.sources import INFO_NAME
 from vitkit.detection import FOCAL_PRIOR
 from vitkit.layers import to_2tuple
 from vitkit.layers.helpers import counted
 from vitkit.models.registry import create_model
-from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from vitkit.train.config import (
-    CONFIG_NAME,
-    TrainConfig,
-    absolute_data,
-    current_model_name,
-    older_detector_settings,
-)
+from vitkit.train.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint, set_rng_state
+from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, gather_objects, setup
 from vitkit.train.ema import ModelEma
 from vitkit.train.model import describe_init, enable_grad_checkpointing, init_report, load_for_finetune
 from vitkit.train.optim import apply_schedule, create_optimizer, warmup_cosine
+from vitkit.train.outputs import CURVES_NAME, METRICS_NAME, RunHints, clear_out, has_final
 from vitkit.train.recipe import CLASSIFICATION, DataChoice
-from vitkit.train.sharding import (
-    FOLDER_PREFIX,
-    POINTER_NAME,
-    full_state_dict,
-    load_sharded,
-    load_trainer_state,
-    resharded_batch,
-    save_sharded,
-    shard,
-    sharded_checkpoint,
-)
+from vitkit.train.resume import resolve_run
+from vitkit.train.sharding import full_state_dict, load_sharded, save_sharded, shard
 from vitkit.train.task import Task, create_task
 from vitkit.viz.curves import write_curves
-from vitkit.weights.io import WEIGHTS_NAME, save_pretrained
+from vitkit.weights.io import save_pretrained
 
 log = logging.getLogger("vitkit.train")
 
-METRICS_NAME = "metrics.jsonl"
-CURVES_NAME = "curves.png"
-# what a fresh run replaces, with the folders of sharded checkpoints (checkpoint-K, named by POINTER_NAME)
-OUTPUTS = (CONFIG_NAME, METRICS_NAME, CURVES_NAME, CHECKPOINT_NAME, POINTER_NAME, "best", "final")
-# Options a resumed run may set differently: none changes the model, the data or a step's arithmetic. `epochs` may
-# only grow (the schedule is recomputed over the new total, see the module docstring). The output folder is where
-# the run is found, whatever its config.json holds.
-RESUME_MAY_CHANGE = ("epochs", "workers", "device", "grad_checkpointing")
 PROGRESS_DELAY = 3.0  # seconds an epoch runs before its progress bar appears (short epochs show none)
 
 
@@ -158,54 +133,6 @@ def build_training_model(config: TrainConfig, num_classes: int) -> nn.Module:
     return create_model(config.model, num_classes=num_classes, **overrides)
 
 
-def resume_command(out: str | os.PathLike, *extra: str) -> str:
-    """The command that continues the run in `out` with its saved settings."""
-    return shlex.join(["vitkit", "train", "--out", os.fspath(out), "--resume", *extra])
-
-
-def _new_folder(out: Path) -> Path:
-    """A sibling of `out` that does not exist yet: OUT-2, OUT-3, ..."""
-    n = 2
-    while (candidate := out.with_name(f"{out.name}-{n}")).exists():
-        n += 1
-    return candidate
-
-
-def _comparable(values: dict[str, Any]) -> dict[str, Any]:
-    """Resolved settings as a resumed run compares them: the default model under its current name, and a data or
-    init path (relative in runs written before paths were stored absolute) made absolute."""
-    values = current_model_name(older_detector_settings(values))
-    values.setdefault("strategy", "ddp")  # runs written before strategies were replicated
-    if isinstance(values.get("data"), str):
-        values["data"] = absolute_data(values["data"])
-    if isinstance(values.get("init"), str):
-        values["init"] = os.path.abspath(values["init"])
-    return values
-
-
-def _check_resume(saved: dict[str, Any], config: TrainConfig, given: TrainConfig) -> None:
-    """ValueError unless the resolved `config` continues the run whose resolved settings the checkpoint saved:
-    only `RESUME_MAY_CHANGE` may differ, and epochs only grow. A setting the run does not use (a `val_fraction`
-    resolved to None) cannot differ. `given`: the configuration as the caller gave it, for the hints."""
-    saved, current = _comparable(saved), _comparable(config.to_dict())
-    unused = {"val_fraction"} if current.get("val_fraction") is None else set()
-    changed = sorted(k for k in current if k not in (*RESUME_MAY_CHANGE, "out", *unused) and saved.get(k) != current[k])
-    out = config.out
-    if changed:
-        details = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in changed)
-        fresh = dataclasses.replace(given.minimal(), out=os.fspath(_new_folder(Path(out)))).command()
-        raise ValueError(
-            f"cannot resume the run in {out} with different settings ({details}); only "
-            f"{', '.join(RESUME_MAY_CHANGE)} may change. Continue it with its own settings: "
-            f"{resume_command(out)}  or train the new settings in a new folder: {fresh}"
-        )
-    if saved.get("epochs") is not None and config.epochs < saved["epochs"]:
-        raise ValueError(
-            f"the run in {out} trains {saved['epochs']} epochs and resuming can extend it, not shorten it (epochs "
-            f"{config.epochs}); continue it with: {resume_command(out)}  (its best model so far is in {out}/best)"
-        )
-
-
 def _progress_enabled(env: DistEnv) -> bool:
     return env.is_main and sys.stderr.isatty() and "CI" not in os.environ
 
@@ -250,9 +177,15 @@ class _Run:
     """One training run's state; `fit` drives it."""
 
     def __init__(
-        self, config: TrainConfig, env: DistEnv, allow_memory: bool = False, memory_names: SettingNames | None = None
+        self,
+        config: TrainConfig,
+        env: DistEnv,
+        allow_memory: bool = False,
+        memory_names: SettingNames | None = None,
+        hints: RunHints | None = None,
     ) -> None:
         self.config, self.env = config, env
+        self.hints = hints or RunHints()  # how messages name the ways on
         self.out = Path(config.out)
         self.task: Task = create_task(config, env)
 
@@ -371,8 +304,8 @@ class _Run:
 
     def save(self, epoch_end: bool = True) -> None:
         """Write the checkpoint (`checkpoint.pt`, or a sharded one under strategy fsdp); at an epoch's end, also
-        delete the earlier run's outputs that `--force` moved aside (a run stopped within its first epoch, e.g. by
-        Ctrl-C on a wrong --out, leaves them)."""
+        delete the earlier run's outputs that `force` moved aside (a run stopped within its first epoch, e.g. by
+        Ctrl-C on a wrong output folder, leaves them)."""
         if self.sharded:  # every process writes its shards
             save_sharded(self.out, self.trained, self.optimizer, self.state(weights=False), self.env)
         else:
@@ -386,8 +319,8 @@ class _Run:
                 self.replaced = None
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Continue from the checkpoint `state` (`_check_out`'s): written by this number of processes, or by any
-        number for a sharded checkpoint, whose shards are then split anew."""
+        """Continue from the checkpoint `state` (`vitkit.train.outputs.check_out`'s): written by this number of
+        processes, or by any number for a sharded checkpoint, whose shards are then split anew."""
         env, saved_world = self.env, state["world_size"]
         self._check_classes(state)
         if "sharded" in state:
@@ -396,7 +329,7 @@ class _Run:
             raise ValueError(
                 f"the checkpoint in {self.out} was written by {saved_world} processes and this run has "
                 f"{env.world_size}: a run under strategy ddp resumes on as many processes as it had (runs under "
-                "--strategy fsdp write checkpoints that resume on any number)"
+                f"{self.hints.option('strategy', 'fsdp')} write checkpoints that resume on any number)"
             )
         else:
             try:
@@ -449,7 +382,7 @@ class _Run:
         raise ValueError(
             f"the data's classes have changed since the checkpoint in {self.out} was written "
             f"({changes or 'the same names in another order'}; {len(saved)} then, {len(now)} now): resume on the "
-            "data it was trained on, or train afresh on this one (--force)"
+            f"data it was trained on, or train afresh on this one ({self.hints.option('force', True)})"
         )
 
     def _resumed_partial(self, state: dict[str, Any]) -> dict[str, float]:
@@ -599,96 +532,13 @@ class _Run:
         return directory
 
 
-def _check_out(out: Path, resume: bool, force: bool, given: TrainConfig) -> dict[str, Any] | None:
-    """The checkpoint to resume from, or None for a fresh run; ValueError, with the commands that work, when OUT
-    does not hold what `resume` / `force` expect. Changes nothing."""
-    checkpoint = out / CHECKPOINT_NAME
-    sharded = sharded_checkpoint(out)
-    if resume and force:
-        raise ValueError(
-            f"--resume continues the run in {out} and --force replaces it: pass one. Continue: {resume_command(out)}"
-            f"  or start over: {given.minimal().command('--force')}"
-        )
-    used = out.is_dir() and any(out.iterdir())
-    if resume:
-        if sharded is not None and (not checkpoint.is_file() or _newer(out / POINTER_NAME, checkpoint)):
-            return {**load_trainer_state(sharded), "sharded": sharded}
-        if checkpoint.is_file():
-            return load_checkpoint(checkpoint)
-        where = "does not exist" if not out.exists() else "holds no checkpoint" if used else "is empty"
-        given = given.minimal()
-        start = given.command("--force") if used else given.command()
-        raise ValueError(
-            f"nothing to resume: {out} {where} ({checkpoint.name} not found); start a new run with: {start}"
-            + _moved_aside_note(out)
-        )
-    if used and not force:
-        given = given.minimal()
-        if checkpoint.is_file() or sharded is not None:
-            ways = f"continue the run there with: {resume_command(out)}  or start over with: {given.command('--force')}"
-        else:
-            ways = f"start there anyway with: {given.command('--force')}"
-        new = dataclasses.replace(given, out=os.fspath(_new_folder(out))).command()
-        ways += _moved_aside_note(out)
-        raise ValueError(
-            f"{out} is not empty: {ways}  (--force moves vitkit's earlier outputs aside until the new run's first "
-            f"checkpoint), or use a new folder: {new}"
-        )
-    return None
-
-
-def _moved_aside(out: Path) -> list[Path]:
-    """Earlier runs' outputs that `--force` moved aside from OUT and that are still there (OUT.old-<time>), oldest
-    first: a run that replaced them ended before finishing its first epoch."""
-    out = out.resolve()
-    return sorted(p for p in out.parent.glob(f"{glob.escape(out.name)}.old-*") if p.is_dir())
-
-
-def _moved_aside_note(out: Path) -> str:
-    """For a message about OUT: where the outputs of the run `--force` replaced are, while they are kept."""
-    aside = _moved_aside(out)
-    if not aside:
-        return ""
-    return (
-        f" (the outputs of the run --force replaced there are kept in {', '.join(map(str, aside))} until a run in "
-        f"{out} finishes its first epoch; to go back to that run, move them into {out})"
-    )
-
-
-def _newer(a: Path, b: Path) -> bool:
-    return a.stat().st_mtime > b.stat().st_mtime
-
-
-def _clear_out(out: Path, env: DistEnv) -> Path | None:
-    """Make OUT ready for a fresh run: created, with an earlier run's outputs (`OUTPUTS`) moved to a sibling
-    OUT.old-<time>, which is returned (None when there was nothing to move). Other files in OUT stay."""
-    barrier(env)  # every process has looked at OUT before rank 0 changes it
-    aside = None
-    if env.is_main:
-        found = [out / name for name in OUTPUTS if (out / name).exists()]
-        found += sorted(p for p in out.glob(f"{FOLDER_PREFIX}*") if p.is_dir())
-        if found:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            aside = out.resolve().with_name(f"{out.resolve().name}.old-{stamp}")
-            n = 1
-            while aside.exists():
-                aside, n = aside.with_name(f"{out.resolve().name}.old-{stamp}-{n}"), n + 1
-            aside.mkdir()
-            for path in found:
-                shutil.move(path, aside / path.name)
-            log.info(
-                f"moved the earlier run's outputs in {out} to {aside}; deleted once this run finishes its first epoch"
-            )
-        out.mkdir(parents=True, exist_ok=True)
-    return aside
-
-
 def fit(
     config: TrainConfig,
     resume: bool = False,
     force: bool = False,
     allow_memory: bool = False,
     memory_names: SettingNames | None = None,
+    hints: RunHints | None = None,
 ) -> FitResult:
     """Train as `config` says, writing everything to `config.out` (see the module docstring).
 
@@ -704,14 +554,17 @@ def fit(
             (`vitkit.analysis.check_memory` warns instead of refusing before anything is allocated).
         memory_names: how a refusal names the ways out (`vitkit.cli.options.memory_flags` for the command line;
             None: the library's argument names).
+        hints: how messages name the ways on: continue the run, start afresh, train it longer (`RunHints`, as
+            Python calls, when None; `vitkit train` passes its command lines).
     """
+    hints = hints or RunHints()
     env = setup(config.device)
     run = None
     try:
-        resolved, state = _resolve_run(config, env, resume, force)
-        if state is not None and state["epoch"] >= resolved.epochs and _has_final(Path(resolved.out)):
-            return _complete(resolved, state, env)  # else it is written below from the checkpoint
-        run = _Run(resolved, env, allow_memory, memory_names)  # data and model (memory checked) before OUT changes
+        resolved, state = resolve_run(config, env, resume, force, hints)
+        if state is not None and state["epoch"] >= resolved.epochs and has_final(Path(resolved.out)):
+            return _complete(resolved, state, env, hints)  # else it is written below from the checkpoint
+        run = _Run(resolved, env, allow_memory, memory_names, hints)  # data, model, memory: before OUT changes
         run.sized = config.data_choices() if state is None else []
         _begin(run, state)
         return _train(run)
@@ -724,14 +577,7 @@ def fit(
         cleanup(env)
 
 
-def _has_final(out: Path) -> bool:
-    """Whether OUT holds the final model of its run, whole (`write_model` writes the weights, then config.json, then
-    the task's files; a run killed in between is resumed to write it again)."""
-    final = out / "final"
-    return all((final / name).is_file() for name in (WEIGHTS_NAME, CONFIG_NAME, INFO_NAME))
-
-
-def _complete(config: TrainConfig, state: dict[str, Any], env: DistEnv) -> FitResult:
+def _complete(config: TrainConfig, state: dict[str, Any], env: DistEnv, hints: RunHints) -> FitResult:
     """A resumed run that has trained all its epochs: said, with how to train it longer, and nothing changed."""
     out, epochs = Path(config.out), config.epochs
     metric = "val_acc" if config.task == CLASSIFICATION else "ap"
@@ -743,60 +589,16 @@ def _complete(config: TrainConfig, state: dict[str, Any], env: DistEnv) -> FitRe
             f"the run in {out} is complete: it has trained {epochs} epoch{'s' if epochs != 1 else ''} (best {metric} "
             f"{best:.4f} at epoch "
             f"{state['best_epoch']}, in {out / 'best'}; the final model in {out / 'final'}). To train it longer, "
-            f"give more epochs: {resume_command(out, '--epochs', str(2 * epochs))}"
+            f"give more epochs: {hints.resume(out, epochs=2 * epochs)}"
         )
     return FitResult(out, state["epoch"], metric, best, state["best_epoch"], last, interrupted=False)
-
-
-def _resolve_run(
-    given: TrainConfig, env: DistEnv, resume: bool, force: bool
-) -> tuple[TrainConfig, dict[str, Any] | None]:
-    """(the resolved configuration on this process's device, the checkpoint to resume from or None for a fresh run);
-    the options given that the run does not use are logged as warnings. ValueError when OUT does not hold what
-    `resume` / `force` expect, or the settings differ from the checkpoint's beyond `RESUME_MAY_CHANGE`."""
-    original = given.init
-    if resume and given.init is not None and not Path(given.init).exists():
-        given = _init_stand_in(given, env)
-    config = dataclasses.replace(given.resolved(), device=env.device.type)
-    if env.is_main:
-        for message in given.ignored():
-            log.warning(message)
-    state = _check_out(Path(config.out), resume, force, given)
-    if state is not None:
-        compared = config if given.init == original else dataclasses.replace(config, init=os.path.abspath(original))
-        _check_resume(json.loads(state["config"]), compared, given)
-        if "sharded" in state and state["world_size"] != env.world_size:  # keep the global batch
-            batch = resharded_batch(config.batch_size, state["world_size"], env.world_size)
-            if env.is_main and batch != config.batch_size:
-                log.info(
-                    f"the run had {state['world_size']} processes of batch {config.batch_size}; each of the "
-                    f"{env.world_size} now takes {batch}, the same global batch"
-                )
-            config = dataclasses.replace(config, batch_size=batch)
-    return config, state
-
-
-def _init_stand_in(given: TrainConfig, env: DistEnv) -> TrainConfig:
-    """`given` with `init` replaced by the run's own final/ or best/ model when the model it started from is gone:
-    a resumed run takes only the architecture from `init` (the checkpoint holds every weight), and the run's saved
-    models have that architecture. `given` as it is when the run has saved no model yet."""
-    out = Path(given.out)
-    stand_in = next((d for d in (out / "final", out / "best") if (d / CONFIG_NAME).is_file()), None)
-    if stand_in is None:
-        return given
-    if env.is_main:
-        log.info(
-            f"the model this run started from, {given.init}, is gone: its architecture is read from {stand_in} "
-            "instead (the checkpoint holds the weights)"
-        )
-    return dataclasses.replace(given, init=os.fspath(stand_in))
 
 
 def _begin(run: _Run, state: dict[str, Any] | None) -> None:
     """Make OUT ready for a fresh run (`state` None) or restore the checkpoint `state`; then write config.json and
     log what the run trains."""
     if state is None:
-        run.replaced = _clear_out(run.out, run.env)
+        run.replaced = clear_out(run.out, run.env)
     else:
         run.restore(state)
     if run.env.is_main:
@@ -815,7 +617,7 @@ def _train(run: _Run) -> FitResult:
                 torchrun = f" (under torchrun with {env.world_size} processes)" if env.world_size > 1 else ""
                 run.info_line(
                     f"stopped in epoch {run.epoch + 1} after step {run.step}; checkpoint saved, continue with: "
-                    f"{resume_command(run.out)}{torchrun}"
+                    f"{run.hints.resume(run.out)}{torchrun}"
                 )
                 return run.result(last, interrupted=True)
             last = run.end_epoch()

@@ -661,8 +661,8 @@ def _builds_own_model(path: Path, format: str, err: ValueError) -> None:
                 problem = err.problem if isinstance(err, CheckpointMismatch) else str(err)
                 raise ValueError(
                     f"{path} is a {layout.format} file, which builds its own model from its shapes, and it does not "
-                    f"fit the model named ({problem}): drop --model (vitkit convert {path} DST --set num_heads=H; "
-                    "vitkit.weights.model_from_file from Python)"
+                    f"fit the model named ({problem}): drop --model (vitkit convert {path} --out DST --model-arg "
+                    "num_heads=H; vitkit.weights.model_from_file from Python)"
                 ) from err
 
 

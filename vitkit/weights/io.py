@@ -174,7 +174,7 @@ class CheckpointMismatch(ValueError):
     """A checkpoint that does not fit the model, with the ways out.
 
     `str()` words them for Python callers (``build the model with num_classes=5``, ``reset_head=True``);
-    `cli_message()` with vitkit's command-line flags (``--set num_classes=5``, ``--reset-head``, ``--model``).
+    `cli_message()` with vitkit's command-line flags (``--model-arg num_classes=5``, ``--reset-head``, ``--model``).
     """
 
     def __init__(
@@ -197,7 +197,7 @@ class CheckpointMismatch(ValueError):
             ways.append(f"{'pass --model NAME with' if cli else 'use'} a registered model of that size: {shown}")
         if self.fields:
             if cli:
-                ways.append("pass " + " ".join(f"--set {k}={_cli_value(v)}" for k, v in self.fields.items()))
+                ways.append("pass " + " ".join(f"--model-arg {k}={_cli_value(v)}" for k, v in self.fields.items()))
             else:
                 ways.append("build the model with " + ", ".join(f"{k}={v!r}" for k, v in self.fields.items()))
         if self.reset_head:
@@ -210,7 +210,7 @@ class CheckpointMismatch(ValueError):
 
 
 def _cli_value(value: Any) -> str:
-    """A value as `--set FIELD=VALUE` parses it (JSON, no spaces, so the shell keeps it one word)."""
+    """A value as `--model-arg FIELD=VALUE` parses it (JSON, no spaces, so the shell keeps it one word)."""
     return json.dumps(list(value) if isinstance(value, tuple) else value, separators=(",", ":"))
 
 

@@ -704,8 +704,8 @@ def grid_img_size(rows: int, patch: int, fields: dict[str, Any], library: str, a
     if side * side != rows:
         raise ValueError(
             f"the {library} position table has {rows} patch rows of {patch}-pixel patches, not a square grid: give "
-            "the image size the model was built for (vitkit convert ... --set img_size=[H,W]; img_size=(H, W) from "
-            "Python)"
+            "the image size the model was built for (vitkit convert ... --model-arg img_size=[H,W]; img_size=(H, W) "
+            "from Python)"
         )
     fields["img_size"] = side * patch
     if assumed is not None:
@@ -734,7 +734,7 @@ def config_from_vit_pytorch(
     """
     if "num_heads" not in fields:
         raise ValueError(
-            "a vit-pytorch state dict does not say its number of heads: give it (vitkit convert ... --set "
+            "a vit-pytorch state dict does not say its number of heads: give it (vitkit convert ... --model-arg "
             "num_heads=H; num_heads=H from Python)"
         )
     weight, qkv = state["to_patch_embedding.2.weight"], state["transformer.layers.0.0.to_qkv.weight"]
@@ -826,7 +826,7 @@ def config_from_paddlevit(
     assumption is appended to `assumed`."""
     if "num_heads" not in fields:
         raise ValueError(
-            "a PaddleViT state dict does not say its number of heads: give it (vitkit convert ... --set "
+            "a PaddleViT state dict does not say its number of heads: give it (vitkit convert ... --model-arg "
             "num_heads=H; num_heads=H from Python)"
         )
     conv, pos = state["patch_embedding.patch_embedding.weight"], state["position_embedding"]

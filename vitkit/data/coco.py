@@ -1,0 +1,508 @@
+"""COCO-format detection datasets: an instances JSON and its images (`CocoDetection`), read from a folder in one of
+the layouts annotation tools write (`load_coco_folder`). Every entry is checked: one that cannot be used is skipped
+and reported with its id and why (`CocoReport`, `Skipped`, SKIP_REASONS), and a split that keeps no box is refused
+with what its file holds. Samples and targets are as `vitkit.data.detection` describes them.
+
+Images are resized so the shorter side is `short_side` and the longer at most `max_size` (DETR's evaluation
+transform, 800 and 1333 by default); a training split may also be augmented as DETR trains (`DetectionAugment`:
+flips, random crops and multi-scale resizing, `vitkit.data.transforms.detection_train_transform`), each sample under
+its own seed.
+
+Letters: C channels, H, W image size, n objects of an image.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+
+from vitkit.data.detection import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    DetectionAugment,
+    DetectionInfo,
+    detection_target,
+    resized,
+    sample_index,
+)
+from vitkit.data.loader import Unreadable
+from vitkit.data.sources import UnreadableImageError, open_image
+from vitkit.data.transforms import channel_stats, detection_train_transform, image_mode
+from vitkit.layers.helpers import counted
+
+COCO_AUGMENT = DetectionAugment(hflip=0.5, scale_jitter=0.25, crop=0.5)  # a COCO folder's training split
+
+SKIP_REASONS = (
+    "bad image entry",  # an image without an integer id, a file name, a positive width and height; or a repeated id
+    "missing file",  # the image file does not exist
+    "unreadable file",  # the image file cannot be decoded (found at load with check_images, else when read)
+    "bad annotation entry",  # no image_id, category_id or 4-number bbox, or non-finite numbers
+    "unknown image",  # image_id names no image of the file
+    "unknown category",  # category_id names no category of the file
+    "empty box",  # zero or negative width or height
+    "outside image",  # no part of the box lies inside the image
+)
+
+
+CLIPPED_SHOWN = 10  # ids of clipped annotations a report lists before "... N more"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An image or annotation of a COCO file left out, and why."""
+
+    kind: str  # "image" or "annotation"
+    id: Any  # its id in the file (the list position as "#i" when it has none)
+    reason: str  # one of SKIP_REASONS
+    detail: str = ""  # what was found
+
+
+@dataclass
+class CocoReport:
+    """What loading a COCO file kept and left out."""
+
+    path: str  # the instances JSON
+    images: int = 0  # images kept
+    annotations: int = 0  # annotations kept
+    listed_images: int = 0  # image entries the file lists, kept or not
+    listed_annotations: int = 0  # annotation entries the file lists, kept or not
+    skipped: list[Skipped] = field(default_factory=list)  # images and annotations left out
+    clipped: list[Any] = field(default_factory=list)  # ids of annotations whose box was clipped to the image
+    crowd: int = 0  # crowd annotations (iscrowd 1), left out of the targets as DETR's training does
+
+    def counts(self) -> dict[str, int]:
+        """Number of skipped entries per reason."""
+        return dict(Counter(s.reason for s in self.skipped))
+
+    def __str__(self) -> str:
+        lines = [f"{self.path}: {counted(self.images, 'image')}, {counted(self.annotations, 'annotation')}"]
+        lines += [f"  skipped {n} ({reason})" for reason, n in self.counts().items()]
+        if self.clipped:
+            shown = ", ".join(str(i) for i in self.clipped[:CLIPPED_SHOWN])
+            more = f", ... {len(self.clipped) - CLIPPED_SHOWN} more" if len(self.clipped) > CLIPPED_SHOWN else ""
+            if len(self.clipped) == 1:
+                lines.append(f"  clipped 1 box to its image: annotation {shown}")
+            else:
+                lines.append(f"  clipped {len(self.clipped)} boxes to their images: annotations {shown}{more}")
+        if self.crowd:
+            lines.append(f"  left out {counted(self.crowd, 'crowd annotation')}")
+        lines += [f"  {s.kind} {s.id}: {s.reason}" + (f" ({s.detail})" if s.detail else "") for s in self.skipped]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class CocoImage:
+    image_id: int
+    path: Path
+    size: tuple[int, int]  # (height, width) the file says
+    boxes: np.ndarray  # (n, 4) float32 (x0, y0, x1, y1) pixels, clipped to the image
+    labels: np.ndarray  # (n,) int64 class indices
+    areas: np.ndarray  # (n,) float32 object areas in pixels
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _image_entry_problem(entry: Any) -> str:
+    """What is wrong with an `images` entry of a COCO file, in words ("" when nothing)."""
+    if not isinstance(entry, dict):
+        return f"an image entry must be an object, got {type(entry).__name__}"
+    wrong = []
+    if not _is_int(entry.get("id")):
+        wrong.append(f"id must be an integer, got {entry.get('id')!r}")
+    if not isinstance(entry.get("file_name"), str):
+        wrong.append(f"file_name must be a string, got {entry.get('file_name')!r}")
+    for key in ("width", "height"):
+        if not (_is_int(entry.get(key)) and entry[key] > 0):
+            wrong.append(f"{key} must be a positive integer, got {entry.get(key)!r}")
+    return "; ".join(wrong)
+
+
+def _annotation_problem(ann: Any) -> str:
+    """What is wrong with an `annotations` entry of a COCO file, in words."""
+    if not isinstance(ann, dict):
+        return f"an annotation must be an object, got {type(ann).__name__}"
+    wrong = [
+        f"{key} must be an integer, got {ann.get(key)!r}"
+        for key in ("image_id", "category_id")
+        if not _is_int(ann.get(key))
+    ]
+    bbox = ann.get("bbox")
+    if not (isinstance(bbox, list) and len(bbox) == 4 and all(_is_number(v) for v in bbox)):
+        wrong.append(f"bbox must be [x, y, width, height] numbers, got {bbox!r}")
+    return "; ".join(wrong)
+
+
+def read_coco_json(path: str | os.PathLike) -> dict:
+    """The instances JSON at `path`: OSError if it cannot be read, ValueError if it is not COCO's format."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise OSError(f"cannot read COCO annotations {path}: {err}") from err
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not a COCO instances file: not JSON ({err})") from err
+    expected = ("images", "annotations", "categories")
+    if not isinstance(data, dict) or not all(isinstance(data.get(key), list) for key in expected):
+        found = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise ValueError(
+            f"{path} is not a COCO instances file: expected an object with lists {list(expected)}, found {found}"
+        )
+    return data
+
+
+def _categories(data: dict, path: Path) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(category ids sorted, their names): class index i is category_ids[i]. The categories define the model's
+    classes, so a malformed one is an error, not a skip."""
+    names: dict[int, str] = {}
+    for i, category in enumerate(data["categories"]):
+        if not isinstance(category, dict) or not _is_int(category.get("id")):
+            raise ValueError(f"{path}: category #{i} needs an integer 'id', got {category!r}")
+        if category["id"] in names:
+            raise ValueError(f"{path}: category id {category['id']} appears twice")
+        names[category["id"]] = str(category.get("name", category["id"]))
+    if not names:
+        raise ValueError(f"{path}: the file lists no categories")
+    ids = tuple(sorted(names))
+    return ids, tuple(names[i] for i in ids)
+
+
+def open_annotated(path: str | os.PathLike, height: int, width: int) -> Image.Image:
+    """The image file at `path` as its annotations of `width` x `height` saw it: upright by its EXIF orientation
+    (as labelling tools show a photo), or as stored when only the stored pixels have that size (annotations of the
+    raw pixels of a rotated photo). UnreadableImageError when it cannot be read or neither has the size."""
+    image = open_image(path)
+    if image.size == (width, height):
+        return image
+    stored = open_image(path, upright=False)
+    if stored.size == (width, height):
+        return stored
+    turned = f" ({image.size[0]}x{image.size[1]} upright by its EXIF orientation)" if stored.size != image.size else ""
+    raise UnreadableImageError(
+        path, f"the file is {stored.size[0]}x{stored.size[1]}{turned}, the annotations say {width}x{height}"
+    )
+
+
+def _to_model_input(image: Image.Image, channels: int, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """PIL image -> float32 (C, H, W) in the model's channels, (x / 255 - mean) / std per channel (as `normalize`,
+    in numpy: cheaper for one small image)."""
+    array = np.asarray(image.convert(image_mode(channels)), dtype=np.float32)  # (H, W) or (H, W, 3)
+    array = array.reshape(array.shape[0], array.shape[1], -1).transpose(2, 0, 1)  # (C, H, W)
+    mean_a = np.asarray(channel_stats(mean, channels), dtype=np.float32)[:, None, None]  # (C, 1, 1)
+    std_a = np.asarray(channel_stats(std, channels), dtype=np.float32)[:, None, None]  # (C, 1, 1)
+    return torch.from_numpy(np.ascontiguousarray((array / 255 - mean_a) / std_a))
+
+
+class CocoDetection(Dataset):
+    """A COCO-format detection dataset: the images of an instances JSON, with their boxes.
+
+    Entries that cannot be used are skipped and listed in `report` (a `CocoReport`) with their id: see
+    SKIP_REASONS. A box partly outside its image is clipped to it (as DETR does), one wholly outside skipped.
+    Images without annotations are kept (they teach "no object"). An image file that cannot be decoded when read
+    gives a `vitkit.data.Unreadable` in place of the sample, which `vitkit.detection.collate_detection` reports;
+    `check_images` decodes every file at load instead, to skip them up front (slower).
+
+    Args:
+        annotations: the instances JSON.
+        images: the folder the JSON's `file_name`s are relative to.
+        short_side, max_size: resize so the shorter side is `short_side` and the longer at most `max_size`
+            (DETR: 800 and 1333); None keeps the stored size.
+        channels: image channels given to the model (1 or 3).
+        mean, std: per-channel normalisation statistics (ImageNet's, as DETR).
+        check_images: decode every image at load and skip those that fail.
+        augment: augment each sample indexed by an (index, seed) pair or (index, seed, batch seed) triple of
+            `vitkit.data.EpochSampler` (`DetectionAugment`; needs `short_side`): its size drawn under the batch
+            seed, the rest under its own; a plain index gives the sample unaugmented.
+    """
+
+    def __init__(
+        self,
+        annotations: str | os.PathLike,
+        images: str | os.PathLike,
+        short_side: int | None = 800,
+        max_size: int | None = 1333,
+        channels: int = 3,
+        mean: tuple[float, ...] = IMAGENET_MEAN,
+        std: tuple[float, ...] = IMAGENET_STD,
+        check_images: bool = False,
+        augment: DetectionAugment | None = None,
+    ) -> None:
+        if short_side is not None and short_side <= 0 or max_size is not None and max_size <= 0:
+            raise ValueError(f"short_side and max_size must be positive or None, got {short_side} and {max_size}")
+        image_mode(channels)
+        self.transform = None
+        if augment:
+            if short_side is None:
+                raise ValueError("augmentation resizes to a random shorter side around short_side: give short_side")
+            self.transform = detection_train_transform(short_side, max_size, **asdict(augment))  # (image, batch)
+        path = Path(annotations)
+        data = read_coco_json(path)
+        self.category_ids, self.classes = _categories(data, path)
+        self.short_side, self.max_size, self.channels = short_side, max_size, channels
+        self.mean, self.std = mean, std
+        self.report = CocoReport(str(path))
+        self.samples = self._read(data, Path(images), check_images)
+
+    def _read_images(self, entries: list, folder: Path, check: bool) -> tuple[dict[int, tuple[Path, int, int]], set]:
+        """Usable image entries: id -> (path, height, width); and the ids of all entries, usable or not."""
+        kept: dict[int, tuple[Path, int, int]] = {}
+        listed: set = set()
+        for i, entry in enumerate(entries):
+            image_id = entry.get("id", f"#{i}") if isinstance(entry, dict) else f"#{i}"
+            problem = _image_entry_problem(entry)
+            if problem:
+                if isinstance(entry, dict) and _is_int(entry.get("id")):
+                    listed.add(image_id)  # its annotations are of a skipped image, not of an unknown one
+                self._skip("image", image_id, "bad image entry", problem)
+                continue
+            if image_id in listed:
+                self._skip("image", image_id, "bad image entry", "the id appears twice")
+                continue
+            listed.add(image_id)
+            file = folder / entry["file_name"]
+            if not file.is_file():
+                self._skip("image", image_id, "missing file", str(file))
+                continue
+            if check:
+                try:
+                    open_annotated(file, entry["height"], entry["width"]).close()
+                except OSError as err:
+                    self._skip("image", image_id, "unreadable file", str(err))
+                    continue
+            kept[image_id] = (file, entry["height"], entry["width"])
+        return kept, listed
+
+    def _read(self, data: dict, folder: Path, check: bool) -> list[CocoImage]:
+        images, listed = self._read_images(data["images"], folder, check)
+        class_of = {category: index for index, category in enumerate(self.category_ids)}
+        objects: dict[int, list[tuple[list[float], int, float]]] = {image_id: [] for image_id in images}
+        for i, ann in enumerate(data["annotations"]):
+            ann_id = ann.get("id", f"#{i}") if isinstance(ann, dict) else f"#{i}"
+            bbox = ann.get("bbox") if isinstance(ann, dict) else None
+            if not (
+                isinstance(ann, dict)
+                and _is_int(ann.get("image_id"))
+                and _is_int(ann.get("category_id"))
+                and isinstance(bbox, list)
+                and len(bbox) == 4
+                and all(_is_number(v) for v in bbox)
+            ):
+                self._skip("annotation", ann_id, "bad annotation entry", _annotation_problem(ann))
+                continue
+            if ann["image_id"] not in listed:
+                self._skip("annotation", ann_id, "unknown image", f"image_id {ann['image_id']}")
+                continue
+            if ann["image_id"] not in images:
+                continue  # its image was skipped, and reported
+            if ann["category_id"] not in class_of:
+                self._skip("annotation", ann_id, "unknown category", f"category_id {ann['category_id']}")
+                continue
+            if ann.get("iscrowd", 0):
+                self.report.crowd += 1
+                continue
+            x, y, w, h = bbox
+            if w <= 0 or h <= 0:
+                self._skip("annotation", ann_id, "empty box", f"bbox {bbox}")
+                continue
+            _, height, width = images[ann["image_id"]]
+            box = [min(max(x, 0), width), min(max(y, 0), height), min(max(x + w, 0), width), min(max(y + h, 0), height)]
+            if box[2] <= box[0] or box[3] <= box[1]:
+                self._skip("annotation", ann_id, "outside image", f"bbox {bbox} in a {width}x{height} image")
+                continue
+            if box != [x, y, x + w, y + h]:
+                self.report.clipped.append(ann_id)
+            area = ann.get("area")
+            area = area if _is_number(area) and area > 0 else (box[2] - box[0]) * (box[3] - box[1])
+            objects[ann["image_id"]].append((box, class_of[ann["category_id"]], area))
+        samples = []
+        for image_id, (file, height, width) in images.items():
+            found = objects[image_id]
+            samples.append(
+                CocoImage(
+                    image_id,
+                    file,
+                    (height, width),
+                    np.array([box for box, _, _ in found], dtype=np.float32).reshape(-1, 4),
+                    np.array([label for _, label, _ in found], dtype=np.int64),
+                    np.array([area for _, _, area in found], dtype=np.float32),
+                )
+            )
+        self.report.images, self.report.annotations = len(samples), sum(len(s.labels) for s in samples)
+        self.report.listed_images, self.report.listed_annotations = len(data["images"]), len(data["annotations"])
+        return samples
+
+    def _skip(self, kind: str, item_id: Any, reason: str, detail: str = "") -> None:
+        self.report.skipped.append(Skipped(kind, item_id, reason, detail))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def describe(self, index: int) -> str:
+        sample = self.samples[index]
+        return f"image {sample.image_id} ({sample.path})"
+
+    def model_size(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) an image of this size is resized to: shorter side `short_side`, longer at most
+        `max_size` (the shorter side shrinks to fit)."""
+        if self.short_side is None:
+            return height, width
+        short, long = min(height, width), max(height, width)
+        target = self.short_side
+        if self.max_size is not None and long * target / short > self.max_size:
+            target = self.max_size * short / long
+        scale = target / short
+        return max(1, round(height * scale)), max(1, round(width * scale))
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | Unreadable:
+        index = sample_index(key)
+        sample = self.samples[index]
+        height, width = sample.size
+        try:
+            image = open_annotated(sample.path, height, width)
+        except OSError as err:
+            return Unreadable(self.describe(index), str(err))
+        if self.transform is not None and isinstance(key, tuple):
+            return self._augmented(image, sample, int(key[1]), int(key[-1]))
+        size = self.model_size(height, width)
+        tensor = _to_model_input(resized(image, (size[1], size[0])), self.channels, self.mean, self.std)
+        return tensor, detection_target(sample.boxes, sample.labels, sample.areas, sample.image_id, sample.size, size)
+
+    def orientations(self) -> list[int]:
+        """1 for each image taller than wide, else 0: the groups that batch with little padding
+        (`vitkit.data.EpochSampler`'s `groups`)."""
+        return [int(sample.size[0] > sample.size[1]) for sample in self.samples]
+
+    def _augmented(
+        self, image: Image.Image, sample: CocoImage, seed: int, batch_seed: int
+    ) -> tuple[torch.Tensor, dict]:
+        """A sample through the training transform: its flip and crop drawn under `seed`, its size under
+        `batch_seed` (the same for a batch, or `seed`). Its boxes follow the image, and the augmented image stands
+        for the stored one (`orig_size` = `size`); `area` stays each kept object's stored area."""
+        boxes = tv_tensors.BoundingBoxes(
+            torch.from_numpy(np.asarray(sample.boxes, dtype=np.float32).reshape(-1, 4)),  # (n, 4) pixels
+            format="XYXY",
+            canvas_size=sample.size,
+        )
+        index = torch.arange(len(sample.labels))
+        per_image, per_batch = self.transform
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)  # the CPU generator only, as `TransformedImages`
+            target = {"boxes": boxes, "labels": torch.from_numpy(sample.labels), "index": index}
+            image, found = per_image(image, target)
+            torch.default_generator.manual_seed(batch_seed)
+            image, found = per_batch(image, found)
+        kept = found["index"].numpy()
+        size = (image.size[1], image.size[0])
+        tensor = _to_model_input(image, self.channels, self.mean, self.std)
+        xyxy = found["boxes"].as_subclass(torch.Tensor).numpy()  # (n', 4) pixels of the augmented image
+        return tensor, detection_target(xyxy, sample.labels[kept], sample.areas[kept], sample.image_id, size, size)
+
+
+def _require_boxes(data: CocoDetection, split: str) -> None:
+    """ValueError unless `data`, the `split` ("train" or "val") of a folder, kept a box: saying what its file lists,
+    what was kept and why the rest was left out."""
+    report = data.report
+    if report.annotations:
+        return
+    purpose = "train on" if split == "train" else "evaluate on (COCO mAP is undefined without ground-truth boxes)"
+    parts = [
+        f"the file lists {counted(report.listed_images, 'image')} and "
+        f"{counted(report.listed_annotations, 'annotation')}",
+        f"kept {counted(report.images, 'image')} and 0 annotations",
+    ]
+    for kind in ("image", "annotation"):
+        reasons = Counter(s.reason for s in report.skipped if s.kind == kind)
+        if reasons:
+            detail = ", ".join(f"{n} {reason}" for reason, n in reasons.items())
+            parts.append(f"skipped {counted(sum(reasons.values()), kind)} ({detail})")
+    if report.crowd:
+        parts.append(f"left out {counted(report.crowd, 'crowd annotation')}")
+    skipped = sum(s.kind == "annotation" for s in report.skipped)
+    with_skipped_images = report.listed_annotations - skipped - report.crowd  # none was kept
+    if with_skipped_images:
+        parts.append(f"left out {counted(with_skipped_images, 'annotation')} of skipped images")
+    first = {}  # the first entry skipped for each reason, with what was found
+    for s in report.skipped:
+        first.setdefault((s.kind, s.reason), s)
+    if first:
+        shown = [f"{s.kind} {s.id}: {s.reason}" + (f" ({s.detail})" if s.detail else "") for s in first.values()]
+        parts.append("for example " + "; ".join(shown[:4]))
+    raise ValueError(f"{report.path}: no boxes to {purpose}: {'; '.join(parts)}")
+
+
+def _find_split(root: Path, split: str) -> tuple[Path, Path]:
+    """(instances JSON, image folder) of `split` ("train" or "val") under `root`; see `load_coco_folder`."""
+    annotations = root / "annotations"
+    found = sorted(annotations.glob(f"instances_{split}*.json"))
+    if len(found) == 1:
+        return found[0], root / found[0].stem[len("instances_") :]
+    if not found:
+        named = sorted(annotations.glob(f"{split}*.json"))  # annotations/train.json beside train/
+        if len(named) == 1 and (root / named[0].stem).is_dir():
+            return named[0], root / named[0].stem
+        folders = sorted(p for p in root.glob(f"{split}*") if p.is_dir())
+        jsons = [j for folder in folders for j in sorted(folder.glob("*.json"))]
+        if len(folders) == 1 and len(jsons) == 1:
+            return jsons[0], folders[0]
+    seen = sorted({str(p.relative_to(root)) for p in root.glob("*/*.json")})  # annotations/ and split folders
+    seen_text = f"found the .json files {seen[:8]}{' ...' if len(seen) > 8 else ''}" if seen else "found no .json file"
+    raise ValueError(
+        f"{root}: no COCO-format {split} split: expected one annotations/instances_{split}*.json with its images in "
+        f"{split}*/ (COCO's layout), one annotations/{split}*.json with its images in the folder of the same name, "
+        f"or one {split}*/ folder holding the images and one .json; {seen_text}"
+    )
+
+
+def load_coco_folder(
+    root: str | os.PathLike, val_only: bool = False, augment: DetectionAugment | None = None, **options: Any
+) -> tuple[CocoDetection | None, CocoDetection, DetectionInfo]:
+    """A COCO-format dataset folder as (train, val, info); `options` go to `CocoDetection`, `augment` to its
+    training split only.
+
+    Layouts: COCO's, ``root/annotations/instances_train2017.json`` with images in ``root/train2017/`` and the same
+    for val (any suffix after ``instances_train`` / ``instances_val``, the folder named as the JSON without
+    ``instances_``); ``root/annotations/train.json`` with images in ``root/train/`` (any name starting with the
+    split, the folder named as the JSON); or a ``root/train*/`` folder with the images and a single JSON, and the
+    same for val (as several annotation tools export). Both splits must list the same categories. With `val_only`
+    the training annotations are not read (train is None; evaluation needs only val).
+
+    A split that keeps no box (after the skips `CocoDetection` reports) is a ValueError naming its file, with what
+    it lists and why nothing was kept: training would learn nothing, and COCO mAP is undefined without boxes.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a directory: expected a COCO-format dataset folder")
+    train = None
+    if not val_only:
+        train = CocoDetection(*_find_split(root, "train"), augment=augment, **options)
+        _require_boxes(train, "train")
+    val = CocoDetection(*_find_split(root, "val"), **options)
+    _require_boxes(val, "val")
+    if train is None:
+        return None, val, DetectionInfo(str(root), val.classes, val.category_ids, tuple(val.mean), tuple(val.std))
+    if (train.category_ids, train.classes) != (val.category_ids, val.classes):
+        raise ValueError(
+            f"{root}: the train and val annotations list different categories: "
+            f"{dict(zip(train.category_ids, train.classes, strict=True))} and "
+            f"{dict(zip(val.category_ids, val.classes, strict=True))}"
+        )
+    info = DetectionInfo(str(root), train.classes, train.category_ids, tuple(train.mean), tuple(train.std))
+    return train, val, info

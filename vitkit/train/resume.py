@@ -1,0 +1,115 @@
+"""Settling what a run trains before it starts: its configuration resolved, and for a resumed run the checkpoint it
+continues and the check that the settings given continue it (`resolve_run`).
+
+Resuming needs the settings the checkpoint was written with, except the output folder and `RESUME_MAY_CHANGE`:
+loader workers, device, gradient checkpointing (none changes the model, the data or the arithmetic of a step) and a
+larger number of epochs (see `vitkit.train.loop` for the schedule of a longer run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from vitkit.train.config import (
+    CONFIG_NAME,
+    TrainConfig,
+    absolute_data,
+    current_model_name,
+    older_detector_settings,
+)
+from vitkit.train.distributed import DistEnv
+from vitkit.train.outputs import RunHints, check_out, new_folder
+from vitkit.train.sharding import resharded_batch
+
+log = logging.getLogger("vitkit.train")
+
+# Options a resumed run may set differently: none changes the model, the data or a step's arithmetic. `epochs` may
+# only grow (the schedule is recomputed over the new total). The output folder is where the run is found, whatever
+# its config.json holds.
+RESUME_MAY_CHANGE = ("epochs", "workers", "device", "grad_checkpointing")
+
+
+def resolve_run(
+    given: TrainConfig, env: DistEnv, resume: bool, force: bool, hints: RunHints
+) -> tuple[TrainConfig, dict[str, Any] | None]:
+    """(the resolved configuration on this process's device, the checkpoint to resume from or None for a fresh run);
+    the options given that the run does not use are logged as warnings. ValueError, with the ways on worded by
+    `hints`, when OUT does not hold what `resume` / `force` expect (`vitkit.train.outputs.check_out`), or the
+    settings differ from the checkpoint's beyond `RESUME_MAY_CHANGE`."""
+    original = given.init
+    if resume and given.init is not None and not Path(given.init).exists():
+        given = _init_stand_in(given, env)
+    config = dataclasses.replace(given.resolved(), device=env.device.type)
+    if env.is_main:
+        for message in given.ignored():
+            log.warning(message)
+    state = check_out(Path(config.out), resume, force, given, hints)
+    if state is not None:
+        compared = config if given.init == original else dataclasses.replace(config, init=os.path.abspath(original))
+        check_resume(json.loads(state["config"]), compared, given, hints)
+        if "sharded" in state and state["world_size"] != env.world_size:  # keep the global batch
+            batch = resharded_batch(config.batch_size, state["world_size"], env.world_size)
+            if env.is_main and batch != config.batch_size:
+                log.info(
+                    f"the run had {state['world_size']} processes of batch {config.batch_size}; each of the "
+                    f"{env.world_size} now takes {batch}, the same global batch"
+                )
+            config = dataclasses.replace(config, batch_size=batch)
+    return config, state
+
+
+def check_resume(saved: dict[str, Any], config: TrainConfig, given: TrainConfig, hints: RunHints) -> None:
+    """ValueError unless the resolved `config` continues the run whose resolved settings the checkpoint saved:
+    only `RESUME_MAY_CHANGE` may differ, and epochs only grow. A setting the run does not use (a `val_fraction`
+    resolved to None) cannot differ. `given`: the configuration as the caller gave it, for the ways on (worded by
+    `hints`)."""
+    saved, current = _comparable(saved), _comparable(config.to_dict())
+    unused = {"val_fraction"} if current.get("val_fraction") is None else set()
+    changed = sorted(k for k in current if k not in (*RESUME_MAY_CHANGE, "out", *unused) and saved.get(k) != current[k])
+    out = config.out
+    if changed:
+        details = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in changed)
+        fresh = hints.start(dataclasses.replace(given.minimal(), out=os.fspath(new_folder(Path(out)))))
+        raise ValueError(
+            f"cannot resume the run in {out} with different settings ({details}); only "
+            f"{', '.join(map(hints.option, RESUME_MAY_CHANGE))} may change. Continue it with its own settings: "
+            f"{hints.resume(out)}  or train the new settings in a new folder: {fresh}"
+        )
+    if saved.get("epochs") is not None and config.epochs < saved["epochs"]:
+        raise ValueError(
+            f"the run in {out} trains {saved['epochs']} epochs and resuming can extend it, not shorten it (epochs "
+            f"{config.epochs}); continue it with: {hints.resume(out)}  (its best model so far is in {out}/best)"
+        )
+
+
+def _comparable(values: dict[str, Any]) -> dict[str, Any]:
+    """Resolved settings as a resumed run compares them: the default model under its current name, and a data or
+    init path (relative in runs written before paths were stored absolute) made absolute."""
+    values = current_model_name(older_detector_settings(values))
+    values.setdefault("strategy", "ddp")  # runs written before strategies were replicated
+    if isinstance(values.get("data"), str):
+        values["data"] = absolute_data(values["data"])
+    if isinstance(values.get("init"), str):
+        values["init"] = os.path.abspath(values["init"])
+    return values
+
+
+def _init_stand_in(given: TrainConfig, env: DistEnv) -> TrainConfig:
+    """`given` with `init` replaced by the run's own final/ or best/ model when the model it started from is gone:
+    a resumed run takes only the architecture from `init` (the checkpoint holds every weight), and the run's saved
+    models have that architecture. `given` as it is when the run has saved no model yet."""
+    out = Path(given.out)
+    stand_in = next((d for d in (out / "final", out / "best") if (d / CONFIG_NAME).is_file()), None)
+    if stand_in is None:
+        return given
+    if env.is_main:
+        log.info(
+            f"the model this run started from, {given.init}, is gone: its architecture is read from {stand_in} "
+            "instead (the checkpoint holds the weights)"
+        )
+    return dataclasses.replace(given, init=os.fspath(stand_in))
