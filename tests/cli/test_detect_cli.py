@@ -15,8 +15,8 @@ from vitkit.cli import main
 from vitkit.data import DetectionInfo, load_digits_detect, write_coco_folder
 from vitkit.detection import COCO_METRICS
 from vitkit.infer import detect_files, detection_attention, detection_attention_figure, load_detection_settings
-from vitkit.layers.helpers import counted
 from vitkit.train import TrainConfig
+from vitkit.util import counted
 from vitkit.viz import enlarge
 from vitkit.viz.attention import figure_image
 

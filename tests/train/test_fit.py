@@ -16,9 +16,9 @@ from PIL import Image
 
 from vitkit import create_model, from_pretrained, save_pretrained
 from vitkit.data import DataInfo, Unreadable, UnreadableImageError, load_folder, open_image, summarize_unreadable
-from vitkit.layers.helpers import counted
 from vitkit.train import build_training_model, enable_grad_checkpointing, fit, load_checkpoint
 from vitkit.train.model import describe_init, init_report
+from vitkit.util import counted
 from vitkit.viz import write_curves
 from vitkit.weights import read_model_info
 

@@ -13,8 +13,8 @@ from vitkit.infer import is_detector_dir, is_detector_name, load_detector, regis
 from vitkit.infer.attention import load_attention_model
 from vitkit.infer.explore import detector_explorer_data, explorer_data
 from vitkit.models.registry import create_model
+from vitkit.util import atomic_write
 from vitkit.viz.explorer import explorer_page
-from vitkit.weights.io import atomic_write
 
 HELP = (
     "write an attention explorer: one HTML file that opens from disk, where clicking a patch (or the class token, a "

@@ -48,7 +48,7 @@ from vitkit.data.sources import (
     open_image,
 )
 from vitkit.data.transforms import channel_stats, detection_train_transform, image_mode
-from vitkit.layers.helpers import counted
+from vitkit.util import counted
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DETR normalises COCO images so
 

@@ -33,9 +33,9 @@ from vitkit.data.sources import INFO_NAME
 from vitkit.infer.model_dir import load_classifier, model_dir_classes
 from vitkit.infer.runtime import resolve_device
 from vitkit.layers import capture_attention, to_2tuple
-from vitkit.layers.helpers import counted
 from vitkit.models.interface import require_model
 from vitkit.models.registry import family_of
+from vitkit.util import counted
 from vitkit.viz.attention import AttentionMaps, PrefixShares, check_alpha, draw_attention, model_view, overlay
 from vitkit.weights import from_pretrained, saved_config
 

@@ -41,9 +41,9 @@ from vitkit.infer.detect import detector_inputs, detector_outputs, image_detecti
 from vitkit.infer.object_attention import sampled_points
 from vitkit.layers import AttentionPool, attention_layers, capture_attention, to_2tuple
 from vitkit.layers.deformable import SampledAttention
-from vitkit.layers.helpers import counted
 from vitkit.models.interface import VitkitDetector
 from vitkit.models.registry import family_of
+from vitkit.util import counted
 from vitkit.viz.attention import COLORMAP, model_view
 
 TOP = 5  # classes listed with the prediction

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitkit.layers.cost import CostContext, OpCost, Ops, Value, copy_op, cost_of, matmul_op
-from vitkit.layers.helpers import nearest_multiples, to_2tuple
+from vitkit.layers.helpers import to_2tuple
+from vitkit.util import nearest_multiples
 
 
 class PatchEmbed(nn.Module):

@@ -41,7 +41,6 @@ from vitkit.layers.cost import (
     relu_op,
     view,
 )
-from vitkit.layers.helpers import nearest_multiples
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import check_field_types, check_positive, register_family, register_model
 from vitkit.models.resnet import (
@@ -53,6 +52,7 @@ from vitkit.models.resnet import (
     make_stem,
     stage_plan,
 )
+from vitkit.util import nearest_multiples
 
 BOTNET_PAPER = "Bottleneck Transformers for Visual Recognition (Srinivas et al., arXiv:2101.11605)"
 STEM_TYPES = ("7x7", "tiered")

@@ -59,7 +59,6 @@ from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.sources import INFO_NAME
 from vitkit.detection import FOCAL_PRIOR
 from vitkit.layers import to_2tuple
-from vitkit.layers.helpers import counted
 from vitkit.models.registry import create_model
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from vitkit.train.config import (
@@ -86,6 +85,7 @@ from vitkit.train.sharding import (
     sharded_checkpoint,
 )
 from vitkit.train.task import Task, create_task
+from vitkit.util import counted
 from vitkit.viz.curves import write_curves
 from vitkit.weights.io import WEIGHTS_NAME, save_pretrained
 

@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vitkit.models.registry import build_model, create_model, family_of, model_entry, replace_config
+from vitkit.util import atomic_write
 from vitkit.weights import hf, shapes
 from vitkit.weights.family import FamilyWeights, family_weights, hf_model_types, registered_weights, source_formats
 from vitkit.weights.io import (
@@ -40,7 +41,6 @@ from vitkit.weights.io import (
     WEIGHTS_NAME,
     CheckpointMismatch,
     ModelInfo,
-    atomic_write,
     build_from_config,
     check_finite,
     check_model_info,

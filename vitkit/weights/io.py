@@ -19,7 +19,6 @@ import json
 import os
 import pickle
 import re
-import tempfile
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from torch import nn
 
 from vitkit.data.sources import check_normalisation
 from vitkit.models.registry import build_model, family, family_of
+from vitkit.util import atomic_write
 from vitkit.weights.family import family_weights
 from vitkit.weights.pdparams import is_pdparams, read_pdparams
 
@@ -44,31 +44,6 @@ PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # files written by torch.sav
 PDPARAMS_SUFFIX = ".pdparams"  # files written by Paddle's paddle.save (PaddleViT's weights)
 # Weight files looked for, in this order, when a checkpoint path is a directory (vitkit's and Hugging Face's names).
 DIRECTORY_WEIGHTS = (WEIGHTS_NAME, "pytorch_model.bin")
-
-
-def atomic_write(path: Path, write: typing.Callable[[str], None]) -> None:
-    """Write through a temporary file in the same folder, fsync it, then rename, so that a crash at any moment
-    leaves either the old file or the complete new one, never half a file. The file gets the usual permissions
-    (0666 less the umask), not mkstemp's owner-only ones."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself reaches the disk
-        finally:
-            os.close(directory)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 @dataclass(frozen=True)
