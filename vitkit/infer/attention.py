@@ -181,7 +181,7 @@ def _check_index(index: int, count: int, name: str, owner: str) -> int:
     return index % count
 
 
-def _capture(
+def capture_layers(
     model: nn.Module, images: torch.Tensor
 ) -> tuple[torch.Tensor, list[torch.Tensor], tuple[str, ...], tuple[int, int]]:
     """One forward pass of `model` on `images` (B, C, H, W) in evaluation mode with its attention recorded:
@@ -229,7 +229,7 @@ def attention_map(
     The map is the class token's attention to the patches (without a class token, the mean attention each patch
     receives); the prefix tokens (class, distillation, registers) are left out of it.
     """
-    _, layers, names, grid = _capture(model, images)
+    _, layers, names, grid = capture_layers(model, images)
     class_token = _has_class_token(names)
     if rollout:
         return attention_rollout(layers, len(names), grid, head, class_token)
@@ -314,7 +314,7 @@ def attention_maps(
     img_size = to_2tuple(config.img_size)
     device = next(model.parameters()).device
     pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std))[None].to(device)  # (1, C, H, W)
-    output, layers, names, token_grid = _capture(model, pixels)
+    output, layers, names, token_grid = capture_layers(model, pixels)
     layers = [attn.float().cpu() for attn in layers]  # each (1, h, N, N)
     fused, titles, columns, what = _selected_maps(layers, layer, head, rollout, grid)
     P, class_token = len(names), _has_class_token(names)

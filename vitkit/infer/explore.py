@@ -36,7 +36,7 @@ from vitkit.analysis.preflight import available_memory
 from vitkit.analysis.profile import category, group_key
 from vitkit.analysis.report import grouped, shape_flow, shares
 from vitkit.data import preprocess
-from vitkit.infer.attention import _capture, prefix_token_names, rollouts
+from vitkit.infer.attention import capture_layers, prefix_token_names, rollouts
 from vitkit.infer.detect import detector_inputs, detector_outputs, image_detections, reading
 from vitkit.infer.object_attention import sampled_points
 from vitkit.layers import AttentionPool, attention_layers, capture_attention, to_2tuple
@@ -101,7 +101,7 @@ def image_data(
     img_size = to_2tuple(config.img_size)
     device = next(model.parameters()).device
     pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std))[None].to(device)  # (1, C, H, W)
-    output, maps, _, _ = _capture(model, pixels)
+    output, maps, _, _ = capture_layers(model, pixels)
     L = _selected(len(maps), layers, "layer")
     H = _selected(maps[0].shape[1], heads, "head")
     attn = torch.stack([maps[i][0, H].float().cpu() for i in L])  # (L', h', N, N)
