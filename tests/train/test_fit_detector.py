@@ -25,8 +25,6 @@ from vitkit.data import DetectionInfo
 from vitkit.detection import COCO_METRICS, Postprocessing
 from vitkit.infer import detect_files, detection_attention, evaluate_detector_dir, load_detection_settings
 from vitkit.train import DEFAULT_DETECTOR, TrainConfig, fit, load_checkpoint, recipe_for
-from vitkit.train.checkpoint import save_checkpoint
-from vitkit.train.config import older_detector_settings
 
 # deformable_detr_digits' layout as small as the fixture's DETR (D a multiple of 32, its GroupNorm groups)
 TINY_DEFORMABLE_DETR = {
@@ -324,34 +322,3 @@ def test_a_damaged_postprocess_file_is_named(tmp_path):
     assert load_detection_settings(tmp_path) == Postprocessing("ce", top_k=100)  # the other keys: DETR's
 
 
-def test_older_detection_settings_are_the_ones_it_trained_with():
-    older = {"model": "detr_digits", "detection_loss": "ce", "model_args": {"hidden_dim": 16}}
-    unaugmented = {"hflip": 0.0, "scale_jitter": 0.0, "crop": 0.0}
-    assert older_detector_settings(older) == {
-        **older,
-        "detection_top_k": 0,
-        "nms_iou": 0.0,
-        **unaugmented,
-        "model_args": {"dec_layers": 2, "hidden_dim": 16},
-    }
-    assert older_detector_settings({**older, "model_args": {"dec_layers": 3}})["model_args"] == {"dec_layers": 3}
-    before_augment = {**older, "detection_top_k": 100, "nms_iou": 0.7, "hflip": None}
-    assert older_detector_settings(before_augment) == {**before_augment, **unaugmented}
-    current = {**before_augment, "hflip": 0.5, "scale_jitter": 0.25, "crop": 0.5}
-    assert older_detector_settings(current) == current
-    classifier = {"model": "vit_digits_patch7_28", "detection_loss": None}
-    assert older_detector_settings(classifier) == classifier
-
-
-def test_a_detection_run_saved_before_top_k_and_nms_resumes_as_it_was(tmp_path, tiny_detector_config):
-    fit(tiny_detector_config(tmp_path, epochs=1))
-    saved = json.loads((tmp_path / "config.json").read_text())
-    older = {k: v for k, v in saved.items() if k not in ("detection_top_k", "nms_iou")}
-    (tmp_path / "config.json").write_text(json.dumps(older))
-    state = load_checkpoint(tmp_path / "checkpoint.pt")
-    state["config"] = json.dumps(older)
-    save_checkpoint(state, tmp_path / "checkpoint.pt")
-    result = fit(TrainConfig.for_resume(tmp_path, epochs=2), resume=True)
-    assert result.last["epoch"] == 2
-    settings = load_detection_settings(tmp_path / "final")
-    assert dataclasses.replace(settings, threshold=None) == Postprocessing()  # DETR's, as the run evaluated before

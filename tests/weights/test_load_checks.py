@@ -75,41 +75,13 @@ def test_config_missing_a_field_names_it(tmp_path):
     assert vitkit.from_pretrained(tmp_path, embed_dim=32).config.embed_dim == 32
 
 
-def test_version_1_files_may_lack_only_the_fields_added_since(tmp_path):
-    config = _saved(tmp_path)
-    del config["config"]["bilinear_dim"]  # added to ViTConfig after format version 1
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"lacks field\(s\) \['bilinear_dim'\]"):
-        vitkit.from_pretrained(tmp_path)  # version 2 files hold every field
-    config["format_version"] = 1
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    assert vitkit.from_pretrained(tmp_path).config == tiny_vit().config
-    del config["config"]["depth"]
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"lacks field\(s\) \['depth'\] of ViTConfig; .* \(format_version 1\)"):
-        vitkit.from_pretrained(tmp_path)
-
-
-def test_version_3_vits_load_without_the_register_fields(tmp_path):
-    """A ViT saved before register tokens (format_version 3) has neither reg_tokens nor no_embed_class: it was
-    built without registers, with a position row for its class token, which the defaults say."""
-    config = _saved(tmp_path)
-    for name in ("reg_tokens", "no_embed_class"):
-        del config["config"][name]
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"lacks field\(s\) \['reg_tokens', 'no_embed_class'\]"):
-        vitkit.from_pretrained(tmp_path)  # later files hold every field
-    config["format_version"] = 3
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    assert vitkit.from_pretrained(tmp_path).config == tiny_vit().config
-
-
 @pytest.mark.parametrize(
     "version,message",
     [
-        (99, r"format_version 99 is not one this vitkit reads \(1, 2, 3, 4, 5\); it was written by a newer vitkit"),
-        ("2", r"format_version '2' is not one this vitkit reads \(1, 2, 3, 4, 5\)$"),
-        (None, r"has no 'format_version'; this vitkit reads versions \[1, 2, 3, 4, 5\]"),
+        (99, r"format_version 99 is not the one this vitkit reads \(5\); it was written by a newer vitkit"),
+        (4, r"format_version 4 is not the one this vitkit reads \(5\)$"),
+        ("5", r"format_version '5' is not the one this vitkit reads \(5\)$"),
+        (None, r"has no 'format_version'; this vitkit reads format_version 5"),
     ],
 )
 def test_unknown_format_version_is_refused(tmp_path, version, message):
@@ -171,42 +143,3 @@ def test_checkpoint_of_another_family_suggests_its_models():
     assert caught.value.cli_message().endswith(
         ": pass --model NAME with a registered model of that size: swin_tiny_patch4_window7_224"
     )
-
-
-@pytest.mark.parametrize(
-    ("name", "added"),
-    [
-        ("detr_digits", ["backbone_norm"]),
-        ("deformable_detr_digits", ["backbone_norm", "mixed_queries", "dn_queries", "dn_label_noise", "dn_box_noise"]),
-    ],
-)
-def test_detectors_saved_as_version_2_load_with_the_fields_added_since(tmp_path, name, added):
-    """A detector directory written before the backbone norm and denoising fields existed (format version 2) loads
-    as it was built: frozen norms, no denoising; a version 3 file lacking them is an error."""
-    model = vitkit.create_model(name, num_classes=3)
-    vitkit.save_pretrained(model, tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    for field in added:
-        del config["config"][field]
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"lacks field\(s\)"):
-        vitkit.from_pretrained(tmp_path)
-    config["format_version"] = 2
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    loaded = vitkit.from_pretrained(tmp_path)
-    assert loaded.config == model.config and loaded.config.backbone_norm == "frozen"
-
-
-def test_version_4_vits_load_without_the_fields_of_other_libraries_vits(tmp_path):
-    """A ViT saved before CLIP's, SigLIP's and vit-pytorch's fields (format_version 4) was built with what their
-    defaults say: no pre-norm, a patch bias, exact GELU, heads of embed_dim / num_heads, timm's norm placement."""
-    config = _saved(tmp_path)
-    added = ("pre_norm", "patch_bias", "patch_norm", "act", "head_dim", "proj_bias", "fc_norm", "pos_antialias")
-    for name in added:
-        del config["config"][name]
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"lacks field\(s\) \['pre_norm', 'patch_bias'"):
-        vitkit.from_pretrained(tmp_path)  # version 5 files hold every field
-    config["format_version"] = 4
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    assert vitkit.from_pretrained(tmp_path).config == tiny_vit().config

@@ -58,7 +58,7 @@ def test_from_pretrained_errors(tmp_path):
     with pytest.raises(ValueError, match="config.json is not valid JSON"):
         vitkit.from_pretrained(tmp_path)
 
-    (tmp_path / "config.json").write_text(json.dumps({"format_version": 2, "family": "vit", "config": {"depht": 1}}))
+    (tmp_path / "config.json").write_text(json.dumps({"format_version": 5, "family": "vit", "config": {"depht": 1}}))
     with pytest.raises(ValueError, match=r"field\(s\) \['depht'\] that ViTConfig does not know"):
         vitkit.from_pretrained(tmp_path)
 

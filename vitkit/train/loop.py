@@ -61,13 +61,7 @@ from vitkit.detection import FOCAL_PRIOR
 from vitkit.layers import to_2tuple
 from vitkit.models.registry import create_model
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from vitkit.train.config import (
-    CONFIG_NAME,
-    TrainConfig,
-    absolute_data,
-    current_model_name,
-    older_detector_settings,
-)
+from vitkit.train.config import CONFIG_NAME, TrainConfig, absolute_data
 from vitkit.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, gather_objects, setup
 from vitkit.train.ema import ModelEma
 from vitkit.train.model import describe_init, enable_grad_checkpointing, init_report, load_for_finetune
@@ -172,9 +166,9 @@ def _new_folder(out: Path) -> Path:
 
 
 def _comparable(values: dict[str, Any]) -> dict[str, Any]:
-    """Resolved settings as a resumed run compares them: the default model under its current name, and a data or
-    init path (relative in runs written before paths were stored absolute) made absolute."""
-    values = current_model_name(older_detector_settings(values))
+    """Resolved settings as a resumed run compares them: a data or init path (relative in runs written before paths
+    were stored absolute) made absolute."""
+    values = dict(values)
     values.setdefault("strategy", "ddp")  # runs written before strategies were replicated
     if isinstance(values.get("data"), str):
         values["data"] = absolute_data(values["data"])

@@ -532,7 +532,6 @@ WEIGHTS = FamilyWeights(
     read_fields=read_fields,
     hf_model_types={"deformable_detr": config_from_hf},
     hf_export=to_hf,
-    fields_added=dict.fromkeys(("backbone_norm", "mixed_queries", "dn_queries", "dn_label_noise", "dn_box_noise"), 3),
 )
 
 __all__ = [

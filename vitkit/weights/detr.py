@@ -430,5 +430,4 @@ WEIGHTS = FamilyWeights(
     read_fields=read_fields,
     hf_model_types={"detr": config_from_hf},
     hf_export=to_hf,
-    fields_added={"backbone_norm": 3},
 )

@@ -57,8 +57,6 @@ class FamilyWeights:
     # family lists its formats
     read_fields: Callable[[Mapping[str, torch.Tensor]], dict[str, Any]] = no_fields  # the config fields that a state
     # dict's shapes and key counts fix (vitkit's names; see vitkit.weights.shapes)
-    fields_added: Mapping[str, int] = field(default_factory=dict)  # config field -> the first vitkit config.json
-    # format version whose files always hold it; older files may lack it, and it takes its default
     hf_model_types: Mapping[str, ConfigReader] = field(default_factory=dict)  # transformers model_type -> the
     # reader of its config.json
     hf_export: HfExporter | None = None  # writes a model as transformers' save_pretrained does; None: no such class

@@ -1,14 +1,11 @@
 """Weight files: vitkit model directories (`config.json` + `model.safetensors`, no pickle anywhere) and safe
 reading of other libraries' checkpoints (safetensors, or `torch.load(weights_only=True)`, which never runs code).
 
-A vitkit `config.json` (format_version 4) holds:
-  - "format_version": 4, "family": the model family, "config": every field of the family's config;
+A vitkit `config.json` (format_version 5, the one format vitkit reads and writes) holds:
+  - "format_version": 5, "family": the model family, "config": every field of the family's config;
   - "class_names" (optional): the class names in label order, one per classifier output;
   - "mean", "std" (optional): the per-channel normalisation of images scaled to [0, 1] that the model expects.
-Version 1 files (written before names and normalisation were kept), version 2 files (before the detectors' backbone
-norm and denoising fields) and version 3 files (before ViT's register tokens) are read too; they may lack the config
-fields added since (each family's `FamilyWeights.fields_added`), which then take their defaults. Any other missing
-field is an error naming it.
+A file of another format_version, or lacking a config field, is refused with a message naming what is wrong.
 """
 
 from __future__ import annotations
@@ -32,13 +29,11 @@ from torch import nn
 from vitkit.data.sources import check_normalisation
 from vitkit.models.registry import build_model, family, family_of
 from vitkit.util import atomic_write
-from vitkit.weights.family import family_weights
 from vitkit.weights.pdparams import is_pdparams, read_pdparams
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-FORMAT_VERSION = 5  # what save_pretrained writes
-READ_VERSIONS = (1, 2, 3, 4, 5)  # the format versions this vitkit reads
+FORMAT_VERSION = 5  # what save_pretrained writes, and the only version read
 INFO_ATTRIBUTE = "pretrained_info"  # the `ModelInfo` that from_pretrained / load_pretrained set on a model
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # files written by torch.save
 PDPARAMS_SUFFIX = ".pdparams"  # files written by Paddle's paddle.save (PaddleViT's weights)
@@ -231,26 +226,19 @@ def check_state_dict(
     raise ValueError(f"{source} does not fit {type(model).__name__}: " + "; ".join(parts))
 
 
-def _config_from_dict(
-    config_cls: type, fields: dict[str, Any], family_name: str = "", version: int = FORMAT_VERSION, source: str = ""
-) -> Any:
-    """Rebuild a config dataclass from JSON values (lists back to tuples where the field allows a tuple).
-
-    Every field must be present, except those added to the family after the file's format `version`
-    (`FamilyWeights.fields_added`), which take their defaults: the behaviour of the vitkit that wrote the file.
-    ValueError naming missing and unknown fields.
-    """
+def _config_from_dict(config_cls: type, fields: dict[str, Any], source: str = "") -> Any:
+    """Rebuild a config dataclass from JSON values (lists back to tuples where the field allows a tuple); every
+    field must be present. ValueError naming missing and unknown fields."""
     where = f"{source}: " if source else ""
     names = [f.name for f in dataclasses.fields(config_cls)]
     unknown = sorted(set(fields) - set(names))
     if unknown:
         raise ValueError(f"{where}config has field(s) {unknown} that {config_cls.__name__} does not know")
-    added = family_weights(family_name).fields_added if family_name else {}
-    missing = [name for name in names if name not in fields and added.get(name, 0) <= version]
+    missing = [name for name in names if name not in fields]
     if missing:
         raise ValueError(
-            f"{where}config lacks field(s) {missing} of {config_cls.__name__}; a vitkit config.json (format_version "
-            f"{version}) holds every field it was saved with, so the value the model was built with is unknown"
+            f"{where}config lacks field(s) {missing} of {config_cls.__name__}; a vitkit config.json holds every "
+            "field it was saved with, so the value the model was built with is unknown"
         )
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
     return config_cls(**values)
@@ -265,18 +253,18 @@ def read_json(path: Path) -> Any:
 
 
 def read_vitkit_config(path: Path) -> dict[str, Any]:
-    """A vitkit `config.json`, its format checked: an object with a format_version this vitkit reads, a family
+    """A vitkit `config.json`, its format checked: an object with the format_version this vitkit reads, a family
     name and a config object. ValueError naming the entry that is wrong."""
     saved = read_json(path)
     if not isinstance(saved, dict) or "family" not in saved or "config" not in saved:
         raise ValueError(f"{path} has no 'family' and 'config' entries: not a vitkit model directory")
     version = saved.get("format_version")
     if "format_version" not in saved:
-        raise ValueError(f"{path} has no 'format_version'; this vitkit reads versions {list(READ_VERSIONS)}")
-    if isinstance(version, bool) or version not in READ_VERSIONS:
-        newer = isinstance(version, int) and not isinstance(version, bool) and version > max(READ_VERSIONS)
+        raise ValueError(f"{path} has no 'format_version'; this vitkit reads format_version {FORMAT_VERSION}")
+    if isinstance(version, bool) or version != FORMAT_VERSION:
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION
         raise ValueError(
-            f"{path}: format_version {version!r} is not one this vitkit reads ({', '.join(map(str, READ_VERSIONS))})"
+            f"{path}: format_version {version!r} is not the one this vitkit reads ({FORMAT_VERSION})"
             + ("; it was written by a newer vitkit: upgrade vitkit to read it" if newer else "")
         )
     if not isinstance(saved["config"], dict):
@@ -298,7 +286,7 @@ def _saved_config(directory: str | os.PathLike, overrides: dict[str, Any]) -> tu
     if unknown:  # the caller's, not the file's: worded as `create_model` words them
         raise ValueError(f"{fam.config_cls.__name__} has no field(s) {unknown}; its fields are {sorted(names)}")
     fields = {**saved["config"], **overrides}
-    return fam.name, _config_from_dict(fam.config_cls, fields, fam.name, saved["format_version"], str(config_path))
+    return fam.name, _config_from_dict(fam.config_cls, fields, str(config_path))
 
 
 def read_config(directory: str | os.PathLike, **overrides: Any) -> Any:

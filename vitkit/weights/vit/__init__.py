@@ -109,14 +109,6 @@ WEIGHTS = FamilyWeights(
     adapt=resample_pos_embed,
     layouts=(TORCHVISION, HF, VITPYTORCH, PADDLEVIT),
     read_fields=read_fields,
-    fields_added={
-        "bilinear_dim": 2,
-        "reg_tokens": 4,
-        "no_embed_class": 4,
-        **dict.fromkeys(
-            ("pre_norm", "patch_bias", "patch_norm", "act", "head_dim", "proj_bias", "fc_norm", "pos_antialias"), 5
-        ),
-    },
     hf_model_types={
         "vit": config_from_hf,
         "deit": config_from_hf,
