@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 import vitkit
+from vitkit.cli.messages import CONVERT, cli_message
 from vitkit.weights import CheckpointMismatch
 from vitkit.weights.io import FORMAT_VERSION
 
@@ -109,7 +110,7 @@ def test_checkpoint_of_another_width_names_the_width_and_the_models_that_fit(tmp
         f"{path} is a ViT with embed_dim 192, the model has 384: use a registered model of that size: "
         "deit_tiny_patch16_224, vit_tiny_patch16_224, or build the model with embed_dim=192, num_heads=3"
     )
-    assert err.cli_message().endswith(
+    assert cli_message(err, CONVERT).endswith(
         "the model has 384: pass --model NAME with a registered model of that size: deit_tiny_patch16_224, "
         "vit_tiny_patch16_224, or pass --set embed_dim=192 --set num_heads=3"
     )
@@ -121,7 +122,7 @@ def test_several_fields_and_the_classifier_in_cli_words():
     with pytest.raises(CheckpointMismatch) as caught:
         vitkit.load_weights(tiny_vit(), deeper)
     assert caught.value.problem.endswith("is a ViT with patch_size 8, depth 3; the model has patch_size 4, depth 2")
-    assert "pass --set patch_size=8 --set depth=3" in caught.value.cli_message()
+    assert "pass --set patch_size=8 --set depth=3" in cli_message(caught.value, CONVERT)
 
     with pytest.raises(CheckpointMismatch) as caught:
         vitkit.load_weights(tiny_vit(num_classes=7), tiny_vit().state_dict())
@@ -129,7 +130,7 @@ def test_several_fields_and_the_classifier_in_cli_words():
         "state dict has a classifier for 5 classes, the model 7: build the model with num_classes=5, or pass "
         "reset_head=True to keep the model's freshly initialised head"
     )
-    assert caught.value.cli_message() == (
+    assert cli_message(caught.value, CONVERT) == (
         "state dict has a classifier for 5 classes, the model 7: pass --set num_classes=5, or pass --reset-head to "
         "keep the model's freshly initialised head"
     )
@@ -140,6 +141,6 @@ def test_checkpoint_of_another_family_suggests_its_models():
     with pytest.raises(CheckpointMismatch, match="it looks like a vitkit swin checkpoint") as caught:
         vitkit.load_weights(tiny_vit(), swin)
     assert caught.value.models == ["swin_tiny_patch4_window7_224"]
-    assert caught.value.cli_message().endswith(
+    assert cli_message(caught.value, CONVERT).endswith(
         ": pass --model NAME with a registered model of that size: swin_tiny_patch4_window7_224"
     )

@@ -45,6 +45,7 @@ from vitkit.models.interface import VitkitDetector
 from vitkit.models.registry import family_of
 from vitkit.util import counted
 from vitkit.viz.attention import COLORMAP, model_view
+from vitkit.weights import ModelInfo
 
 TOP = 5  # classes listed with the prediction
 
@@ -236,7 +237,7 @@ def _attention_layers(model: nn.Module) -> list[nn.Module]:
 @torch.no_grad()
 def detector_image_data(
     model: nn.Module,
-    info: Any,
+    info: ModelInfo,
     image: Image.Image,
     threshold: float,
     postprocessing: Any = None,
@@ -343,7 +344,7 @@ def _sampled_encoder(
 
 def detector_explorer_data(
     model: nn.Module,
-    info: Any,
+    info: ModelInfo,
     images: Sequence[tuple[str, Image.Image]],
     threshold: float,
     postprocessing: Any = None,

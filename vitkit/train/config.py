@@ -451,8 +451,7 @@ def _check_detection_loss(loss: str | None, model: str | None, init: str | None)
     what = f"model {model!r}" if model is not None else f"the model in {init}"
     raise ValueError(
         f"detection_loss 'ce' is a softmax over the classes and 'no object', but {what} ({fam.display_name}) "
-        "predicts K sigmoid class logits without a 'no object' logit: train it with detection_loss 'focal' "
-        "(--detection-loss focal)"
+        "predicts K sigmoid class logits without a 'no object' logit: train it with detection_loss 'focal'"
     )
 
 

@@ -48,8 +48,8 @@ class FamilyWeights:
     head: tuple[str, ...] = ("head.",)  # vitkit key prefixes of the classifier(s), skipped with reset_head=True
     class_sized: tuple[str, ...] = ()  # vitkit key prefixes of the other tensors sized by the number of classes
     # (e.g. denoising queries' label embeddings): skipped with the classifier, and left as the model initialises them
-    # where the checkpoint lacks them (one written before they existed); the checkpoint's are dropped where the
-    # model has none
+    # where the checkpoint lacks them (one of a model without them); the checkpoint's are dropped where the model has
+    # none
     adapt: Callable[[nn.Module, State], list[str]] = unchanged  # fits size-dependent tensors to the model, in place,
     # before the shape check; returns a line per tensor changed; ValueError when one cannot be fitted
     extra_outputs: int = 0  # classifier rows beyond num_classes (DETR's "no object")
@@ -117,10 +117,10 @@ def saved_family(directory: str | os.PathLike) -> Family | None:
 def source_formats() -> tuple[str, ...]:
     """The formats the registered families have rename tables for, each family's order kept (a format a family
     lists after another comes after it), else in the order first seen."""
-    return _merge_orders([[layout.format for layout in w.layouts] for w in registered_weights().values()])
+    return merge_orders([[layout.format for layout in w.layouts] for w in registered_weights().values()])
 
 
-def _merge_orders(orders: Sequence[Sequence[str]]) -> tuple[str, ...]:
+def merge_orders(orders: Sequence[Sequence[str]]) -> tuple[str, ...]:
     """The union of `orders`, each name after every name some order lists before it (where the orders disagree,
     the one seen first goes first)."""
     seen: list[str] = []

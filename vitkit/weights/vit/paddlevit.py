@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from vitkit.models.vit import ViTConfig
+from vitkit.weights.errors import FieldsNeeded
 from vitkit.weights.rename import Layout, Rename, rename
 from vitkit.weights.shapes import count
 from vitkit.weights.vit.shared import PLAIN, grid_img_size, read_assuming, require, square_size
@@ -68,10 +69,7 @@ def config_from_paddlevit(
     the square grid of the position table (PaddleViT's models take square images) unless `fields` gives one; that
     assumption is appended to `assumed`."""
     if "num_heads" not in fields:
-        raise ValueError(
-            "a PaddleViT state dict does not say its number of heads: give it (vitkit convert ... --set "
-            "num_heads=H; num_heads=H from Python)"
-        )
+        raise FieldsNeeded("a PaddleViT state dict does not say its number of heads", {"num_heads": "H"})
     conv, pos = state["patch_embedding.patch_embedding.weight"], state["position_embedding"]
     D, C, p, _ = conv.shape
     distilled = "dist_token" in state

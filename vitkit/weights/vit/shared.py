@@ -13,6 +13,7 @@ import torch
 
 from vitkit.layers import to_2tuple
 from vitkit.models.vit import ViTConfig
+from vitkit.weights.errors import FieldsNeeded
 from vitkit.weights.rename import Rename, rename
 
 # The fields of the ViT of the ViT paper, which torchvision's and transformers' ViT / DeiT classes build.
@@ -71,10 +72,10 @@ def grid_img_size(rows: int, patch: int, fields: dict[str, Any], library: str, a
         return
     side = math.isqrt(rows)
     if side * side != rows:
-        raise ValueError(
-            f"the {library} position table has {rows} patch rows of {patch}-pixel patches, not a square grid: give "
-            "the image size the model was built for (vitkit convert ... --set img_size=[H,W]; img_size=(H, W) from "
-            "Python)"
+        raise FieldsNeeded(
+            f"the {library} position table has {rows} patch rows of {patch}-pixel patches, not a square grid, so "
+            "it does not say the image size the model was built for",
+            {"img_size": "(H, W)"},
         )
     fields["img_size"] = side * patch
     if assumed is not None:

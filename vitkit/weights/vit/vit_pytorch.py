@@ -13,6 +13,7 @@ import torch
 
 from vitkit.layers import big_vision_sincos_2d, to_2tuple
 from vitkit.models.vit import ViTConfig
+from vitkit.weights.errors import FieldsNeeded
 from vitkit.weights.rename import Layout, rename
 from vitkit.weights.shapes import count
 from vitkit.weights.vit.shared import PLAIN, grid_img_size, read_assuming, require
@@ -135,10 +136,7 @@ def config_from_vit_pytorch(
     appended to `assumed`; a table of rows that are no square number needs `img_size`.
     """
     if "num_heads" not in fields:
-        raise ValueError(
-            "a vit-pytorch state dict does not say its number of heads: give it (vitkit convert ... --set "
-            "num_heads=H; num_heads=H from Python)"
-        )
+        raise FieldsNeeded("a vit-pytorch state dict does not say its number of heads", {"num_heads": "H"})
     weight, qkv = state["to_patch_embedding.2.weight"], state["transformer.layers.0.0.to_qkv.weight"]
     D, heads = weight.shape[0], fields["num_heads"]
     C, p = _patch_shape(ViTConfig(in_chans=fields.get("in_chans", 3)), weight.shape[1])
@@ -149,7 +147,9 @@ def config_from_vit_pytorch(
     class_token = cls is not None and cls.numel() > 0
     pos = state.get("pos_embedding")
     if pos is None and "img_size" not in fields:
-        raise ValueError("a SimpleViT state dict has no position table to read the image size from: give img_size")
+        raise FieldsNeeded(
+            "a SimpleViT state dict has no position table to read the image size from", {"img_size": "(H, W)"}
+        )
     if pos is not None:
         grid_img_size(pos.reshape(-1, D).shape[0] - class_token, p, fields, "vit-pytorch", assumed)
     head = state.get("mlp_head.weight", state.get("linear_head.weight"))
