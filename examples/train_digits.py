@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 
 from vitkit import from_pretrained
-from vitkit.data import DataInfo, load_builtin
-from vitkit.infer import attention_overlay, evaluate_model_dir, predict
+from vitkit.data import load_builtin
+from vitkit.infer import attention_overlay, evaluate_model_dir, inference_info, predict
 from vitkit.train import TrainConfig, fit
 
 
@@ -24,7 +24,8 @@ def main() -> None:
         worst = min(range(len(info.classes)), key=lambda k: evaluation.per_class[k].item())
         print(f"hardest digit: {info.classes[worst]} ({evaluation.per_class[worst].item():.3f})")
 
-        model, info = from_pretrained(out / "final"), DataInfo.load(out / "final")
+        model = from_pretrained(out / "final")
+        info = inference_info(model)  # its class names and normalisation, saved in its config.json
         _, test, _ = load_builtin("mnist5k")
         image = test.load(0)
         top = predict(model, info, [image], top_k=3)[0]

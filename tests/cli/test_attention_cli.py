@@ -1,6 +1,6 @@
 """`vitkit attention` on a digit: the figure and the prediction it prints (checked against an explicit forward
-pass), options that do not apply refused, model directories without dataset.json, a backbone with registers (the
-shares of its registers printed, checked against the captured weights), and the detector path."""
+pass), options that do not apply refused, model directories without their data's description, a backbone with
+registers (the shares of its registers printed, checked against the captured weights), and the detector path."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from PIL import Image
 
 from vitkit import capture_attention, create_model, save_pretrained
 from vitkit.cli import main
-from vitkit.data import DataInfo, DetectionInfo, load_builtin, load_digits_detect, write_coco_folder, write_image_folder
+from vitkit.data import load_builtin, load_digits_detect, write_coco_folder, write_image_folder
 from vitkit.detection import Postprocessing
-from vitkit.infer import save_detection_settings
 from vitkit.viz.attention import COLORMAP
 from vitkit.viz.detection import POINT_COLOURS
-from vitkit.weights import export_weights
+from vitkit.weights import ModelInfo, export_weights
 
 TINY = dict(img_size=28, patch_size=7, embed_dim=16, depth=2, num_heads=2, num_classes=10)
 NAMES = tuple("zero one two three four five six seven eight nine".split())
 MEAN, STD = (0.1307,), (0.3081,)
+NOTE = "holds no description of the data its model was trained on"  # what a directory written otherwise is told
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +39,14 @@ def model():
 
 @pytest.fixture(scope="module")
 def dirs(model, tmp_path_factory):
-    """Model directories of one model: as vitkit train writes it (dataset.json), with its names and normalisation
-    in config.json, with neither, and exported for Hugging Face transformers (names as id2label)."""
+    """Model directories of one model: as vitkit train writes it (the data's description too), with its names and
+    normalisation only, with neither, and exported for Hugging Face transformers (names as id2label)."""
     root = tmp_path_factory.mktemp("models")
-    save_pretrained(model, root / "trained")
-    DataInfo("builtin:mnist5k", NAMES, MEAN, STD, 0.0, 0).save(root / "trained")
-    save_pretrained(model, root / "named", class_names=NAMES, mean=MEAN, std=STD)
+    trained = ModelInfo(NAMES, MEAN, STD, data="builtin:mnist5k", val_fraction=0.0, split_seed=0)
+    save_pretrained(model, root / "trained", trained)
+    save_pretrained(model, root / "named", ModelInfo(NAMES, MEAN, STD))
     save_pretrained(model, root / "bare")
-    export_weights(model, root / "hf", "hf", class_names=NAMES)
+    export_weights(model, root / "hf", "hf", ModelInfo(NAMES))
     return root
 
 
@@ -136,12 +136,12 @@ def test_a_head_that_is_no_number_is_a_usage_error(dirs, digit, capsys, tmp_path
         ("hf", NAMES, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),  # id2label, no preprocessor_config.json
     ],
 )
-def test_a_model_directory_without_dataset_json(model, dirs, digit, capsys, tmp_path, directory, names, mean, std):
+def test_a_directory_without_its_datas_description(model, dirs, digit, capsys, tmp_path, directory, names, mean, std):
     target = tmp_path / "figure.png"
     args = ["attention", "--model-dir", str(dirs / directory), str(digit), "--out", str(target), "--grid"]
     assert main(args) == 0
     out, err = capsys.readouterr()
-    assert err.count("has no dataset.json") == 1  # said once, though every layer and head is drawn
+    assert err.count(NOTE) == 1  # said once, though every layer and head is drawn
     probabilities = _explicit(model, digit, mean, std)
     k = int(probabilities.argmax())
     name, probability = _printed_prediction(out)
@@ -157,7 +157,7 @@ RGB_MEAN, RGB_STD = (0.5, 0.4, 0.3), (0.25, 0.2, 0.3)
 def registers(tmp_path_factory):
     """A DINOv2 backbone with 4 registers and no classifier at 56x56, its learned tokens, position table and q / k
     projections drawn anew (at initialisation the registers are all but equal); its model directory (normalisation
-    in config.json, no dataset.json) and a 56x56 RGB image (preprocessing is then normalisation alone)."""
+    in config.json, not the data's description) and a 56x56 RGB image (preprocessing is then normalisation alone)."""
     torch.manual_seed(0)
     model = create_model("vit_small_patch14_reg4_dinov2", img_size=56, depth=2)
     g = torch.Generator().manual_seed(0)
@@ -167,7 +167,7 @@ def registers(tmp_path_factory):
         for block in model.blocks:
             block.attn.qkv.weight.copy_(torch.randn(block.attn.qkv.weight.shape, generator=g) * 0.1)
     root = tmp_path_factory.mktemp("registers")
-    save_pretrained(model.eval(), root / "model", mean=RGB_MEAN, std=RGB_STD)
+    save_pretrained(model.eval(), root / "model", ModelInfo(mean=RGB_MEAN, std=RGB_STD))
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(root / "image.png")
     return model, root / "model", root / "image.png"
 
@@ -197,7 +197,7 @@ def test_a_backbone_with_registers_prints_their_shares(registers, capsys, tmp_pa
         expected = last[j, 5:, :5].mean(dim=0)  # the patches' rows, the same columns, averaged
         np.testing.assert_allclose([float(v) for v in patches.split()[-6:]], [*expected, expected[1:].sum()], atol=6e-5)
     assert lines[-1] == f"layer 1 (of 0..1), each of 6 heads -> {target}"
-    assert err.count("has no dataset.json") == 1
+    assert err.count(NOTE) == 1
     picture = Image.open(target)
     assert picture.format == "PNG" and picture.width > 3 * picture.height  # the image beside six maps in a row
 
@@ -209,10 +209,10 @@ def detector(tmp_path_factory):
     layout = dict(backbone_width=8, hidden_dim=16, num_heads=2, dim_feedforward=32, num_queries=6, num_classes=10)
     model = create_model("detr_digits", **layout)
     root = tmp_path_factory.mktemp("detector")
-    save_pretrained(model, root / "model")
-    save_pretrained(model, root / "bare")  # no dataset.json
     classes = tuple(str(k) for k in range(10))
-    DetectionInfo("builtin:digits-detect", classes, tuple(range(10)), (0.5,) * 3, (0.25,) * 3).save(root / "model")
+    described = ModelInfo(classes, (0.5,) * 3, (0.25,) * 3, category_ids=tuple(range(10)), data="builtin:digits-detect")
+    save_pretrained(model, root / "model", described)
+    save_pretrained(model, root / "bare")  # not the data's description
     _, val, _ = load_digits_detect()
     write_coco_folder(val, root / "coco", "val", limit=1)
     return root / "model", sorted((root / "coco" / "val").glob("*.png"))[0]
@@ -238,7 +238,7 @@ def test_the_detector_figure(detector, capsys, tmp_path):
     bare = ["attention", "--model-dir", str(directory.parent / "bare"), str(canvas), "--out", str(tmp_path / "b.png")]
     assert main([*bare, "--threshold", "0"]) == 0
     out, err = capsys.readouterr()
-    assert out.startswith(f"{title}\n") and err.count("has no dataset.json") == 1
+    assert out.startswith(f"{title}\n") and err.count(NOTE) == 1
 
 
 @pytest.fixture(scope="module")
@@ -253,10 +253,10 @@ def deformable(detector, tmp_path_factory):
             layer.cross_attn.sampling_offsets.weight.normal_(0, 0.05)
             layer.cross_attn.attention_weights.weight.normal_(0, 0.3)
     directory = tmp_path_factory.mktemp("deformable") / "model"
-    save_pretrained(model, directory)
     classes = tuple(str(k) for k in range(10))
-    DetectionInfo("builtin:digits-detect", classes, tuple(range(10)), (0.5,) * 3, (0.25,) * 3).save(directory)
-    save_detection_settings(directory, Postprocessing(classification="focal", no_object_logit=False))
+    reading = Postprocessing(classification="focal", no_object_logit=False).to_dict()
+    info = ModelInfo(classes, (0.5,) * 3, (0.25,) * 3, tuple(range(10)), reading, data="builtin:digits-detect")
+    save_pretrained(model, directory, info)
     return directory, detector[1]
 
 

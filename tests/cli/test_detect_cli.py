@@ -12,17 +12,31 @@ from PIL import Image
 
 from vitkit import from_pretrained
 from vitkit.cli import main
-from vitkit.data import DetectionInfo, load_digits_detect, write_coco_folder
+from vitkit.data import load_digits_detect, write_coco_folder
 from vitkit.detection import COCO_METRICS
-from vitkit.infer import detect_files, detection_attention, detection_attention_figure, load_detection_settings
-from vitkit.layers.helpers import counted
+from vitkit.infer import (
+    detect_files,
+    detection_attention,
+    detection_attention_figure,
+    detection_reading,
+    inference_info,
+)
 from vitkit.train import TrainConfig
+from vitkit.util import counted
 from vitkit.viz import enlarge
 from vitkit.viz.attention import figure_image
+from vitkit.weights import read_model_info
 
 TINY = ["--model", "detr_digits", "--model-arg", "backbone_width=8", "--model-arg", "hidden_dim=16"]
 TINY += ["--model-arg", "num_heads=2", "--model-arg", "dim_feedforward=32", "--model-arg", "num_queries=6"]
 TINY += ["--model-arg", "dec_layers=2"]
+
+
+def _loaded(directory):
+    """(model, its classes and normalisation, how its outputs are read) of a model directory, as the commands read
+    them."""
+    model = from_pretrained(directory)
+    return model, inference_info(model), detection_reading(model, directory)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +54,9 @@ def trained(tmp_path_factory):
 
 def test_train_writes_a_detector_run(trained, capsys):
     out, _ = trained
-    assert {p.name for p in (out / "final").iterdir()} >= {"config.json", "dataset.json", "postprocess.json"}
+    assert {p.name for p in (out / "final").iterdir()} == {"config.json", "model.safetensors"}
+    saved = read_model_info(out / "final")  # what the data and the run's evaluation said, in config.json
+    assert saved.category_ids == tuple(range(10)) and saved.postprocess["nms_iou"] == 0.7 and saved.data is not None
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and set(COCO_METRICS) <= set(lines[-1])
 
@@ -90,8 +106,7 @@ def test_predict_draws_and_lists_the_detections_of_a_folder(trained, capsys, tmp
     rows = json.loads(capsys.readouterr().out)
     images = sorted((data / "val").glob("*.png"))
     assert [row["image"] for row in rows] == [str(p) for p in images]
-    model, info = from_pretrained(out / "final"), DetectionInfo.load(out / "final")
-    settings = load_detection_settings(out / "final")  # the recipe's top-k pairs and NMS
+    model, info, settings = _loaded(out / "final")  # the recipe's top-k pairs and NMS
     assert settings.nms_iou == 0.7
     expected = detect_files(model, info, images, 0.05, settings.one_per_query())  # one box per object
     assert rows == [found.to_dict() for found in expected]
@@ -111,12 +126,11 @@ def test_predict_draws_and_lists_the_detections_of_a_folder(trained, capsys, tmp
 
 def test_predict_shows_detections_above_the_threshold_training_chose(trained, capsys, tmp_path):
     """Without --threshold, predict keeps the detections above the threshold the run chose on the validation split
-    (postprocess.json); --threshold replaces it."""
+    (saved in the model's config.json); --threshold replaces it."""
     out, data = trained
-    settings = load_detection_settings(out / "final")
+    model, info, settings = _loaded(out / "final")
     assert settings.threshold is not None and 0 <= settings.threshold < 1  # written by vitkit train
     images = sorted((data / "val").glob("*.png"))
-    model, info = from_pretrained(out / "final"), DetectionInfo.load(out / "final")
     args = ["predict", "--model-dir", str(out / "final"), str(data / "val"), "--out", str(tmp_path / "p"), "--json"]
     assert main(args) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -138,13 +152,8 @@ def test_predict_skips_unreadable_images_of_folders_and_patterns(trained, capsys
     assert main([*args, "--out", str(tmp_path / "pred"), "--json", str(listing)]) == 0
     captured = capsys.readouterr()
     readable = [folder / "inner" / "first.png", *sorted((data / "val").glob("*[23].png"))]
-    expected = detect_files(
-        from_pretrained(out / "final"),
-        DetectionInfo.load(out / "final"),
-        readable,
-        0.0,
-        load_detection_settings(out / "final").one_per_query(),
-    )
+    model, info, settings = _loaded(out / "final")
+    expected = detect_files(model, info, readable, 0.0, settings.one_per_query())
     assert json.loads(listing.read_text()) == [found.to_dict() for found in expected]
     assert (
         captured.out.splitlines()[0] == f"{readable[0]}: {counted(len(expected[0].detections), 'object')}"
@@ -160,21 +169,20 @@ def test_predict_skips_unreadable_images_of_folders_and_patterns(trained, capsys
         assert f"{extra[0]} only applies to a classifier" in capsys.readouterr().err
 
 
-def test_a_detector_directory_without_dataset_json(trained, capsys, tmp_path):
-    """A copy of the model without dataset.json, and one whose config.json also lost the class names and statistics:
-    the COCO folder's category ids are the class indices and its statistics ImageNet's, so both predict and
-    evaluate as the directory with dataset.json does."""
+def test_a_detector_directory_without_its_datas_description(trained, capsys, tmp_path):
+    """A copy of the model whose config.json lost its data's description (the data, the category ids), and one that
+    also lost the class names and statistics: the COCO folder's category ids are the class indices and its
+    statistics ImageNet's, so both predict and evaluate as the directory with them does."""
     out, data = trained
-    assert DetectionInfo.load(out / "final").mean == (0.485, 0.456, 0.406)
+    saved = read_model_info(out / "final")
+    assert saved.mean == (0.485, 0.456, 0.406) and saved.category_ids == tuple(range(10))
     named, plain = tmp_path / "named", tmp_path / "plain"
-    for directory in (named, plain):
+    config = json.loads((out / "final" / "config.json").read_text())
+    for directory, dropped in ((named, ()), (plain, ("classes", "mean", "std"))):
         directory.mkdir()
-        for name in ("config.json", "model.safetensors", "postprocess.json"):
-            shutil.copy(out / "final" / name, directory / name)
-    config = json.loads((plain / "config.json").read_text())
-    (plain / "config.json").write_text(
-        json.dumps({k: v for k, v in config.items() if k not in ("class_names", "mean", "std")})
-    )
+        shutil.copy(out / "final" / "model.safetensors", directory / "model.safetensors")
+        dropped = {"data", "category_ids", *dropped}
+        (directory / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in dropped}))
     image = str(sorted((data / "val").glob("*.png"))[0])
     args = [image, "--threshold", "0.05", "--json", "--out", str(tmp_path / "pred")]
     assert main(["predict", "--model-dir", str(out / "final"), *args]) == 0
@@ -183,7 +191,8 @@ def test_a_detector_directory_without_dataset_json(trained, capsys, tmp_path):
         assert main(["predict", "--model-dir", str(directory), *args]) == 0
         captured = capsys.readouterr()
         assert json.loads(captured.out) == reference and captured.err.count("note:") == 1
-        assert f"{directory} has no dataset.json" in captured.err and names in captured.err
+        assert f"{directory} holds no description of the data its model was trained on" in captured.err
+        assert names in captured.err
     assert main(["eval", "--model-dir", str(plain)]) == 2
     assert "name the data to evaluate on" in capsys.readouterr().err
     assert main(["eval", "--model-dir", str(out / "final"), "--json"]) == 0
@@ -199,8 +208,8 @@ def test_attention_draws_each_detection_with_its_map(trained, capsys, tmp_path):
     target = tmp_path / "attention.png"
     args = ["attention", "--model-dir", str(out / "final"), image, "--out", str(target), "--threshold", "0"]
     assert main(args) == 0
-    model, info = from_pretrained(out / "final"), DetectionInfo.load(out / "final")
-    settings = load_detection_settings(out / "final").one_per_query()  # one panel per object
+    model, info, settings = _loaded(out / "final")
+    settings = settings.one_per_query()  # one panel per object
     shown, _ = detection_attention(model, info, Image.open(image), 0.0, settings)
     objects = f"{len(shown)} object{'' if len(shown) == 1 else 's'} above 0.00"
     assert 1 <= len(shown) <= 6 and objects in capsys.readouterr().out

@@ -1,5 +1,5 @@
-"""`vitkit eval` on a folder with an unreadable image, and on model directories without dataset.json, checked
-against explicit computations."""
+"""`vitkit eval` on a folder with an unreadable image, and on model directories whose config.json lacks the data's
+description, checked against explicit computations."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from PIL import Image
 
 import vitkit.cli.eval as eval_cli
 from vitkit.cli import main
-from vitkit.data import DataInfo
 from vitkit.infer import evaluate_model_dir
 from vitkit.models.registry import create_model
 from vitkit.viz import confusion_image
-from vitkit.weights import save_pretrained
+from vitkit.weights import ModelInfo, save_pretrained
 
 CLASSES = ("circle", "square", "triangle")
 MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
@@ -63,8 +62,8 @@ def _eval(model_dir, data, capsys, *extra) -> tuple[dict, str]:
 
 
 def test_unreadable_images_are_listed_with_the_reason(model, data, capsys, tmp_path):
-    directory = save_pretrained(model, tmp_path / "run")
-    DataInfo(str(data), CLASSES, MEAN, STD, val_fraction=0.0, split_seed=0).save(directory)
+    trained = ModelInfo(CLASSES, MEAN, STD, data=str(data), val_fraction=0.0, split_seed=0)
+    directory = save_pretrained(model, tmp_path / "run", trained)
     report, err = _eval(directory, data, capsys)
     broken = str(data / CLASSES[-1] / "broken.png")
     assert {k: report[k] for k in ("images", "loss", "top1")} == pytest.approx(_expected(model, data), rel=1e-4)
@@ -78,11 +77,12 @@ def test_unreadable_images_are_listed_with_the_reason(model, data, capsys, tmp_p
     assert np.array_equal(np.asarray(Image.open(plot).convert("RGB")), expected)
 
 
-def test_a_directory_without_dataset_json_needs_the_data(model, data, capsys, tmp_path):
-    named = save_pretrained(model, tmp_path / "named", CLASSES, MEAN, STD)
+def test_a_directory_without_its_datas_description_needs_the_data(model, data, capsys, tmp_path):
+    named = save_pretrained(model, tmp_path / "named", ModelInfo(CLASSES, MEAN, STD))
     assert main(["eval", "--model-dir", str(named)]) == 2
     err = capsys.readouterr().err
-    assert "has no dataset.json, so the data it was trained on is unknown" in err and "(--data)" in err
+    assert f"{named} does not say the data its model was trained on (config.json has no 'data')" in err
+    assert "(--data)" in err
     with pytest.raises(ValueError, match=r"name the data to evaluate on \(data\)$"):  # the library's argument
         evaluate_model_dir(str(named))
     report, err = _eval(named, data, capsys)
@@ -114,7 +114,7 @@ def test_a_model_without_class_names_takes_the_datas(model, data, capsys, tmp_pa
 
 def test_top5_is_shown_only_with_more_than_five_classes(model, data, capsys, tmp_path):
     """With 3 classes the five most probable are every class: top-5 is always 1 and left out, printed and in JSON."""
-    directory = save_pretrained(model, tmp_path / "three", CLASSES, MEAN, STD)
+    directory = save_pretrained(model, tmp_path / "three", ModelInfo(CLASSES, MEAN, STD))
     report, _ = _eval(directory, data, capsys)
     assert "top5" not in report and report["top1"] == pytest.approx(_expected(model, data)["top1"])
     assert main(["eval", "--model-dir", str(directory), "--data", str(data)]) == 0
@@ -126,7 +126,7 @@ def test_top5_is_shown_only_with_more_than_five_classes(model, data, capsys, tmp
 def test_a_plot_path_that_cannot_take_a_picture_is_refused_before_evaluating(
     model, data, capsys, tmp_path, monkeypatch, plot
 ):
-    directory = save_pretrained(model, tmp_path / "run", CLASSES, MEAN, STD)
+    directory = save_pretrained(model, tmp_path / "run", ModelInfo(CLASSES, MEAN, STD))
     (tmp_path / "pics").mkdir()
     calls = []
     monkeypatch.setattr(eval_cli, "evaluate_model_dir", lambda *a, **k: calls.append(a))
@@ -136,24 +136,25 @@ def test_a_plot_path_that_cannot_take_a_picture_is_refused_before_evaluating(
     assert str(tmp_path / plot) in err and ".png" in err
 
 
-def test_one_normalisation_check_for_dataset_json_and_config_json(tmp_path):
-    """A zero std would divide every image by zero: refused in a model's config.json and in its dataset.json alike,
-    in the same words, and so by every command that reads them (predict, eval, attention)."""
+def test_a_zero_std_is_refused_when_written_and_when_read(tmp_path, capsys):
+    """A zero std would divide every image by zero: refused by save_pretrained, and in a config.json by every command
+    that reads it (predict, eval, attention), naming the file."""
     model = create_model("vit_digits_patch7_28", embed_dim=16, depth=1, num_heads=2)
     with pytest.raises(ValueError, match=r"std must be > 0 for every channel"):
-        save_pretrained(model, tmp_path / "config", mean=[0.5], std=[0.0])
-    directory = save_pretrained(model, tmp_path / "dataset")
-    DataInfo("builtin:mnist5k", tuple("0123456789"), (0.5,), (0.0,), 0.0, 0).save(directory)
+        save_pretrained(model, tmp_path / "config", ModelInfo(mean=(0.5,), std=(0.0,)))
+    trained = ModelInfo(tuple("0123456789"), (0.5,), (0.5,), data="builtin:mnist5k", val_fraction=0.0, split_seed=0)
+    directory = save_pretrained(model, tmp_path / "model", trained)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "std": [0.0]}))
     image = tmp_path / "digit.png"
     Image.new("RGB", (28, 28)).save(image)
     for command in (["predict", "--model-dir", str(directory), str(image)], ["eval", "--model-dir", str(directory)]):
         assert main(command) == 2
-    with pytest.raises(ValueError, match=r"dataset.json: std must be > 0 for every channel"):
-        DataInfo.load(directory)
+        assert "config.json: std must be > 0 for every channel" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", '"detection"', "null"])
-def test_a_dataset_json_that_is_not_an_object_is_named(tmp_path, capsys, text):
-    (tmp_path / "dataset.json").write_text(text)
+def test_a_config_json_that_is_not_an_object_is_named(tmp_path, capsys, text):
+    (tmp_path / "config.json").write_text(text)
     assert main(["eval", "--model-dir", str(tmp_path)]) == 2
-    assert "dataset.json holds a JSON" in capsys.readouterr().err
+    assert "config.json has no 'family' and 'config' entries: not a vitkit model directory" in capsys.readouterr().err

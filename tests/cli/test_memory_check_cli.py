@@ -16,7 +16,7 @@ TINY += ["--model-arg", "embed_dim=16", "--model-arg", "depth=1", "--model-arg",
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
-    """20 digit images in class folders, and a tiny classifier saved without dataset.json."""
+    """20 digit images in class folders, and a tiny classifier saved without its data's description."""
     _, test, info = load_builtin("mnist5k")
     data = write_image_folder(test, info.classes, tmp_path_factory.mktemp("digits"), per_class=2)
     model_dir = tmp_path_factory.mktemp("model")

@@ -1,5 +1,5 @@
 """`vitkit predict` over many images: files, folders and glob patterns, the table, CSV and JSON, unreadable files,
-exit codes, and model directories without dataset.json."""
+exit codes, and model directories whose config.json lacks the data's description."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import torch
 from PIL import Image
 
 from vitkit.cli import main
-from vitkit.data import DataInfo
 from vitkit.models.registry import create_model
-from vitkit.weights import export_weights, save_pretrained
+from vitkit.weights import ModelInfo, export_weights, save_pretrained
 
 CLASSES = ("circle", "square", "triangle")
 MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
@@ -28,10 +27,9 @@ def model():
 
 @pytest.fixture(scope="module")
 def model_dir(model, tmp_path_factory):
-    """A model directory as vitkit train writes it: the model and dataset.json."""
-    directory = save_pretrained(model, tmp_path_factory.mktemp("model"))
-    DataInfo("data", CLASSES, MEAN, STD, val_fraction=0.0, split_seed=0).save(directory)
-    return directory
+    """A model directory as vitkit train writes it: the model and its data's description."""
+    trained = ModelInfo(CLASSES, MEAN, STD, data="data", val_fraction=0.0, split_seed=0)
+    return save_pretrained(model, tmp_path_factory.mktemp("model"), trained)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +68,7 @@ def test_files_folders_and_patterns_in_one_call(model, model_dir, images, capsys
     captured = capsys.readouterr()
     expected = ["a/1.png", "a/2.jpg", "a/deep/3.png", "6.png", "b/4.png", "b/5.bmp", "7.png"]  # pattern: sorted
     _check_rows(json.loads(captured.out), model, [images / name for name in expected])
-    assert captured.err == ""  # a directory with dataset.json: no note, nothing skipped
+    assert captured.err == ""  # a directory with its data's description: no note, nothing skipped
 
 
 def test_the_table_has_one_row_per_image(model, model_dir, images, capsys):
@@ -132,12 +130,13 @@ def test_mistakes_are_errors_naming_what_is_wrong(model_dir, images, capsys, tmp
         assert message in capsys.readouterr().err
 
 
-def test_a_directory_without_dataset_json(model, images, capsys, tmp_path):
-    named = save_pretrained(model, tmp_path / "named", CLASSES, MEAN, STD)
+def test_a_directory_without_its_datas_description(model, images, capsys, tmp_path):
+    named = save_pretrained(model, tmp_path / "named", ModelInfo(CLASSES, MEAN, STD))
     assert main(["predict", "--model-dir", str(named), str(images / "b"), "--json"]) == 0
     captured = capsys.readouterr()
     _check_rows(json.loads(captured.out), model, [images / "b" / "4.png", images / "b" / "5.bmp"])
-    assert captured.err.count("note:") == 1 and f"{named} has no dataset.json" in captured.err
+    assert captured.err.count("note:") == 1
+    assert f"{named} holds no description of the data its model was trained on" in captured.err
     plain = save_pretrained(model, tmp_path / "plain")  # no names, no statistics: indices and ImageNet's
     assert main(["predict", "--model-dir", str(plain), str(images / "7.png"), "--json"]) == 0
     captured = capsys.readouterr()
@@ -147,8 +146,7 @@ def test_a_directory_without_dataset_json(model, images, capsys, tmp_path):
 
 
 def test_a_hugging_face_export_predicts_with_its_id2label(model, images, capsys, tmp_path):
-    exported = export_weights(model, tmp_path / "hf", "hf", CLASSES, MEAN, STD)
-    assert not (exported / "dataset.json").exists()
+    exported = export_weights(model, tmp_path / "hf", "hf", ModelInfo(CLASSES, MEAN, STD))
     assert main(["predict", "--model-dir", str(exported), str(images / "6.png"), "--json"]) == 0
     captured = capsys.readouterr()
     _check_rows(json.loads(captured.out), model, [images / "6.png"])

@@ -11,9 +11,10 @@ from PIL import Image
 
 from vitkit import from_pretrained
 from vitkit.cli import main
-from vitkit.data import DataInfo, load_builtin, load_folder, write_image_folder
+from vitkit.data import load_builtin, load_folder, write_image_folder
 from vitkit.train import TrainConfig
 from vitkit.viz import confusion_image
+from vitkit.weights import read_model_info
 
 TINY = ["--model", "vit_tiny_patch16_224", "--model-arg", "img_size=28", "--model-arg", "patch_size=7"]
 TINY += ["--model-arg", "embed_dim=16", "--model-arg", "depth=2", "--model-arg", "num_heads=2"]
@@ -33,7 +34,7 @@ def trained(tmp_path_factory):
 def _explicit_probabilities(model_dir, path) -> torch.Tensor:
     """Softmax of the model on one image, preprocessed with PIL and numpy only (the digits are 28x28 already)."""
     model = from_pretrained(model_dir)
-    info = DataInfo.load(model_dir)
+    info = read_model_info(model_dir)
     pixels = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255  # (H, W, 3)
     x = (torch.from_numpy(pixels) - torch.tensor(info.mean)) / torch.tensor(info.std)  # (H, W, 3)
     with torch.no_grad():

@@ -120,7 +120,8 @@ def test_force_keeps_the_earlier_run_until_the_new_run_has_a_checkpoint(data, tm
 
 
 def test_eval_works_from_another_folder(data, tmp_path, monkeypatch, capsys):
-    """dataset.json holds the data path absolute: a run trained with relative paths evaluates from anywhere."""
+    """The model's config.json holds the data path absolute: a run trained with relative paths evaluates from
+    anywhere."""
     shutil.copytree(data, tmp_path / "work" / "digits")
     monkeypatch.chdir(tmp_path / "work")
     assert main(_train(Path("digits"), Path("run"))) == 0

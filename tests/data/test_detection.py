@@ -15,7 +15,6 @@ from torchvision.ops import box_convert, box_iou
 from vitkit.data import (
     CocoDetection,
     DetectionAugment,
-    DetectionInfo,
     DigitsDetection,
     Unreadable,
     detection_augment_defaults,
@@ -121,15 +120,6 @@ def test_digits_statistics_and_model_input(digits):
     assert image.shape == (1, 192, 192) and target["size"].tolist() == [192, 192]
     torch.testing.assert_close(target["boxes"], train[3][1]["boxes"])  # relative boxes do not change
     assert train[(3, 12345)][1]["boxes"].equal(train[3][1]["boxes"])  # (index, seed) keys of EpochSampler
-
-
-def test_detection_info_round_trip(tmp_path, digits):
-    info = digits[2]
-    info.save(tmp_path)
-    assert DetectionInfo.load(tmp_path) == info
-    (tmp_path / "dataset.json").write_text(json.dumps({"source": "builtin:mnist5k", "classes": ["0"]}))
-    with pytest.raises(ValueError, match="not a vitkit detection dataset description"):
-        DetectionInfo.load(tmp_path)
 
 
 # --- COCO-format files ----------------------------------------------------------------------------------------------

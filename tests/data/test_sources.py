@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from importlib.resources import files
 from pathlib import Path
 
@@ -12,7 +11,6 @@ from PIL import Image
 
 from vitkit.data import (
     DataInfo,
-    DetectionInfo,
     list_builtin,
     load_builtin,
     load_data,
@@ -147,14 +145,6 @@ def test_eval_split_defaults_to_the_training_hold_out(tmp_path):
         load_eval_split(str(tmp_path), other)
 
 
-def test_data_info_round_trip(tmp_path):
-    info = load_builtin("mnist5k")[2]
-    info.save(tmp_path)
-    assert DataInfo.load(tmp_path) == info
-    with pytest.raises(FileNotFoundError, match="dataset.json"):
-        DataInfo.load(tmp_path / "nothing")
-
-
 def _tree(root: Path, classes: tuple[str, ...] = ("a", "b"), per_class: int = 10) -> Path:
     for name in classes:
         for i in range(per_class):
@@ -208,41 +198,3 @@ def test_an_ignored_val_fraction_says_so(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="vitkit.data"):
         load_data("builtin:mnist5k", val_fraction=0.25)
     assert "val_fraction 0.25 is ignored: builtin:mnist5k is a bundled dataset" in caplog.text
-
-
-@pytest.mark.parametrize(
-    "change,message",
-    [
-        ({"classes": None}, r"missing key\(s\) \['classes'\]"),
-        ({"extra": 1}, r"unknown key\(s\) \['extra'\]"),
-        ({"classes": "ab"}, r"'classes' must be a list of class names \(strings\), got 'ab'"),
-        ({"mean": []}, r"'mean' must be a non-empty list of numbers"),
-        ({"split_seed": 1.5}, r"'split_seed' must be an integer, got 1.5"),
-        ({"std": [0.5, 0.5]}, r"mean has 1 values but std 2"),
-        ({"std": [0]}, r"std must be > 0 for every channel \(images are divided by it\), got \[0\]"),
-        ({"mean": [float("nan")]}, r"mean must be a non-empty list of finite numbers"),
-    ],
-)
-def test_malformed_dataset_json_names_the_key(tmp_path, change, message):
-    load_builtin("mnist5k")[2].save(tmp_path)
-    saved = json.loads((tmp_path / "dataset.json").read_text())
-    saved = {k: v for k, v in {**saved, **change}.items() if v is not None}  # None: the key left out
-    (tmp_path / "dataset.json").write_text(json.dumps(saved))
-    with pytest.raises(ValueError, match=message):
-        DataInfo.load(tmp_path)
-
-
-def test_dataset_json_that_is_not_an_object(tmp_path):
-    (tmp_path / "dataset.json").write_text("[1, 2]")
-    with pytest.raises(ValueError, match="holds a JSON list, expected an object with keys"):
-        DataInfo.load(tmp_path)
-    (tmp_path / "dataset.json").write_text("{")
-    with pytest.raises(ValueError, match="dataset.json is not valid JSON"):
-        DataInfo.load(tmp_path)
-
-
-@pytest.mark.parametrize("text", ["[1, 2]", '"detection"', "null"])
-def test_a_detection_dataset_json_that_is_not_an_object(tmp_path, text):
-    (tmp_path / "dataset.json").write_text(text)
-    with pytest.raises(ValueError, match="not a vitkit detection dataset description: it holds a JSON"):
-        DetectionInfo.load(tmp_path)

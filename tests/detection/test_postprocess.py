@@ -154,28 +154,31 @@ def test_top_k_and_nms_errors():
 
 def test_the_default_reading_follows_the_models_class_logits(tmp_path):
     from vitkit.detection import Postprocessing
-    from vitkit.infer import load_detection_settings, load_detector
+    from vitkit.infer import detection_reading
 
     assert Postprocessing.default(True) == Postprocessing()  # DETR's PostProcess
     paper = Postprocessing.default(False)  # Deformable DETR's: sigmoid, the 100 best (query, class) pairs
     assert (paper.classification, paper.top_k, paper.nms_iou, paper.no_object_logit) == ("focal", 100, None, False)
     with pytest.raises(ValueError, match="no 'no object' logit"):
         Postprocessing("ce", no_object_logit=False)
-    # a directory without postprocess.json (save_pretrained, convert) is read as its model's logits say
+    # a directory without postprocess settings (save_pretrained, convert) is read as its model's logits say
     model = vitkit.create_model(
         "deformable_detr_digits", hidden_dim=32, num_heads=2, dim_feedforward=32, backbone_width=8, num_classes=3
     )
     vitkit.save_pretrained(model, tmp_path)
-    assert load_detector(tmp_path)[2] == paper == load_detection_settings(tmp_path, no_object_logit=False)
-    assert load_detection_settings(tmp_path) == Postprocessing()
+    assert detection_reading(vitkit.from_pretrained(tmp_path)) == paper
+    detr = vitkit.create_model("detr_tiny", backbone_width=8, hidden_dim=32, dim_feedforward=32, num_classes=3)
+    vitkit.save_pretrained(detr, tmp_path / "detr")
+    assert detection_reading(vitkit.from_pretrained(tmp_path / "detr")) == Postprocessing()
 
 
 def test_a_reading_for_the_other_class_logits_is_refused(tmp_path):
     import json
 
     from vitkit.detection import Postprocessing
-    from vitkit.infer import detect, load_detector
+    from vitkit.infer import detect, detection_reading
     from vitkit.infer.detect import reading
+    from vitkit.weights import ModelInfo
 
     deformable = vitkit.create_model(
         "deformable_detr_digits", hidden_dim=32, num_heads=2, dim_feedforward=32, backbone_width=8, num_classes=3
@@ -189,13 +192,15 @@ def test_a_reading_for_the_other_class_logits_is_refused(tmp_path):
     assert reading(detr, None) == Postprocessing() and reading(deformable, None) == Postprocessing.default(False)
     with pytest.raises(ValueError, match="no_object_logit=False"):
         detect(deformable, None, [object()], postprocessing=Postprocessing("focal"))
-    # a postprocess.json without the key takes the model's declaration; one that contradicts it names the file
-    vitkit.save_pretrained(deformable, tmp_path)
-    (tmp_path / "postprocess.json").write_text(json.dumps({"classification": "focal", "top_k": 50}))
-    assert load_detector(tmp_path)[2] == Postprocessing("focal", top_k=50, no_object_logit=False)
-    (tmp_path / "postprocess.json").write_text(json.dumps({"classification": "focal", "no_object_logit": True}))
-    with pytest.raises(ValueError, match=r"postprocess.json: the postprocessing reads class logits with a"):
-        load_detector(tmp_path)
+    # saved settings without the key take the model's declaration; ones that contradict it name the file
+    vitkit.save_pretrained(deformable, tmp_path, ModelInfo(postprocess={"classification": "focal", "top_k": 50}))
+    loaded = vitkit.from_pretrained(tmp_path)
+    assert detection_reading(loaded, tmp_path) == Postprocessing("focal", top_k=50, no_object_logit=False)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["postprocess"]["no_object_logit"] = True
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json: .*: the postprocessing reads class logits with a"):
+        detection_reading(vitkit.from_pretrained(tmp_path), tmp_path)
 
 
 def test_detections_are_clipped_to_their_image():
@@ -204,16 +209,16 @@ def test_detections_are_clipped_to_their_image():
     import numpy as np
     from PIL import Image
 
-    from vitkit.data import DetectionInfo
     from vitkit.detection import postprocess
     from vitkit.infer import detect
     from vitkit.infer.detect import detector_inputs, detector_outputs
+    from vitkit.weights import ModelInfo
 
     torch.manual_seed(0)
     model = vitkit.create_model("detr_tiny", backbone_width=8, hidden_dim=32, dim_feedforward=32, num_classes=3).eval()
     with torch.no_grad():
         model.bbox_embed.layers[-1].bias.copy_(torch.tensor([0.0, 0.0, 3.0, 3.0]))  # wide boxes about the centre
-    info = DetectionInfo("t", ("a", "b", "c"), (1, 2, 3), (0.5,) * 3, (0.25,) * 3)
+    info = ModelInfo(("a", "b", "c"), (0.5,) * 3, (0.25,) * 3, category_ids=(1, 2, 3))
     images = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (40, 90, 3), dtype=np.uint8)) for i in (0, 1)]
     pixels, mask, sizes = detector_inputs(model, info, images)
     raw = postprocess(detector_outputs(model, pixels, mask), sizes, threshold=0.0)

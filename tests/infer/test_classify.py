@@ -1,5 +1,6 @@
 """The results `vitkit eval` and `vitkit predict` print (`EvalResult.to_dict`, `Prediction.to_dict`, the table and
-CSV), prediction over many files (`image_paths`, `predict_paths`) and model directories without dataset.json."""
+CSV), prediction over many files (`image_paths`, `predict_paths`) and model directories whose config.json lacks the
+class names, normalisation or the training data's description."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ import pytest
 import torch
 from PIL import Image
 
-from vitkit.data import DataInfo, Unreadable
+from vitkit.data import Unreadable
 from vitkit.infer import (
     EvalResult,
     Prediction,
     format_predictions,
     image_paths,
-    load_classifier,
+    inference_info,
     missing_info_note,
     predict,
     predict_files,
@@ -30,7 +31,7 @@ from vitkit.infer import (
 )
 from vitkit.infer.files import PROGRESS_MIN_IMAGES
 from vitkit.models.registry import create_model
-from vitkit.weights import save_pretrained
+from vitkit.weights import ModelInfo, from_pretrained, save_pretrained
 
 
 def test_eval_result_to_dict():
@@ -63,7 +64,7 @@ def test_prediction_to_dict():
 def test_predict_files_is_predict_on_the_opened_images(tmp_path):
     torch.manual_seed(0)
     model = create_model("vit_digits_patch7_28", depth=1, num_classes=3).eval()
-    info = DataInfo("test", ("x", "y", "z"), (0.5,) * 3, (0.25,) * 3, val_fraction=0.0, split_seed=0)
+    info = ModelInfo(("x", "y", "z"), (0.5,) * 3, (0.25,) * 3)
     paths = []
     for k, shade in enumerate((0, 128, 255)):
         paths.append(str(tmp_path / f"{k}.png"))
@@ -89,7 +90,7 @@ def _shades(folder, count: int) -> list[str]:
 def classifier():
     torch.manual_seed(0)
     model = create_model("vit_digits_patch7_28", depth=1, num_classes=3).eval()
-    info = DataInfo("test", ("x", "y", "z"), (0.5,) * 3, (0.25,) * 3, val_fraction=0.0, split_seed=0)
+    info = ModelInfo(("x", "y", "z"), (0.5,) * 3, (0.25,) * 3)
     return model, info
 
 
@@ -180,27 +181,30 @@ def _explicit_probabilities(model, path, mean, std) -> torch.Tensor:
         return model(x.permute(2, 0, 1)[None]).softmax(dim=-1)[0]  # (K,)
 
 
-def test_a_directory_without_dataset_json_uses_the_models_config(classifier, tmp_path):
+def test_a_directory_without_its_datas_description_uses_the_models_config(classifier, tmp_path):
     model, _ = classifier
     (path,) = _shades(tmp_path / "images", 1)
     imagenet = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     for names, stats in ((("x", "y", "z"), ((0.2, 0.3, 0.4), (0.5, 0.6, 0.7))), (None, None)):
-        directory = save_pretrained(model, tmp_path / str(names is None), names, *(stats or (None, None)))
-        loaded, info = load_classifier(directory, "cpu")
+        directory = save_pretrained(model, tmp_path / str(names is None), ModelInfo(names, *(stats or (None, None))))
+        loaded = from_pretrained(directory)
+        info = inference_info(loaded)
         mean, std = stats or imagenet
         assert info.classes == (names or ("0", "1", "2")) and info.mean == pytest.approx(mean)
-        assert info.std == pytest.approx(std) and info.source == ""
+        assert info.std == pytest.approx(std) and info.data is None
         (prediction,) = predict_paths(loaded, info, [path], top_k=3).predictions
         probabilities = _explicit_probabilities(model, path, mean, std)
         assert [p for _, p in prediction.top] == pytest.approx(probabilities.sort(descending=True).values.tolist())
         note = missing_info_note(directory)
-        assert f"{directory} has no dataset.json" in note and "image size and channels of the model's config" in note
+        assert f"{directory} holds no description of the data its model was trained on" in note
+        assert "image size and channels of the model's config" in note
         if names:
             assert "the class names saved with the model, the mean / std saved with the model" in note
         else:
             assert "class indices (0, 1, ...) as names" in note and "ImageNet's mean / std" in note
-    DataInfo("test", ("a", "b", "c"), (0.5,), (0.5,), 0.0, 0).save(directory)
-    assert missing_info_note(directory) is None and load_classifier(directory)[1].classes == ("a", "b", "c")
+    trained = ModelInfo(("a", "b", "c"), (0.5,), (0.5,), data="builtin:mnist5k", val_fraction=0.0, split_seed=0)
+    save_pretrained(model, directory, trained)
+    assert missing_info_note(directory) is None and inference_info(from_pretrained(directory)) == trained
     headless = save_pretrained(create_model("vit_digits_patch7_28", depth=1, num_classes=0), tmp_path / "backbone")
-    with pytest.raises(ValueError, match="without classifier"):
-        load_classifier(headless)
+    with pytest.raises(ValueError, match=r"no classifier \(num_classes 0\): nothing to predict"):
+        predict_paths(from_pretrained(headless), inference_info(from_pretrained(headless)), [path])

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 import vitkit
-from vitkit.infer.attention import _rollout
+from vitkit.infer.attention import rollout_matrix
 from vitkit.infer.explore import dequantise, explorer_data, quantise
 from vitkit.viz.explorer import explorer_page
 
@@ -99,7 +99,7 @@ def test_explorer_data_holds_the_captured_attention(layers, heads):
 
     rollout = unpack(one["rollout"], np.uint8).reshape(len(L), N, N)
     rollout_scales = unpack(one["rollout_scales"], np.float32).reshape(len(L), N)
-    through = torch.stack([_rollout(captured[: i + 1], None)[0] for i in L]).double().numpy()
+    through = torch.stack([rollout_matrix(captured[: i + 1], None)[0] for i in L]).double().numpy()
     np.testing.assert_allclose(
         dequantise(rollout, rollout_scales), through, atol=float(rollout_scales.max()) / 510 + 1e-6
     )

@@ -9,7 +9,7 @@ import torch
 from test_explore import MEAN, STD, browser_page, picture, registers_model
 
 import vitkit
-from vitkit.infer.attention import _rollout
+from vitkit.infer.attention import rollout_matrix
 from vitkit.infer.explore import explorer_data
 from vitkit.viz.explorer import explorer_page
 
@@ -88,5 +88,5 @@ def test_a_register_and_rollout(explorer):
     weights = captured[layer][:, 3] if head < 0 else captured[layer][head, 3]
     close(shown(page), weights)  # (heads, N) averaged, or one head's (N,)
     page.keyboard.press("r")
-    close(shown(page), _rollout([c[None] for c in captured[: layer + 1]], None)[0, 3])
+    close(shown(page), rollout_matrix([c[None] for c in captured[: layer + 1]], None)[0, 3])
     assert page.locator("#rollout").is_checked()

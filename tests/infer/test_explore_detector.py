@@ -9,15 +9,15 @@ from PIL import Image
 from test_explore import browser_page, unpack
 
 import vitkit
-from vitkit.data import DetectionInfo
 from vitkit.infer.detect import detector_inputs
 from vitkit.infer.explore import dequantise, detector_explorer_data
 from vitkit.infer.object_attention import sampled_points
 from vitkit.layers import capture_attention
 from vitkit.viz.explorer import explorer_page
+from vitkit.weights import ModelInfo
 
 CLASSES = ("circle", "square", "cross")
-INFO = DetectionInfo("test", CLASSES, (1, 2, 3), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+INFO = ModelInfo(CLASSES, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), category_ids=(1, 2, 3))
 
 
 def detector(name: str) -> torch.nn.Module:

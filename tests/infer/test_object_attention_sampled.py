@@ -11,7 +11,6 @@ from matplotlib.colors import to_rgba
 from PIL import Image
 
 from vitkit import create_model
-from vitkit.data import DetectionInfo
 from vitkit.detection import Postprocessing
 from vitkit.infer import detection_attention, detection_attention_figure, detection_sampling
 from vitkit.infer.detect import detector_inputs, detector_outputs
@@ -20,9 +19,10 @@ from vitkit.layers import capture_attention
 from vitkit.layers.deformable import SampledAttention
 from vitkit.viz.attention import EMPTY_FIGURE_WIDTH
 from vitkit.viz.detection import DOT_AREA, POINT_COLOURS
+from vitkit.weights import ModelInfo
 
 CLASSES = tuple(str(k) for k in range(5))
-INFO = DetectionInfo("test", CLASSES, tuple(range(5)), (0.5,) * 3, (0.25,) * 3)
+INFO = ModelInfo(CLASSES, (0.5,) * 3, (0.25,) * 3, category_ids=tuple(range(5)))
 FOCAL = Postprocessing(classification="focal", no_object_logit=False)  # K sigmoid logits, each query's best class
 
 

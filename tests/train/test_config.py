@@ -1,21 +1,18 @@
-"""`TrainConfig`: every field is a `vitkit train` option, resuming with the saved settings, the default model and
-how older runs spelled it, the held-out fraction, absolute paths, checkpoint files, the command line of hints."""
+"""`TrainConfig`: every field is a `vitkit train` option, resuming with the saved settings, the default model, the
+held-out fraction, absolute paths, checkpoint files, the command line of hints."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from vitkit.cli import build_parser
 from vitkit.data import DEFAULT_VAL_FRACTION
 from vitkit.models.registry import model_entry
-from vitkit.train import DEFAULT_DETECTOR, DEFAULT_MODEL, TrainConfig, fit
-from vitkit.train.config import LEGACY_DEFAULT_MODEL, LEGACY_DEFAULT_MODEL_ARGS, current_model_name
+from vitkit.train import DEFAULT_DETECTOR, DEFAULT_MODEL, TrainConfig
 from vitkit.train.recipe import recipe_for
 
 # The recipes --help names: the classifiers', the small DETRs' (their registry entries' own), DETR's, and for
@@ -60,32 +57,6 @@ def test_default_model_is_the_digits_vit_with_no_replaced_fields():
     digits = model_entry(DEFAULT_MODEL).config
     assert (digits.img_size, digits.patch_size, digits.embed_dim, digits.depth) == (28, 7, 128, 4)
     assert (digits.num_heads, digits.mlp_ratio, digits.num_classes) == (4, 2.0, 10)
-    # Older runs spelled it as vit_tiny_patch16_224 with fields replaced: the same architecture.
-    legacy = dataclasses.replace(model_entry(LEGACY_DEFAULT_MODEL).config, **LEGACY_DEFAULT_MODEL_ARGS, num_classes=10)
-    assert legacy == digits
-
-
-def test_current_model_name_reads_the_older_spelling():
-    old = {"model": LEGACY_DEFAULT_MODEL, "model_args": {**LEGACY_DEFAULT_MODEL_ARGS, "depth": 6}, "epochs": 3}
-    assert current_model_name(old) == {"model": DEFAULT_MODEL, "model_args": {"depth": 6}, "epochs": 3}
-    partial = {"model": LEGACY_DEFAULT_MODEL, "model_args": {"img_size": 28}}
-    assert current_model_name(partial) == partial
-    other = {"model": "vit_small_patch16_224", "model_args": dict(LEGACY_DEFAULT_MODEL_ARGS)}
-    assert current_model_name(other) == other
-
-
-def test_a_run_of_the_older_spelling_resumes_under_the_digits_model(tmp_path, digit_folder):
-    """A run written with the default model's older spelling trains the weights of vit_digits_patch7_28, bit for
-    bit, and resumes both under the new default and from its own config.json."""
-    base = dict(data=str(digit_folder), val_fraction=0.25, batch_size=8, warmup_epochs=0.5, device="cpu", epochs=2)
-    fit(TrainConfig(out=str(tmp_path / "new"), **base))
-    old = tmp_path / "old"
-    fit(TrainConfig(out=str(old), model=LEGACY_DEFAULT_MODEL, model_args=LEGACY_DEFAULT_MODEL_ARGS, **base))
-    assert json.loads((old / "config.json").read_text())["model"] == LEGACY_DEFAULT_MODEL
-    new, legacy = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("new", "old"))
-    assert new.keys() == legacy.keys() and all(torch.equal(new[k], legacy[k]) for k in new)
-    assert fit(TrainConfig(out=str(old), **base), resume=True).epochs_done == 2
-    assert fit(TrainConfig.for_resume(old), resume=True).epochs_done == 2
 
 
 def _tree(root, splits=("train", "val")):

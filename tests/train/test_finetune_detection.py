@@ -18,11 +18,12 @@ import transformers
 from torch import nn
 
 import vitkit
+from vitkit.cli.messages import TRAIN, cli_message
 from vitkit.detection import FOCAL_PRIOR
 from vitkit.train import fit, load_for_finetune
 from vitkit.train.loop import build_training_model
-from vitkit.train.model import describe_init, init_report
-from vitkit.weights import deformable_detr, detr, saved_config
+from vitkit.train.model import describe_init
+from vitkit.weights import CheckpointMismatch, deformable_detr, detr, load_report, saved_config
 
 # transformers' own ResNet, narrow (bottleneck blocks 1-2-1-1 from a 16-channel stem), under 2 + 2 layers of width 64
 # with 4 heads; 10 queries; COCO's 91 classes.
@@ -123,7 +124,7 @@ def test_from_a_transformers_deformable_detr_directory(hf_deformable_detr, tmp_p
     assert torch.equal(model.decoder.layers[1].self_attn.qkv.weight, qkv)
     assert torch.equal(model.bbox_embed[1].layers[2].weight, source["bbox_embed.1.layers.2.weight"])
 
-    report = init_report(model)
+    report = load_report(model)
     assert (report.source, report.format) == (str(directory), "hf")
     loaded = len(reference.state_dict()) - 4
     assert describe_init(report, 3) == (
@@ -140,7 +141,7 @@ def test_from_a_transformers_deformable_detr_directory(hf_deformable_detr, tmp_p
     torch.save({"model": deformable_detr.ORIGINAL.from_vitkit(reference.state_dict()), "epoch": 49}, path)
     original = load_for_finetune(path, 3, model="deformable_detr_digits", prior=FOCAL_PRIOR, **config_fields(directory))
     assert_finetuned(original, reference, heads, 3)
-    assert init_report(original).format == "deformable_detr" and init_report(original).checkpoint_classes == 91
+    assert load_report(original).format == "deformable_detr" and load_report(original).checkpoint_classes == 91
 
 
 def test_from_a_transformers_detr_directory(hf_detr, tmp_path):
@@ -152,7 +153,7 @@ def test_from_a_transformers_detr_directory(hf_detr, tmp_path):
     assert model.class_embed.bias.unique().numel() == 4
     source = theirs.state_dict()
     assert torch.equal(model.bbox_embed.layers[0].weight, source["bbox_predictor.layers.0.weight"])
-    assert describe_init(init_report(model), 3) == (
+    assert describe_init(load_report(model), 3) == (
         f"loaded {len(reference.state_dict()) - 2} tensors (backbone, input_proj, query_embed, encoder, decoder, "
         "bbox_embed); reset class_embed for 3 classes (the checkpoint's head has 91)"
     )
@@ -165,7 +166,7 @@ def test_from_a_transformers_detr_directory(hf_detr, tmp_path):
     torch.save({"model": detr.ORIGINAL.from_vitkit(reference.state_dict())}, path)
     original = load_for_finetune(path, 3, model="detr_digits", **config_fields(directory))
     assert_finetuned(original, reference, ["class_embed"], 4)
-    assert init_report(original).format == "detr"
+    assert load_report(original).format == "detr"
 
 
 def test_from_a_vitkit_detector_directory(tmp_path):
@@ -178,11 +179,11 @@ def test_from_a_vitkit_detector_directory(tmp_path):
     ):
         assert_finetuned(model, trained, ["class_embed.0", "class_embed.1"], 3)
         assert all(torch.equal(head.bias, torch.full((3,), BIAS)) for head in model.class_embed)
-        assert init_report(model).reset == [f"class_embed.{i}.{t}" for i in range(2) for t in ("weight", "bias")]
+        assert load_report(model).reset == [f"class_embed.{i}.{t}" for i in range(2) for t in ("weight", "bias")]
     # The same classes: the whole model, its head included, nothing to say beyond the count.
     same = load_for_finetune(tmp_path / "coco", 91, prior=FOCAL_PRIOR)
     assert all(torch.equal(v, trained.state_dict()[k]) for k, v in same.state_dict().items())
-    report = init_report(same)
+    report = load_report(same)
     assert not report.adapted and report.reset == [] and report.loaded == len(trained.state_dict())
     vitkit.save_pretrained(vitkit.create_model("vit_digits_patch7_28"), tmp_path / "vit")
     with pytest.raises(ValueError, match="prior is the starting probability of a detector's classes; vit is no"):
@@ -205,16 +206,16 @@ def test_from_a_resnet_classifier_the_backbone_alone(tmp_path):
         elif not key.startswith("class_embed."):
             assert torch.equal(value, initial[key]), key  # the rest as the registry model initialises it
     assert all(torch.equal(head.bias, torch.full((3,), BIAS)) for head in model.class_embed)
-    assert describe_init(init_report(model), 3) == (
+    assert describe_init(load_report(model), 3) == (
         "loaded 100 tensors (backbone); kept as initialised: level_embed, input_proj, encoder, decoder, query_embed, "
         "reference_points, bbox_embed (not in the checkpoint); reset class_embed.0..1 for 3 classes (the checkpoint "
         "has no class head)"
     )
 
     torch.save(torchvision.models.resnet50().state_dict(), tmp_path / "resnet50.pth")
-    with pytest.raises(ValueError) as caught:  # into deformable_detr_digits' half-width ResNet-18
+    with pytest.raises(CheckpointMismatch) as caught:  # into deformable_detr_digits' half-width ResNet-18
         load_for_finetune(tmp_path / "resnet50.pth", 3, model="deformable_detr_digits", **TINY_DEFORMABLE_DETR)
-    message = str(caught.value)
+    message = cli_message(caught.value, TRAIN)
     assert message.startswith(f"{tmp_path / 'resnet50.pth'} is a torchvision ResNet with backbone_width 64, ")
     assert "; 40 layers of another shape [backbone.conv1, backbone.bn1, " in message
     assert "; 66 layers not in the model [backbone.layer1.0.conv3, " in message
@@ -234,7 +235,7 @@ def test_a_run_from_a_transformers_directory_alone_builds_the_saved_model(
     model = build_training_model(config, num_classes=10)
     assert model.config.num_classes == 10 and model.config.hidden_dim == 64
     assert all(torch.equal(head.bias, torch.full((10,), BIAS)) for head in model.class_embed)
-    assert init_report(model).checkpoint_classes == 91
+    assert load_report(model).checkpoint_classes == 91
 
 
 def test_fit_says_what_the_checkpoint_gave(tmp_path, tiny_detector_config, caplog):

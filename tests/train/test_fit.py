@@ -15,12 +15,13 @@ import torch
 from PIL import Image
 
 from vitkit import create_model, from_pretrained, save_pretrained
-from vitkit.data import DataInfo, Unreadable, UnreadableImageError, load_folder, open_image, summarize_unreadable
-from vitkit.layers.helpers import counted
+from vitkit.cli.messages import TRAIN, cli_message
+from vitkit.data import Unreadable, UnreadableImageError, load_folder, open_image, summarize_unreadable
 from vitkit.train import TrainConfig, build_training_model, enable_grad_checkpointing, fit, load_checkpoint
-from vitkit.train.model import describe_init, init_report
+from vitkit.train.model import describe_init
+from vitkit.util import counted
 from vitkit.viz import write_curves
-from vitkit.weights import read_model_info
+from vitkit.weights import CheckpointMismatch, load_report, read_model_info
 
 # The layout of the tiny ViT that `tiny_config` trains (tests/train/conftest.py).
 TINY_MODEL = {"img_size": 28, "patch_size": 7, "embed_dim": 16, "depth": 2, "num_heads": 2, "mlp_ratio": 1.0}
@@ -29,7 +30,7 @@ TINY_MODEL = {"img_size": 28, "patch_size": 7, "embed_dim": 16, "depth": 2, "num
 def _explicit_accuracy(model_dir: Path, folder: Path, val_fraction: float) -> float:
     """Held-out accuracy computed without vitkit's data pipeline: PIL, numpy and the model."""
     model = from_pretrained(model_dir)
-    info = DataInfo.load(model_dir)
+    info = read_model_info(model_dir)
     _, val, _ = load_folder(folder, val_fraction, seed=0)
     correct = 0
     for path, label in zip(val.paths, val.labels, strict=True):
@@ -59,14 +60,15 @@ def test_fit_writes_config_metrics_checkpoint_and_models(tmp_path, tiny_config, 
     state = load_checkpoint(out / "checkpoint.pt")
     assert state["epoch"] == 2 and state["step"] == 0
     assert all(torch.equal(v, state["model"][k]) for k, v in final.state_dict().items())
-    assert DataInfo.load(out / "final").classes == tuple("0123456789")
-    # The class names and the normalisation travel in the model's own config.json too.
+    # The class names, the normalisation and the data's description travel in the model's config.json.
+    _, _, data = load_folder(digit_folder, 0.25, seed=0)
     for name in ("best", "final"):
         info = read_model_info(out / name)
-        assert info.class_names == tuple("0123456789")
-        assert (info.mean, info.std) == (DataInfo.load(out / name).mean, DataInfo.load(out / name).std)
-    # The data path is stored absolute, so the model's data is found from any folder.
-    assert DataInfo.load(out / "final").source == str(digit_folder.resolve()) == saved["data"]
+        assert info.classes == tuple("0123456789") and (info.mean, info.std) == (data.mean, data.std)
+        assert (info.val_fraction, info.split_seed, info.category_ids, info.postprocess) == (0.25, 0, None, None)
+        # The data path is stored absolute, so the model's data is found from any folder.
+        assert info.data == str(digit_folder.resolve()) == saved["data"]
+    assert sorted(p.name for p in (out / "final").iterdir()) == ["config.json", "model.safetensors"]
     # The logged validation accuracy is the accuracy an independent evaluation finds.
     assert lines[-1]["val_acc"] == pytest.approx(_explicit_accuracy(out / "final", digit_folder, 0.25))
     best = max(lines, key=lambda m: m["val_acc"])
@@ -170,7 +172,7 @@ def test_finetune_from_a_trained_model(tmp_path, tiny_config):
     fit(config)
     base, tuned = from_pretrained(tmp_path / "base" / "final"), from_pretrained(tmp_path / "tuned" / "final")
     assert tuned.config.num_classes == 3 and tuned.config.img_size == 14 and tuned.pos_embed.shape[1] == 1 + 4
-    assert DataInfo.load(tmp_path / "tuned" / "final").classes == ("class0", "class1", "class2")
+    assert read_model_info(tmp_path / "tuned" / "final").classes == ("class0", "class1", "class2")
     assert tuned.config.embed_dim == base.config.embed_dim
 
 
@@ -254,7 +256,7 @@ def test_init_from_checkpoint_files_of_other_layouts(tmp_path, tiny_config):
     torch.testing.assert_close(model.pos_embed.detach(), expected)
     assert torch.equal(model.blocks[1].mlp.fc2.weight, timm_model.blocks[1].mlp.fc2.weight)
     # the run's summary says what the file gave and what was adapted: resampled, reset
-    said = describe_init(init_report(model), 10)
+    said = describe_init(load_report(model), 10)
     assert said.startswith("loaded ") and "resampled pos_embed: 8x8 -> 4x4 grid" in said
     assert said.endswith("reset head for 10 classes (the checkpoint's head has 1000)")
 
@@ -264,13 +266,16 @@ def test_init_that_does_not_fit_names_the_train_options(tmp_path, tiny_config):
     torch.save(create_model("vit_tiny_patch16_224", **{**TINY_MODEL, "embed_dim": 32}).state_dict(), tmp_path / "w.pt")
     for init in (tmp_path / "wide", tmp_path / "w.pt"):
         config = tiny_config(tmp_path / "run", init=str(init)).resolved()
-        with pytest.raises(ValueError, match=r"embed_dim 32, the model has 16: pass --model-arg embed_dim=32$"):
+        with pytest.raises(CheckpointMismatch, match=r"embed_dim 32, the model has 16: build the model with") as caught:
             build_training_model(config, num_classes=10)
+        assert caught.value.fields == {"embed_dim": 32}
+        assert cli_message(caught.value, TRAIN).endswith("the model has 16: pass --model-arg embed_dim=32")
     # A directory alone builds the model saved there, with --model-arg fields replaced.
     alone = tiny_config(tmp_path / "run", model=None, model_args={"embed_dim": 16}, init=str(tmp_path / "wide"))
-    with pytest.raises(ValueError, match=r"--model-arg embed_dim=32") as caught:
+    with pytest.raises(CheckpointMismatch) as caught:
         build_training_model(alone.resolved(), num_classes=10)
-    assert "--set" not in str(caught.value) and "reset_head" not in str(caught.value)
+    said = cli_message(caught.value, TRAIN)
+    assert said.endswith("pass --model-arg embed_dim=32") and "--set" not in said and "reset" not in said
 
 
 def test_start_summary_curves_and_class_names_of_a_run_from_a_checkpoint_file(
@@ -306,7 +311,7 @@ def test_start_summary_curves_and_class_names_of_a_run_from_a_checkpoint_file(
         f"  device  cpu, fp32, {counted(torch.get_num_threads(), 'thread')}, 0 loader workers",
         f"  output  {out}",
     ]
-    assert read_model_info(out / "final").class_names == tuple("0123456789")
+    assert read_model_info(out / "final").classes == tuple("0123456789")
 
 
 class _Terminal(io.StringIO):

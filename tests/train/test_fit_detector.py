@@ -21,12 +21,10 @@ from pycocotools.cocoeval import COCOeval
 
 import vitkit
 from vitkit import from_pretrained
-from vitkit.data import DetectionInfo
 from vitkit.detection import COCO_METRICS, Postprocessing
-from vitkit.infer import detect_files, detection_attention, evaluate_detector_dir, load_detection_settings
+from vitkit.infer import detect_files, detection_attention, detection_reading, evaluate_detector_dir, inference_info
 from vitkit.train import DEFAULT_DETECTOR, TrainConfig, fit, load_checkpoint, recipe_for
-from vitkit.train.checkpoint import save_checkpoint
-from vitkit.train.config import older_detector_settings
+from vitkit.weights import read_model_info
 
 # deformable_detr_digits' layout as small as the fixture's DETR (D a multiple of 32, its GroupNorm groups)
 TINY_DEFORMABLE_DETR = {
@@ -41,7 +39,7 @@ def _explicit_outputs(model_dir: Path, path: Path) -> dict[str, torch.Tensor]:
     """The model's last-layer predictions on one image file, preprocessed with PIL and numpy only (the canvases are
     96x96, the model's size already)."""
     model = from_pretrained(model_dir).eval()
-    info = DetectionInfo.load(model_dir)
+    info = read_model_info(model_dir)
     pixels = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255  # (H, W, 3)
     x = (torch.from_numpy(pixels) - torch.tensor(info.mean)) / torch.tensor(info.std)  # (H, W, 3)
     with torch.no_grad():
@@ -58,10 +56,10 @@ def _iou(a: list[float], b: list[float]) -> float:
 
 def _explicit_map(model_dir: Path, coco_root: Path) -> list[float]:
     """pycocotools' six box metrics of the model on the val split, from the instances file and the image files,
-    read as the model's postprocess.json says: every query a detection of its most probable class (DETR's
+    read as the model's saved postprocess settings say: every query a detection of its most probable class (DETR's
     PostProcess), or the top_k most probable (query, class) pairs (Deformable DETR's); then, with nms_iou, each
     detection dropped that overlaps a more probable kept one of its class above that IoU."""
-    settings = json.loads((model_dir / "postprocess.json").read_text())
+    settings = read_model_info(model_dir).postprocess
     annotations = coco_root / "annotations" / "instances_val.json"
     with contextlib.redirect_stdout(io.StringIO()):
         truth = COCO(str(annotations))
@@ -103,8 +101,9 @@ def test_fit_trains_a_detector_and_logs_what_pycocotools_finds(tmp_path, tiny_de
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["clip_grad"] == 0.1 and saved["label_smoothing"] is None and saved["detection_loss"] == "ce"
     for name in ("best", "final"):
-        assert DetectionInfo.load(tmp_path / name).classes == tuple("0123456789")
-        settings = load_detection_settings(tmp_path / name)  # with the threshold its evaluation chose
+        saved = read_model_info(tmp_path / name)
+        assert saved.classes == tuple("0123456789") and saved.category_ids == tuple(range(10))
+        settings = detection_reading(from_pretrained(tmp_path / name))  # with the threshold its evaluation chose
         assert dataclasses.replace(settings, threshold=None) == Postprocessing("ce", top_k=100, nms_iou=0.7)
         assert 0 <= settings.threshold < 1
     final = from_pretrained(tmp_path / "final")
@@ -132,9 +131,7 @@ def test_evaluation_is_pycocotools_on_the_files(tmp_path, tiny_detector_config, 
         model.class_embed.bias.zero_()
         model.class_embed.bias[planted["category_id"]] = 5.0  # ... of this class
     directory = tmp_path / "planted"
-    vitkit.save_pretrained(model, directory)
-    for name in ("dataset.json", "postprocess.json"):
-        (directory / name).write_text((tmp_path / "run" / "final" / name).read_text())
+    vitkit.save_pretrained(model, directory, read_model_info(tmp_path / "run" / "final"))
     result, _ = evaluate_detector_dir(str(directory), device="cpu")
     expected = _explicit_map(directory, digits_coco)
     assert expected[1] > 0  # the planted box is found at IoU 0.5
@@ -176,7 +173,7 @@ def test_every_detection_option_runs(tmp_path, tiny_detector_config, model, mode
     assert all(np.isfinite(result.last[k]) for k in ("train_loss", "loss_ce", "ap"))
     if "dn_queries" in model_args:  # the denoising terms, weighted as in the total: part of the training loss
         assert result.last["train_loss"] > result.last["loss_dn"] > 0
-    settings = load_detection_settings(tmp_path / "final")
+    settings = detection_reading(from_pretrained(tmp_path / "final"))
     assert settings.classification == "focal" and settings.no_object_logit == (model == "detr_digits")
     assert settings.threshold is not None and 0 <= settings.threshold < 1  # the last evaluation's best F1
     final = from_pretrained(tmp_path / "final")
@@ -254,7 +251,8 @@ def detector(tmp_path_factory, tiny_detector_config) -> Path:
 
 def test_detections_are_detrs_postprocess_of_the_model(detector, digits_coco):
     paths = sorted((digits_coco / "val").glob("*.png"))[:3]
-    model, info = from_pretrained(detector), DetectionInfo.load(detector)
+    model = from_pretrained(detector)
+    info = inference_info(model)
     for found, path in zip(detect_files(model, info, paths, threshold=0.0), paths, strict=True):
         out = _explicit_outputs(detector, path)
         scores, labels = out["logits"].softmax(-1)[:, :-1].max(-1)  # (Q,)
@@ -273,7 +271,8 @@ def test_detections_are_detrs_postprocess_of_the_model(detector, digits_coco):
 
 def test_each_detection_comes_with_its_querys_cross_attention(detector, digits_coco):
     path = sorted((digits_coco / "val").glob("*.png"))[0]
-    model, info = from_pretrained(detector).eval(), DetectionInfo.load(detector)
+    model = from_pretrained(detector).eval()
+    info = inference_info(model)
     detections, heats = detection_attention(model, info, Image.open(path), threshold=0.0, layer=-1)
     assert len(detections) == 6 and heats.shape == (6, 6, 6)  # every query; 96 px at stride 16
     torch.testing.assert_close(heats.sum((1, 2)), torch.ones(6))
@@ -313,45 +312,21 @@ def test_how_a_run_reads_detections(tmp_path, digits_coco):
         TrainConfig(data=str(digits_coco), detection_top_k=-1)
 
 
-def test_a_damaged_postprocess_file_is_named(tmp_path):
-    (tmp_path / "postprocess.json").write_text('{"classification": "ce", "nms": 0.5}')
-    with pytest.raises(ValueError, match=r"postprocess.json is not a vitkit postprocess description: .*\['nms'\]"):
-        load_detection_settings(tmp_path)
-    (tmp_path / "postprocess.json").write_text('["ce"]')
-    with pytest.raises(ValueError, match="expected a JSON object, got list"):
-        load_detection_settings(tmp_path)
-    (tmp_path / "postprocess.json").write_text('{"classification": "ce", "top_k": 100}')
-    assert load_detection_settings(tmp_path) == Postprocessing("ce", top_k=100)  # the other keys: DETR's
+def test_damaged_postprocess_settings_are_named(tmp_path):
+    model = vitkit.create_model("detr_digits", num_classes=3)
 
+    def saved(postprocess):
+        vitkit.save_pretrained(model, tmp_path)
+        config = json.loads((tmp_path / "config.json").read_text())
+        (tmp_path / "config.json").write_text(json.dumps({**config, "postprocess": postprocess}))
+        return from_pretrained(tmp_path)
 
-def test_older_detection_settings_are_the_ones_it_trained_with():
-    older = {"model": "detr_digits", "detection_loss": "ce", "model_args": {"hidden_dim": 16}}
-    unaugmented = {"hflip": 0.0, "scale_jitter": 0.0, "crop": 0.0}
-    assert older_detector_settings(older) == {
-        **older,
-        "detection_top_k": 0,
-        "nms_iou": 0.0,
-        **unaugmented,
-        "model_args": {"dec_layers": 2, "hidden_dim": 16},
-    }
-    assert older_detector_settings({**older, "model_args": {"dec_layers": 3}})["model_args"] == {"dec_layers": 3}
-    before_augment = {**older, "detection_top_k": 100, "nms_iou": 0.7, "hflip": None}
-    assert older_detector_settings(before_augment) == {**before_augment, **unaugmented}
-    current = {**before_augment, "hflip": 0.5, "scale_jitter": 0.25, "crop": 0.5}
-    assert older_detector_settings(current) == current
-    classifier = {"model": "vit_digits_patch7_28", "detection_loss": None}
-    assert older_detector_settings(classifier) == classifier
-
-
-def test_a_detection_run_saved_before_top_k_and_nms_resumes_as_it_was(tmp_path, tiny_detector_config):
-    fit(tiny_detector_config(tmp_path, epochs=1))
-    saved = json.loads((tmp_path / "config.json").read_text())
-    older = {k: v for k, v in saved.items() if k not in ("detection_top_k", "nms_iou")}
-    (tmp_path / "config.json").write_text(json.dumps(older))
-    state = load_checkpoint(tmp_path / "checkpoint.pt")
-    state["config"] = json.dumps(older)
-    save_checkpoint(state, tmp_path / "checkpoint.pt")
-    result = fit(TrainConfig.for_resume(tmp_path, epochs=2), resume=True)
-    assert result.last["epoch"] == 2
-    settings = load_detection_settings(tmp_path / "final")
-    assert dataclasses.replace(settings, threshold=None) == Postprocessing()  # DETR's, as the run evaluated before
+    with pytest.raises(
+        ValueError, match=r"config.json: 'postprocess' is not a vitkit postprocess description: .*\['nms'\]"
+    ):
+        detection_reading(saved({"classification": "ce", "nms": 0.5}), tmp_path)
+    with pytest.raises(ValueError, match=r"config.json: postprocess must be an object of postprocessing settings, got"):
+        saved(["ce"])
+    reading = detection_reading(saved({"classification": "ce", "top_k": 100}), tmp_path)
+    assert reading == Postprocessing("ce", top_k=100)  # the other keys: DETR's
+    assert detection_reading(vitkit.create_model("detr_digits")) == Postprocessing()  # nothing saved: the default

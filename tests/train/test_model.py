@@ -9,7 +9,9 @@ import torch
 from timm.layers import resample_abs_pos_embed as timm_resample
 
 from vitkit import create_model, save_pretrained
+from vitkit.cli.messages import TRAIN, cli_message
 from vitkit.train import enable_grad_checkpointing, load_for_finetune
+from vitkit.weights import ModelNeeded
 
 TINY = dict(img_size=28, patch_size=7, embed_dim=16, depth=2, num_heads=2, num_classes=10)
 
@@ -36,6 +38,14 @@ def test_finetune_refuses_shapes_it_cannot_adapt(tmp_path):
     save_pretrained(create_model("vit_tiny_patch16_224", **TINY), tmp_path)
     with pytest.raises(ValueError):
         load_for_finetune(str(tmp_path), num_classes=10, embed_dim=32)
+
+
+def test_a_checkpoint_file_alone_needs_the_model_named(tmp_path):
+    torch.save(create_model("vit_tiny_patch16_224", **TINY).state_dict(), tmp_path / "w.pt")
+    with pytest.raises(ModelNeeded, match="w.pt is a checkpoint file without a config") as caught:
+        load_for_finetune(tmp_path / "w.pt", num_classes=10)
+    assert "vitkit.create_model(name)" in str(caught.value)
+    assert "name the model with --model" in cli_message(caught.value, TRAIN)
 
 
 def test_grad_checkpointing_recomputes_blocks_and_keeps_gradients():

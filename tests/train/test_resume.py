@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from vitkit.cli import main
 from vitkit.train import TrainConfig, fit
+from vitkit.weights import read_model_info
 
 
 def _start(command: list[str]) -> subprocess.Popen:
@@ -165,7 +166,7 @@ def test_a_complete_run_without_its_final_model_writes_it_on_resume(tmp_path, ti
     shutil.rmtree(tmp_path / "final")
     fit(config, resume=True)
     _assert_identical(_final_weights(tmp_path), expected)
-    assert (tmp_path / "final" / "dataset.json").is_file()
+    assert read_model_info(tmp_path / "final").data is not None  # the whole directory, its data's description too
 
 
 def test_resuming_on_data_whose_classes_changed_is_refused(tmp_path, tiny_config, digit_folder):

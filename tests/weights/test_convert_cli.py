@@ -67,6 +67,8 @@ def test_convert_errors(tmp_path, capsys):
 
     assert main(["convert", str(tmp_path / "out"), str(tmp_path / "x"), "--from", "hf"]) == 2
     assert "is a vitkit directory, not hf" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "out"), str(tmp_path / "x"), "--model", "vit_base_patch16_224"]) == 2
+    assert "out is a model directory with its own config.json: drop --model" in capsys.readouterr().err
     assert main([*args, "--set", "depth"]) == 2
     assert "--model-arg expects FIELD=VALUE, got 'depth'" in capsys.readouterr().err
 
@@ -89,7 +91,7 @@ def test_convert_from_python_is_what_the_command_does(tmp_path):
     assert report.format == "vitkit" and written == tmp_path / "tv.safetensors"
     with pytest.raises(ValueError, match="is a vitkit directory, not torchvision"):
         vitkit.weights.convert(tmp_path / "vk", tmp_path / "x", src_format="torchvision")
-    with pytest.raises(ValueError, match="--model is for checkpoint files"):
+    with pytest.raises(vitkit.weights.ModelNotNeeded, match="vk is a model directory with its own config.json"):
         vitkit.weights.convert(tmp_path / "vk", tmp_path / "x", model_name="vit_base_patch16_224")
     assert not (tmp_path / "x").exists()
 

@@ -9,7 +9,7 @@ import torch
 from test_pdparams import paddlevit_forward, paddlevit_state
 
 import vitkit
-from vitkit.weights import model_from_file
+from vitkit.weights import load_report
 from vitkit.weights.pdparams import read_pdparams, write_pdparams
 
 SIZES = dict(depth=2, embed_dim=48, num_heads=4, mlp_ratio=2.0, num_classes=5, patch_size=8, img_size=32)
@@ -19,7 +19,8 @@ SIZES = dict(depth=2, embed_dim=48, num_heads=4, mlp_ratio=2.0, num_classes=5, p
 def test_paddlevit_loads_and_writes_back(kind, tmp_path):
     state = paddlevit_state(kind, **SIZES)
     write_pdparams({k: torch.from_numpy(v) for k, v in state.items()}, tmp_path / "theirs.pdparams")
-    ours, report = model_from_file(tmp_path / "theirs.pdparams", num_heads=4)
+    ours = vitkit.from_pretrained(tmp_path / "theirs.pdparams", num_heads=4)
+    report = load_report(ours)
     assert report.format == "paddlevit" and ours.config.distilled == (kind == "deit_distilled")
     ours = ours.double()
     x = np.random.default_rng(0).standard_normal((2, 3, 32, 32))
@@ -39,7 +40,7 @@ def test_paddlevit_needs_its_head_count(tmp_path):
     state = paddlevit_state("vit", **SIZES)
     write_pdparams({k: torch.from_numpy(v) for k, v in state.items()}, tmp_path / "theirs.pdparams")
     with pytest.raises(ValueError, match="PaddleViT state dict does not say its number of heads"):
-        model_from_file(tmp_path / "theirs.pdparams")
+        vitkit.from_pretrained(tmp_path / "theirs.pdparams")
 
 
 def test_paddlevit_takes_square_images(tmp_path):
@@ -48,5 +49,6 @@ def test_paddlevit_takes_square_images(tmp_path):
         vitkit.export_weights(model, tmp_path / "x.pdparams", format="paddlevit")
     state = paddlevit_state("vit", **SIZES)
     write_pdparams({k: torch.from_numpy(v) for k, v in state.items()}, tmp_path / "theirs.pdparams")
-    ours, report = model_from_file(tmp_path / "theirs.pdparams", num_heads=4)
+    ours = vitkit.from_pretrained(tmp_path / "theirs.pdparams", num_heads=4)
+    report = load_report(ours)
     assert ours.config.img_size == 32 and report.assumed[0].startswith("img_size 32: a square 4x4 grid")

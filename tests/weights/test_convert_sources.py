@@ -136,7 +136,8 @@ def test_hf_base_model_has_no_head_and_drops_the_pooler(tmp_path, config_cls, mo
     torch.manual_seed(0)
     theirs = model_cls(config_cls(**HF_TINY)).eval()
     theirs.save_pretrained(tmp_path / "hf")
-    ours, report = vitkit.weights.load_pretrained(tmp_path / "hf")
+    ours = vitkit.from_pretrained(tmp_path / "hf")
+    report = vitkit.weights.load_report(ours)
     assert ours.config.num_classes == 0 and sorted(report.dropped) == ["pooler.dense.bias", "pooler.dense.weight"]
     x = images()
     with torch.no_grad():

@@ -8,7 +8,7 @@ import torch
 import vit_pytorch
 
 import vitkit
-from vitkit.weights import model_from_file
+from vitkit.weights import FieldsNeeded, load_report
 
 SIZES = dict(image_size=32, patch_size=8, num_classes=5, dim=48, depth=2, heads=3, mlp_dim=80, dim_head=20)
 
@@ -33,7 +33,8 @@ def test_vit_pytorch_loads_and_writes_back(kind, tmp_path):
     theirs = _moved(_reference(kind))
     torch.save(theirs.state_dict(), tmp_path / "theirs.pth")
     fields = {"num_heads": 3, **({"img_size": 32} if kind == "simple" else {})}
-    ours, report = model_from_file(tmp_path / "theirs.pth", **fields)
+    ours = vitkit.from_pretrained(tmp_path / "theirs.pth", **fields)
+    report = load_report(ours)
     ours = ours.double()
     assert report.format == "vit-pytorch" and ours.config.head_dim == 20
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
@@ -61,8 +62,7 @@ def test_convert_cli_builds_the_model_from_the_shapes(tmp_path, capsys):
     theirs = _moved(_reference("cls")).float()
     torch.save(theirs.state_dict(), tmp_path / "theirs.pth")
     assert main(["convert", str(tmp_path / "theirs.pth"), str(tmp_path / "out"), "--from", "vit-pytorch"]) == 2
-    err = capsys.readouterr().err
-    assert "does not say its number of heads: give it (vitkit convert ... --model-arg num_heads=H" in err
+    assert "does not say its number of heads: give it with --model-arg num_heads=H" in capsys.readouterr().err
     assert main(["convert", str(tmp_path / "theirs.pth"), str(tmp_path / "out"), "--set", "num_heads=3"]) == 0
     ours = vitkit.from_pretrained(tmp_path / "out")
     x = torch.randn(2, 3, 32, 32)
@@ -83,24 +83,26 @@ def test_a_non_square_model_needs_its_image_size(tmp_path):
     sizes = dict(SIZES, image_size=(16, 64))  # a 2 x 8 grid: 16 rows, read as 4 x 4 unless told
     theirs = _moved(vit_pytorch.ViT(**sizes))
     torch.save(theirs.state_dict(), tmp_path / "wide.pth")
-    ours, report = model_from_file(tmp_path / "wide.pth", num_heads=3)
+    ours = vitkit.from_pretrained(tmp_path / "wide.pth", num_heads=3)
+    report = load_report(ours)
     assert ours.config.img_size == 32
     assert report.assumed == [
         "img_size 32: a square 4x4 grid from the position table's 16 patch rows (give img_size for a model built "
         "for other images)"
     ]
     assert "assumed: img_size 32" in report.summary()
-    ours, report = model_from_file(tmp_path / "wide.pth", num_heads=3, img_size=(16, 64))
+    ours = vitkit.from_pretrained(tmp_path / "wide.pth", num_heads=3, img_size=(16, 64))
+    report = load_report(ours)
     assert report.assumed == []
     x = torch.randn(2, 3, 16, 64, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(ours.double()(x), theirs(x), atol=1e-6, rtol=1e-6)
     with pytest.raises(ValueError, match="img_size 16x16 is a 2x2 grid of 8-pixel patches, but the vit-pytorch"):
-        model_from_file(tmp_path / "wide.pth", num_heads=3, img_size=16)
+        vitkit.from_pretrained(tmp_path / "wide.pth", num_heads=3, img_size=16)
 
     torch.save(_moved(vit_pytorch.ViT(**dict(SIZES, image_size=(32, 48)))).state_dict(), tmp_path / "w.pth")
-    with pytest.raises(ValueError, match=r"24 patch rows of 8-pixel patches, not a square grid: give the image size"):
-        model_from_file(tmp_path / "w.pth", num_heads=3)
+    with pytest.raises(FieldsNeeded, match=r"24 patch rows of 8-pixel patches, not a square grid, .*: give img_size="):
+        vitkit.from_pretrained(tmp_path / "w.pth", num_heads=3)
 
 
 def test_convert_names_the_layout_a_file_is_in(tmp_path, capsys):

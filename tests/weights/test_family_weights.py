@@ -9,7 +9,7 @@ import vitkit
 from vitkit.models.registry import families, family
 from vitkit.weights import family as family_module
 from vitkit.weights.convert import detect_format, formats
-from vitkit.weights.family import FamilyWeights, _merge_orders, family_weights, registered_weights
+from vitkit.weights.family import FamilyWeights, family_weights, merge_orders, registered_weights
 from vitkit.weights.rename import Layout, rename
 
 
@@ -25,8 +25,8 @@ def test_every_family_declares_its_own_tables():
 def test_formats_keep_each_familys_order():
     assert formats() == ("vitkit", "timm", "torchvision", "hf", "detr", "deformable_detr", "vit-pytorch", "paddlevit")
     # a detector listing (hf, detr) registered before classifiers listing (torchvision, hf)
-    assert _merge_orders([[], ["hf", "detr"], ["torchvision", "hf"]]) == ("torchvision", "hf", "detr")
-    assert _merge_orders([["a", "b"], ["b", "a"]]) == ("a", "b")  # orders that disagree: first seen first
+    assert merge_orders([[], ["hf", "detr"], ["torchvision", "hf"]]) == ("torchvision", "hf", "detr")
+    assert merge_orders([["a", "b"], ["b", "a"]]) == ("a", "b")  # orders that disagree: first seen first
 
 
 def test_one_layout_per_format():

@@ -58,7 +58,7 @@ def test_from_pretrained_errors(tmp_path):
     with pytest.raises(ValueError, match="config.json is not valid JSON"):
         vitkit.from_pretrained(tmp_path)
 
-    (tmp_path / "config.json").write_text(json.dumps({"format_version": 2, "family": "vit", "config": {"depht": 1}}))
+    (tmp_path / "config.json").write_text(json.dumps({"format_version": 5, "family": "vit", "config": {"depht": 1}}))
     with pytest.raises(ValueError, match=r"field\(s\) \['depht'\] that ViTConfig does not know"):
         vitkit.from_pretrained(tmp_path)
 
@@ -76,10 +76,10 @@ def test_save_rejects_foreign_modules(tmp_path):
 def test_an_unknown_override_is_the_callers_not_the_files(tmp_path):
     """A field given to replace one of a saved config's that the config has not is worded as `create_model` words
     it, not blamed on the directory's config.json (which `from_pretrained` and `vitkit train --init` read)."""
-    from vitkit.weights.io import read_config
+    from vitkit.weights import saved_config
 
     vitkit.save_pretrained(vitkit.create_model("vit_digits_patch7_28"), tmp_path)
-    for load in (vitkit.from_pretrained, read_config):
+    for load in (vitkit.from_pretrained, saved_config):
         with pytest.raises(ValueError, match=r"ViTConfig has no field\(s\) \['deptth'\]; its fields are") as err:
             load(tmp_path, deptth=2)
         assert "config.json" not in str(err.value)

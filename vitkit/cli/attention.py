@@ -14,12 +14,15 @@ from vitkit.data import open_image
 from vitkit.infer import (
     attention_figure,
     detection_attention_figure,
+    detection_reading,
+    inference_info,
     is_detector_dir,
-    load_detector,
     missing_info_note,
+    resolve_device,
 )
-from vitkit.infer.attention import load_attention_model, prefix_table
+from vitkit.infer.attention import prefix_table
 from vitkit.viz.attention import check_picture_path, save_picture
+from vitkit.weights import from_pretrained
 
 HELP = (
     "draw where a trained model looks in an image: the class token's attention of one layer (one head, their mean, "
@@ -85,8 +88,9 @@ def _run_detector(args: argparse.Namespace) -> int:
         raise ValueError("--head all draws a classifier's heads; for a detector pick one head or the mean")
     head = None if args.head in (None, "mean") else args.head
     layer = -1 if args.layer is None else args.layer
-    model, info, postprocessing = load_detector(args.model_dir, args.device)
-    postprocessing = postprocessing.one_per_query()  # one box per object, with its best class
+    model = from_pretrained(args.model_dir).to(resolve_device(args.device))
+    info = inference_info(model)
+    postprocessing = detection_reading(model, args.model_dir).one_per_query()  # one box per object, with its best class
     threshold = postprocessing.shown_above(args.threshold)
     check_inference_memory(model, args, capture=True)
     _note(missing_info_note(args.model_dir))
@@ -106,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_detector(args)
     if args.threshold is not None:
         raise ValueError(f"--threshold is a detector's smallest class probability; {args.model_dir} holds a classifier")
-    model, info = load_attention_model(args.model_dir, args.device)
+    model = from_pretrained(args.model_dir).to(resolve_device(args.device))
+    info = inference_info(model)
     check_inference_memory(model, args, capture=True)
     _note(missing_info_note(args.model_dir))
     figure, maps = attention_figure(

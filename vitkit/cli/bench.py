@@ -8,9 +8,9 @@ import sys
 
 from vitkit.analysis.precision import PRECISIONS, slow_precision
 from vitkit.cli.options import add_memory_option, add_renamed_option, memory_flags, parse_size
-from vitkit.layers.helpers import counted
 from vitkit.perf.bench import COMPARE, Report, bench
 from vitkit.train import create_optimizer
+from vitkit.util import counted
 
 HELP = "benchmark a model (img/s, latency, peak memory, MFU), interleaved with timm's or transformers' with --compare"
 

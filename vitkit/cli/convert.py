@@ -7,9 +7,9 @@ import difflib
 from collections.abc import Callable
 from typing import Any
 
+from vitkit.cli.messages import CONVERT, STRUCTURED, cli_message
 from vitkit.cli.options import add_out_option, add_renamed_option, out_path, parse_assignment
 from vitkit.weights.convert import convert, formats
-from vitkit.weights.io import CheckpointMismatch
 
 HELP = "convert weights between vitkit, timm, torchvision, Hugging Face and facebookresearch/detr layouts"
 
@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
             reset_head=args.reset_head,
             overrides=overrides,
         )
-    except CheckpointMismatch as err:  # the ways out in this command's flags, not the library's arguments
-        raise ValueError(err.cli_message()) from None
+    except STRUCTURED as err:  # the ways out in this command's flags, not the library's arguments
+        raise ValueError(cli_message(err, CONVERT)) from None
     print(report.summary())
     print(f"wrote {args.dst_format} weights to {written}")
     return 0

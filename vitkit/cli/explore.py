@@ -9,12 +9,12 @@ from pathlib import Path
 
 from vitkit.cli.options import add_memory_option, add_threshold_option, check_inference_memory
 from vitkit.data import open_image
-from vitkit.infer import is_detector_dir, is_detector_name, load_detector, registered_detector
-from vitkit.infer.attention import load_attention_model
+from vitkit.infer import detection_reading, inference_info, is_detector_dir, is_detector_name, resolve_device
 from vitkit.infer.explore import detector_explorer_data, explorer_data
 from vitkit.models.registry import create_model
+from vitkit.util import atomic_write
 from vitkit.viz.explorer import explorer_page
-from vitkit.weights.io import atomic_write
+from vitkit.weights import from_pretrained
 
 HELP = (
     "write an attention explorer: one HTML file that opens from disk, where clicking a patch (or the class token, a "
@@ -54,10 +54,12 @@ def _run_detector(args: argparse.Namespace, out: Path) -> int:
     if args.layers is not None or args.heads is not None:
         raise ValueError("--layers and --heads choose a classifier's maps; a detector's page holds every decoder layer")
     if args.model_dir:
-        model, info, postprocessing = load_detector(args.model_dir, args.device)
+        model = from_pretrained(args.model_dir)
     else:
-        model, info, postprocessing = registered_detector(args.model, args.device)
-    postprocessing = postprocessing.one_per_query()  # one box per object, with its best class
+        model = create_model(args.model).eval()
+    model = model.to(resolve_device(args.device))
+    info = inference_info(model)
+    postprocessing = detection_reading(model, args.model_dir).one_per_query()  # one box per object, with its best class
     threshold = postprocessing.shown_above(args.threshold)
     check_inference_memory(model, args, capture=True)
     images = [(Path(p).name, open_image(p)) for p in args.images]
@@ -84,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threshold is not None:
         raise ValueError("--threshold is a detector's smallest class probability; this is a classifier")
     if args.model_dir:
-        model, info = load_attention_model(args.model_dir, args.device)
+        model = from_pretrained(args.model_dir).to(resolve_device(args.device))
+        info = inference_info(model)
         mean, std, names, name = info.mean, info.std, info.classes or None, args.model_dir
     else:
         model = create_model(args.model).eval()

@@ -147,7 +147,7 @@ def add_threshold_option(parser: argparse.ArgumentParser, kept: str = "shown") -
         type=float,
         default=None,
         help=f"a detector's smallest class probability {kept} (default: the one vitkit train chose on the validation "
-        f"split, saved in the model's postprocess.json; {DEFAULT_THRESHOLD} without)",
+        f"split, saved in the model's config.json; {DEFAULT_THRESHOLD} without)",
     )
 
 

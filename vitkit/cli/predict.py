@@ -20,21 +20,23 @@ from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.sources import IMAGE_EXTENSIONS
 from vitkit.infer import (
     detect_paths,
+    detection_reading,
     format_predictions,
     image_paths,
+    inference_info,
     is_detector_dir,
-    load_classifier,
-    load_detector,
     missing_info_note,
     predict_paths,
+    resolve_device,
     write_detections,
     write_json,
     write_predictions_csv,
 )
+from vitkit.weights import from_pretrained
 
 HELP = "classify images with a trained or converted model, or find objects with a detector"
 STDOUT = "-"
-DEFAULTS = {"top_k": 5, "batch_size": 32, "out": "runs/predict"}  # a detector's threshold: its postprocess.json
+DEFAULTS = {"top_k": 5, "batch_size": 32, "out": "runs/predict"}  # a detector's threshold: the one saved with it
 CLASSIFIER_ONLY = ("top_k", "batch_size", "csv")
 DETECTOR_ONLY = ("threshold", "out")
 
@@ -117,8 +119,9 @@ def _finish(skipped: list[Unreadable], total: int, read: int) -> int:
 
 def _run_detector(args: argparse.Namespace) -> int:
     paths = image_paths(args.images)
-    model, info, postprocessing = load_detector(args.model_dir, args.device)
-    postprocessing = postprocessing.one_per_query()  # one box per object, with its best class
+    model = from_pretrained(args.model_dir).to(resolve_device(args.device))
+    info = inference_info(model)
+    postprocessing = detection_reading(model, args.model_dir).one_per_query()  # one box per object, with its best class
     check_inference_memory(model, args)  # one image at a time
     note = missing_info_note(args.model_dir)
     if note:
@@ -151,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
     if detector:
         return _run_detector(args)
     paths = image_paths(args.images)
-    model, info = load_classifier(args.model_dir, args.device)
+    model = from_pretrained(args.model_dir).to(resolve_device(args.device))
+    info = inference_info(model)
     check_inference_memory(model, args, args.batch_size, "--batch-size")
     note = missing_info_note(args.model_dir)
     if note:

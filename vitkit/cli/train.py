@@ -11,6 +11,7 @@ import shlex
 import sys
 from typing import Any
 
+from vitkit.cli.messages import STRUCTURED, TRAIN, cli_message
 from vitkit.cli.options import add_config_options, add_memory_option, memory_flags
 from vitkit.errors import cli_option
 from vitkit.train import RunHints, TrainConfig, fit
@@ -91,12 +92,15 @@ def run(args: argparse.Namespace) -> int:
     given = {k: v for k, v in vars(args).items() if k in fields}
     config = TrainConfig.for_resume(**given) if args.resume else TrainConfig(**given)
     _setup_logging()
-    result = fit(
-        config,
-        resume=args.resume,
-        force=args.force,
-        allow_memory=args.ignore_memory_check,
-        memory_names=memory_flags(),
-        hints=CommandHints(),
-    )
+    try:
+        result = fit(
+            config,
+            resume=args.resume,
+            force=args.force,
+            allow_memory=args.ignore_memory_check,
+            memory_names=memory_flags(),
+            hints=CommandHints(),
+        )
+    except STRUCTURED as err:  # the ways out in this command's flags, not the library's arguments
+        raise ValueError(cli_message(err, TRAIN)) from None
     return 130 if result.interrupted else 0

@@ -39,7 +39,7 @@ from vitkit.data.detection import (
 from vitkit.data.loader import Unreadable
 from vitkit.data.sources import UnreadableImageError, open_image
 from vitkit.data.transforms import channel_stats, detection_train_transform, image_mode
-from vitkit.layers.helpers import counted
+from vitkit.util import counted
 
 COCO_AUGMENT = DetectionAugment(hflip=0.5, scale_jitter=0.25, crop=0.5)  # a COCO folder's training split
 

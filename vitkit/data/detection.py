@@ -20,11 +20,7 @@ Letters: C channels, H, W image size, n objects of an image, K classes.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,47 +28,20 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from vitkit.data.loader import EpochSampler
-from vitkit.data.sources import INFO_NAME, check_normalisation
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DETR normalises COCO images so
 
 
 @dataclass(frozen=True)
 class DetectionInfo:
-    """What a detector needs to know about its data; saved next to the model as `dataset.json`."""
+    """What a detector needs to know about its data (`vitkit train` saves it with the model, in its config.json:
+    `vitkit.weights.ModelInfo`)."""
 
     source: str  # "builtin:digits-detect" or the COCO folder given for training
     classes: tuple[str, ...]  # class names, in class-index order
     category_ids: tuple[int, ...]  # the dataset's category id of each class index
     mean: tuple[float, ...]  # per-channel normalisation mean of images scaled to [0, 1]
     std: tuple[float, ...]  # per-channel normalisation std, same channels as `mean`
-    task: str = "detection"  # tells a detection dataset description from a classification one
-
-    def save(self, directory: str | os.PathLike) -> Path:
-        """Write `dataset.json` into `directory` (created if missing); returns its path."""
-        path = Path(directory) / INFO_NAME
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        return path
-
-    @classmethod
-    def load(cls, directory: str | os.PathLike) -> DetectionInfo:
-        """Read the `dataset.json` written by `save`."""
-        path = Path(directory) / INFO_NAME
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: expected a model directory written by vitkit train")
-        try:
-            fields = json.loads(path.read_text())
-            if not isinstance(fields, dict):
-                names = [f.name for f in dataclasses.fields(cls)]
-                raise TypeError(f"it holds a JSON {type(fields).__name__}, expected an object with keys {names}")
-            if fields.get("task") != "detection":
-                raise TypeError(f"task is {fields.get('task')!r}, not 'detection'")
-            info = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-        except (json.JSONDecodeError, TypeError) as err:
-            raise ValueError(f"{path} is not a vitkit detection dataset description: {err}") from err
-        mean, std = check_normalisation(info.mean, info.std, str(path))
-        return dataclasses.replace(info, mean=mean, std=std)
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,11 @@ A source is a list of (image, label) samples whose images open as PIL images; tr
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from vitkit.data.transforms import EIGHT_BIT_MODES, ImageModeError, to_8bit
 
 BUILTIN_PREFIX = "builtin:"
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp")
-INFO_NAME = "dataset.json"
 DEFAULT_VAL_FRACTION = 0.1  # share of each class held out from a folder without val/, when none is given
 SPLITS = ("train", "val")  # the split folders of an ImageFolder tree
 
@@ -32,10 +30,6 @@ EXIF_ORIENTATION = 0x0112  # the EXIF tag of how to turn the stored pixels uprig
 UNREADABLE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 log = logging.getLogger("vitkit.data")
-
-
-def _is_str_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def _is_number_list(value: Any) -> bool:
@@ -49,7 +43,7 @@ def _is_number(value: Any) -> bool:
 def check_normalisation(
     mean: Any, std: Any, source: str, in_chans: int | None = None
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel normalisation read from a file (dataset.json, config.json) as float tuples; ValueError naming
+    """Per-channel normalisation read from a file (a model's config.json) as float tuples; ValueError naming
     `source` and what is wrong otherwise: each a non-empty list of finite numbers, as many of each, every std above
     zero (a zero std divides by zero: every output NaN), and for a model of `in_chans` channels 1, `in_chans` or 3
     values."""
@@ -66,20 +60,10 @@ def check_normalisation(
     return tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
 
-# dataset.json key -> (check, what it must be): `DataInfo.load` names the key that fails.
-_INFO_KEYS = {
-    "source": (lambda v: isinstance(v, str), "a string"),
-    "classes": (_is_str_list, "a list of class names (strings)"),
-    "mean": (_is_number_list, "a non-empty list of numbers"),
-    "std": (_is_number_list, "a non-empty list of numbers"),
-    "val_fraction": (_is_number, "a number"),
-    "split_seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-}
-
-
 @dataclass(frozen=True)
 class DataInfo:
-    """What a model needs to know about the data it was trained on; saved next to the model as `dataset.json`."""
+    """What a model needs to know about the data it is trained on (`vitkit train` saves it with the model, in its
+    config.json: `vitkit.weights.ModelInfo`)."""
 
     source: str  # "builtin:NAME" or the folder path given for training
     classes: tuple[str, ...]  # class names, in label order
@@ -87,41 +71,6 @@ class DataInfo:
     std: tuple[float, ...]  # per-channel normalisation std, same channels as `mean`
     val_fraction: float  # fraction held out per class when the source has no fixed split (0 when it has one)
     split_seed: int  # seed of that held-out split
-
-    def save(self, directory: str | os.PathLike) -> Path:
-        """Write `dataset.json` into `directory` (created if missing); returns its path."""
-        path = Path(directory) / INFO_NAME
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        return path
-
-    @classmethod
-    def load(cls, directory: str | os.PathLike) -> DataInfo:
-        """Read the `dataset.json` written by `save` (vitkit train writes one into each model directory).
-
-        ValueError naming the key for a file that is not one: a key missing, unknown or of the wrong type.
-        """
-        path = Path(directory) / INFO_NAME
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: expected a model directory written by vitkit train")
-        try:
-            saved = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not valid JSON: {err}") from err
-        if not isinstance(saved, dict):
-            raise ValueError(
-                f"{path} holds a JSON {type(saved).__name__}, expected an object with keys {list(_INFO_KEYS)}"
-            )
-        missing = [k for k in _INFO_KEYS if k not in saved]
-        unknown = sorted(set(saved) - set(_INFO_KEYS))
-        if missing or unknown:
-            problems = [f"{what} key(s) {keys}" for what, keys in (("missing", missing), ("unknown", unknown)) if keys]
-            raise ValueError(f"{path}: {' and '.join(problems)}; a vitkit dataset.json holds {', '.join(_INFO_KEYS)}")
-        for key, (check, expected) in _INFO_KEYS.items():
-            if not check(saved[key]):
-                raise ValueError(f"{path}: {key!r} must be {expected}, got {saved[key]!r}")
-        saved["mean"], saved["std"] = check_normalisation(saved["mean"], saved["std"], str(path))
-        return cls(**{f.name: tuple(v) if isinstance(v := saved[f.name], list) else v for f in fields(cls)})
 
 
 class UnreadableImageError(OSError):

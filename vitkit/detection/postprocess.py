@@ -140,8 +140,9 @@ def _kept(
 
 @dataclass(frozen=True)
 class Postprocessing:
-    """How a detector's outputs become detections: `postprocess`'s options, saved beside a trained detector
-    (postprocess.json). The default is DETR's: softmax, each query's best class, no suppression."""
+    """How a detector's outputs become detections: `postprocess`'s options, saved with a trained detector
+    (the "postprocess" entry of its config.json). The default is DETR's: softmax, each query's best class, no
+    suppression."""
 
     classification: str = "ce"  # "ce" (softmax with "no object", DETR) or "focal" (a sigmoid per class)
     top_k: int | None = None  # None: each query's best class; k: the k most probable (query, class) pairs

@@ -1,6 +1,6 @@
 """Inference with trained models: predicting classes and detecting objects in images, evaluating on held-out data,
-the data of the attention views, and the model directories they read. `vitkit predict`, `vitkit eval` and
-`vitkit attention` run these."""
+the data of the attention views, and what they read a loaded model with (`inference_info`, `detection_reading`).
+`vitkit predict`, `vitkit eval` and `vitkit attention` run these on models that `vitkit.from_pretrained` loads."""
 
 from vitkit.infer.attention import (
     attention_figure,
@@ -9,7 +9,6 @@ from vitkit.infer.attention import (
     attention_overlay,
     attention_rollout,
     cls_attention,
-    load_attention_model,
     prefix_attention,
     prefix_token_names,
 )
@@ -25,15 +24,12 @@ from vitkit.infer.evaluate import (
 )
 from vitkit.infer.files import image_loader, image_paths, progress_bar
 from vitkit.infer.model_dir import (
+    detection_reading,
+    inference_info,
     is_detector_dir,
     is_detector_name,
-    load_classifier,
-    load_detection_settings,
-    load_detector,
     missing_info_note,
-    registered_detector,
     run_config,
-    save_detection_settings,
 )
 from vitkit.infer.object_attention import (
     SampledPoints,
@@ -59,12 +55,12 @@ __all__ = [
     "attention_rollout",
     "autocast",
     "cls_attention",
-    "load_attention_model",
     "prefix_attention",
     "prefix_token_names",
     "detect",
     "detect_files",
     "detect_paths",
+    "detection_reading",
     "detection_attention",
     "detection_attention_figure",
     "detection_input",
@@ -76,12 +72,9 @@ __all__ = [
     "format_predictions",
     "image_loader",
     "image_paths",
+    "inference_info",
     "is_detector_dir",
     "is_detector_name",
-    "load_classifier",
-    "load_detection_settings",
-    "load_detector",
-    "registered_detector",
     "run_config",
     "missing_info_note",
     "predict",
@@ -89,7 +82,6 @@ __all__ = [
     "predict_paths",
     "progress_bar",
     "resolve_device",
-    "save_detection_settings",
     "write_detections",
     "write_json",
     "write_predictions_csv",

@@ -19,25 +19,19 @@ Letters: B batch, h heads, L layers, N tokens (P prefix tokens, then the Hp x Wp
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
 from torch import nn
 
-from vitkit.data import DataInfo, preprocess
-from vitkit.data.sources import INFO_NAME
-from vitkit.infer.model_dir import load_classifier, model_dir_classes
-from vitkit.infer.runtime import resolve_device
+from vitkit.data import preprocess
 from vitkit.layers import capture_attention, to_2tuple
-from vitkit.layers.helpers import counted
 from vitkit.models.interface import require_model
 from vitkit.models.registry import family_of
+from vitkit.util import counted
 from vitkit.viz.attention import AttentionMaps, PrefixShares, check_alpha, draw_attention, model_view, overlay
-from vitkit.weights import from_pretrained, saved_config
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -128,7 +122,7 @@ def rollouts(attns: list[torch.Tensor], head: int | None) -> Iterator[torch.Tens
         yield rollout
 
 
-def _rollout(attns: list[torch.Tensor], head: int | None) -> torch.Tensor:
+def rollout_matrix(attns: list[torch.Tensor], head: int | None) -> torch.Tensor:
     """Attention rollout of layers `attns` (first to last, each (B, h, N, N)) over every token: (B, N, N)."""
     if not attns:
         raise ValueError("attention rollout needs at least one layer")
@@ -148,7 +142,7 @@ def attention_rollout(
     The rollout runs over every token (registers included); the map is then its class token's row over the patches
     (without a class token, the mean row). `head` picks one head in every layer instead of the mean over heads.
     """
-    row = _query_row(_rollout(attns, head), num_prefix_tokens, grid, class_token)  # (B, N)
+    row = _query_row(rollout_matrix(attns, head), num_prefix_tokens, grid, class_token)  # (B, N)
     return _patches(row, num_prefix_tokens, grid)
 
 
@@ -181,7 +175,7 @@ def _check_index(index: int, count: int, name: str, owner: str) -> int:
     return index % count
 
 
-def capture_maps(
+def capture_layers(
     model: nn.Module, images: torch.Tensor
 ) -> tuple[torch.Tensor, list[torch.Tensor], tuple[str, ...], tuple[int, int]]:
     """One forward pass of `model` on `images` (B, C, H, W) in evaluation mode with its attention recorded:
@@ -229,7 +223,7 @@ def attention_map(
     The map is the class token's attention to the patches (without a class token, the mean attention each patch
     receives); the prefix tokens (class, distillation, registers) are left out of it.
     """
-    _, layers, names, grid = capture_maps(model, images)
+    _, layers, names, grid = capture_layers(model, images)
     class_token = _has_class_token(names)
     if rollout:
         return attention_rollout(layers, len(names), grid, head, class_token)
@@ -249,7 +243,7 @@ def attention_overlay(
 ) -> Image.Image:
     """`image` as `model` sees it (`vitkit.viz.model_view`) with its attention map (`attention_map`) drawn over it.
 
-    `mean` and `std` are the normalisation statistics of the model's training data (`vitkit.data.DataInfo`).
+    `mean` and `std` are the normalisation statistics of the model's training data (`vitkit.infer.inference_info`).
     """
     img_size = to_2tuple(require_model(model, "attention maps").config.img_size)
     device = next(model.parameters()).device
@@ -314,7 +308,7 @@ def attention_maps(
     img_size = to_2tuple(config.img_size)
     device = next(model.parameters()).device
     pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std))[None].to(device)  # (1, C, H, W)
-    output, layers, names, token_grid = capture_maps(model, pixels)
+    output, layers, names, token_grid = capture_layers(model, pixels)
     layers = [attn.float().cpu() for attn in layers]  # each (1, h, N, N)
     fused, titles, columns, what = _selected_maps(layers, layer, head, rollout, grid)
     P, class_token = len(names), _has_class_token(names)
@@ -346,7 +340,7 @@ def _selected_maps(
     index = _check_index(-1 if layer is None else layer, L, "layer", f"a model with {L} attention layers")
     of_layers = f"layer {index} (of 0..{L - 1})"
     if rollout:
-        return [_rollout(layers, None)], ("rollout",), 1, f"attention rollout over {L} layers, mean of {h} heads"
+        return [rollout_matrix(layers, None)], ("rollout",), 1, f"attention rollout over {L} layers, mean of {h} heads"
     if grid:
         fused = [_fuse_heads(a, j) for a in layers for j in range(h)]  # L h of (1, N, N)
         titles = tuple(f"layer {i}, head {j}" for i in range(L) for j in range(h))
@@ -397,21 +391,6 @@ def _prediction(output: torch.Tensor, num_classes: int, class_names: Sequence[st
     probabilities = output.float().softmax(dim=-1)[0].cpu()  # (K,)
     k = int(probabilities.argmax())
     return class_names[k] if class_names is not None else str(k), float(probabilities[k])
-
-
-def load_attention_model(directory: str | os.PathLike, device: str | None = None) -> tuple[nn.Module, DataInfo]:
-    """(model on `device`, data description) of a model directory whose attention `vitkit attention` draws: a
-    classifier's as `load_classifier` reads it, or a backbone's without classifier (num_classes 0, such as DINOv2's
-    with registers), whose figure shows no prediction: its description has no classes and the normalisation of its
-    dataset.json, else of its config, else ImageNet's."""
-    if getattr(saved_config(directory), "num_classes", 0) > 0:
-        return load_classifier(directory, device)
-    model = from_pretrained(directory).to(resolve_device(device))
-    if (Path(directory) / INFO_NAME).is_file():
-        saved = DataInfo.load(directory)
-        return model, DataInfo(saved.source, (), saved.mean, saved.std, saved.val_fraction, saved.split_seed)
-    _, mean, std = model_dir_classes(model)
-    return model, DataInfo("", (), mean, std, val_fraction=0.0, split_seed=0)
 
 
 def attention_figure(

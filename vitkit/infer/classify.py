@@ -15,9 +15,10 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vitkit.data import DataInfo, Unreadable, eval_transform, normalize, open_image, preprocess
+from vitkit.data import Unreadable, eval_transform, normalize, open_image, preprocess
 from vitkit.infer.files import image_loader, progress_bar
 from vitkit.layers import to_2tuple
+from vitkit.weights import ModelInfo
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Predictions:
 
 
 def _check_classes(model: nn.Module, classes: Sequence[str], top_k: int) -> None:
+    if model.config.num_classes <= 0:
+        raise ValueError(f"the model has no classifier (num_classes {model.config.num_classes}): nothing to predict")
     if model.config.num_classes != len(classes):
         raise ValueError(f"the model has {model.config.num_classes} outputs but {len(classes)} class names")
     if top_k <= 0:
@@ -58,7 +61,7 @@ def _top(probs: torch.Tensor, classes: Sequence[str], top_k: int) -> list[list[t
 
 @torch.no_grad()
 def predict(
-    model: nn.Module, info: DataInfo, images: list[Image.Image], top_k: int = 5
+    model: nn.Module, info: ModelInfo, images: list[Image.Image], top_k: int = 5
 ) -> list[list[tuple[str, float]]]:
     """The `top_k` most probable classes of each image, as (class name, probability), most probable first.
 
@@ -76,7 +79,7 @@ def predict(
 
 
 def predict_files(
-    model: nn.Module, info: DataInfo, paths: Sequence[str | os.PathLike], top_k: int = 5
+    model: nn.Module, info: ModelInfo, paths: Sequence[str | os.PathLike], top_k: int = 5
 ) -> list[Prediction]:
     """`predict` for image files: each file's `top_k` classes with its name, in the order given. An unreadable
     file raises `vitkit.data.UnreadableImageError`; `predict_paths` skips it instead."""
@@ -87,7 +90,7 @@ def predict_files(
 @torch.no_grad()
 def predict_paths(
     model: nn.Module,
-    info: DataInfo,
+    info: ModelInfo,
     paths: Sequence[str | os.PathLike],
     top_k: int = 5,
     batch_size: int = 32,

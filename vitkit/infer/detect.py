@@ -1,5 +1,6 @@
 """The objects a trained detector finds in images: each image at its own size, resized as the detector was trained,
-its outputs read as the model directory's postprocess.json says (`vitkit.infer.model_dir`).
+its outputs read as the model's saved settings say (`vitkit.infer.model_dir`). `info` is the model's classes, category
+ids and normalisation (`vitkit.infer.inference_info`).
 
 Letters: B images, C channels, H, W image size (padded), Q object queries, K classes, n detections of one image.
 """
@@ -16,12 +17,13 @@ import torch
 from PIL import Image
 from torchvision.ops import clip_boxes_to_image
 
-from vitkit.data import DetectionInfo, Unreadable, image_mode, normalize, open_image
+from vitkit.data import Unreadable, image_mode, normalize, open_image
 from vitkit.detection import Postprocessing, pad_images
 from vitkit.infer.files import image_loader, progress_bar
 from vitkit.infer.runtime import autocast
 from vitkit.layers import to_2tuple
 from vitkit.models.interface import VitkitDetector, has_no_object_logit
+from vitkit.weights import ModelInfo
 
 MAX_SIZE = 1333  # the longer side of a detector's input is at most this (DETR's resize, as CocoDetection's)
 
@@ -96,7 +98,7 @@ def detection_input(
 
 
 def detector_inputs(
-    model: VitkitDetector, info: DetectionInfo, images: Sequence[Image.Image]
+    model: VitkitDetector, info: ModelInfo, images: Sequence[Image.Image]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`images` as the detector takes them, padded into one batch on its device: (pixels (B, C, H, W), pixel_mask
     (B, H, W), the images' own sizes (B, 2) as (height, width))."""
@@ -109,7 +111,7 @@ def detector_inputs(
     return pixels.to(device), mask.to(device), torch.tensor([(i.height, i.width) for i in images])
 
 
-def image_detections(result: dict[str, torch.Tensor], info: DetectionInfo) -> list[Detection]:
+def image_detections(result: dict[str, torch.Tensor], info: ModelInfo) -> list[Detection]:
     """One image's postprocess result as detections, most probable first."""
     order = result["scores"].argsort(descending=True, stable=True).tolist()
     boxes, scores, labels = result["boxes"].tolist(), result["scores"].tolist(), result["labels"].tolist()
@@ -119,7 +121,7 @@ def image_detections(result: dict[str, torch.Tensor], info: DetectionInfo) -> li
 @torch.no_grad()
 def detect(
     model: VitkitDetector,
-    info: DetectionInfo,
+    info: ModelInfo,
     images: Sequence[Image.Image],
     threshold: float = 0.5,
     postprocessing: Postprocessing | None = None,
@@ -141,7 +143,7 @@ def detect(
 
 def detect_files(
     model: VitkitDetector,
-    info: DetectionInfo,
+    info: ModelInfo,
     paths: Sequence[str | os.PathLike],
     threshold: float = 0.5,
     postprocessing: Postprocessing | None = None,
@@ -159,7 +161,7 @@ def detect_files(
 @torch.no_grad()
 def detect_paths(
     model: VitkitDetector,
-    info: DetectionInfo,
+    info: ModelInfo,
     paths: Sequence[str | os.PathLike],
     threshold: float = 0.5,
     postprocessing: Postprocessing | None = None,

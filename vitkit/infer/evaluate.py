@@ -1,7 +1,7 @@
 """Evaluating a trained model on held-out data: a classifier's loss, top-1, top-5, per-class accuracy and confusion
 matrix; a detector's COCO mAP. Each from a loader (what training validates with, on one process's shard when
 `distributed`) or from a model directory (what `vitkit eval` runs; see `vitkit.infer.model_dir` for what a
-directory without dataset.json is evaluated with).
+directory that lacks some of its model's description is evaluated with).
 
 Letters: B batch, K classes.
 """
@@ -20,8 +20,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from vitkit.data import (
-    DataInfo,
-    DetectionInfo,
     EpochSampler,
     TransformedImages,
     Unreadable,
@@ -29,20 +27,19 @@ from vitkit.data import (
     detection_sampler,
     eval_split,
     eval_transform,
+    load_data,
     load_detection,
-    load_eval_split,
     make_loader,
     normalize,
 )
-from vitkit.data.sources import INFO_NAME
 from vitkit.detection import CocoEvaluator, Postprocessing, collate_detection
 from vitkit.errors import OptionError
 from vitkit.infer.detect import detector_outputs, reading
-from vitkit.infer.model_dir import load_classifier, load_detector
-from vitkit.infer.runtime import autocast
+from vitkit.infer.model_dir import detection_reading, inference_info
+from vitkit.infer.runtime import autocast, resolve_device
 from vitkit.layers import to_2tuple
 from vitkit.models.interface import VitkitDetector
-from vitkit.weights import model_info
+from vitkit.weights import ModelInfo, from_pretrained, model_info
 
 
 def unreadable_dicts(skipped: Sequence[Unreadable]) -> list[dict[str, str]]:
@@ -107,7 +104,7 @@ def _sum_over_processes(values: torch.Tensor, device: torch.device) -> torch.Ten
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: DataLoader, info: DataInfo, distributed: bool = False, precision: str = "fp32"
+    model: nn.Module, loader: DataLoader, info: ModelInfo, distributed: bool = False, precision: str = "fp32"
 ) -> EvalResult:
     """Evaluate `model` on the batches of `loader` (a `vitkit.data.make_loader` loader of uint8 images, normalised
     here with `info`'s statistics).
@@ -162,28 +159,36 @@ def evaluate_model_dir(
     device: str | None = None,
     workers: int = 0,
     precision: str = "fp32",
-) -> tuple[EvalResult, DataInfo]:
-    """Evaluate the classifier in `model_dir` on `data` (see `vitkit.data.load_eval_split`; by default the held-out
-    part of its training data, which only a directory written by vitkit train knows), in `precision` ("bf16":
-    under bfloat16 autocast, as a bf16 run validates).
+) -> tuple[EvalResult, ModelInfo]:
+    """Evaluate the classifier in `model_dir` on `data` (see `vitkit.data.eval_split`; by default the held-out
+    part of its training data, split as in training, which only a directory written by vitkit train knows), in
+    `precision` ("bf16": under bfloat16 autocast, as a bf16 run validates).
 
-    A directory without dataset.json (see `vitkit.infer.load_classifier`) needs `data`; when its config names no
-    classes, the data's class names are taken, in their sorted order, as the model's (`missing_info_note` words
-    what stood in). Returns the result and the data description used.
+    A directory whose config.json names no training data needs `data`; when it names no classes either, the
+    data's class names are taken, in their sorted order, as the model's (`missing_info_note` words what stood in).
+    Returns the result and what the model was read with (`vitkit.infer.inference_info`).
     """
-    model, info = load_classifier(model_dir, device)
+    model = from_pretrained(model_dir).to(resolve_device(device))
+    num_classes = getattr(model.config, "num_classes", 0)
+    if num_classes <= 0:
+        raise ValueError(
+            f"{model_dir} holds a model without classifier (num_classes {num_classes}): nothing to evaluate"
+        )
+    saved, info = model_info(model), inference_info(model)
     if data is None:
-        if not info.source:
+        if saved.data is None:
             raise OptionError(
                 lambda name: (
-                    f"{model_dir} has no {INFO_NAME}, so the data it was trained on is unknown: name the "
-                    f"data to evaluate on ({name('data')})"
+                    f"{model_dir} does not say the data its model was trained on (config.json has no 'data'): name "
+                    f"the data to evaluate on ({name('data')})"
                 )
             )
-        held = load_eval_split(None, info)
+        # A fixed split is saved as fraction 0, which means "none given" here.
+        _, held, found = load_data(saved.data, saved.val_fraction or None, saved.split_seed or 0)
+        check_eval_classes(saved.data, found.classes, info.classes)
     else:
         held, found = eval_split(data)
-        if not info.source and model_info(model).class_names is None:
+        if saved.data is None and saved.classes is None:
             if len(found) != len(info.classes):
                 raise ValueError(f"{data} has {len(found)} classes {list(found)}, the model has {len(info.classes)}")
             info = replace(info, classes=found)
@@ -198,7 +203,7 @@ def evaluate_model_dir(
 def evaluate_detector(
     model: VitkitDetector,
     loader: DataLoader,
-    info: DetectionInfo,
+    info: ModelInfo,
     postprocessing: Postprocessing | None = None,
     distributed: bool = False,
     precision: str = "fp32",
@@ -238,26 +243,27 @@ def evaluate_detector_dir(
     device: str | None = None,
     workers: int = 0,
     precision: str = "fp32",
-) -> tuple[DetectionResult, DetectionInfo]:
+) -> tuple[DetectionResult, ModelInfo]:
     """COCO mAP of the detector in `model_dir` on the validation split of `data` (builtin:digits-detect or a
     COCO-format folder; by default the data it was trained on, which only a directory written by vitkit train
     knows), in `precision` ("bf16": under bfloat16 autocast, as a bf16 run validates).
 
-    A directory without dataset.json needs `data`; when its config names no classes, the data's classes and
-    category ids are taken, in class-index order, as the model's (`vitkit.infer.missing_info_note` words what
-    stood in). Returns the result and the data description used.
+    A directory whose config.json names no training data needs `data`; when it names no classes either, the data's
+    classes and category ids are taken, in class-index order, as the model's (`vitkit.infer.missing_info_note`
+    words what stood in). Returns the result and what the model was read with (`vitkit.infer.inference_info`).
     """
-    model, info, postprocessing = load_detector(model_dir, device)
-    if not info.source and data is None:
+    model = from_pretrained(model_dir).to(resolve_device(device))
+    saved, info, postprocessing = model_info(model), inference_info(model), detection_reading(model, model_dir)
+    if saved.data is None and data is None:
         raise OptionError(
             lambda name: (
-                f"{model_dir} has no {INFO_NAME}, so the data it was trained on is unknown: name the data "
-                f"to evaluate on ({name('data')})"
+                f"{model_dir} does not say the data its model was trained on (config.json has no 'data'): name the "
+                f"data to evaluate on ({name('data')})"
             )
         )
     side = min(to_2tuple(model.config.img_size))
-    _, val, found = load_detection(data or info.source, channels=model.config.in_chans, img_size=side, val_only=True)
-    if not info.source and model_info(model).class_names is None:
+    _, val, found = load_detection(data or saved.data, channels=model.config.in_chans, img_size=side, val_only=True)
+    if saved.data is None and saved.classes is None:
         if len(found.classes) != len(info.classes):
             raise ValueError(f"{data} has {len(found.classes)} classes, the model has {len(info.classes)}")
         info = replace(info, classes=found.classes, category_ids=found.category_ids)

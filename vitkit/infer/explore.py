@@ -37,15 +37,16 @@ from vitkit.analysis.profile import category, group_key
 from vitkit.analysis.report import grouped, shape_flow, shares
 from vitkit.data import preprocess
 from vitkit.errors import OptionError
-from vitkit.infer.attention import capture_maps, prefix_token_names, rollouts
+from vitkit.infer.attention import capture_layers, prefix_token_names, rollouts
 from vitkit.infer.detect import detector_inputs, detector_outputs, image_detections, reading
 from vitkit.infer.object_attention import sampled_points
 from vitkit.layers import AttentionPool, attention_layers, capture_attention, to_2tuple
 from vitkit.layers.deformable import SampledAttention
-from vitkit.layers.helpers import counted
 from vitkit.models.interface import VitkitDetector
 from vitkit.models.registry import family_of
+from vitkit.util import counted
 from vitkit.viz.attention import COLORMAP, model_view
+from vitkit.weights import ModelInfo
 
 TOP = 5  # classes listed with the prediction
 
@@ -102,7 +103,7 @@ def image_data(
     img_size = to_2tuple(config.img_size)
     device = next(model.parameters()).device
     pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std))[None].to(device)  # (1, C, H, W)
-    output, maps, _, _ = capture_maps(model, pixels)
+    output, maps, _, _ = capture_layers(model, pixels)
     L = _selected(len(maps), layers, "layer")
     H = _selected(maps[0].shape[1], heads, "head")
     attn = torch.stack([maps[i][0, H].float().cpu() for i in L])  # (L', h', N, N)
@@ -239,7 +240,7 @@ def _attention_layers(model: nn.Module) -> list[nn.Module]:
 @torch.no_grad()
 def detector_image_data(
     model: nn.Module,
-    info: Any,
+    info: ModelInfo,
     image: Image.Image,
     threshold: float,
     postprocessing: Any = None,
@@ -346,7 +347,7 @@ def _sampled_encoder(
 
 def detector_explorer_data(
     model: nn.Module,
-    info: Any,
+    info: ModelInfo,
     images: Sequence[tuple[str, Image.Image]],
     threshold: float,
     postprocessing: Any = None,

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import torch
 from PIL import Image
 
-from vitkit.data import DetectionInfo
 from vitkit.detection import Postprocessing
 from vitkit.infer.detect import Detection, detector_inputs, detector_outputs, image_detections, reading
 from vitkit.layers import capture_attention
@@ -24,6 +23,7 @@ from vitkit.models.interface import VitkitDetector
 from vitkit.models.registry import family_of
 from vitkit.viz import object_attention_figure
 from vitkit.viz.detection import sampled_attention_figure
+from vitkit.weights import ModelInfo
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -43,7 +43,7 @@ class _Captured:
 
 def _capture(
     model: VitkitDetector,
-    info: DetectionInfo,
+    info: ModelInfo,
     image: Image.Image,
     threshold: float,
     postprocessing: Postprocessing | None,
@@ -138,7 +138,7 @@ def _level_names(samples: SampledPoints) -> list[str]:
 @torch.no_grad()
 def detection_attention(
     model: VitkitDetector,
-    info: DetectionInfo,
+    info: ModelInfo,
     image: Image.Image,
     threshold: float = 0.5,
     postprocessing: Postprocessing | None = None,
@@ -168,7 +168,7 @@ def detection_attention(
 @torch.no_grad()
 def detection_sampling(
     model: VitkitDetector,
-    info: DetectionInfo,
+    info: ModelInfo,
     image: Image.Image,
     threshold: float = 0.5,
     postprocessing: Postprocessing | None = None,
@@ -189,7 +189,7 @@ def detection_sampling(
 @torch.no_grad()
 def detection_attention_figure(
     model: VitkitDetector,
-    info: DetectionInfo,
+    info: ModelInfo,
     image: Image.Image,
     threshold: float = 0.5,
     postprocessing: Postprocessing | None = None,

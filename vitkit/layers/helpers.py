@@ -32,12 +32,3 @@ def take_indices(depth: int, indices: int | list[int] | tuple[int, ...] | None, 
     return take
 
 
-def counted(n: int, noun: str) -> str:
-    """ "1 epoch", "2 epochs": a count and its noun, plural unless one (nouns that take an s)."""
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def nearest_multiples(size: int, multiple: int) -> str:
-    """The multiples of `multiple` around `size`, for a message: "28 or 35" (32, 7), "7" (3, 7)."""
-    below, above = size // multiple * multiple, (size // multiple + 1) * multiple
-    return f"{below} or {above}" if below > 0 else str(above)

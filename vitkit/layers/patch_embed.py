@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.layers.helpers import nearest_multiples, to_2tuple
+from vitkit.layers.helpers import to_2tuple
+from vitkit.util import nearest_multiples
 
 
 class PatchEmbed(nn.Module):

@@ -8,6 +8,7 @@ for _module in _pkgutil.iter_modules(__path__):
     _importlib.import_module(f"{__name__}.{_module.name}")
 
 from vitkit.models.botnet import BotNet, BotNetConfig  # noqa: E402
+from vitkit.models.deformable_detr import DeformableDETR, DeformableDetrConfig  # noqa: E402
 from vitkit.models.detr import DETR, DetrConfig  # noqa: E402
 from vitkit.models.registry import create_model, list_models, model_entry  # noqa: E402
 from vitkit.models.swin import SwinConfig, SwinTransformer  # noqa: E402
@@ -17,6 +18,8 @@ __all__ = [
     "BotNet",
     "BotNetConfig",
     "DETR",
+    "DeformableDETR",
+    "DeformableDetrConfig",
     "DetrConfig",
     "SwinConfig",
     "SwinTransformer",

@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitkit.layers import Attention2d, BilinearPool, check_backend, to_2tuple
-from vitkit.layers.helpers import nearest_multiples
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import check_field_types, check_positive, register_family, register_model
 from vitkit.models.resnet import (
@@ -42,6 +41,7 @@ from vitkit.models.resnet import (
     make_stem,
     stage_plan,
 )
+from vitkit.util import nearest_multiples
 
 BOTNET_PAPER = "Bottleneck Transformers for Visual Recognition (Srinivas et al., arXiv:2101.11605)"
 STEM_TYPES = ("7x7", "tiered")

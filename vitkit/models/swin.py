@@ -33,7 +33,7 @@ from vitkit.layers import (
     check_backend,
     to_2tuple,
 )
-from vitkit.layers.helpers import nearest_multiples, take_indices
+from vitkit.layers.helpers import take_indices
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import (
     check_field_types,
@@ -42,6 +42,7 @@ from vitkit.models.registry import (
     register_family,
     register_model,
 )
+from vitkit.util import nearest_multiples
 
 SWIN_PAPER = "Swin Transformer: Hierarchical Vision Transformer using Shifted Windows (Liu et al., arXiv:2103.14030)"
 MASK_VALUE = -100.0  # added to the logits of token pairs from different regions of a shifted window (as the paper)

@@ -45,7 +45,7 @@ from vitkit.layers import MultiScaleDeformableAttention, attention_layers, set_a
 from vitkit.models.interface import VitkitDetector
 from vitkit.models.registry import DETECTION, family_of
 from vitkit.perf.optimize import OptimizedModel, PackedLinear
-from vitkit.weights.io import atomic_write
+from vitkit.util import atomic_write
 
 FORMATS = ("onnx", "torchscript")
 BACKENDS = {"onnx": "math", "torchscript": "sdpa"}  # dense attention's backend in each format (see above)

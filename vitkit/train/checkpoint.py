@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitkit.weights.io import atomic_write, read_checkpoint
+from vitkit.util import atomic_write
+from vitkit.weights.io import read_checkpoint
 
 CHECKPOINT_NAME = "checkpoint.pt"
 

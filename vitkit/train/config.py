@@ -7,7 +7,7 @@ import functools
 import json
 import os
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,6 @@ from vitkit.models.interface import has_no_object_logit
 from vitkit.models.registry import family, model_entry, replace_config
 from vitkit.train.recipe import (
     CLASSIFICATION,
-    DEFAULT_MODEL,
     SIZED_FROM_DATA,
     DataChoice,
     Recipe,
@@ -47,19 +46,6 @@ CONFIG_NAME = "config.json"
 DEFAULT_OUT = "runs/train"
 CLASSIFICATION_ONLY = ("label_smoothing", "mixup", "cutmix", "randaugment", "min_scale")
 DETECTION_ONLY = ("backbone_lr", "detection_loss", "box_cls_loss", "detection_top_k", "nms_iou", "scale_jitter", "crop")
-
-# Runs written before the digits model had a name saved it as this model with these fields replaced: the same
-# architecture, which a resumed run accepts under either spelling (`current_model_name`).
-LEGACY_DEFAULT_MODEL = "vit_tiny_patch16_224"
-LEGACY_DEFAULT_MODEL_ARGS: dict[str, Any] = {
-    "img_size": 28,
-    "patch_size": 7,
-    "embed_dim": 128,
-    "depth": 4,
-    "num_heads": 4,
-    "mlp_ratio": 2.0,
-}
-
 
 def recipe_defaults(name: str) -> str:
     """ "default: 40; small DETRs 24; DETR 50" for a recipe field, for --help: its value in each recipe the
@@ -435,7 +421,7 @@ class TrainConfig:
         unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ValueError(f"{path}: unknown training option(s) {unknown}")
-        return cls(**older_detector_settings(values))
+        return cls(**values)
 
     @classmethod
     def for_resume(cls, out: str | os.PathLike = DEFAULT_OUT, **changes: Any) -> TrainConfig:
@@ -465,8 +451,7 @@ def _check_detection_loss(loss: str | None, model: str | None, init: str | None)
     what = f"model {model!r}" if model is not None else f"the model in {init}"
     raise ValueError(
         f"detection_loss 'ce' is a softmax over the classes and 'no object', but {what} ({fam.display_name}) "
-        "predicts K sigmoid class logits without a 'no object' logit: train it with detection_loss 'focal' "
-        "(--detection-loss focal)"
+        "predicts K sigmoid class logits without a 'no object' logit: train it with detection_loss 'focal'"
     )
 
 
@@ -500,39 +485,3 @@ def _data_version(data: str) -> float:
 def absolute_data(data: str) -> str:
     """A `data` value with a folder path made absolute (builtin:NAME unchanged)."""
     return data if data.startswith(BUILTIN_PREFIX) else os.path.abspath(data)
-
-
-# Detection runs saved before `detection_top_k` and `nms_iou` existed read detections as DETR does, and their
-# detr_digits had 2 decoder layers: what `older_detector_settings` fills in so that such a run resumes as it was.
-OLDER_DETECTOR_SETTINGS: dict[str, Any] = {"detection_top_k": 0, "nms_iou": 0.0}
-OLDER_DETECTOR_AUGMENT: dict[str, Any] = {"hflip": 0.0, "scale_jitter": 0.0, "crop": 0.0}
-OLDER_DETR_DIGITS_ARGS: dict[str, Any] = {"dec_layers": 2}
-
-
-def older_detector_settings(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Config values (as in config.json) of a detection run saved before `detection_top_k` and `nms_iou` existed
-    with the settings it trained with (`OLDER_DETECTOR_SETTINGS`, and 2 decoder layers for detr_digits), and of one
-    saved before detection augmentation existed without it (`OLDER_DETECTOR_AUGMENT`); other values unchanged."""
-    values = dict(values)
-    if values.get("detection_loss") is None:
-        return values  # a classifier's settings
-    if "crop" not in values:  # saved before detection training was augmented
-        values.update(OLDER_DETECTOR_AUGMENT)
-    if any(k in values for k in OLDER_DETECTOR_SETTINGS):
-        return values  # a detector's saved by this version
-    values.update(OLDER_DETECTOR_SETTINGS)
-    if values.get("model") == "detr_digits":
-        values["model_args"] = {**OLDER_DETR_DIGITS_ARGS, **(values.get("model_args") or {})}
-    return values
-
-
-def current_model_name(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Config values (as in config.json) with an older run's spelling of the default model, LEGACY_DEFAULT_MODEL
-    with LEGACY_DEFAULT_MODEL_ARGS replaced, written as DEFAULT_MODEL with only the other replaced fields."""
-    values = dict(values)
-    model_args = values.get("model_args") or {}
-    if values.get("model") == LEGACY_DEFAULT_MODEL and set(LEGACY_DEFAULT_MODEL_ARGS) <= set(model_args):
-        values["model"] = DEFAULT_MODEL
-        legacy = LEGACY_DEFAULT_MODEL_ARGS
-        values["model_args"] = {k: v for k, v in model_args.items() if k not in legacy or legacy[k] != v}
-    return values

@@ -11,9 +11,10 @@ OUT (config.out, created if missing) receives:
 - checkpoint.pt: model, optimizer, schedule, EMA, every process's RNG states and the position in the run, written
   atomically at the end of every epoch and when the run is interrupted (SIGINT / SIGTERM stop after the current
   step); `fit(..., resume=True)` continues from it exactly;
-- best/ and final/: save_pretrained directories (EMA weights when EMA is on; class names and normalisation in
-  their config.json) with dataset.json (the data's description) beside the model, and a detector's
-  postprocess.json; best/ holds the epoch of the highest val_acc (classifier) or ap (detector).
+- best/ and final/: save_pretrained directories (EMA weights when EMA is on), their config.json holding what the
+  model needs beside its weights (`vitkit.weights.ModelInfo`: class names, normalisation, the data it trained on, a
+  detector's category ids and postprocessing); best/ holds the epoch of the highest val_acc (classifier) or ap
+  (detector).
 
 Resuming (`resume=True`) needs OUT's checkpoint and the settings it was written with, except the output folder and
 `RESUME_MAY_CHANGE` (`vitkit.train.resume`): loader workers, device, gradient checkpointing (none changes the model,
@@ -56,20 +57,21 @@ from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memor
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.detection import FOCAL_PRIOR
 from vitkit.layers import to_2tuple
-from vitkit.layers.helpers import counted
 from vitkit.models.registry import create_model
 from vitkit.train.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint, set_rng_state
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, gather_objects, setup
 from vitkit.train.ema import ModelEma
-from vitkit.train.model import describe_init, enable_grad_checkpointing, init_report, load_for_finetune
+from vitkit.train.model import describe_init, enable_grad_checkpointing, load_for_finetune
 from vitkit.train.optim import apply_schedule, create_optimizer, warmup_cosine
 from vitkit.train.outputs import CURVES_NAME, METRICS_NAME, RunHints, clear_out, has_final
 from vitkit.train.recipe import CLASSIFICATION, DataChoice
 from vitkit.train.resume import resolve_run
 from vitkit.train.sharding import full_state_dict, load_sharded, save_sharded, shard
 from vitkit.train.task import Task, create_task
+from vitkit.util import counted
 from vitkit.viz.curves import write_curves
+from vitkit.weights import load_report
 from vitkit.weights.io import save_pretrained
 
 log = logging.getLogger("vitkit.train")
@@ -122,7 +124,7 @@ class StopOnSignal:
 def build_training_model(config: TrainConfig, num_classes: int) -> nn.Module:
     """The model a (resolved) config trains: fresh from the registry, or fine-tuned from `config.init` (the model
     saved in that directory, or the registry model `config.model` loaded from it; `load_for_finetune`, whose
-    `init_report(model)` says what was loaded, kept and reset). A detector trained with the focal loss gets fresh
+    `load_report(model)` says what was loaded, kept and reset). A detector trained with the focal loss gets fresh
     class heads that start every class at `FOCAL_PRIOR`, as a fresh model's do."""
     overrides = dict(config.model_args)
     if config.img_size is not None:
@@ -271,7 +273,7 @@ class _Run:
         slow = slow_precision(config.precision, env.device)
         if slow is not None:  # last, where it is read
             lines.append(f"  warning {slow}")
-        init = init_report(self.model)
+        init = load_report(self.model)
         if init is not None and init.adapted:  # what the checkpoint gave, where the model is not it as it was
             lines.insert(1, f"  init    {init.format} layout: {describe_init(init, task.num_classes)}")
         return "\n".join(lines)
@@ -518,17 +520,14 @@ class _Run:
         return FitResult(self.out, self.epoch, metric, self.best_value, self.best_epoch, last, interrupted)
 
     def write_model(self, name: str) -> Path:
-        """Save the evaluated model (EMA weights with EMA) as OUT/name, with the class names and normalisation of
-        the data in its config.json and the task's files beside it: rank 0 writes, every process calls it (a
-        sharded model's weights are gathered from all)."""
-        info, model = self.task.info, self.eval_model
+        """Save the evaluated model (EMA weights with EMA) as OUT/name, with what it needs beside its weights (the
+        task's `saved_info`) in its config.json: rank 0 writes, every process calls it (a sharded model's weights
+        are gathered from all)."""
+        model = self.eval_model
         weights = full_state_dict(model)
         directory = self.out / name
         if self.env.is_main:
-            save_pretrained(
-                model, directory, class_names=info.classes, mean=info.mean, std=info.std, state_dict=weights
-            )
-            self.task.save_beside(directory)
+            save_pretrained(model, directory, self.task.saved_info(), state_dict=weights)
         return directory
 
 

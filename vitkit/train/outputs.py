@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vitkit.data.sources import INFO_NAME
 from vitkit.errors import python_option
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from vitkit.train.config import CONFIG_NAME, TrainConfig
@@ -152,7 +151,7 @@ def clear_out(out: Path, env: DistEnv) -> Path | None:
 
 
 def has_final(out: Path) -> bool:
-    """Whether OUT holds the final model of its run, whole (the loop writes the weights, then config.json, then the
-    task's files; a run killed in between is resumed to write it again)."""
+    """Whether OUT holds the final model of its run, whole (the loop writes the weights, then config.json; a run
+    killed in between is resumed to write it again)."""
     final = out / "final"
-    return all((final / name).is_file() for name in (WEIGHTS_NAME, CONFIG_NAME, INFO_NAME))
+    return all((final / name).is_file() for name in (WEIGHTS_NAME, CONFIG_NAME))

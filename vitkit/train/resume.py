@@ -15,13 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vitkit.train.config import (
-    CONFIG_NAME,
-    TrainConfig,
-    absolute_data,
-    current_model_name,
-    older_detector_settings,
-)
+from vitkit.train.config import CONFIG_NAME, TrainConfig, absolute_data
 from vitkit.train.distributed import DistEnv
 from vitkit.train.outputs import RunHints, check_out, new_folder
 from vitkit.train.sharding import resharded_batch
@@ -88,10 +82,8 @@ def check_resume(saved: dict[str, Any], config: TrainConfig, given: TrainConfig,
 
 
 def _comparable(values: dict[str, Any]) -> dict[str, Any]:
-    """Resolved settings as a resumed run compares them: the default model under its current name, and a data or
-    init path (relative in runs written before paths were stored absolute) made absolute."""
-    values = current_model_name(older_detector_settings(values))
-    values.setdefault("strategy", "ddp")  # runs written before strategies were replicated
+    """Resolved settings as a resumed run compares them: a data or init path made absolute."""
+    values = dict(values)
     if isinstance(values.get("data"), str):
         values["data"] = absolute_data(values["data"])
     if isinstance(values.get("init"), str):

@@ -49,7 +49,7 @@ from vitkit.analysis.preflight import REDUCE_DTYPE
 from vitkit.models.interface import require_model
 from vitkit.train.checkpoint import load_checkpoint, save_checkpoint
 from vitkit.train.distributed import DistEnv, broadcast_object
-from vitkit.weights.io import atomic_write
+from vitkit.util import atomic_write
 
 POINTER_NAME = "checkpoint.json"  # names the folder that holds the current sharded checkpoint
 FOLDER_PREFIX = "checkpoint-"  # the folders: checkpoint-1, checkpoint-2, ...

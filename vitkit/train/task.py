@@ -1,5 +1,5 @@
 """What the training loop asks of a task: its data and loaders, the loss of a batch, the evaluation, the metric that
-picks the best model and the files written beside a saved model.
+picks the best model and what a saved model carries beside its weights (`saved_info`).
 
 `ClassificationTask` trains a classifier with cross-entropy (label smoothing, MixUp / CutMix) and validates by
 accuracy; `DetectionTask` trains DETR with its set criterion (Hungarian matching, `vitkit.detection`) and validates
@@ -8,6 +8,7 @@ by COCO mAP. `create_task(config, env)` picks the one the resolved config's `tas
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Iterable
@@ -45,7 +46,7 @@ from vitkit.detection import (
     criterion_for,
     make_denoising,
 )
-from vitkit.infer import autocast, evaluate, evaluate_detector, save_detection_settings
+from vitkit.infer import autocast, evaluate, evaluate_detector
 from vitkit.layers import to_2tuple
 from vitkit.models.interface import denoising_settings, has_no_object_logit, require_model
 from vitkit.models.registry import model_entry, replace_config
@@ -53,7 +54,7 @@ from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import DistEnv
 from vitkit.train.recipe import CLASSIFICATION, DETECTION
 from vitkit.train.sharding import Lockstep, is_sharded, most_batches
-from vitkit.weights import saved_config
+from vitkit.weights import ModelInfo, saved_config
 
 log = logging.getLogger("vitkit.train")
 
@@ -95,8 +96,9 @@ def _zero_loss(outputs: Any) -> torch.Tensor:
 class Task:
     """The parts of a training run that depend on the task; the loop (`vitkit.train.loop`) drives them.
 
-    After `__init__` (which reads the data and sets `info` and `num_classes`), the loop builds the model and calls
-    `prepare(model)`; then per epoch `set_epoch`, `train_loss` per batch, and `evaluate` at its end.
+    After `__init__` (which reads the data and sets `info`, the data's classes and normalisation, and
+    `num_classes`), the loop builds the model and calls `prepare(model)`; then per epoch `set_epoch`, `train_loss` per
+    batch, and `evaluate` at its end.
     """
 
     name: str
@@ -108,7 +110,7 @@ class Task:
 
     def __init__(self, config: TrainConfig, env: DistEnv) -> None:
         self.config, self.env = config, env
-        self.info: Any = None
+        self.info = ModelInfo()
         self.num_classes = 0
 
     def _samplers(self, train: Dataset, val: Dataset) -> EpochSampler:
@@ -163,9 +165,10 @@ class Task:
         """An evaluation forward pass of `model` on one blank image, which keeps the processes in step."""
         raise NotImplementedError
 
-    def save_beside(self, directory: str) -> None:
-        """Write what a saved model needs besides its weights (the data description) into `directory`."""
-        self.info.save(directory)
+    def saved_info(self) -> ModelInfo:
+        """What a saved model of the run carries beside its weights (`vitkit.save_pretrained` writes it into its
+        config.json): the data's classes, normalisation and description."""
+        return self.info
 
 
 class ClassificationTask(Task):
@@ -176,7 +179,15 @@ class ClassificationTask(Task):
 
     def __init__(self, config: TrainConfig, env: DistEnv) -> None:
         super().__init__(config, env)
-        self.train_source, self.val_source, self.info = load_data(config.data, config.val_fraction, config.seed)
+        self.train_source, self.val_source, data = load_data(config.data, config.val_fraction, config.seed)
+        self.info = ModelInfo(
+            data.classes,
+            data.mean,
+            data.std,
+            data=data.source,
+            val_fraction=data.val_fraction,
+            split_seed=data.split_seed,
+        )
         self.num_classes = len(self.info.classes)
 
     def prepare(self, model: nn.Module) -> nn.Module:
@@ -277,9 +288,10 @@ class DetectionTask(Task):
         model_config = _detector_config(config)
         side = config.img_size or min(to_2tuple(model_config.img_size))
         augment = DetectionAugment(config.hflip or 0.0, config.scale_jitter or 0.0, config.crop or 0.0)
-        self.train_set, self.val_set, self.info = load_detection(
+        self.train_set, self.val_set, data = load_detection(
             config.data, seed=config.seed, channels=model_config.in_chans, img_size=side, augment=augment
         )
+        self.info = ModelInfo(data.classes, data.mean, data.std, category_ids=data.category_ids, data=data.source)
         self.num_classes = len(self.info.classes)
         self.loss_parts = ("loss_ce", "loss_bbox", "loss_giou") + (("loss_box_cls",) if config.box_cls_loss else ())
         for split in (self.train_set, self.val_set):
@@ -385,7 +397,7 @@ class DetectionTask(Task):
         distributed, precision = self.env.world_size > 1, self.config.precision
         batches = self.val_batches(model)
         result = evaluate_detector(model, batches, self.info, self.postprocessing, distributed, precision)
-        self.threshold = result.threshold  # saved with the model evaluated (postprocess.json), for predict
+        self.threshold = result.threshold  # saved with the model evaluated (`saved_info`), for predict
         return result.metrics, result.skipped
 
     def idle_forward(self, model: nn.Module) -> None:
@@ -394,9 +406,10 @@ class DetectionTask(Task):
     def describe(self, metrics: dict[str, Any]) -> str:
         return "  ".join(f"{k} {metrics[k]:.4f}" for k in ("ap", "ap50", "ap75"))
 
-    def save_beside(self, directory: str) -> None:
-        super().save_beside(directory)
-        save_detection_settings(directory, self.postprocessing)
+    def saved_info(self) -> ModelInfo:
+        """The data's classes, their category ids, normalisation and description, and how the model's outputs are
+        read (`postprocessing`)."""
+        return dataclasses.replace(self.info, postprocess=self.postprocessing.to_dict())
 
     @property
     def postprocessing(self) -> Postprocessing:

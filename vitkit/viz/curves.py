@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from vitkit.weights.io import atomic_write
+from vitkit.util import atomic_write
 
 # Panel -> (metrics key, legend label), in drawing order; keys a run does not log are left out.
 PANELS: dict[str, tuple[tuple[str, str], ...]] = {

@@ -34,5 +34,4 @@ WEIGHTS = FamilyWeights(
     markers=("stem.conv1.conv.weight", "stages.0.0.conv1_1x1.conv.weight"),
     head=("head.fc.",),
     read_fields=read_fields,
-    fields_added={"global_pool": 2, "bilinear_dim": 2},
 )

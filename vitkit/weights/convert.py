@@ -10,9 +10,10 @@ format may hold one part of a model (a detector's "torchvision" files are ResNet
 rest keeping its initialisation. Conversions rename, concatenate and split; where a library stores a tensor
 otherwise (Paddle's Linear weights [in, out], vit-pytorch's patches flattened in (p1 p2 c) order, a CLIP class
 embedding without its batch dims), its rule maps the values too. A format whose files carry no config (vit-pytorch's,
-PaddleViT's) builds its model from their shapes (`model_from_file`).
-Whole model directories (vitkit's and Hugging Face's) are read by `from_pretrained` / `load_pretrained`;
-`convert` reads a directory or a checkpoint file in one layout and writes another.
+PaddleViT's) builds its model from their shapes.
+`from_pretrained` builds and loads the model of a directory (vitkit's or Hugging Face's) or of a file of such a
+format; `load_weights` loads any checkpoint into a model built otherwise (`vitkit.create_model`); `convert` reads a
+directory or a checkpoint file in one layout and writes another.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vitkit.models.registry import build_model, create_model, family_of, model_entry, replace_config
+from vitkit.util import atomic_write
 from vitkit.weights import hf, shapes
+from vitkit.weights.errors import CheckpointMismatch, LayoutMismatch, ModelNeeded, ModelNotNeeded
 from vitkit.weights.family import FamilyWeights, family_weights, hf_model_types, registered_weights, source_formats
 from vitkit.weights.io import (
     CONFIG_NAME,
@@ -38,10 +41,7 @@ from vitkit.weights.io import (
     PDPARAMS_SUFFIX,
     PICKLE_SUFFIXES,
     WEIGHTS_NAME,
-    CheckpointMismatch,
     ModelInfo,
-    atomic_write,
-    build_from_config,
     check_finite,
     check_model_info,
     check_state_dict,
@@ -49,9 +49,8 @@ from vitkit.weights.io import (
     is_hf_config,
     model_info,
     read_checkpoint,
-    read_config,
     read_json,
-    read_saved_info,
+    read_model_dir,
     save_pretrained,
 )
 from vitkit.weights.pdparams import write_pdparams
@@ -61,11 +60,12 @@ from vitkit.weights.rename import Layout
 WRAPPER_ENTRIES = ("state_dict", "model", "model_ema")
 # Key prefixes added by wrappers: DistributedDataParallel / DataParallel, Lightning-style modules, torch.compile.
 WRAPPER_PREFIXES = ("module.", "model.", "_orig_mod.")
+REPORT_ATTRIBUTE = "load_report"  # the `LoadReport` that from_pretrained sets on the model it returns
 
 
 @dataclass
 class LoadReport:
-    """What `load_weights` did."""
+    """What `load_weights` (or `from_pretrained`) did."""
 
     source: str  # the file read, or "state dict"
     format: str  # the layout the checkpoint was read as: "vitkit" or a format of `formats()`
@@ -85,7 +85,7 @@ class LoadReport:
     unexpected: list[str] = field(default_factory=list)  # checkpoint keys not used (strict=False only)
     mismatched: list[str] = field(default_factory=list)  # keys skipped for their shape (strict=False only)
     assumed: list[str] = field(default_factory=list)  # what a model built from a config-less file's shapes assumed
-    # that neither the shapes nor the fields given said (`model_from_file`), in words
+    # that neither the shapes nor the fields given said (`from_pretrained` of such a file), in words
 
     @property
     def adapted(self) -> bool:
@@ -252,11 +252,7 @@ def _load(
             found = given
         if found == given:
             raise
-        shown = "timm / vitkit" if found == "vitkit" else found
-        raise ValueError(
-            f"{name} is in the {shown} layout, not {format}'s: read it as {found} (--from {found}; format={found!r} "
-            "from Python), or let the layout be recognised (no --from; format='auto')"
-        ) from err
+        raise LayoutMismatch(name, format, found) from err
 
 
 def _load_state(
@@ -476,29 +472,68 @@ def _check_head(
         )
 
 
-def load_pretrained(
-    directory: str | os.PathLike, reset_head: bool = False, **overrides: Any
-) -> tuple[nn.Module, LoadReport]:
-    """Build and load the model in a vitkit directory or a Hugging Face transformers directory.
+def from_pretrained(
+    path: str | os.PathLike, format: str = "auto", reset_head: bool = False, **overrides: Any
+) -> nn.Module:
+    """The model saved at `path`, built and loaded, in eval mode: the one way to load a model whose architecture the
+    weights' source describes (a registered model and a file of weights: `vitkit.create_model` and `load_weights`).
 
-    A transformers ViT / DeiT / Swin / DETR `config.json` becomes the equal vitkit config (LayerNorm eps, qkv bias
-    and MLP width included); a base model (`ViTModel`, `DeiTModel`, `SwinModel`) becomes a model without
-    classifier, and a ViT / DeiT pooler is dropped (listed in the report). The class names (vitkit's
-    `class_names`, transformers' `id2label` unless it holds only the default LABEL_i names) and the normalisation
-    (vitkit's `mean` / `std`, the `image_mean` / `image_std` of a `preprocessor_config.json`) are set on the model
-    as `model.pretrained_info` (a `ModelInfo`); the names are left out when the classifier is not the saved one
-    (`reset_head`). Returns (model in eval mode, report).
+    `path` is:
+      - a directory written by `save_pretrained` (`vitkit train`'s final/ and best/, `vitkit convert`,
+        `export_weights`): its config.json says the model, and what the model carries beside it (class names,
+        normalisation, ...: a `ModelInfo`) is set on the model as `model.pretrained_info` (`model_info(model)`);
+        without the entries about the classes when the classifier is not the saved one (`reset_head`, or another
+        `num_classes`);
+      - a directory written by Hugging Face transformers' `save_pretrained` (ViT, DeiT, DINOv2, CLIP, SigLIP, Swin,
+        DETR, Deformable DETR): its config.json becomes the equal vitkit config (LayerNorm eps, qkv bias and MLP
+        width included; a base model becomes a model without classifier, and a ViT / DeiT pooler is dropped);
+        its class names are `id2label`'s (unless only the default LABEL_i names) and its normalisation that of a
+        `preprocessor_config.json`;
+      - a checkpoint file of a format whose files carry no config (vit-pytorch's, PaddleViT's): the model is built
+        from its shapes and `overrides` (what the shapes do not say, e.g. ``num_heads=8``; `FieldsNeeded` names
+        it), and `load_report(model).assumed` says what the shapes left open, e.g. a square image. Any other file
+        holds no architecture: `ModelNeeded`.
+    Weights are checked as `load_weights` checks them (sizes, NaN / Inf); with another `img_size` a ViT's position
+    table is resampled. What loading did is `load_report(model)`.
 
     Args:
-        directory: the model directory.
+        path: the directory or file.
+        format: "auto", or the layout `path` must be in (a directory: "vitkit" / "timm" or "hf").
         reset_head: keep the built model's own classifier (e.g. with ``num_classes=10`` in `overrides`).
-        overrides: config fields to replace, e.g. ``attn_backend="math"``.
+        overrides: config fields to replace, e.g. ``attn_backend="math"`` or ``dynamic_img_size=True``.
     """
-    directory = Path(directory)
+    path = Path(path)
+    if format not in ("auto", *formats()):
+        raise ValueError(f"format must be one of {('auto', *formats())}, got {format!r}")
+    if path.is_file():
+        model, report = _from_file(path, format, reset_head, overrides)
+    else:
+        model, report = _from_directory(path, format, reset_head, overrides)
+    setattr(model, REPORT_ATTRIBUTE, report)
+    return model
+
+
+def load_report(model: nn.Module) -> LoadReport | None:
+    """What `from_pretrained` (or `vitkit.train.load_for_finetune`) loaded into `model`, kept and reset; None for a
+    model built otherwise."""
+    report = getattr(model, REPORT_ATTRIBUTE, None)
+    return report if isinstance(report, LoadReport) else None
+
+
+def _from_directory(
+    directory: Path, format: str, reset_head: bool, overrides: dict[str, Any]
+) -> tuple[nn.Module, LoadReport]:
     saved = _directory_config(directory)
-    if not is_hf_config(saved):
-        model = build_from_config(directory, **overrides)
-        info = read_saved_info(directory)
+    found = "hf" if is_hf_config(saved) else "vitkit"
+    if format != "auto" and not same_layout(format, found):
+        raise ValueError(f"{directory} is a {found} directory, not {format}")
+    if found == "vitkit":
+        family_name, config, info = read_model_dir(directory, overrides)
+        if not (directory / WEIGHTS_NAME).is_file():
+            raise FileNotFoundError(
+                f"{directory / WEIGHTS_NAME} not found: expected a directory written by vitkit.save_pretrained"
+            )
+        model = build_model(family_name, config)
         report = load_weights(model, directory / WEIGHTS_NAME, format="vitkit", reset_head=reset_head)
         return _with_info(model.eval(), info, reset_head), report
     obj = read_checkpoint(directory)
@@ -512,7 +547,10 @@ def _directory_config(directory: Path) -> dict[str, Any]:
     """The parsed config.json of a vitkit or Hugging Face model directory; FileNotFoundError without one."""
     config_path = directory / CONFIG_NAME
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: expected a vitkit or Hugging Face model directory")
+        raise FileNotFoundError(
+            f"{config_path} not found: expected a directory written by vitkit.save_pretrained or by Hugging Face "
+            "transformers, or a checkpoint file"
+        )
     return read_json(config_path)
 
 
@@ -533,13 +571,21 @@ def _hf_config(
 
 
 def saved_config(directory: str | os.PathLike, **overrides: Any) -> Any:
-    """The config of the model in a vitkit or Hugging Face transformers directory, as `load_pretrained` builds it,
+    """The config of the model in a vitkit or Hugging Face transformers directory, as `from_pretrained` builds it,
     with `overrides` replaced (e.g. the image size a run trains at). Nothing is built or loaded."""
     directory = Path(directory)
     saved = _directory_config(directory)
     if not is_hf_config(saved):
-        return read_config(directory, **overrides)
+        return read_model_dir(directory, overrides)[1]
     return _hf_config(directory, saved, read_checkpoint(directory), overrides)[1]
+
+
+def read_model_info(directory: str | os.PathLike) -> ModelInfo:
+    """What the model in a vitkit or Hugging Face directory carries beside its config (see `from_pretrained`), read
+    without building it; entries it does not hold are None."""
+    directory = Path(directory)
+    saved = _directory_config(directory)
+    return _hf_info(directory, saved) if is_hf_config(saved) else read_model_dir(directory)[2]
 
 
 def _hf_info(directory: Path, saved: dict[str, Any]) -> ModelInfo:
@@ -551,50 +597,18 @@ def _hf_info(directory: Path, saved: dict[str, Any]) -> ModelInfo:
         settings = read_json(processor)
         if isinstance(settings, dict) and settings.get("do_normalize", True):
             mean, std = settings.get("image_mean"), settings.get("image_std")
-    return check_model_info(names, mean, std, len(names or ()), str(processor))
+    values = {"classes": names, "mean": mean, "std": std}
+    return check_model_info(values, len(names or ()), str(processor))
 
 
 def _with_info(model: nn.Module, info: ModelInfo, reset_head: bool) -> nn.Module:
-    """Set `info` on the model as `pretrained_info`, its class names only where they name the loaded classifier."""
+    """Set `info` on the model as `pretrained_info`, its entries about the classes only where they are about the
+    loaded classifier."""
     num_classes = getattr(model.config, "num_classes", 0)
-    if info.class_names is not None and (reset_head or len(info.class_names) != num_classes):
-        info = ModelInfo(None, info.mean, info.std)
+    if reset_head or (info.classes is not None and len(info.classes) != num_classes):
+        info = info.without_classes()
     setattr(model, INFO_ATTRIBUTE, info)
     return model
-
-
-def read_model_info(directory: str | os.PathLike) -> ModelInfo:
-    """The class names and normalisation saved in a vitkit or Hugging Face model directory (see `load_pretrained`);
-    fields it does not hold are None."""
-    directory = Path(directory)
-    config_path = directory / CONFIG_NAME
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: expected a vitkit or Hugging Face model directory")
-    saved = read_json(config_path)
-    return _hf_info(directory, saved) if is_hf_config(saved) else read_saved_info(directory)
-
-
-def from_pretrained(directory: str | os.PathLike, **overrides: Any) -> nn.Module:
-    """Rebuild a model from a directory written by `save_pretrained`, or by Hugging Face transformers'
-    `save_pretrained` (ViT, DeiT, Swin, DETR: the vitkit model equal to the transformers one, weights converted).
-
-    The directory's class names and normalisation, where it holds them, are on the model as
-    `model.pretrained_info` (see `load_pretrained`). Weights are checked as `load_weights` checks them (sizes,
-    NaN / Inf); with another `img_size` a ViT's position table is resampled.
-
-    Args:
-        directory: folder holding `config.json` and `model.safetensors` (Hugging Face: or `pytorch_model.bin`).
-        overrides: config fields to replace, e.g. ``attn_backend="math"`` or ``dynamic_img_size=True``.
-    """
-    directory = Path(directory)
-    config_path = directory / CONFIG_NAME
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: expected a directory written by vitkit.save_pretrained")
-    if not is_hf_config(read_json(config_path)) and not (directory / WEIGHTS_NAME).is_file():
-        raise FileNotFoundError(
-            f"{directory / WEIGHTS_NAME} not found: expected a directory written by vitkit.save_pretrained"
-        )
-    return load_pretrained(directory, **overrides)[0]
 
 
 def same_layout(a: str, b: str) -> bool:
@@ -614,31 +628,29 @@ def convert(
     """Read weights in one library's layout and write them in another's (what `vitkit convert` does).
 
     Args:
-        src: a model directory with its own `config.json` (vitkit or Hugging Face; see `load_pretrained`), or a
-            checkpoint file (`.safetensors`, `.pth`, `.pt`, `.bin`), which carries no config: then `model_name`
-            names the registered model to load it into.
+        src: what `from_pretrained` reads (a model directory with its own `config.json`, vitkit's or Hugging
+            Face's, or a file of a format that builds its model from its shapes), or a checkpoint file of any
+            layout (`.safetensors`, `.pth`, `.pt`, `.bin`), which carries no config: then `model_name` names the
+            registered model to load it into.
         dst: where to write (see `export_weights`): a directory for "vitkit" / "hf", a file for the other formats.
-        src_format: "auto" or the layout of `src`; a model directory must be in it.
+        src_format: "auto" or the layout of `src`.
         dst_format: the layout to write.
-        model_name: the registered model for a checkpoint file; not for a model directory.
+        model_name: the registered model for a checkpoint file; not for what builds its own model.
         reset_head: keep the built model's freshly initialised classifier, not the checkpoint's.
         overrides: config fields to replace, e.g. ``{"num_classes": 10}``.
 
-    The class names and normalisation a model directory holds are written with the weights where the layout of
-    `dst` has a place for them (not the names when the classifier is reset).
+    What a model directory holds beside its config (`ModelInfo`) is written with the weights where the layout of
+    `dst` has a place for it (not the entries about the classes when the classifier is reset).
 
     Returns:
         (what loading `src` did, the path written).
     """
     src, overrides = Path(src), dict(overrides or {})
-    if (src / CONFIG_NAME).is_file():
-        if model_name:
-            raise ValueError(f"{src} is a model directory with its own {CONFIG_NAME}; --model is for checkpoint files")
-        model, report = load_pretrained(src, reset_head=reset_head, **overrides)
-        if src_format != "auto" and not same_layout(src_format, report.format):
-            raise ValueError(f"{src} is a {report.format} directory, not {src_format}")
-    elif not model_name:
-        model, report = model_from_file(src, src_format, reset_head, **overrides)
+    if not model_name:
+        model = from_pretrained(src, src_format, reset_head, **overrides)
+        report = load_report(model)
+    elif (src / CONFIG_NAME).is_file():
+        raise ModelNotNeeded(f"{src} is a model directory with its own {CONFIG_NAME}")
     else:
         model = create_model(model_name, **overrides)
         try:
@@ -646,33 +658,29 @@ def convert(
         except ValueError as err:
             _builds_own_model(src, src_format, err)
             raise
-    info = model_info(model)  # a model directory's names and normalisation, written where dst has a place
-    return report, export_weights(model.eval(), dst, dst_format, info.class_names, info.mean, info.std)
+    return report, export_weights(model.eval(), dst, dst_format, model_info(model))
 
 
 def _builds_own_model(path: Path, format: str, err: ValueError) -> None:
-    """ValueError saying to drop --model when `path`, which did not fit the model named, is in a layout whose files
-    build their own model from their shapes (`Layout.read_config`): following the fields `err` lists would not
-    make a registered model fit such a file."""
+    """`ModelNotNeeded` when `path`, which did not fit the model named, is in a layout whose files build their own
+    model from their shapes (`Layout.read_config`): following the fields `err` lists would not make a registered
+    model fit such a file."""
     state, _ = unwrap_state_dict(read_checkpoint(path), str(path))
     for weights in registered_weights().values():
         for layout in weights.layouts:
             if layout.read_config is not None and format in ("auto", layout.format) and layout.matches(set(state)):
                 problem = err.problem if isinstance(err, CheckpointMismatch) else str(err)
-                raise ValueError(
+                raise ModelNotNeeded(
                     f"{path} is a {layout.format} file, which builds its own model from its shapes, and it does not "
-                    f"fit the model named ({problem}): drop --model (vitkit convert {path} --out DST --model-arg "
-                    "num_heads=H; vitkit.weights.model_from_file from Python)"
+                    f"fit the model named ({problem})",
+                    fields={"num_heads": "H"},
                 ) from err
 
 
-def model_from_file(
-    path: str | os.PathLike, format: str = "auto", reset_head: bool = False, **fields: Any
-) -> tuple[nn.Module, LoadReport]:
-    """Build the model a checkpoint file of a config-less format holds (vit-pytorch's: `Layout.read_config`) from
-    its shapes and `fields` (what the shapes do not say, e.g. ``num_heads=8``), and load it. Returns (model in eval
-    mode, report; `report.assumed` says what the shapes left open, e.g. a square image); ValueError naming
-    `--model` for a file no such format reads, and the layout a file is in when `format` names another."""
+def _from_file(path: Path, format: str, reset_head: bool, fields: dict[str, Any]) -> tuple[nn.Module, LoadReport]:
+    """The model a checkpoint file of a config-less format holds (vit-pytorch's: `Layout.read_config`), built from
+    its shapes and `fields`, and loaded; `report.assumed` says what the shapes left open. `ModelNeeded` for a file
+    no such format reads; `LayoutMismatch` when `format` names another than the file's."""
     state, _ = unwrap_state_dict(read_checkpoint(path), str(path))
     keys = set(state)
     readable = [
@@ -691,13 +699,10 @@ def model_from_file(
         model = build_model(fam, config)
         report = load_weights(model, path, format=layout.format, reset_head=reset_head)
         report.assumed = assumed
+        setattr(model, INFO_ATTRIBUTE, ModelInfo())
         return model.eval(), report
     if readable:  # in a config-less layout, but not the one named
-        found = readable[0][1].format
-        raise ValueError(
-            f"{path} is in the {found} layout, not {format}'s: read it as {found} (--from {found}; format={found!r} "
-            "from Python), or let the layout be recognised (no --from; format='auto')"
-        )
+        raise LayoutMismatch(str(path), format, readable[0][1].format)
     config_less = {
         layout.format for weights in registered_weights().values() for layout in weights.layouts if layout.read_config
     }
@@ -706,27 +711,17 @@ def model_from_file(
         others, _ = _lookalikes(state)
         seen = f"; it looks like a {' or '.join(others)} checkpoint" if others else ""
         named = f", and not in the {format} layout{seen}"
-    raise ValueError(
-        f"{path} is a checkpoint file without a config{named}: name the model with --model "
-        "(e.g. --model vit_base_patch16_224; see `vitkit models`)"
-    )
+    raise ModelNeeded(str(path), named)
 
 
-def export_weights(
-    model: nn.Module,
-    path: str | os.PathLike,
-    format: str,
-    class_names: Sequence[str] | None = None,
-    mean: Sequence[float] | None = None,
-    std: Sequence[float] | None = None,
-) -> Path:
+def export_weights(model: nn.Module, path: str | os.PathLike, format: str, info: ModelInfo | None = None) -> Path:
     """Write `model`'s weights in another library's layout; returns the path written.
 
-    Class names and normalisation, when given, go where the layout has a place for them: "vitkit" into config.json
-    (see `save_pretrained`); "hf" as `id2label` / `label2id` in config.json (transformers' default LABEL_i names
-    when none are given) and, for the families whose transformers classes read images through `ViTImageProcessor`
-    (ViT, DeiT, Swin) with a normalisation given, a `preprocessor_config.json` for it. The single-file formats hold
-    weights only.
+    What the model needs beside its weights (`info`: class names, normalisation, ...), when given, goes where the
+    layout has a place for it: "vitkit" into config.json (every entry; see `save_pretrained`); "hf" the class names
+    as `id2label` / `label2id` in config.json (transformers' default LABEL_i names when none are given) and, for the
+    families whose transformers classes read images through `ViTImageProcessor` (ViT, DeiT, Swin) with a
+    normalisation given, a `preprocessor_config.json` for it. The single-file formats hold weights only.
 
     Args:
         model: a vitkit model.
@@ -738,20 +733,18 @@ def export_weights(
             (its code reads ``torch.load(path)["model"]``); a `.safetensors` file, which holds one flat mapping of
             tensors, the state dict itself.
         format: one of `formats()`: "vitkit", "timm", "torchvision", "hf", ...
-        class_names: one name per classifier output, in label order.
-        mean, std: the per-channel normalisation of images scaled to [0, 1] that the model expects.
+        info: e.g. ``model_info(model)`` for a model read by `from_pretrained`.
     """
     if format not in formats():
         raise ValueError(f"format must be one of {formats()}, got {format!r}")
     path = Path(path)
     if format == "vitkit":
-        return save_pretrained(model, path, class_names, mean, std)
+        return save_pretrained(model, path, info)
     fam = family_of(model).name
     weights = family_weights(fam)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if format == "hf":
-        info = info_for(model, class_names, mean, std, source="export_weights")
-        return _write_hf_directory(model, weights, state, path, info)
+        return _write_hf_directory(model, weights, state, path, info_for(model, info, source="export_weights"))
     wrapper = None
     if format != "timm":  # timm's names are vitkit's
         layout = _layout(fam, weights, format)
@@ -787,7 +780,7 @@ def _write_hf_directory(
     if weights.hf_export is None:
         raise ValueError(f"there is no Hugging Face layout for {family_of(model).name} models")
     renamed, config = weights.hf_export(model.config, state)
-    config.update(hf.labels(model.config.num_classes, info.class_names))
+    config.update(hf.labels(model.config.num_classes, info.classes))
     processor = None
     if weights.hf_image_processor:
         processor = hf.image_processor(model.config.img_size, model.config.in_chans, info.mean, info.std)
@@ -802,13 +795,12 @@ def _write_hf_directory(
 
 __all__ = [
     "LoadReport",
-    "model_from_file",
     "convert",
     "detect_format",
     "export_weights",
     "formats",
     "from_pretrained",
-    "load_pretrained",
+    "load_report",
     "load_weights",
     "read_model_info",
     "same_layout",

@@ -55,18 +55,18 @@ import torch
 
 from vitkit.models.deformable_detr import DeformableDetrConfig
 from vitkit.weights.detr import (
-    _BODY,
-    _HF_BACKBONES,
-    _NORMS,
+    BACKBONE_BODY,
+    HF_BACKBONES,
+    RESNET_NORMS,
     TIMM_RESNETS,
-    _attention,
-    _backbone_from_hf,
-    _hf_native_backbone,
-    _hf_timm_backbone,
-    _resnet,
+    attention_rules,
+    backbone_from_hf,
+    hf_native_backbone,
     hf_resnet_config,
+    hf_timm_backbone,
     resnet_classifier,
     resnet_name,
+    resnet_rules,
     without_step_counts,
 )
 from vitkit.weights.family import FamilyWeights, State
@@ -231,15 +231,15 @@ _HF_COMMON = dict(
 # prefix). Export: the files' names, with the backbone the config can express.
 HF = HfLayout(
     rules=(
-        *(r for prefix in _HF_BACKBONES for r in _hf_native_backbone(prefix)),
-        *(r for prefix in _HF_BACKBONES for r in _hf_timm_backbone(prefix)),
+        *(r for prefix in HF_BACKBONES for r in hf_native_backbone(prefix)),
+        *(r for prefix in HF_BACKBONES for r in hf_timm_backbone(prefix)),
         *_hf_body("out_proj", ""),
         *_hf_body("o_proj", "mlp."),
     ),
     **_HF_COMMON,
 )
-HF_TIMM = Layout(rules=_hf_timm_backbone(_HF_BACKBONES[0]) + _hf_body("out_proj", ""), **_HF_COMMON)
-HF_NATIVE = Layout(rules=_hf_native_backbone(_HF_BACKBONES[0]) + _hf_body("out_proj", ""), **_HF_COMMON)
+HF_TIMM = Layout(rules=hf_timm_backbone(HF_BACKBONES[0]) + _hf_body("out_proj", ""), **_HF_COMMON)
+HF_NATIVE = Layout(rules=hf_native_backbone(HF_BACKBONES[0]) + _hf_body("out_proj", ""), **_HF_COMMON)
 
 
 def _stages_from_hf(hf: dict[str, Any], levels: int, source: str) -> tuple[int, ...]:
@@ -283,7 +283,7 @@ def config_from_hf(hf: dict[str, Any], keys: set[str], source: str) -> Deformabl
                 f"{source}: {enc} {hf.get(enc, default)} != {dec} {hf.get(dec, default)}; vitkit's Deformable DETR "
                 "uses one"
             )
-    backbone = _backbone_from_hf(hf, source)
+    backbone = backbone_from_hf(hf, source)
     kwargs = hf.get("backbone_kwargs") or {}
     backbone["dilation"] = backbone["dilation"] or kwargs.get("output_stride") == 16
     levels = hf.get("num_feature_levels", 4)
@@ -399,7 +399,7 @@ def _original_body() -> tuple[Rename, ...]:
     """The paper's names for all but the heads (`resolve_heads` names those as vitkit's before renaming)."""
     enc, dec = "encoder.layers.{i}", "decoder.layers.{i}"
     return (
-        *_resnet(),  # backbone.X <- backbone.0.body.X: torchvision's ResNet, frozen norms' four buffers
+        *resnet_rules(),  # backbone.X <- backbone.0.body.X: torchvision's ResNet, frozen norms' four buffers
         rename("input_proj", "input_proj"),  # {l}.0 Conv2d (D, C_l, 1, 1) or (D, C, 3, 3), {l}.1 GroupNorm: both
         rename("level_embed", f"{_T}level_embed"),  # (L, D) both
         rename("query_embed", "query_embed"),  # Embedding (Q, 2D) both: [position | content]
@@ -413,7 +413,7 @@ def _original_body() -> tuple[Rename, ...]:
         rename(f"{enc}.mlp.fc1", f"{_T}{enc}.linear1"),  # (F, D) both
         rename(f"{enc}.mlp.fc2", f"{_T}{enc}.linear2"),  # (D, F) both
         rename(f"{enc}.norm2", f"{_T}{enc}.norm2"),
-        *_attention(f"{dec}.self_attn", f"{_T}{dec}.self_attn"),  # nn.MultiheadAttention: in_proj is vitkit's qkv
+        *attention_rules(f"{dec}.self_attn", f"{_T}{dec}.self_attn"),  # nn.MultiheadAttention: in_proj is vitkit's qkv
         # The paper's decoder layer names its norms in construction order, cross-attention's first: its norm2 follows
         # the self-attention (vitkit's norm1), its norm1 the cross-attention (vitkit's norm2).
         rename(f"{dec}.norm1", f"{_T}{dec}.norm2"),
@@ -511,7 +511,7 @@ ORIGINAL = OriginalLayout(
     family="deformable_detr",
     rules=_original_body(),
     markers=(f"{_T}level_embed", f"{_T}encoder.layers.0.self_attn.sampling_offsets.weight"),
-    dropped=tuple(f"{_BODY}.{norm}.num_batches_tracked" for norm in _NORMS),
+    dropped=tuple(f"{BACKBONE_BODY}.{norm}.num_batches_tracked" for norm in RESNET_NORMS),
     check_export=check_original_export,
     wrapper="model",  # its main.py reads and writes checkpoint["model"]
 )
@@ -532,7 +532,6 @@ WEIGHTS = FamilyWeights(
     read_fields=read_fields,
     hf_model_types={"deformable_detr": config_from_hf},
     hf_export=to_hf,
-    fields_added=dict.fromkeys(("backbone_norm", "mixed_queries", "dn_queries", "dn_label_noise", "dn_box_noise"), 3),
 )
 
 __all__ = [

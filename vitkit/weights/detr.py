@@ -89,23 +89,23 @@ def resnet_name(config: DetrConfig) -> str | None:
 
 
 # --- facebookresearch/detr --------------------------------------------------------------------------------------------
-_BODY = "backbone.0.body"  # Joiner [0] -> Backbone.body: torchvision's ResNet names (conv1, bn1, layer1..4)
+BACKBONE_BODY = "backbone.0.body"  # Joiner [0] -> Backbone.body: torchvision's ResNet names (conv1, bn1, layer1..4)
 _CONVS = ("conv1", "layer{s}.{b}.conv{n}", "layer{s}.{b}.downsample.0")
-_NORMS = ("bn1", "layer{s}.{b}.bn{n}", "layer{s}.{b}.downsample.1")
+RESNET_NORMS = ("bn1", "layer{s}.{b}.bn{n}", "layer{s}.{b}.downsample.1")
 _NORM_TENSORS = ("weight", "bias", "running_mean", "running_var")  # FrozenBatchNorm2d's buffers
 
 
-def _resnet(body: str = f"{_BODY}.") -> tuple[Rename, ...]:
+def resnet_rules(body: str = f"{BACKBONE_BODY}.") -> tuple[Rename, ...]:
     """vitkit's backbone keeps torchvision's names: `backbone.X` <- `{body}X` (facebookresearch/detr's
     `backbone.0.body.X`; a ResNet classifier's `X`), tensor by tensor, so that a BatchNorm's `num_batches_tracked`
     (absent from DETR's frozen norms, present if a norm was a BatchNorm2d) is dropped rather than carried along."""
     return (
         *(rename(f"backbone.{conv}.weight", f"{body}{conv}.weight") for conv in _CONVS),  # (out, in, kh, kw) both
-        *(rename(f"backbone.{norm}.{t}", f"{body}{norm}.{t}") for norm in _NORMS for t in _NORM_TENSORS),
+        *(rename(f"backbone.{norm}.{t}", f"{body}{norm}.{t}") for norm in RESNET_NORMS for t in _NORM_TENSORS),
     )
 
 
-def _attention(ours: str, theirs: str) -> tuple[Rename, ...]:
+def attention_rules(ours: str, theirs: str) -> tuple[Rename, ...]:
     return (
         # nn.MultiheadAttention's in_proj is already the fused q, k, v: (3D, D) and (3D,), rows q | k | v, the order
         # vitkit's qkv reads them in. No split.
@@ -141,17 +141,17 @@ ORIGINAL = Layout(
     format="detr",
     family="detr",
     rules=(
-        *_resnet(),
+        *resnet_rules(),
         rename("input_proj", "input_proj"),  # Conv2d (D, C5, 1, 1) both
         rename("query_embed", "query_embed"),  # Embedding (Q, D) both
-        *_attention(f"{_ENC}.self_attn", f"transformer.{_ENC}.self_attn"),
+        *attention_rules(f"{_ENC}.self_attn", f"transformer.{_ENC}.self_attn"),
         rename(f"{_ENC}.norm1", f"transformer.{_ENC}.norm1"),
         rename(f"{_ENC}.mlp.fc1", f"transformer.{_ENC}.linear1"),  # (F, D) both
         rename(f"{_ENC}.mlp.fc2", f"transformer.{_ENC}.linear2"),  # (D, F) both
         rename(f"{_ENC}.norm2", f"transformer.{_ENC}.norm2"),
-        *_attention(f"{_DEC}.self_attn", f"transformer.{_DEC}.self_attn"),
+        *attention_rules(f"{_DEC}.self_attn", f"transformer.{_DEC}.self_attn"),
         rename(f"{_DEC}.norm1", f"transformer.{_DEC}.norm1"),
-        *_attention(f"{_DEC}.cross_attn", f"transformer.{_DEC}.multihead_attn"),
+        *attention_rules(f"{_DEC}.cross_attn", f"transformer.{_DEC}.multihead_attn"),
         rename(f"{_DEC}.norm2", f"transformer.{_DEC}.norm2"),
         rename(f"{_DEC}.mlp.fc1", f"transformer.{_DEC}.linear1"),
         rename(f"{_DEC}.mlp.fc2", f"transformer.{_DEC}.linear2"),
@@ -160,8 +160,8 @@ ORIGINAL = Layout(
         rename("class_embed", "class_embed"),  # (K + 1, D) both, the last row "no object"
         rename("bbox_embed", "bbox_embed"),  # layers.0..2 both
     ),
-    markers=(f"{_BODY}.conv1.weight", "query_embed.weight", "transformer.decoder.norm.weight"),
-    dropped=tuple(f"{_BODY}.{norm}.num_batches_tracked" for norm in _NORMS),
+    markers=(f"{BACKBONE_BODY}.conv1.weight", "query_embed.weight", "transformer.decoder.norm.weight"),
+    dropped=tuple(f"{BACKBONE_BODY}.{norm}.num_batches_tracked" for norm in RESNET_NORMS),
     check_export=check_original_export,
     wrapper="model",  # its main.py and hubconf.py read checkpoint["model"]
 )
@@ -191,9 +191,9 @@ def resnet_classifier(family: str, formats: str) -> Layout:
     return Layout(
         format="torchvision",
         family=family,
-        rules=_resnet(""),
+        rules=resnet_rules(""),
         markers=("conv1.weight", "bn1.running_var", "layer1.0.conv1.weight"),
-        dropped=("fc", *(f"{norm}.num_batches_tracked" for norm in _NORMS)),
+        dropped=("fc", *(f"{norm}.num_batches_tracked" for norm in RESNET_NORMS)),
         check_export=backbone_only_export(family, formats),
         part="backbone.",
         part_name="ResNet",
@@ -204,10 +204,10 @@ TORCHVISION = resnet_classifier("detr", "vitkit, hf or detr")
 
 
 # --- Hugging Face transformers ----------------------------------------------------------------------------------------
-_HF_BACKBONES = ("backbone.conv_encoder.model", "backbone.model")  # on disk, in memory
+HF_BACKBONES = ("backbone.conv_encoder.model", "backbone.model")  # on disk, in memory
 
 
-def _hf_native_backbone(prefix: str) -> tuple[Rename, ...]:
+def hf_native_backbone(prefix: str) -> tuple[Rename, ...]:
     """transformers' own ResNet (`ResNetBackbone`) under `prefix`: the same convolutions and norms as torchvision's,
     named by stage and position; stages count from 0 (`encoder.stages.t`), torchvision's from 1 (`layer{t + 1}`), and
     a block's convs and norms from 0 (`layer.j`), torchvision's from 1 (`conv{j + 1}`, `bn{j + 1}`)."""
@@ -228,7 +228,7 @@ def _hf_native_backbone(prefix: str) -> tuple[Rename, ...]:
     )
 
 
-def _hf_timm_backbone(prefix: str) -> tuple[Rename, ...]:
+def hf_timm_backbone(prefix: str) -> tuple[Rename, ...]:
     """timm's ResNet under `prefix`: torchvision's names (conv1, bn1, layer1..4), which vitkit's backbone keeps."""
     return (rename("backbone", prefix),)
 
@@ -275,18 +275,18 @@ _HF_HEADS = ("class_labels_classifier", "bbox_predictor")  # beside `model.` in 
 # prefix). Export: the files' names, with the backbone the config can express.
 HF = Layout(
     rules=(
-        *(r for prefix in _HF_BACKBONES for r in _hf_native_backbone(prefix)),
-        *(r for prefix in _HF_BACKBONES for r in _hf_timm_backbone(prefix)),
+        *(r for prefix in HF_BACKBONES for r in hf_native_backbone(prefix)),
+        *(r for prefix in HF_BACKBONES for r in hf_timm_backbone(prefix)),
         *_hf_body("out_proj", ""),
         *_hf_body("o_proj", "mlp."),
     ),
     **_HF_COMMON,
 )
-HF_TIMM = Layout(rules=_hf_timm_backbone(_HF_BACKBONES[0]) + _hf_body("out_proj", ""), **_HF_COMMON)
-HF_NATIVE = Layout(rules=_hf_native_backbone(_HF_BACKBONES[0]) + _hf_body("out_proj", ""), **_HF_COMMON)
+HF_TIMM = Layout(rules=hf_timm_backbone(HF_BACKBONES[0]) + _hf_body("out_proj", ""), **_HF_COMMON)
+HF_NATIVE = Layout(rules=hf_native_backbone(HF_BACKBONES[0]) + _hf_body("out_proj", ""), **_HF_COMMON)
 
 
-def _backbone_from_hf(hf: dict[str, Any], source: str) -> dict[str, Any]:
+def backbone_from_hf(hf: dict[str, Any], source: str) -> dict[str, Any]:
     """The vitkit backbone fields for a transformers DETR config's backbone: timm's (`use_timm_backbone`, or a
     `timm_backbone` sub-config, as transformers 5 writes) or transformers' own ResNet (`backbone_config` "resnet")."""
     sub = hf.get("backbone_config")
@@ -339,7 +339,7 @@ def config_from_hf(hf: dict[str, Any], keys: set[str], source: str) -> DetrConfi
     return DetrConfig(
         in_chans=hf.get("num_channels", 3),
         num_classes=num_labels(hf),
-        **_backbone_from_hf(hf, source),
+        **backbone_from_hf(hf, source),
         hidden_dim=hf.get("d_model", 256),
         num_heads=hf.get("encoder_attention_heads", 8),
         enc_layers=hf.get("encoder_layers", 6),
@@ -430,5 +430,4 @@ WEIGHTS = FamilyWeights(
     read_fields=read_fields,
     hf_model_types={"detr": config_from_hf},
     hf_export=to_hf,
-    fields_added={"backbone_norm": 3},
 )

@@ -48,8 +48,8 @@ class FamilyWeights:
     head: tuple[str, ...] = ("head.",)  # vitkit key prefixes of the classifier(s), skipped with reset_head=True
     class_sized: tuple[str, ...] = ()  # vitkit key prefixes of the other tensors sized by the number of classes
     # (e.g. denoising queries' label embeddings): skipped with the classifier, and left as the model initialises them
-    # where the checkpoint lacks them (one written before they existed); the checkpoint's are dropped where the
-    # model has none
+    # where the checkpoint lacks them (one of a model without them); the checkpoint's are dropped where the model has
+    # none
     adapt: Callable[[nn.Module, State], list[str]] = unchanged  # fits size-dependent tensors to the model, in place,
     # before the shape check; returns a line per tensor changed; ValueError when one cannot be fitted
     extra_outputs: int = 0  # classifier rows beyond num_classes (DETR's "no object")
@@ -57,8 +57,6 @@ class FamilyWeights:
     # family lists its formats
     read_fields: Callable[[Mapping[str, torch.Tensor]], dict[str, Any]] = no_fields  # the config fields that a state
     # dict's shapes and key counts fix (vitkit's names; see vitkit.weights.shapes)
-    fields_added: Mapping[str, int] = field(default_factory=dict)  # config field -> the first vitkit config.json
-    # format version whose files always hold it; older files may lack it, and it takes its default
     hf_model_types: Mapping[str, ConfigReader] = field(default_factory=dict)  # transformers model_type -> the
     # reader of its config.json
     hf_export: HfExporter | None = None  # writes a model as transformers' save_pretrained does; None: no such class
@@ -119,10 +117,10 @@ def saved_family(directory: str | os.PathLike) -> Family | None:
 def source_formats() -> tuple[str, ...]:
     """The formats the registered families have rename tables for, each family's order kept (a format a family
     lists after another comes after it), else in the order first seen."""
-    return _merge_orders([[layout.format for layout in w.layouts] for w in registered_weights().values()])
+    return merge_orders([[layout.format for layout in w.layouts] for w in registered_weights().values()])
 
 
-def _merge_orders(orders: Sequence[Sequence[str]]) -> tuple[str, ...]:
+def merge_orders(orders: Sequence[Sequence[str]]) -> tuple[str, ...]:
     """The union of `orders`, each name after every name some order lists before it (where the orders disagree,
     the one seen first goes first)."""
     seen: list[str] = []

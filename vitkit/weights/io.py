@@ -1,14 +1,18 @@
 """Weight files: vitkit model directories (`config.json` + `model.safetensors`, no pickle anywhere) and safe
 reading of other libraries' checkpoints (safetensors, or `torch.load(weights_only=True)`, which never runs code).
 
-A vitkit `config.json` (format_version 4) holds:
-  - "format_version": 4, "family": the model family, "config": every field of the family's config;
-  - "class_names" (optional): the class names in label order, one per classifier output;
-  - "mean", "std" (optional): the per-channel normalisation of images scaled to [0, 1] that the model expects.
-Version 1 files (written before names and normalisation were kept), version 2 files (before the detectors' backbone
-norm and denoising fields) and version 3 files (before ViT's register tokens) are read too; they may lack the config
-fields added since (each family's `FamilyWeights.fields_added`), which then take their defaults. Any other missing
-field is an error naming it.
+A vitkit `config.json` (format_version 5, the one format vitkit reads and writes) holds:
+  - "format_version": 5, "family": the model family, "config": every field of the family's config;
+  - what the model needs to be used without its training data (`ModelInfo`), each entry where known:
+    "classes" (the class names in label order, one per class), "mean" and "std" (the per-channel normalisation
+    of images scaled to [0, 1] that the model expects), for a detector "category_ids" (its data's category id of
+    each class) and "postprocess" (how its outputs become detections: `vitkit.detection.Postprocessing`'s
+    settings), and "data" (what it was trained on: "builtin:NAME" or a folder) with, for a classifier's data,
+    "val_fraction" and "split_seed" (the share of each class held out for validation, 0 where the data has its own
+    split, and the seed of that split).
+`vitkit train` writes every entry; `save_pretrained`, `export_weights` and `vitkit convert` those they are given.
+`read_model_dir` is the one reader: a file of another format_version, lacking a config field, or with an entry
+that is not one of these is refused with a message naming what is wrong.
 """
 
 from __future__ import annotations
@@ -16,12 +20,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import pickle
 import re
-import tempfile
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,129 +35,157 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vitkit.data.sources import check_normalisation
-from vitkit.models.registry import build_model, family, family_of
-from vitkit.weights.family import family_weights
+from vitkit.models.registry import DETECTION, family, family_of
+from vitkit.util import atomic_write
 from vitkit.weights.pdparams import is_pdparams, read_pdparams
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-FORMAT_VERSION = 5  # what save_pretrained writes
-READ_VERSIONS = (1, 2, 3, 4, 5)  # the format versions this vitkit reads
-INFO_ATTRIBUTE = "pretrained_info"  # the `ModelInfo` that from_pretrained / load_pretrained set on a model
+FORMAT_VERSION = 5  # what save_pretrained writes, and the only version read
+INFO_ATTRIBUTE = "pretrained_info"  # the `ModelInfo` that from_pretrained sets on a model
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # files written by torch.save
 PDPARAMS_SUFFIX = ".pdparams"  # files written by Paddle's paddle.save (PaddleViT's weights)
 # Weight files looked for, in this order, when a checkpoint path is a directory (vitkit's and Hugging Face's names).
 DIRECTORY_WEIGHTS = (WEIGHTS_NAME, "pytorch_model.bin")
-
-
-def atomic_write(path: Path, write: typing.Callable[[str], None]) -> None:
-    """Write through a temporary file in the same folder, fsync it, then rename, so that a crash at any moment
-    leaves either the old file or the complete new one, never half a file. The file gets the usual permissions
-    (0666 less the umask), not mkstemp's owner-only ones."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself reaches the disk
-        finally:
-            os.close(directory)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+# What model directories of vitkit's early development kept beside config.json, which is read no more: its entries
+# (`ModelInfo`) are in config.json.
+SPLIT_LAYOUT = ("dataset.json", "postprocess.json")
 
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What a saved model carries beside its config and weights, to be used on images without its training data.
+    """What a saved model carries beside its config and weights, to be used on images without its training data:
+    the entries of its config.json beside the config (see the module docstring). None: not known (not saved).
 
-    `from_pretrained` and `load_pretrained` set it on the model they return as `model.pretrained_info`
-    (`model_info(model)`); `save_pretrained` and `export_weights` write what they are given, e.g.
-    ``save_pretrained(model, path, **dataclasses.asdict(model_info(model)))``, never names a model merely carries
-    (after fine-tuning on other classes they would be wrong). `vitkit.weights.convert` passes them on.
+    `from_pretrained` sets it on the model it returns as `model.pretrained_info` (`model_info(model)`), without
+    the entries about the classes when the classifier is not the saved one; `save_pretrained` and
+    `export_weights` write what they are given, e.g. ``save_pretrained(model, path, model_info(model))``, never
+    what a model merely carries (after fine-tuning on other classes it would be wrong).
     """
 
-    class_names: tuple[str, ...] | None = None  # one per classifier output, in label order; None: unknown
-    mean: tuple[float, ...] | None = None  # per-channel normalisation mean of images scaled to [0, 1]; None: unknown
+    classes: tuple[str, ...] | None = None  # class names, one per class (classifier output), in label order
+    mean: tuple[float, ...] | None = None  # per-channel normalisation mean of images scaled to [0, 1]
     std: tuple[float, ...] | None = None  # per-channel normalisation std, as many values as `mean`
+    category_ids: tuple[int, ...] | None = None  # a detector's: its data's category id of each class (COCO's
+    # results format); None: the class indices
+    postprocess: Mapping[str, Any] | None = None  # a detector's: how its outputs become detections, as
+    # `vitkit.detection.Postprocessing.to_dict()` writes it; None: the default reading of its class logits
+    data: str | None = None  # the data it was trained on: "builtin:NAME" or the (absolute) folder path
+    val_fraction: float | None = None  # a classifier's: the share of each class of `data` held out for validation,
+    # 0 where the data has a split of its own
+    split_seed: int | None = None  # a classifier's: the seed of that held-out split
 
     def to_json(self) -> dict[str, Any]:
-        """The known entries, as config.json stores them."""
-        values = {"class_names": self.class_names, "mean": self.mean, "std": self.std}
-        return {k: list(v) for k, v in values.items() if v is not None}
+        """The known entries, as config.json stores them (tuples as lists)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {
+            k: list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, Mapping) else v
+            for k, v in values.items()
+            if v is not None
+        }
+
+    def without_classes(self) -> ModelInfo:
+        """The entries that stay true of a model whose classifier is not the saved one: the normalisation and the
+        reading of detections (the classes, their category ids and the data they came from dropped)."""
+        return ModelInfo(mean=self.mean, std=self.std, postprocess=self.postprocess)
+
+
+INFO_ENTRIES = tuple(f.name for f in dataclasses.fields(ModelInfo))  # config.json's entries beside the config
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+
+
+def _ids(value: Any) -> bool:
+    return isinstance(value, list | tuple) and all(_integer(v) for v in value)
+
+
+# entry -> (check, what it must be); mean and std are checked together (`check_normalisation`)
+_ENTRY_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "classes": (_names, "a list of class names (strings)"),
+    "category_ids": (_ids, "a list of integers"),
+    "postprocess": (lambda v: isinstance(v, Mapping), "an object of postprocessing settings"),
+    "data": (lambda v: isinstance(v, str) and bool(v), "the data's name or folder (a string)"),
+    "val_fraction": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "split_seed": (_integer, "an integer"),
+}
 
 
 def check_model_info(
-    class_names: Any, mean: Any, std: Any, num_classes: int, source: str, in_chans: int | None = None
+    values: Mapping[str, Any], num_classes: int, source: str, in_chans: int | None = None
 ) -> ModelInfo:
-    """A `ModelInfo` from loose values (lists from JSON, tuples from Python); ValueError naming what is wrong."""
-    if class_names is not None:
-        if isinstance(class_names, str) or not isinstance(class_names, Sequence):
-            raise ValueError(f"{source}: class_names must be a list of strings, got {class_names!r}")
-        class_names = tuple(class_names)
-        if not all(isinstance(name, str) for name in class_names):
-            raise ValueError(f"{source}: class_names must be strings, got {list(class_names)[:5]}")
-        if len(class_names) != num_classes:
-            raise ValueError(f"{source}: {len(class_names)} class_names for a model with {num_classes} classes")
-        repeated = sorted({n for n in class_names if class_names.count(n) > 1})
+    """A `ModelInfo` from loose values (config.json's entries, or a ModelInfo's fields) for a model of
+    `num_classes` classes and `in_chans` channels; ValueError naming `source`, the entry and what is wrong."""
+    given = {k: values.get(k) for k in INFO_ENTRIES}
+    for name, (check, expected) in _ENTRY_CHECKS.items():
+        if given[name] is not None and not check(given[name]):
+            raise ValueError(f"{source}: {name} must be {expected}, got {given[name]!r}")
+    for name in ("classes", "category_ids"):
+        items = given[name]
+        if items is None:
+            continue
+        if len(items) != num_classes:
+            raise ValueError(f"{source}: {len(items)} {name} for a model with {num_classes} classes")
+        repeated = sorted({v for v in items if list(items).count(v) > 1})
         if repeated:
-            raise ValueError(f"{source}: class_names repeat {repeated}")
-    if (mean is None) != (std is None):
-        raise ValueError(f"{source}: mean and std come together; got only {'mean' if std is None else 'std'}")
-    if mean is not None:  # the same check as dataset.json's
-        mean, std = check_normalisation(mean, std, source, in_chans)
-    return ModelInfo(class_names, mean, std)
+            raise ValueError(f"{source}: {name} repeat {repeated}")
+    if (given["mean"] is None) != (given["std"] is None):
+        raise ValueError(f"{source}: mean and std come together; got only {'mean' if given['std'] is None else 'std'}")
+    if given["mean"] is not None:
+        given["mean"], given["std"] = check_normalisation(given["mean"], given["std"], source, in_chans)
+    if given["data"] is None and (given["val_fraction"] is not None or given["split_seed"] is not None):
+        raise ValueError(f"{source}: val_fraction and split_seed describe the split of the data, which is not given")
+    return ModelInfo(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if k != "postprocess"},
+        postprocess=None if given["postprocess"] is None else dict(given["postprocess"]),
+    )
 
 
 def model_info(model: nn.Module) -> ModelInfo:
-    """The `ModelInfo` that `from_pretrained` / `load_pretrained` set on `model` (an empty one otherwise)."""
+    """The `ModelInfo` that `from_pretrained` set on `model` (an empty one otherwise)."""
     info = getattr(model, INFO_ATTRIBUTE, None)
     return info if isinstance(info, ModelInfo) else ModelInfo()
 
 
-def info_for(
-    model: nn.Module,
-    class_names: Sequence[str] | None,
-    mean: Sequence[float] | None,
-    std: Sequence[float] | None,
-    source: str,
-) -> ModelInfo:
-    """The names and normalisation given for `model`, checked against it (count of classes, channels)."""
+def info_for(model: nn.Module, info: ModelInfo | None, source: str) -> ModelInfo:
+    """`info` (None: an empty one) checked against `model`: as many classes, mean / std values for its channels."""
     config = model.config
     num_classes, in_chans = getattr(config, "num_classes", 0), getattr(config, "in_chans", None)
-    return check_model_info(class_names, mean, std, num_classes, source, in_chans)
+    values = {} if info is None else {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
+    return check_model_info(values, num_classes, source, in_chans)
 
 
 def save_pretrained(
     model: nn.Module,
     directory: str | os.PathLike,
-    class_names: Sequence[str] | None = None,
-    mean: Sequence[float] | None = None,
-    std: Sequence[float] | None = None,
+    info: ModelInfo | None = None,
     state_dict: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write `model` to `directory` as `config.json` (family, every config field, class names and normalisation
-    when known) and `model.safetensors`. Returns the directory. `from_pretrained(directory)` rebuilds an equal model.
+    """Write `model` to `directory` as `config.json` (family, every config field, and the entries of `info`) and
+    `model.safetensors`. Returns the directory. `from_pretrained(directory)` rebuilds an equal model.
 
     Args:
         model: a vitkit model.
         directory: created if missing.
-        class_names: one name per classifier output, in label order (None: not written).
-        mean, std: the per-channel normalisation of images scaled to [0, 1] that the model expects (e.g. the
-            training data's; None: not written).
+        info: what the model needs to be used without its training data (class names, normalisation, ...; see
+            `ModelInfo`); None: nothing beside the config.
         state_dict: the weights to write, when not `model.state_dict()`: a sharded model's, gathered
             (`vitkit.train.sharding.full_state_dict`).
+
+    Example: ``save_pretrained(model, "runs/mine", ModelInfo(classes=("cat", "dog"), mean=(0.5,) * 3,
+    std=(0.25,) * 3))``.
     """
     fam = family_of(model)
-    info = info_for(model, class_names, mean, std, source="save_pretrained")
+    info = info_for(model, info, source="save_pretrained")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = {
@@ -168,50 +200,6 @@ def save_pretrained(
     text = json.dumps(config, indent=2) + "\n"
     atomic_write(directory / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text))
     return directory
-
-
-class CheckpointMismatch(ValueError):
-    """A checkpoint that does not fit the model, with the ways out.
-
-    `str()` words them for Python callers (``build the model with num_classes=5``, ``reset_head=True``);
-    `cli_message()` with vitkit's command-line flags (``--model-arg num_classes=5``, ``--reset-head``, ``--model``).
-    """
-
-    def __init__(
-        self,
-        problem: str,
-        fields: Mapping[str, Any] | None = None,
-        reset_head: str | None = None,
-        models: Sequence[str] = (),
-    ) -> None:
-        self.problem = problem  # what does not fit, e.g. "x.pth is a ViT with embed_dim 192, the model has 384"
-        self.fields = dict(fields or {})  # config values that would make the model fit
-        self.reset_head = reset_head  # what skipping the checkpoint's classifier does, when it is a way out
-        self.models = list(models)  # registered models that fit the checkpoint
-        super().__init__(self.message())
-
-    def message(self, cli: bool = False) -> str:
-        ways = []
-        if self.models:  # the registered variant first: the whole fix in one name
-            shown = ", ".join(self.models[:5]) + (", ..." if len(self.models) > 5 else "")
-            ways.append(f"{'pass --model NAME with' if cli else 'use'} a registered model of that size: {shown}")
-        if self.fields:
-            if cli:
-                ways.append("pass " + " ".join(f"--model-arg {k}={_cli_value(v)}" for k, v in self.fields.items()))
-            else:
-                ways.append("build the model with " + ", ".join(f"{k}={v!r}" for k, v in self.fields.items()))
-        if self.reset_head:
-            ways.append(f"pass {'--reset-head' if cli else 'reset_head=True'} to {self.reset_head}")
-        return self.problem + (": " + ", or ".join(ways) if ways else "")
-
-    def cli_message(self) -> str:
-        """The message with vitkit's command-line flags for the ways out."""
-        return self.message(cli=True)
-
-
-def _cli_value(value: Any) -> str:
-    """A value as `--model-arg FIELD=VALUE` parses it (JSON, no spaces, so the shell keeps it one word)."""
-    return json.dumps(list(value) if isinstance(value, tuple) else value, separators=(",", ":"))
 
 
 def check_finite(state: Mapping[str, torch.Tensor], source: str, names_note: str = "") -> None:
@@ -256,26 +244,19 @@ def check_state_dict(
     raise ValueError(f"{source} does not fit {type(model).__name__}: " + "; ".join(parts))
 
 
-def _config_from_dict(
-    config_cls: type, fields: dict[str, Any], family_name: str = "", version: int = FORMAT_VERSION, source: str = ""
-) -> Any:
-    """Rebuild a config dataclass from JSON values (lists back to tuples where the field allows a tuple).
-
-    Every field must be present, except those added to the family after the file's format `version`
-    (`FamilyWeights.fields_added`), which take their defaults: the behaviour of the vitkit that wrote the file.
-    ValueError naming missing and unknown fields.
-    """
+def _config_from_dict(config_cls: type, fields: dict[str, Any], source: str = "") -> Any:
+    """Rebuild a config dataclass from JSON values (lists back to tuples where the field allows a tuple); every
+    field must be present. ValueError naming missing and unknown fields."""
     where = f"{source}: " if source else ""
     names = [f.name for f in dataclasses.fields(config_cls)]
     unknown = sorted(set(fields) - set(names))
     if unknown:
         raise ValueError(f"{where}config has field(s) {unknown} that {config_cls.__name__} does not know")
-    added = family_weights(family_name).fields_added if family_name else {}
-    missing = [name for name in names if name not in fields and added.get(name, 0) <= version]
+    missing = [name for name in names if name not in fields]
     if missing:
         raise ValueError(
-            f"{where}config lacks field(s) {missing} of {config_cls.__name__}; a vitkit config.json (format_version "
-            f"{version}) holds every field it was saved with, so the value the model was built with is unknown"
+            f"{where}config lacks field(s) {missing} of {config_cls.__name__}; a vitkit config.json holds every "
+            "field it was saved with, so the value the model was built with is unknown"
         )
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
     return config_cls(**values)
@@ -289,66 +270,53 @@ def read_json(path: Path) -> Any:
         raise ValueError(f"{path} is not valid JSON: {err}") from err
 
 
-def read_vitkit_config(path: Path) -> dict[str, Any]:
-    """A vitkit `config.json`, its format checked: an object with a format_version this vitkit reads, a family
-    name and a config object. ValueError naming the entry that is wrong."""
+def read_model_dir(
+    directory: str | os.PathLike, overrides: Mapping[str, Any] | None = None
+) -> tuple[str, Any, ModelInfo]:
+    """(family, config, `ModelInfo`) of a vitkit model directory: its `config.json`, every entry checked, with the
+    config fields in `overrides` replaced (the entries about the classes are checked against the saved config).
+    ValueError naming the entry that is wrong, the fields missing or unknown, or what a directory of vitkit's early
+    split layout (`SPLIT_LAYOUT`) lacks in its config.json."""
+    directory = Path(directory)
+    path = directory / CONFIG_NAME
     saved = read_json(path)
     if not isinstance(saved, dict) or "family" not in saved or "config" not in saved:
         raise ValueError(f"{path} has no 'family' and 'config' entries: not a vitkit model directory")
+    fam = family(saved["family"])
+    beside = [name for name in SPLIT_LAYOUT if (directory / name).is_file()]
+    if beside and "data" not in saved:
+        detector = fam.task == DETECTION
+        held = ("classes", "category_ids", "postprocess", "data") if detector else ("classes", "data", "val_fraction")
+        lacking = [k for k in held if k not in saved]
+        raise ValueError(
+            f"{directory} keeps its model's description in {' and '.join(beside)}, which vitkit does not read: its "
+            f"{CONFIG_NAME} lacks the entries {lacking} that hold it. Write the directory again with this vitkit "
+            "(vitkit train, or save_pretrained with the model's ModelInfo)"
+        )
     version = saved.get("format_version")
     if "format_version" not in saved:
-        raise ValueError(f"{path} has no 'format_version'; this vitkit reads versions {list(READ_VERSIONS)}")
-    if isinstance(version, bool) or version not in READ_VERSIONS:
-        newer = isinstance(version, int) and not isinstance(version, bool) and version > max(READ_VERSIONS)
+        raise ValueError(f"{path} has no 'format_version'; this vitkit reads format_version {FORMAT_VERSION}")
+    if isinstance(version, bool) or version != FORMAT_VERSION:
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION
         raise ValueError(
-            f"{path}: format_version {version!r} is not one this vitkit reads ({', '.join(map(str, READ_VERSIONS))})"
+            f"{path}: format_version {version!r} is not the one this vitkit reads ({FORMAT_VERSION})"
             + ("; it was written by a newer vitkit: upgrade vitkit to read it" if newer else "")
         )
     if not isinstance(saved["config"], dict):
         raise ValueError(f"{path}: 'config' must be an object of config fields, got {saved['config']!r}")
-    known = {"format_version", "family", "config", "class_names", "mean", "std"}
+    known = {"format_version", "family", "config", *INFO_ENTRIES}
     unknown = sorted(set(saved) - known)
     if unknown:
         raise ValueError(f"{path}: unknown entries {unknown}; a vitkit config.json holds {sorted(known)}")
-    return saved
-
-
-def _saved_config(directory: str | os.PathLike, overrides: dict[str, Any]) -> tuple[str, Any]:
-    """(family, config) of a vitkit directory's `config.json`, `overrides` replaced."""
-    config_path = Path(directory) / CONFIG_NAME
-    saved = read_vitkit_config(config_path)
-    fam = family(saved["family"])
     names = {f.name for f in dataclasses.fields(fam.config_cls)}
+    overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - names)
     if unknown:  # the caller's, not the file's: worded as `create_model` words them
         raise ValueError(f"{fam.config_cls.__name__} has no field(s) {unknown}; its fields are {sorted(names)}")
-    fields = {**saved["config"], **overrides}
-    return fam.name, _config_from_dict(fam.config_cls, fields, fam.name, saved["format_version"], str(config_path))
-
-
-def read_config(directory: str | os.PathLike, **overrides: Any) -> Any:
-    """The config in a vitkit directory's `config.json`, `overrides` replaced (nothing built)."""
-    return _saved_config(directory, overrides)[1]
-
-
-def build_from_config(directory: str | os.PathLike, **overrides: Any) -> nn.Module:
-    """The model described by a vitkit directory's `config.json` (freshly initialised; weights not loaded)."""
-    return build_model(*_saved_config(directory, overrides))
-
-
-def read_saved_info(directory: str | os.PathLike) -> ModelInfo:
-    """The class names and normalisation in a vitkit directory's `config.json`, checked against its config."""
-    config_path = Path(directory) / CONFIG_NAME
-    saved = read_vitkit_config(config_path)
-    config = saved["config"]
-    return check_model_info(
-        saved.get("class_names"),
-        saved.get("mean"),
-        saved.get("std"),
-        config.get("num_classes", 0),
-        str(config_path),
-        config.get("in_chans"),
-    )
+    config = _config_from_dict(fam.config_cls, {**saved["config"], **overrides}, str(path))
+    fields = saved["config"]
+    info = check_model_info(saved, fields.get("num_classes", 0), str(path), fields.get("in_chans"))
+    return fam.name, config, info
 
 
 def is_hf_config(config: Any) -> bool:
@@ -415,20 +383,15 @@ __all__ = [
     "CONFIG_NAME",
     "FORMAT_VERSION",
     "WEIGHTS_NAME",
-    "CheckpointMismatch",
     "ModelInfo",
-    "atomic_write",
-    "build_from_config",
     "check_finite",
     "check_model_info",
     "check_state_dict",
-    "is_hf_config",
     "info_for",
+    "is_hf_config",
     "model_info",
     "read_checkpoint",
-    "read_config",
     "read_json",
-    "read_saved_info",
-    "read_vitkit_config",
+    "read_model_dir",
     "save_pretrained",
 ]

@@ -1,0 +1,75 @@
+"""How the library's structured errors (`vitkit.weights.errors`) read on the command line: their facts as the
+library states them, the ways out in the flags of the command at hand (`vitkit convert`'s --model-arg, --from,
+--reset-head; `vitkit train`'s --model-arg)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from vitkit.weights.errors import (
+    CheckpointMismatch,
+    FieldsNeeded,
+    LayoutMismatch,
+    ModelNeeded,
+    ModelNotNeeded,
+    shown_models,
+)
+
+# The errors `cli_message` words: each command catches these around the library call it makes.
+STRUCTURED = (CheckpointMismatch, FieldsNeeded, LayoutMismatch, ModelNeeded, ModelNotNeeded)
+
+
+@dataclass(frozen=True)
+class Flags:
+    """A command's flags for the ways out the library's errors offer."""
+
+    field: str  # replaces a config field of the model: FLAG FIELD=VALUE
+    model: str = "--model"  # names a registered model
+    reset_head: str | None = None  # keeps the model's own classifier; None: the command has none
+    layout: str | None = None  # names the layout of the weights read; None: the command has none
+
+
+CONVERT = Flags("--model-arg", reset_head="--reset-head", layout="--from")
+TRAIN = Flags("--model-arg")
+
+
+def _value(value: Any) -> str:
+    """A value as FLAG FIELD=VALUE parses it (JSON, no spaces, so the shell keeps it one word)."""
+    return json.dumps(list(value) if isinstance(value, tuple) else value, separators=(",", ":"))
+
+
+def _placeholder(text: str) -> str:
+    """A placeholder of a value as the library writes it, "(H, W)", as the command line takes it: "[H,W]"."""
+    return text.replace("(", "[").replace(")", "]").replace(" ", "")
+
+
+def cli_message(err: Exception, flags: Flags) -> str:
+    """`err`'s message with `flags` for its ways out (`str(err)` for an error `STRUCTURED` does not hold)."""
+    if isinstance(err, CheckpointMismatch):
+        ways = []
+        if err.models:  # the registered variant first: the whole fix in one name
+            ways.append(f"pass {flags.model} NAME with a registered model of that size: {shown_models(err.models)}")
+        if err.fields:
+            ways.append("pass " + " ".join(f"{flags.field} {k}={_value(v)}" for k, v in err.fields.items()))
+        if err.reset_head and flags.reset_head:
+            ways.append(f"pass {flags.reset_head} to {err.reset_head}")
+        return err.problem + (": " + ", or ".join(ways) if ways else "")
+    if isinstance(err, FieldsNeeded):
+        given = " ".join(f"{flags.field} {k}={_placeholder(v)}" for k, v in err.fields.items())
+        return f"{err.problem}: give {'it' if len(err.fields) == 1 else 'them'} with {given}"
+    if isinstance(err, LayoutMismatch) and flags.layout:
+        return (
+            f"{err.problem}: read it as {err.found} ({flags.layout} {err.found}), or let the layout be recognised "
+            f"(no {flags.layout})"
+        )
+    if isinstance(err, ModelNeeded):
+        return (
+            f"{err.problem}: name the model with {flags.model} (e.g. {flags.model} vit_base_patch16_224; see "
+            "`vitkit models`)"
+        )
+    if isinstance(err, ModelNotNeeded):
+        given = " ".join(f"{flags.field} {k}={_placeholder(v)}" for k, v in err.fields.items())
+        return f"{err.problem}: drop {flags.model}" + (f", and give {given}" if given else "")
+    return str(err)
