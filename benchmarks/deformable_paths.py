@@ -25,12 +25,12 @@ from collections.abc import Callable
 import torch
 
 from vitkit import create_model
-from vitkit.layers import set_attention_backend
-from vitkit.layers.deformable import (
+from vitkit.kernels.deformable import (
     gathered_deformable_attention,
     levelwise_deformable_attention,
     reference_deformable_attention,
 )
+from vitkit.layers import set_attention_backend
 from vitkit.perf.bench import DETECTION_BOXES, _detection_train_step, adamw, detection_targets
 
 PATHS = {

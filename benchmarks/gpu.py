@@ -28,7 +28,14 @@ from pathlib import Path
 import torch
 
 import vitkit
-from vitkit.layers import set_attention_backend
+from vitkit.layers import (
+    ATTENTION_BACKENDS,
+    DEFORMABLE_BACKENDS,
+    Attention,
+    attention_backend,
+    attention_layers,
+    set_attention_backend,
+)
 from vitkit.perf import bench as bench_module
 
 
@@ -133,6 +140,13 @@ def _distance(
     return max(_gap(out, ref_out), _gap(flat, torch.cat([r.flatten() for r in ref_grads])))
 
 
+def _knows(model: torch.nn.Module, backend: str) -> bool:
+    """Whether some attention layer of `model` has `backend` (dense layers "sdpa", deformable ones "gather" and
+    "levelwise")."""
+    layers = [layer for _, layer in attention_layers(model)]
+    return any(backend in (ATTENTION_BACKENDS if isinstance(x, Attention) else DEFORMABLE_BACKENDS) for x in layers)
+
+
 def check_backends(case: Case, device: torch.device) -> list[dict]:
     """Each backend against `math`, forward and backward, in fp32 and bf16: the largest relative gap."""
     torch.manual_seed(0)
@@ -146,21 +160,20 @@ def check_backends(case: Case, device: torch.device) -> list[dict]:
     for precision in ("fp32", "bf16"):
         # bf16 is held to the formula's own error in bf16: no backend may lose more than it does
         allowed = TOLERANCE["fp32"] if precision == "fp32" else 1.5 * _distance(_run(model, x, "bf16"), reference)
-        for backend in ("sdpa", "auto"):
-            set_attention_backend(model, backend)
-            gap = _distance(_run(model, x, precision), reference)
-            rows.append(
-                {
-                    "check": "backends",
-                    "model": case.name,
-                    "precision": precision,
-                    "backend": backend,
-                    "gap": gap,
-                    "allowed": allowed,
-                    "ok": gap <= max(allowed, TOLERANCE["fp32"]),
-                }
-            )
-        set_attention_backend(model, "math")
+        for backend in [b for b in ("sdpa", "gather", "levelwise", "auto") if b == "auto" or _knows(model, b)]:
+            with attention_backend(model, backend):  # the layers that do not know it stay on the reference
+                gap = _distance(_run(model, x, precision), reference)
+                rows.append(
+                    {
+                        "check": "backends",
+                        "model": case.name,
+                        "precision": precision,
+                        "backend": backend,
+                        "gap": gap,
+                        "allowed": allowed,
+                        "ok": gap <= max(allowed, TOLERANCE["fp32"]),
+                    }
+                )
     set_attention_backend(model, "auto")
     return rows
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from vitkit.cli.messages import cli_message
 from vitkit.cli.options import add_config_options, parse_assignment, parse_size
 from vitkit.errors import OptionError
 from vitkit.train.config import option
@@ -34,9 +35,9 @@ def test_values(text, expected):
 def test_option_errors_name_arguments_in_python_and_flags_on_the_command_line():
     err = OptionError(lambda name: f"fewer ({name('layers', [0, -1])}; {name('scale_jitter')}; {name('force', True)})")
     assert str(err) == "fewer (layers=[0, -1]; scale_jitter; force=True)"
-    assert err.cli_message() == "fewer (--layers 0,-1; --scale-jitter; --force)"
+    assert cli_message(err) == "fewer (--layers 0,-1; --scale-jitter; --force)"
     copied = pickle.loads(pickle.dumps(err))  # as its text, as from another process
-    assert isinstance(copied, ValueError) and str(copied) == copied.cli_message() == str(err)
+    assert isinstance(copied, ValueError) and str(copied) == cli_message(copied) == str(err)
 
 
 def test_missing_value_is_an_error():

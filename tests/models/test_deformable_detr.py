@@ -236,7 +236,8 @@ def test_profile_splits_into_backbone_embedding_encoder_decoder_and_heads(name):
         key = part if part in ("backbone", "embedding", "heads") else op.module.split(".")[0]
         macs[key] = macs.get(key, 0) + op.macs
         flops[key] = flops.get(key, 0) + op.flops
-    assert set(macs) == {"backbone", "embedding", "encoder", "decoder", "heads"}
+    assert set(macs) == {"", "backbone", "embedding", "encoder", "decoder", "heads"}
+    assert macs.pop("") == 0 < flops[""]  # the model's own operators: the levels' masks, references and tokens
     assert all(v > 0 for v in macs.values())
     assert sum(macs.values()) == report.macs and sum(flops.values()) == report.flops
 

@@ -162,6 +162,7 @@ def test_costs_cover_backbone_transformer_and_heads():
     report = vitkit.profile("detr_resnet50", img_size=(800, 1216))
     modules = {op.module.split(".")[0] for op in report.ops}
     assert modules == {
+        "",  # the model's own: the images laid out channels-last, the mask, the map flattened to tokens
         "backbone",
         "input_proj",
         "position_embedding",

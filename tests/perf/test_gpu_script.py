@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-import vitkit.layers.attention
+import vitkit.kernels.attention
 import vitkit.perf.bench
 
 pytestmark = pytest.mark.usefixtures("hub_offline")
@@ -21,8 +21,10 @@ def test_dry_run_checks_and_times_every_case(tmp_path, load_benchmark):
     checks = report["checks"]
     models = {"vit_tiny_patch16_224", "swin_tiny_patch4_window7_224", "detr_tiny", "deformable_detr_small"}
     assert {row["model"] for row in checks if row["check"] == "backends"} == models
-    assert {(row["precision"], row["backend"]) for row in checks if row["check"] == "backends"} == {
-        (p, b) for p in ("fp32", "bf16") for b in ("sdpa", "auto")
+    backends = {(row["model"], row["precision"], row["backend"]) for row in checks if row["check"] == "backends"}
+    kinds = {"deformable_detr_small": ("sdpa", "gather", "levelwise", "auto")}  # a dense and a deformable kind
+    assert backends == {
+        (m, p, b) for m in models for p in ("fp32", "bf16") for b in kinds.get(m, ("sdpa", "auto"))
     }
     assert all(row["ok"] for row in checks) and any(row["check"] == "capture" for row in checks)
     speed = [(r["model"], r["mode"], [c["name"] for c in r["results"]]) for r in report["speed"]]
@@ -44,12 +46,12 @@ def test_dry_run_checks_and_times_every_case(tmp_path, load_benchmark):
 
 def test_a_wrong_backend_fails_the_check(monkeypatch, load_benchmark):
     script = load_benchmark("gpu")
-    fused = vitkit.layers.attention.F.scaled_dot_product_attention
+    fused = vitkit.kernels.attention.F.scaled_dot_product_attention
 
     def wrong(q, k, v, **kwargs):  # a fused kernel that forgot the scale
         return fused(q, k, v, **{**kwargs, "scale": 1.0})
 
-    monkeypatch.setattr(vitkit.layers.attention.F, "scaled_dot_product_attention", wrong)
+    monkeypatch.setattr(vitkit.kernels.attention.F, "scaled_dot_product_attention", wrong)
     case = script.CHECKS[True][0]
     rows = script.check_backends(case, torch.device("cpu"))
     assert [row["ok"] for row in rows if row["backend"] == "sdpa"] == [False, False]

@@ -289,7 +289,9 @@ class MemoryEstimator:
             if t.device.type == self.device.type and (self.device.index is None or t.device == self.device)
         )
         with _mode(self.model, training):
-            ops = self.model.cost(self.size, 1, self.dtype, self.device)
+            # the operators' modules, which the batch does not change (two: training BatchNorm refuses one value per
+            # channel, as at a 1x1 map)
+            ops = self.model.cost(self.size, 2, self.dtype, self.device)
         self.first_module = ops[0].module
         modules = sorted({op.module for op in ops})
         names = {id(m): n for n, m in self.model.named_modules()}

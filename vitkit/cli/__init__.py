@@ -10,8 +10,8 @@ import argparse
 import importlib
 import sys
 
+from vitkit.cli.messages import cli_message
 from vitkit.cli.options import take_positional_out
-from vitkit.errors import OptionMessage
 
 # One line per command module, in the order `vitkit --help` lists them.
 COMMANDS = (
@@ -58,6 +58,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except (ValueError, OSError, ImportError) as err:
-        message = err.cli_message() if isinstance(err, OptionMessage) else err  # the library's ways out as flags
+        message = cli_message(err)  # the library's ways out as flags
         print(f"vitkit {args.command}: error: {message}", file=sys.stderr)
         return 2

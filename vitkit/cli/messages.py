@@ -1,13 +1,16 @@
-"""How the library's structured errors (`vitkit.weights.errors`) read on the command line: their facts as the
-library states them, the ways out in the flags of the command at hand (`vitkit convert`'s --model-arg, --from,
---reset-head; `vitkit train`'s --model-arg)."""
+"""How the library's structured errors read on the command line: their facts as the library states them, the ways
+out in flags. An `vitkit.errors.OptionMessage` names options that are each a flag of the same name (`cli_option`);
+the errors of reading weights (`vitkit.weights.errors`) name the flags of the command at hand (`vitkit convert`'s
+--model-arg, --from, --reset-head; `vitkit train`'s --model-arg)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vitkit.errors import OptionMessage
 from vitkit.weights.errors import (
     CheckpointMismatch,
     FieldsNeeded,
@@ -17,7 +20,18 @@ from vitkit.weights.errors import (
     shown_models,
 )
 
-# The errors `cli_message` words: each command catches these around the library call it makes.
+
+def cli_option(option: str, value: Any = None) -> str:
+    """An option as a command's flag: the argument's name with `_` written `-` (``--scale-jitter``), followed by its
+    value (``--compare transformers``; a sequence comma-separated, ``--layers 0,-1``; True: the flag alone)."""
+    flag = "--" + option.replace("_", "-")
+    if value is None or value is True:
+        return flag
+    shown = ",".join(map(str, value)) if isinstance(value, Sequence) and not isinstance(value, str) else value
+    return f"{flag} {shown}"
+
+
+# The errors of reading weights `cli_message` words: each command catches these around the library call it makes.
 STRUCTURED = (CheckpointMismatch, FieldsNeeded, LayoutMismatch, ModelNeeded, ModelNotNeeded)
 
 
@@ -45,8 +59,13 @@ def _placeholder(text: str) -> str:
     return text.replace("(", "[").replace(")", "]").replace(" ", "")
 
 
-def cli_message(err: Exception, flags: Flags) -> str:
-    """`err`'s message with `flags` for its ways out (`str(err)` for an error `STRUCTURED` does not hold)."""
+def cli_message(err: Exception, flags: Flags | None = None) -> str:
+    """`err`'s message with flags for its ways out: an `OptionMessage`'s options as flags of their names, a weights
+    error's with `flags` (`str(err)` for any other error)."""
+    if isinstance(err, OptionMessage):
+        return err.message(cli_option)
+    if flags is None:
+        return str(err)
     if isinstance(err, CheckpointMismatch):
         ways = []
         if err.models:  # the registered variant first: the whole fix in one name

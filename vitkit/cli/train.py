@@ -11,9 +11,8 @@ import shlex
 import sys
 from typing import Any
 
-from vitkit.cli.messages import STRUCTURED, TRAIN, cli_message
+from vitkit.cli.messages import STRUCTURED, TRAIN, cli_message, cli_option
 from vitkit.cli.options import add_config_options, add_memory_option, memory_flags
-from vitkit.errors import cli_option
 from vitkit.train import RunHints, TrainConfig, fit
 from vitkit.train.config import option_flag
 from vitkit.train.resume import RESUME_MAY_CHANGE

@@ -5,7 +5,7 @@ rows it writes, and those a leaf states itself, are `OpCost`s (`vitkit.cost.rows
 """
 
 from vitkit.cost.rows import CostContext, Device, OpCost, Storage, Value
-from vitkit.cost.trace import costed, meta_forward, trace, trace_report, tracing
+from vitkit.cost.trace import costed, trace, trace_report, tracing
 
 __all__ = [
     "CostContext",
@@ -14,7 +14,6 @@ __all__ = [
     "Storage",
     "Value",
     "costed",
-    "meta_forward",
     "trace",
     "trace_report",
     "tracing",

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
@@ -458,15 +458,6 @@ def _meta_state(module: nn.Module, ctx: CostContext) -> dict[str, Tensor]:
     """Meta stand-ins for `module`'s parameters (keeping their requires_grad) and buffers."""
     state = {n: _meta(p, ctx, p.requires_grad) for n, p in module.named_parameters()}
     return state | {n: _meta(b, ctx) for n, b in module.named_buffers()}
-
-
-def meta_forward(module: nn.Module, *inputs: Any, **kwargs: Any) -> Any:
-    """``module(*inputs, **kwargs)`` on meta tensors of the inputs' shapes, its weights left as they are: the
-    output's shapes, at no cost."""
-    ctx = CostContext()
-    inputs, kwargs = tree_map(lambda t: _meta(t, ctx) if isinstance(t, Tensor) else t, (inputs, kwargs))
-    with torch.no_grad(), _disable_current_modes():  # no work: no dispatch mode (a trace, a counter) sees it
-        return torch.func.functional_call(module, _meta_state(module, ctx), inputs, kwargs, strict=False)
 
 
 def trace(module: nn.Module, *inputs: Any, ctx: CostContext | None = None, **kwargs: Any) -> list[OpCost]:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from vitkit.cost import meta_forward
+from vitkit.cost.rows import conv_output_size
 from vitkit.layers.norm import FrozenBatchNorm2d, fold_frozen_norms
 
 LAYOUTS = ("torchvision", "timm")
@@ -187,6 +187,17 @@ def make_stem(
     return OrderedDict([*((f"conv{i + 1}", conv) for i, conv in enumerate(convs)), ("pool", pool)])
 
 
+def _through(module: nn.Module, size: tuple[int, int]) -> tuple[int, int]:
+    """The (h, w) a map of `size` has after the convolutions and pools in `module`, taken in registration order."""
+    for m in module.modules():
+        if isinstance(m, (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)):
+            pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+            k, st, p = pair(m.kernel_size), pair(m.stride), pair(m.padding)
+            d = pair(getattr(m, "dilation", 1))
+            size = tuple(conv_output_size(size[i], k[i], st[i], p[i], d[i]) for i in range(2))
+    return size
+
+
 class ResNet(nn.Module):
     """The stem and four stages of residual blocks -> the maps of the stages in `out_indices` (coarsest last).
 
@@ -226,7 +237,6 @@ class ResNet(nn.Module):
         # the channels of each map `forward` returns: the last convolution's of its stage (the shortcut's agree)
         convs = [[m for m in stage.modules() if isinstance(m, nn.Conv2d)] for _, stage in self.stage_list()]
         self.out_channels = [convs[i][-1].out_channels for i in self.out_indices]
-        self._feature_sizes: dict[tuple[int, int], list[tuple[int, int]]] = {}  # image size -> `feature_sizes`
 
     def stem_modules(self) -> list[tuple[str, nn.Module]]:
         """(name, module) of the stem in forward order."""
@@ -264,9 +274,16 @@ class ResNet(nn.Module):
         return self.forward_stages(x)
 
     def feature_sizes(self, img_size: tuple[int, int]) -> list[tuple[int, int]]:
-        """The (h, w) of each map `forward` returns for images of `img_size` (H, W)."""
-        img_size = tuple(img_size)
-        if img_size not in self._feature_sizes:  # the maps of a forward on meta tensors
-            maps = meta_forward(self, torch.empty(1, self.in_chans, *img_size, device="meta"))
-            self._feature_sizes[img_size] = [tuple(m.shape[-2:]) for m in maps]
-        return list(self._feature_sizes[img_size])
+        """The (h, w) of each map `forward` returns for images of `img_size` (H, W): the image taken through the
+        convolutions and pools of the stem and of each block's branch, in forward order."""
+        size = tuple(img_size)
+        for _, module in self.stem_modules():
+            size = _through(module, size)
+        sizes = []
+        for s, (_, stage) in enumerate(self.stage_list()[: max(self.out_indices) + 1]):
+            for block in stage:
+                for child in block.branch:
+                    size = _through(getattr(block, child), size)
+            if s in self.out_indices:
+                sizes.append(size)
+        return sizes
