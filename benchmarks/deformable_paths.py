@@ -31,7 +31,7 @@ from vitkit.kernels.deformable import (
     reference_deformable_attention,
 )
 from vitkit.layers import set_attention_backend
-from vitkit.perf.bench import DETECTION_BOXES, _detection_train_step, adamw, detection_targets
+from vitkit.perf.bench import DETECTION_BOXES, adamw, detection_targets, detection_train_step
 
 PATHS = {
     "reference": reference_deformable_attention,
@@ -133,7 +133,7 @@ def train_step(name: str, batch: int, size: tuple[int, int], rounds: int) -> Non
     model = create_model(name)
     x = torch.randn(batch, model.config.in_chans, *size)
     targets = detection_targets(batch, model.config.num_classes, DETECTION_BOXES, x.device)
-    step = _detection_train_step(model, x, targets, False, adamw(model, lr=1e-4, weight_decay=0.05))
+    step = detection_train_step(model, x, targets, False, adamw(model, lr=1e-4, weight_decay=0.05))
     times: dict[str, list[float]] = {"math": [], "auto": []}
     for backend in times:  # warm-up
         set_attention_backend(model, backend)

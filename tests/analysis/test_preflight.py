@@ -20,6 +20,7 @@ from vitkit.analysis import (
     NotEnoughMemory,
     PeakMemory,
     SettingNames,
+    available,
     available_memory,
     check_memory,
     estimate_memory,
@@ -292,9 +293,9 @@ def test_available_memory_is_the_smaller_of_meminfo_and_the_cgroup_room(tmp_path
         write(group / "memory.limit_in_bytes", f"{4 * GiB}\n")
         write(group / "memory.usage_in_bytes", f"{3 * GiB}\n")
         write(group / "memory.stat", f"inactive_file 1\ntotal_inactive_file {GiB // 2}\n")
-    monkeypatch.setattr(preflight, "MEMINFO", tmp_path / "meminfo")
-    monkeypatch.setattr(preflight, "SELF_CGROUP", tmp_path / "self")
-    monkeypatch.setattr(preflight, "CGROUP_ROOT", tmp_path / "fs")
+    monkeypatch.setattr(available, "MEMINFO", tmp_path / "meminfo")
+    monkeypatch.setattr(available, "SELF_CGROUP", tmp_path / "self")
+    monkeypatch.setattr(available, "CGROUP_ROOT", tmp_path / "fs")
     assert available_memory("cpu") == GiB + GiB // 2  # 4 GiB limit - 3 GiB used + 0.5 GiB reclaimable cache
     write(group / ("memory.max" if version == "v2" else "memory.limit_in_bytes"), "max\n")  # no limit
     assert available_memory("cpu") == 8000000 * 1024

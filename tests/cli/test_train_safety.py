@@ -97,7 +97,7 @@ def test_force_keeps_the_earlier_run_until_the_new_run_has_a_checkpoint(data, tm
     def crash(self):
         raise RuntimeError("the machine fell over")
 
-    monkeypatch.setattr("vitkit.train.loop._Run.end_epoch", crash)
+    monkeypatch.setattr("vitkit.train.loop.Run.end_epoch", crash)
     with pytest.raises(RuntimeError):
         main(_train(data, out, "--force"))
     (aside,) = tmp_path.glob("run.old-*")
@@ -148,7 +148,7 @@ def test_a_forced_run_stopped_in_its_first_epoch_keeps_the_earlier_run(data, tmp
     out = tmp_path / "run"
     assert main(_train(data, out)) == 0
     earlier = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    monkeypatch.setattr("vitkit.train.loop._Run._sync_stop", lambda self, stop: True)  # Ctrl-C at the first step
+    monkeypatch.setattr("vitkit.train.loop.Run.sync_stop", lambda self, stop: True)  # Ctrl-C at the first step
     assert main(_train(data, out, "--force")) == 130
     (aside,) = tmp_path.glob("run.old-*")
     assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == earlier
@@ -163,10 +163,10 @@ def test_the_run_force_replaced_is_kept_and_named_until_an_epoch_is_done(
     epoch) keeps it, and the refusals name it; a --resume that finishes the epoch deletes it."""
     out = tmp_path / "run"
     assert main(_train(data, out)) == 0
-    stopping = loop._Run._sync_stop
-    monkeypatch.setattr(loop._Run, "_sync_stop", lambda self, stop: self.step == 1 or stopping(self, stop))
+    stopping = loop.Run.sync_stop
+    monkeypatch.setattr(loop.Run, "sync_stop", lambda self, stop: self.step == 1 or stopping(self, stop))
     assert main(_train(data, out, "--force")) == 130
-    monkeypatch.setattr(loop._Run, "_sync_stop", stopping)
+    monkeypatch.setattr(loop.Run, "sync_stop", stopping)
     aside = list(tmp_path.glob("run.old-*"))
     assert len(aside) == 1 and (aside[0] / "final").is_dir()
     said = capsys.readouterr()

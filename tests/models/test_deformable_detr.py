@@ -14,7 +14,8 @@ from vitkit.analysis.profile import part_of
 from vitkit.detection import Postprocessing, criterion_for, make_denoising, pad_images, postprocess
 from vitkit.layers.norm import FrozenBatchNorm2d
 from vitkit.layers.pos_embed import nearest_mask
-from vitkit.models.deformable_detr import DeformableDETR, DeformableDetrConfig, box_from_reference, inverse_sigmoid
+from vitkit.models.deformable_detr import DeformableDETR, DeformableDetrConfig
+from vitkit.models.deformable_transformer import box_from_reference, inverse_sigmoid
 from vitkit.models.interface import DenoisingSettings, has_no_object_logit
 from vitkit.models.registry import model_entry
 from vitkit.train.recipe import recipe_for

@@ -15,7 +15,6 @@ from vitkit.analysis.precision import cpu_features
 from vitkit.cli import main
 from vitkit.perf.bench import (
     SPLIT,
-    _category,
     adamw,
     bench,
     bench_memory,
@@ -23,6 +22,7 @@ from vitkit.perf.bench import (
     gemm_rate,
     quiet_profiler,
     time_candidates,
+    time_category,
     time_split,
 )
 from vitkit.train import create_optimizer
@@ -271,12 +271,19 @@ def test_time_split_covers_the_step_and_finds_the_optimizer():
 
 
 def test_time_split_categories():
-    assert _category("aten::addmm", False) == "GEMMs" and _category("mkldnn::_linear_pointwise", False) == "GEMMs"
-    assert _category("aten::_scaled_dot_product_flash_attention_for_cpu", False) == "attention"
-    assert _category("aten::_softmax", False) == "attention" and _category("aten::copy_", False) == "copies"
-    assert _category("aten::native_layer_norm", False) == "norms and elementwise"
-    assert _category("aten::gelu", False) == "norms and elementwise" and _category("aten::view", False) == "other"
-    assert _category("aten::add_", True) == "optimizer" and _category("Optimizer.step#AdamW.step", False) == "optimizer"
+    cases = {
+        ("aten::addmm", False): "GEMMs",
+        ("mkldnn::_linear_pointwise", False): "GEMMs",
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", False): "attention",
+        ("aten::_softmax", False): "attention",
+        ("aten::copy_", False): "copies",
+        ("aten::native_layer_norm", False): "norms and elementwise",
+        ("aten::gelu", False): "norms and elementwise",
+        ("aten::view", False): "other",
+        ("aten::add_", True): "optimizer",
+        ("Optimizer.step#AdamW.step", False): "optimizer",
+    }
+    assert {case: time_category(*case) for case in cases} == cases
 
 
 @pytest.fixture

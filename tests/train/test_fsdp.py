@@ -49,14 +49,14 @@ KILLER = textwrap.dedent(
     from vitkit.train import loop
 
     epoch, step, rank = map(int, os.environ["KILL_AT"].split(","))
-    sync_stop = loop._Run._sync_stop
+    sync_stop = loop.Run.sync_stop
 
     def killing(self, stop):
         if (self.epoch, self.step, self.env.rank) == (epoch, step, rank):
             os.kill(os.getpid(), signal.SIGKILL)
         return sync_stop(self, stop)
 
-    loop._Run._sync_stop = killing
+    loop.Run.sync_stop = killing
     sys.exit(main(sys.argv[1:]))
     """
 )

@@ -13,9 +13,9 @@ from vitkit.viz.detection import (
     BOX_COLOURS,
     DOT_AREA,
     POINT_COLOURS,
-    _tab_place,
     object_attention_maps,
     sampled_attention_figure,
+    tab_place,
 )
 
 
@@ -122,13 +122,13 @@ def test_a_picture_without_boxes_says_so():
 def test_labels_are_placed_clear_of_each_other():
     """Two boxes with the same top-left corner: the more probable label goes above its box, the other to the next
     free place; outlines are drawn before any label, so none crosses one."""
-    first = _tab_place((20, 40, 120, 140), 50, 14, (300, 200), [])
+    first = tab_place((20, 40, 120, 140), 50, 14, (300, 200), [])
     assert first == (20, 26, 70, 40)  # above the top-left corner
-    second = _tab_place((20, 40, 110, 130), 50, 14, (300, 200), [first])
+    second = tab_place((20, 40, 110, 130), 50, 14, (300, 200), [first])
     assert second == (20, 40, 70, 54)  # inside it, clear of the first
-    third = _tab_place((20, 40, 110, 130), 50, 14, (300, 200), [first, second])
+    third = tab_place((20, 40, 110, 130), 50, 14, (300, 200), [first, second])
     assert third == (20, 130, 70, 144)  # below the bottom-left corner
-    at_the_top = _tab_place((5, 0, 100, 50), 50, 14, (300, 200), [])
+    at_the_top = tab_place((5, 0, 100, 50), 50, 14, (300, 200), [])
     assert at_the_top == (5, 0, 55, 14)  # no room above: inside
     image = Image.new("RGB", (300, 240), (255, 255, 255))  # not enlarged
     boxes = [(20, 40, 120, 140), (20, 40, 110, 130)]

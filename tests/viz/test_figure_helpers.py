@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from vitkit.viz.attention import FONT, _characters, fonts_for, save_picture
+from vitkit.viz.attention import FONT, font_characters, fonts_for, save_picture
 
 
 def test_save_picture_refuses_folders_and_names_without_a_suffix(tmp_path):
@@ -23,6 +23,6 @@ def test_fonts_for_names_the_fonts_that_draw_each_character():
     assert families[0] == FONT
     from matplotlib import font_manager
 
-    drawn = set().union(*(_characters(font_manager.findfont(f)) for f in families))
+    drawn = set().union(*(font_characters(font_manager.findfont(f)) for f in families))
     assert all((ord(c) in drawn) != (c in missing) for c in "猫魚")
     assert set(missing) <= set("猫魚")

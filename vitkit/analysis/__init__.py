@@ -1,6 +1,8 @@
 """Cost reports: analytic per-operator FLOPs, parameters and activation memory, checked against measurement; the
 memory preflight that refuses a run that would not fit."""
 
+from vitkit.analysis.available import available_memory
+from vitkit.analysis.estimate import MemoryEstimate, MemoryEstimator, estimate_memory
 from vitkit.analysis.memory import (
     PeakMemory,
     Sharding,
@@ -12,16 +14,7 @@ from vitkit.analysis.memory import (
     training_peak_bytes,
 )
 from vitkit.analysis.precision import PRECISIONS, precision_dtype
-from vitkit.analysis.preflight import (
-    MemoryEstimate,
-    MemoryEstimator,
-    MemoryWarning,
-    NotEnoughMemory,
-    SettingNames,
-    available_memory,
-    check_memory,
-    estimate_memory,
-)
+from vitkit.analysis.preflight import MemoryWarning, NotEnoughMemory, SettingNames, check_memory
 from vitkit.analysis.profile import Report, measure_matmul_flops, profile
 
 __all__ = [

@@ -70,7 +70,7 @@ class Report:
         return out
 
 
-def _resolve(
+def resolve_model(
     model_or_name: nn.Module | str, img_size: int | tuple[int, int] | None, real: bool, overrides: dict[str, Any]
 ) -> nn.Module:
     """A model instance; a registry name is built (on the meta device unless weights are needed), accepting other
@@ -128,7 +128,7 @@ def profile(
             "measuring runs the model on 'cuda', but torch sees no CUDA device: measure on the CPU, or count the "
             "costs a GPU run would have without measuring"
         )
-    model = require_model(_resolve(model_or_name, img_size, measure, overrides or {}), "profile")
+    model = require_model(resolve_model(model_or_name, img_size, measure, overrides or {}), "profile")
     if measure and isinstance(model_or_name, str):
         model = model.to(device, dtype)  # measured where and as the costs assume
     elif measure and next(model.parameters()).dtype != dtype:

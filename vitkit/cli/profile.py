@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from vitkit.analysis.estimate import STRATEGIES, MemoryEstimate, estimate_memory
 from vitkit.analysis.precision import PRECISIONS
-from vitkit.analysis.preflight import STRATEGIES, MemoryEstimate, check_memory, estimate_memory
+from vitkit.analysis.preflight import check_memory
 from vitkit.analysis.profile import Report, profile
 from vitkit.analysis.report import check_scalable, crossover, grouped, scaling, shape_flow, shares
 from vitkit.cli.options import add_memory_option, add_renamed_option, memory_flags, parse_size

@@ -32,7 +32,7 @@ from PIL import Image
 from torch import nn
 
 from vitkit.analysis import profile
-from vitkit.analysis.preflight import available_memory
+from vitkit.analysis.available import available_memory
 from vitkit.analysis.profile import category, group_key
 from vitkit.analysis.report import grouped, shape_flow, shares
 from vitkit.data import preprocess

@@ -34,9 +34,8 @@ Parameter names: vitkit's DETR layout (`backbone.*` in torchvision's names, `inp
 `reference_points`, `enc_output`, `pos_trans`; the attention's `sampling_offsets`, `attention_weights`, `value_proj`,
 `output_proj`). `vitkit.weights.deformable_detr` converts transformers' `DeformableDetrForObjectDetection`.
 
-The encoder and decoder layers are here, not in `vitkit.models.transformer` beside DETR's: they share DETR's post-norm
-shape, but every call differs (reference points, levels and padding masks instead
-of attention masks, the level positions only on the queries).
+The encoder and decoder are `vitkit.models.deformable_transformer`'s; the registered variants and their recipes are
+`vitkit.models.deformable_detr_variants`'.
 
 Letters: B batch, H, W image size, L levels, (H_l, W_l) level l's map, N = sum H_l W_l tokens, D width, Q queries,
 K classes, L_d decoder layers, F = D / 2 position features per axis.
@@ -51,20 +50,28 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitkit.cost.rows import conv_output_size
 from vitkit.layers import (
     DEFORMABLE_BACKENDS,
     Attention,
-    Mlp,
     MultiScaleDeformableAttention,
     check_backend,
     to_2tuple,
 )
-from vitkit.layers.pos_embed import POS_SCALE, POS_TEMPERATURE, SinePositionEmbedding, nearest_mask
-from vitkit.models.detr import BLOCKS, BoxMLP, check_backbone_norm, resnet_backbone
+from vitkit.layers.pos_embed import SinePositionEmbedding, nearest_mask
+from vitkit.models.deformable_transformer import (
+    BoxDelta,
+    DeformableDecoder,
+    DeformableEncoder,
+    box_from_reference,
+    encoder_reference_points,
+    inverse_sigmoid,
+    proposal_encoding,
+    valid_ratios,
+)
+from vitkit.models.detr import BLOCKS, check_backbone_norm, resnet_backbone
 from vitkit.models.interface import (
     CostFromImages,
     DenoisingQueries,
@@ -72,21 +79,13 @@ from vitkit.models.interface import (
     check_detector_input,
     checkpoint_blocks,
 )
-from vitkit.models.registry import (
-    check_field_types,
-    check_positive,
-    check_rates,
-    model_entry,
-    register_family,
-    register_model,
-)
+from vitkit.models.registry import check_field_types, check_positive, check_rates
 
 DEFORMABLE_DETR_PAPER = (
     "Deformable DETR: Deformable Transformers for End-to-End Object Detection (Zhu et al., arXiv:2010.04159)"
 )
 GROUPS = 32  # GroupNorm groups of every input projection (both codes fix 32)
 PRIOR = 0.01  # the probability every class of a fresh class head starts at (the focal loss's initialisation)
-INVERSE_SIGMOID_EPS = 1e-5  # keeps the logarithm of `inverse_sigmoid` finite at 0 and 1
 PROPOSAL_SIZE = 0.05  # the two-stage anchors' width and height on the finest level, doubled on each coarser one
 PROPOSAL_MARGIN = 0.01  # anchors with a coordinate within this of 0 or 1 propose nothing
 
@@ -206,246 +205,6 @@ class DeformableDecoding:
     boxes: Tensor | None = None
     enc_outputs: dict[str, Tensor] | None = None
     denoised: int = 0
-
-
-def inverse_sigmoid(x: Tensor, eps: float = INVERSE_SIGMOID_EPS) -> Tensor:
-    """log(x / (1 - x)) of x clamped to [0, 1], each side kept >= `eps` (the paper's `inverse_sigmoid`)."""
-    x = x.clamp(min=0, max=1)
-    return torch.log(x.clamp(min=eps) / (1 - x).clamp(min=eps))
-
-
-def box_from_reference(delta: Tensor, reference_logit: Tensor) -> Tensor:
-    """A box head's output (..., 4) around a reference's inverse sigmoid -> the box (cx, cy, w, h) in [0, 1]: the
-    delta added to a reference box (..., 4), or to the centre of a reference point (..., 2) (the size alone)."""
-    if reference_logit.shape[-1] == 4:
-        return (delta + reference_logit).sigmoid()
-    return torch.cat([delta[..., :2] + reference_logit, delta[..., 2:]], -1).sigmoid()
-
-
-def level_references(reference: Tensor, valid_ratios: Tensor | None, num_levels: int) -> Tensor:
-    """Reference points (B, Q, 2) or boxes (B, Q, 4), relative to each image's real part, -> (B, Q, L, 2 | 4)
-    relative to each level's padded map: scaled by the levels' valid ratios (B, L, 2) (w, h), or as they are
-    without padding (None)."""
-    if valid_ratios is None:
-        return reference[:, :, None].expand(-1, -1, num_levels, -1)  # (B, Q, 1, 2|4) -> (B, Q, L, 2|4)
-    scale = valid_ratios if reference.shape[-1] == 2 else torch.cat([valid_ratios, valid_ratios], -1)  # (B, L, 2|4)
-    return reference[:, :, None] * scale[:, None]  # (B, Q, 1, 2|4) * (B, 1, L, 2|4)
-
-
-def valid_ratios(masks: Sequence[Tensor], dtype: torch.dtype) -> Tensor:
-    """Each level's real share of its padded map (B, L, 2), (width, height): the real columns of the first row and
-    the real rows of the first column, over the map's size. masks: L x (B, H_l, W_l), True where real."""
-    ratios = []
-    for mask in masks:
-        _, H, W = mask.shape
-        height = mask[:, :, 0].sum(1).to(dtype) / H  # (B,)
-        width = mask[:, 0, :].sum(1).to(dtype) / W
-        ratios.append(torch.stack([width, height], -1))  # (B, 2)
-    return torch.stack(ratios, 1)  # (B, L, 2)
-
-
-def encoder_reference_points(
-    shapes: Sequence[tuple[int, int]], ratios: Tensor | None, batch: int, dtype: torch.dtype, device: torch.device
-) -> Tensor:
-    """Every token's own centre as its reference point on every level: (B, N, L, 2), (x, y) relative to each level's
-    padded map. A token's centre is taken relative to its image's real part on its own level (ratios (B, L, 2), None
-    without padding), then scaled to each level by that level's valid ratio."""
-    points = []
-    for level, (H, W) in enumerate(shapes):
-        # (H,) and (W,) the row and column centres in pixels; arange keeps a symbolic size symbolic under export
-        y = torch.arange(H, dtype=dtype, device=device) + 0.5
-        x = torch.arange(W, dtype=dtype, device=device) + 0.5
-        if ratios is None:
-            y, x = (y / H)[None], (x / W)[None]  # (1, H), (1, W)
-        else:
-            y = y[None] / (ratios[:, level, 1:] * H)  # (B, H): over the real height
-            x = x[None] / (ratios[:, level, :1] * W)  # (B, W)
-        grid = torch.stack([x[:, None, :].expand(-1, H, W), y[:, :, None].expand(-1, H, W)], -1)  # (., H, W, 2)
-        points.append(grid.flatten(1, 2))  # (., H W, 2), row-major
-    reference = torch.cat(points, 1)  # (1 | B, N, 2)
-    if ratios is None:
-        return reference[:, :, None].expand(batch, -1, len(shapes), -1)  # (B, N, L, 2)
-    return reference[:, :, None] * ratios[:, None]  # (B, N, 1, 2) * (B, 1, L, 2) -> (B, N, L, 2)
-
-
-def proposal_encoding(boxes: Tensor, num_features: int) -> Tensor:
-    """The sine encoding of boxes (B, Q, 4) in [0, 1] -> (B, Q, 4F): for each of cx, cy, w, h (in that order) F
-    features sin(2 pi v / t_0), cos(2 pi v / t_0), sin(2 pi v / t_1), ... with DETR's wavelengths.
-
-    Computed in float32 whatever the boxes' dtype, as transformers does (the paper's code computes everything of the
-    two-stage queries in float32), and returned in the boxes' dtype.
-    """
-    i = torch.arange(num_features, dtype=torch.float32, device=boxes.device)
-    wavelengths = POS_TEMPERATURE ** (2 * torch.div(i, 2, rounding_mode="floor") / num_features)  # (F,)
-    pos = boxes.to(torch.float32) * POS_SCALE  # (B, Q, 4)
-    pos = pos[..., None] / wavelengths  # (B, Q, 4, F)
-    pos = torch.stack((pos[..., 0::2].sin(), pos[..., 1::2].cos()), dim=4).flatten(2)  # (B, Q, 4, F/2, 2) -> (B, Q, 4F)
-    return pos.to(boxes.dtype)
-
-
-class BoxDelta(BoxMLP):
-    """DETR's box head without its sigmoid: Linear -> ReLU -> Linear -> ReLU -> Linear, (..., D) -> (..., 4), the
-    change to a reference box's inverse sigmoid (`box_from_reference`)."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        for i, layer in enumerate(self.layers):
-            x = layer(x) if i == len(self.layers) - 1 else F.relu(layer(x))
-        return x
-
-
-class DeformableEncoderLayer(nn.Module):
-    """Post-norm encoder layer on the tokens x (B, N, D) of all levels:
-    x = norm1(x + msda(q = x + pos, around each token's centre, v = x)); x = norm2(x + ffn(x)).
-
-    Args:
-        dim: width D.
-        num_heads: attention heads.
-        num_levels: feature levels L.
-        num_points: sampling points per head and level.
-        dim_feedforward: hidden width of the ReLU feed-forward block.
-        drop: dropout after the attention and in the feed-forward block.
-        deformable_backend: the deformable attention's backend.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        num_levels: int,
-        num_points: int,
-        dim_feedforward: int,
-        drop: float,
-        deformable_backend: str,
-    ) -> None:
-        super().__init__()
-        self.self_attn = MultiScaleDeformableAttention(dim, num_heads, num_levels, num_points, deformable_backend)
-        self.self_attn_drop = nn.Dropout(drop)
-        self.norm1 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, dim_feedforward, drop=drop, act="relu")
-        self.norm2 = nn.LayerNorm(dim)
-
-    def forward(
-        self,
-        x: Tensor,
-        pos: Tensor,
-        reference_points: Tensor,
-        spatial_shapes: Sequence[tuple[int, int]],
-        padding_mask: Tensor | None,
-    ) -> Tensor:
-        """x, pos (B, N, D); reference_points (B, N, L, 2); padding_mask (B, N) True at padding, or None."""
-        attended = self.self_attn(x + pos, reference_points, x, spatial_shapes, padding_mask)  # positions: queries only
-        x = self.norm1(x + self.self_attn_drop(attended))
-        return self.norm2(x + self.mlp(x))
-
-
-class DeformableDecoderLayer(nn.Module):
-    """Post-norm decoder layer on the query slots tgt (B, Q, D):
-    tgt = norm1(tgt + self_attn(q = k = tgt + query_pos, v = tgt));
-    tgt = norm2(tgt + msda(q = tgt + query_pos, around the references, v = memory));
-    tgt = norm3(tgt + ffn(tgt)).
-
-    Args as `DeformableEncoderLayer`, and `attn_drop`: dropout on the self-attention's weights, `backend`: its
-    backend.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        num_levels: int,
-        num_points: int,
-        dim_feedforward: int,
-        drop: float,
-        attn_drop: float,
-        backend: str,
-        deformable_backend: str,
-    ) -> None:
-        super().__init__()
-        self.self_attn = Attention(dim, num_heads, True, attn_drop, drop, backend)
-        self.norm1 = nn.LayerNorm(dim)
-        self.cross_attn = MultiScaleDeformableAttention(dim, num_heads, num_levels, num_points, deformable_backend)
-        self.cross_attn_drop = nn.Dropout(drop)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, dim_feedforward, drop=drop, act="relu")
-        self.norm3 = nn.LayerNorm(dim)
-
-    def forward(
-        self,
-        tgt: Tensor,
-        query_pos: Tensor,
-        reference_points: Tensor,
-        memory: Tensor,
-        spatial_shapes: Sequence[tuple[int, int]],
-        padding_mask: Tensor | None,
-        allowed: Tensor | None = None,
-    ) -> Tensor:
-        """tgt, query_pos (B, Q, D); reference_points (B, Q, L, 2 | 4); memory (B, N, D); padding_mask (B, N) True
-        at padding, or None; allowed (Q, Q) True where query i may attend to query j in the self-attention, or None
-        (all)."""
-        tgt = self.norm1(tgt + self.self_attn(tgt + query_pos, allowed, value=tgt))
-        attended = self.cross_attn(tgt + query_pos, reference_points, memory, spatial_shapes, padding_mask)
-        tgt = self.norm2(tgt + self.cross_attn_drop(attended))
-        return self.norm3(tgt + self.mlp(tgt))
-
-
-class DeformableEncoder(nn.Module):
-    """`DeformableEncoderLayer` x depth over the tokens of all levels (B, N, D); no final norm."""
-
-    def __init__(self, depth: int, **layer: Any) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([DeformableEncoderLayer(**layer) for _ in range(depth)])
-
-    def forward(
-        self,
-        x: Tensor,
-        pos: Tensor,
-        reference_points: Tensor,
-        spatial_shapes: Sequence[tuple[int, int]],
-        padding_mask: Tensor | None,
-    ) -> Tensor:
-        for layer in self.layers:
-            x = layer(x, pos, reference_points, spatial_shapes, padding_mask)
-        return x  # (B, N, D)
-
-
-class DeformableDecoder(nn.Module):
-    """`DeformableDecoderLayer` x depth from the query slots (B, Q, D); no final norm: each layer's output is read
-    as it is, and fed to the next."""
-
-    def __init__(self, depth: int, **layer: Any) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([DeformableDecoderLayer(**layer) for _ in range(depth)])
-
-    def forward(
-        self,
-        tgt: Tensor,
-        query_pos: Tensor,
-        reference: Tensor,
-        memory: Tensor,
-        spatial_shapes: Sequence[tuple[int, int]],
-        padding_mask: Tensor | None = None,
-        valid_ratios: Tensor | None = None,
-        box_heads: Sequence[nn.Module] | None = None,
-        allowed: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Query slots tgt and their positions query_pos (B, Q, D), reference points (B, Q, 2) or boxes (B, Q, 4) in
-        [0, 1] of each image's real part, memory (B, N, D) -> (the states of every layer (L_d, B, Q, D), the boxes
-        of every layer (L_d, B, Q, 4) with `box_heads`, else None).
-
-        With `box_heads` (iterative box refinement), layer l's head turns its output into a box around its reference
-        (`box_from_reference`), and that box, without gradient, is the next layer's reference. `allowed` (Q, Q)
-        limits which queries each one's self-attention sees (denoising groups), as `DeformableDecoderLayer`.
-        """
-        num_levels = len(spatial_shapes)
-        states, boxes = [], []
-        for i, layer in enumerate(self.layers):
-            points = level_references(reference, valid_ratios, num_levels)  # (B, Q, L, 2|4)
-            tgt = layer(tgt, query_pos, points, memory, spatial_shapes, padding_mask, allowed)
-            states.append(tgt)
-            if box_heads is not None:
-                boxes.append(box_from_reference(box_heads[i](tgt), inverse_sigmoid(reference)))  # (B, Q, 4)
-                reference = boxes[-1].detach()
-        return torch.stack(states), torch.stack(boxes) if boxes else None
 
 
 class DeformableDETR(CostFromImages, nn.Module):
@@ -833,109 +592,3 @@ def _layer_outputs(logits: Sequence[Tensor], boxes: Sequence[Tensor]) -> dict[st
     `aux_outputs`."""
     aux = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1], strict=True)]
     return {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "aux_outputs": aux}
-
-
-# The paper's recipe (Zhu et al., arXiv:2010.04159): AdamW, lr 2e-4 with the backbone at 2e-5 (the paper also trains
-# the reference-point and sampling-offset projections at a tenth), weight decay 1e-4, gradient clipping 0.1, the
-# sigmoid focal loss, 50 epochs with a tenfold drop at 40 (here the cosine decay ends at the same tenth: min_lr),
-# batch 32 over 8 GPUs (4 per GPU, DETR's), detections read as the 100 most probable (query, class) pairs, no NMS.
-DEFORMABLE_DETR_RECIPE = dict(
-    epochs=50, batch_size=4, lr=2e-4, min_lr=2e-5, warmup_epochs=0.0, weight_decay=1e-4, clip_grad=0.1,
-    backbone_lr=2e-5, detection_loss="focal", box_cls_loss=0.0, detection_top_k=100, nms_iou=0.0,
-)  # fmt: skip
-# The small Deformable DETR trained from scratch on two CPU cores: detr_digits' recipe (the backbone as fast as the
-# rest, the backbone classifying the ground-truth boxes) with the focal loss, the top 100 pairs and no NMS.
-SMALL_DEFORMABLE_DETR_RECIPE = dict(
-    epochs=24, batch_size=16, lr=3e-4, min_lr=3e-6, warmup_epochs=0.5, backbone_lr=3e-4, box_cls_loss=1.0,
-    detection_loss="focal", detection_top_k=100, nms_iou=0.0,
-)  # fmt: skip
-# The default detector's recipe: the small one's without the backbone's box classification, sized from the data:
-# epochs so that training sees about 1.8e8 image pixels (5 epochs of digits-detect; `vitkit.train.recipe`), and
-# per-class NMS at IoU 0.7, which removes the duplicates a detector trained for minutes still gives (measured on the
-# final models of BENCHMARKS.md, "Detection from scratch": AP50 0.904 -> 0.934 on digits-detect, 0.900 -> 0.918 on
-# the shapes folder; AP +0.014 and +0.004). Its learning rate is twice the small one's: in runs this short the
-# weights travel too little at 3e-4 (BENCHMARKS.md, "The learning rate": after 9 of 11 epochs on the shapes folder,
-# AP 0.33 at 3e-4, 0.44 at 6e-4, 0.31 at 1.2e-3; on digits-detect AP 0.70 / AP50 0.95 after 3 epochs at 6e-4
-# against 0.65 / 0.91 at 3e-4).
-DN_QUERIES_SMALL = 40  # DINO gives COCO's 100; 5 groups of the digits' at most 4 boxes
-SMALL_DETECTOR_LR = 6e-4
-SMALL_DETECTOR_RECIPE = dict(
-    SMALL_DEFORMABLE_DETR_RECIPE, lr=SMALL_DETECTOR_LR, backbone_lr=SMALL_DETECTOR_LR, box_cls_loss=0.0,
-    pixel_budget=1.8e8, nms_iou=0.7,
-)  # fmt: skip
-register_family(
-    "deformable_detr",
-    DeformableDetrConfig,
-    DeformableDETR,
-    task="detection",
-    display_name="Deformable DETR",
-    weights="vitkit.weights.deformable_detr",
-    recipe=DEFORMABLE_DETR_RECIPE,
-    cost_parts={
-        "backbone": "backbone",
-        "input_proj": "embedding",
-        "level_embed": "embedding",
-        "position_embedding": "embedding",
-        "reference_points": "embedding",  # the object queries' reference points (one-stage)
-        "pos_trans": "embedding",  # the proposals' encodings as the object queries (two-stage)
-        "pos_trans_norm": "embedding",
-        "enc_output": "heads",  # the encoder's proposal head, with class_embed's and bbox_embed's last (two-stage)
-        "enc_output_norm": "heads",
-        "class_embed": "heads",
-        "bbox_embed": "heads",
-    },
-)
-
-register_model("deformable_detr_resnet50", "deformable_detr", DeformableDetrConfig(), DEFORMABLE_DETR_PAPER)
-register_model(
-    "deformable_detr_resnet50_box_refine",
-    "deformable_detr",
-    DeformableDetrConfig(box_refine=True),
-    DEFORMABLE_DETR_PAPER,
-)
-register_model(
-    "deformable_detr_resnet50_two_stage",
-    "deformable_detr",
-    DeformableDetrConfig(box_refine=True, two_stage=True),
-    DEFORMABLE_DETR_PAPER,
-)
-# vitkit's small Deformable DETR, sized for builtin:digits-detect (96x96 canvases of 1-4 digits of 20-40 px) on two
-# CPU cores: detr_digits' half-width ResNet-18 (basic blocks 2-2-2-2, 32..256 channels, trained from the stem up)
-# feeding three levels (strides 8, 16, 32: 12x12, 6x6 and 3x3 maps at 96x96), D = 128 with 4 heads and 4 points,
-# 2 encoder and 4 decoder layers with box refinement, FFN 512, 20 queries, no dropout (runs of minutes).
-register_model(
-    "deformable_detr_digits",
-    "deformable_detr",
-    DeformableDetrConfig(
-        img_size=(96, 96),
-        backbone_block="basic",
-        backbone_depths=(2, 2, 2, 2),
-        backbone_width=32,
-        train_stem=True,
-        num_feature_levels=3,
-        hidden_dim=128,
-        num_heads=4,
-        enc_layers=2,
-        dec_layers=4,
-        dim_feedforward=512,
-        drop_rate=0.0,
-        attn_drop_rate=0.0,
-        num_queries=20,
-        box_refine=True,
-    ),
-    DEFORMABLE_DETR_PAPER,
-    recipe=SMALL_DEFORMABLE_DETR_RECIPE,
-)
-# vitkit's default detector, for a user's own COCO-format folder or the bundled digits-detect, trained from scratch
-# on a few CPU cores: deformable_detr_digits with the ideas that make DETRs converge in a few epochs (BENCHMARKS.md,
-# "Detection from scratch": each measured): two-stage proposals, box refinement, the focal loss and DINO's
-# contrastive denoising queries. Its recipe sizes the run from the data (`vitkit.train.recipe.data_choices`).
-register_model(
-    "deformable_detr_small",
-    "deformable_detr",
-    dataclasses.replace(
-        model_entry("deformable_detr_digits").config, two_stage=True, dn_queries=DN_QUERIES_SMALL, backbone_norm="batch"
-    ),
-    DEFORMABLE_DETR_PAPER,
-    recipe=SMALL_DETECTOR_RECIPE,
-)

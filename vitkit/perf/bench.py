@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vitkit.analysis.estimate import MemoryEstimate, MemoryEstimator
 from vitkit.analysis.memory import PeakMemory
 from vitkit.analysis.precision import cpu_features, precision_dtype
-from vitkit.analysis.preflight import MemoryEstimate, MemoryEstimator, SettingNames, enforce
+from vitkit.analysis.preflight import SettingNames, enforce
 from vitkit.analysis.profile import profile
 from vitkit.errors import OptionError
 from vitkit.layers.helpers import to_2tuple
@@ -157,7 +158,7 @@ FRAMEWORK_OPS = (
 )
 
 
-def _category(name: str, in_optimizer: bool) -> str:
+def time_category(name: str, in_optimizer: bool) -> str:
     """The `SPLIT` category of a profiled operator by its name."""
     if in_optimizer or name.startswith("Optimizer."):
         return "optimizer"
@@ -212,7 +213,7 @@ def time_split(step: Callable[[], object]) -> dict[str, float]:
     for e in events:
         start = e.time_range.start
         in_optimizer = any(r.start <= start <= r.end for r in scopes)
-        totals[_category(e.name, in_optimizer)] += e.self_cpu_time_total
+        totals[time_category(e.name, in_optimizer)] += e.self_cpu_time_total
     total = sum(totals.values()) or 1.0
     return {k: v / total for k, v in totals.items()}
 
@@ -268,7 +269,7 @@ def detection_targets(batch: int, num_classes: int, boxes: int, device: torch.de
     return targets
 
 
-def _detection_train_step(
+def detection_train_step(
     model: nn.Module,
     x: torch.Tensor,
     targets: list[dict[str, torch.Tensor]],
@@ -457,7 +458,7 @@ def build_candidates(
     label = f"vitkit {'autocast-bf16' if bf16 else 'fp32'} train{' compiled' if compile else ''}"
     if detector:
         targets = detection_targets(batch, config.num_classes, DETECTION_BOXES, dev)
-        candidates[label] = (precision, _detection_train_step(net, x, targets, bf16, vitkit_optimizer))
+        candidates[label] = (precision, detection_train_step(net, x, targets, bf16, vitkit_optimizer))
         if reference is not None:
             candidates[f"{compare} fp32 train"] = ("fp32", _transformers_train_step(reference, x, targets, False))
             if bf16:

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitkit.analysis.estimate import STRATEGIES
 from vitkit.analysis.precision import PRECISIONS
-from vitkit.analysis.preflight import STRATEGIES
 from vitkit.data import (
     BUILTIN_PREFIX,
     DEFAULT_DATA,

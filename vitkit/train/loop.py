@@ -175,7 +175,7 @@ def _check_training_memory(
         raise refused
 
 
-class _Run:
+class Run:
     """One training run's state; `fit` drives it."""
 
     def __init__(
@@ -361,8 +361,7 @@ class _Run:
         self.epoch, self.step = state["epoch"], state["step"]
         if state.get("replaced") and Path(state["replaced"]).is_dir():  # stopped within its first epoch
             self.replaced = Path(state["replaced"])
-        # checkpoints written before detection training named the best value best_acc
-        self.best_value = state["best_value"] if "best_value" in state else state["best_acc"]
+        self.best_value = state["best_value"]
         self.best_epoch = state["best_epoch"]
         self.partial = self._resumed_partial(state)
         if self.env.is_main:
@@ -374,10 +373,9 @@ class _Run:
 
     def _check_classes(self, state: dict[str, Any]) -> None:
         """ValueError when the data's classes are not those the checkpoint was trained on (a class folder added,
-        renamed or removed since): its classifier would not fit, or would name other classes. Checkpoints written
-        before they recorded the classes are checked by the load of their weights."""
-        saved, now = state.get("classes"), list(self.task.info.classes)
-        if saved is None or saved == now:
+        renamed or removed since): its classifier would not fit, or would name other classes."""
+        saved, now = state["classes"], list(self.task.info.classes)
+        if saved == now:
             return
         added, gone = [c for c in now if c not in saved], [c for c in saved if c not in now]
         changes = "; ".join(f"{what} {names}" for what, names in (("new", added), ("gone", gone)) if names)
@@ -409,7 +407,7 @@ class _Run:
             kept = [line for line in lines if json.loads(line)["epoch"] <= self.epoch]
             path.write_text("".join(line + "\n" for line in kept))
 
-    def _sync_stop(self, stop: StopOnSignal) -> bool:
+    def sync_stop(self, stop: StopOnSignal) -> bool:
         """Whether any process was asked to stop (all processes stop after the same step)."""
         if self.env.world_size == 1:
             return stop.requested
@@ -450,7 +448,7 @@ class _Run:
             self.step += 1
             bar.update()
             bar.set_postfix(loss=f"{values['train_loss']:.3f}", refresh=False)  # shown with the next update
-            if self._sync_stop(stop):
+            if self.sync_stop(stop):
                 self.partial["seconds"] += time.perf_counter() - started
                 bar.close()
                 self.save(epoch_end=False)
@@ -563,7 +561,7 @@ def fit(
         resolved, state = resolve_run(config, env, resume, force, hints)
         if state is not None and state["epoch"] >= resolved.epochs and has_final(Path(resolved.out)):
             return _complete(resolved, state, env, hints)  # else it is written below from the checkpoint
-        run = _Run(resolved, env, allow_memory, memory_names, hints)  # data, model, memory: before OUT changes
+        run = Run(resolved, env, allow_memory, memory_names, hints)  # data, model, memory: before OUT changes
         run.sized = config.data_choices() if state is None else []
         _begin(run, state)
         return _train(run)
@@ -580,7 +578,7 @@ def _complete(config: TrainConfig, state: dict[str, Any], env: DistEnv, hints: R
     """A resumed run that has trained all its epochs: said, with how to train it longer, and nothing changed."""
     out, epochs = Path(config.out), config.epochs
     metric = "val_acc" if config.task == CLASSIFICATION else "ap"
-    best = state["best_value"] if "best_value" in state else state["best_acc"]
+    best = state["best_value"]
     lines = (out / METRICS_NAME).read_text().splitlines() if (out / METRICS_NAME).is_file() else []
     last = json.loads(lines[-1]) if lines else None
     if env.is_main:
@@ -593,7 +591,7 @@ def _complete(config: TrainConfig, state: dict[str, Any], env: DistEnv, hints: R
     return FitResult(out, state["epoch"], metric, best, state["best_epoch"], last, interrupted=False)
 
 
-def _begin(run: _Run, state: dict[str, Any] | None) -> None:
+def _begin(run: Run, state: dict[str, Any] | None) -> None:
     """Make OUT ready for a fresh run (`state` None) or restore the checkpoint `state`; then write config.json and
     log what the run trains."""
     if state is None:
@@ -606,7 +604,7 @@ def _begin(run: _Run, state: dict[str, Any] | None) -> None:
     barrier(run.env)
 
 
-def _train(run: _Run) -> FitResult:
+def _train(run: Run) -> FitResult:
     """Train the epochs left, then write the final model; a stop asked for by SIGINT / SIGTERM ends the run after
     the current step with its checkpoint saved."""
     env, last = run.env, None

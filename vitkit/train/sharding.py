@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-from vitkit.analysis.preflight import REDUCE_DTYPE
+from vitkit.analysis.estimate import REDUCE_DTYPE
 from vitkit.models.interface import require_model
 from vitkit.train.checkpoint import load_checkpoint, save_checkpoint
 from vitkit.train.distributed import DistEnv, broadcast_object

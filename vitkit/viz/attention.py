@@ -286,7 +286,7 @@ def save_picture(picture: Image.Image | Figure, path: str | os.PathLike) -> Path
 
 
 @functools.cache
-def _characters(font_path: str) -> frozenset[int]:
+def font_characters(font_path: str) -> frozenset[int]:
     """The code points a font file draws."""
     from matplotlib.ft2font import FT2Font
 
@@ -299,13 +299,13 @@ def fonts_for(texts: Sequence[str]) -> tuple[list[str], str]:
     from matplotlib import font_manager
 
     needed = dict.fromkeys(c for text in texts for c in text if c.isprintable() and not c.isspace())
-    missing = [c for c in needed if ord(c) not in _characters(font_manager.findfont(FONT))]
+    missing = [c for c in needed if ord(c) not in font_characters(font_manager.findfont(FONT))]
     families = [FONT]
     for entry in font_manager.fontManager.ttflist if missing else ():
         if entry.name in families or entry.name.startswith("Last Resort"):  # matplotlib's placeholder boxes
             continue
         try:
-            drawn = _characters(entry.fname)
+            drawn = font_characters(entry.fname)
         except (OSError, RuntimeError):  # a font file FreeType cannot read
             continue
         if any(ord(c) in drawn for c in missing):

@@ -68,17 +68,17 @@ def _draw_label(
     font: ImageFont.ImageFont,
     taken: list[Tab] | None = None,
 ) -> None:
-    """`box`'s label on a filled tab, placed by `_tab_place` clear of the tabs in `taken` (then added to them)."""
+    """`box`'s label on a filled tab, placed by `tab_place` clear of the tabs in `taken` (then added to them)."""
     left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
     tab_w, tab_h = right - left + 6, bottom - top + 4
-    tab = _tab_place(tuple(box), tab_w, tab_h, draw.im.size, taken or [])
+    tab = tab_place(tuple(box), tab_w, tab_h, draw.im.size, taken or [])
     if taken is not None:
         taken.append(tab)
     draw.rectangle(tab, fill=colour)
     draw.text((tab[0] + 3, tab[1] + 2 - top), text, fill="white", font=font)
 
 
-def _tab_place(box: Tab, tab_w: float, tab_h: float, size: tuple[int, int], taken: list[Tab]) -> Tab:
+def tab_place(box: Tab, tab_w: float, tab_h: float, size: tuple[int, int], taken: list[Tab]) -> Tab:
     """Where a label tab of `tab_w` x `tab_h` goes for `box` on a picture of `size` (W, H): the first of above the
     top-left corner, inside it, below the bottom-left corner, inside it, and the same on the right, that lies on
     the picture and covers no tab of `taken`; the first on the picture when each covers one."""
@@ -113,7 +113,7 @@ def draw_detections(
     empty: str = "no detections",
 ) -> Image.Image:
     """`image` (enlarged if small) with each box outlined and labelled "label score", the labels placed so that none
-    covers another where the boxes leave room (`_tab_place`); without boxes, `empty` written across its top.
+    covers another where the boxes leave room (`tab_place`); without boxes, `empty` written across its top.
 
     Args:
         boxes: (x0, y0, x1, y1) in pixels of `image`.
