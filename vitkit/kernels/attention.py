@@ -7,8 +7,8 @@
 - `blocked_attention`: the explicit path without autograd, a block of queries at a time in one reused buffer.
 - torch's fused `scaled_dot_product_attention`, which never keeps the N x N weights.
 
-`attention` runs the path `vitkit.kernels.policy.attention_path` picks and merges the heads; `attention_rows`
-states its rows for `vitkit.cost.trace` on the device and dtype costed.
+`attention` runs the path `vitkit.kernels.policy.attention_path` picks for its `AttentionOptions` and merges the
+heads; `attention_rows` states its rows for `vitkit.cost.trace` on the device and dtype costed.
 
 Letters used in shape comments: B batch, N tokens (Nq queries, Nk keys), h heads, d head dim (dv of the values),
 n = B * h (the batch of the explicit path's batched matmuls).
@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,25 @@ EXPLICIT_MAX_BYTES = 32 * 2**20
 """The largest N x N weight tensor (bytes, all batch elements and heads of one call) that the `auto` backend forms on
 the explicit path by default (`Attention(explicit_max_bytes=...)`): a memory budget, since in training each layer
 keeps its weights for the backward pass."""
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """How a layer asks for attention, beside q, k, v and the bias."""
+
+    scale: float  # the logits' factor (d^-0.5)
+    backend: str = "auto"  # one of `vitkit.kernels.policy.ATTENTION_BACKENDS`
+    dropout: float = 0.0  # dropout on the weights (0 outside training)
+    hook: Hook | None = None  # called with the weights (B, h, Nq, Nk) (`capture_attention`): forms them explicitly
+    explicit_max_bytes: int = EXPLICIT_MAX_BYTES  # `auto`'s budget for the explicit path's N x N weights
+    training: bool = False  # the layer is in training mode: a path with a fast backward (and costed with it)
+
+    def path(self, device: torch.device, dtype: torch.dtype, weights_bytes: int, grad: bool = False) -> str:
+        """The path (`vitkit.kernels.policy.attention_path`) of a call whose N x N weights take `weights_bytes`."""
+        return attention_path(
+            self.backend, device, dtype, weights_bytes, dropout=self.dropout, grad=grad or self.training,
+            capture=self.hook is not None, explicit_max_bytes=self.explicit_max_bytes,
+        )  # fmt: skip
 
 
 def _as_bias(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -136,30 +156,15 @@ def _weights_bytes(q_shape: tuple[int, ...], Nk: int, itemsize: int) -> int:
 
 
 def attention_rows(
-    name: str,
-    ctx: CostContext,
-    q: Value,
-    k: Value,
-    v: Value,
-    bias: Value | None = None,
-    *,
-    scale: float,
-    backend: str = "auto",
-    dropout: float = 0.0,
-    hook: Hook | None = None,
-    explicit_max_bytes: int = EXPLICIT_MAX_BYTES,
-    training: bool = False,
+    name: str, ctx: CostContext, q: Value, k: Value, v: Value, bias: Value | None, options: AttentionOptions
 ) -> list[OpCost]:
     """The rows of `attention` on q (B, h, Nq, d), k (B, h, Nk, d), v (B, h, Nk, dv) on the path `ctx` takes (a
     layer in training mode is costed with its backward)."""
     *lead, Nq, d = q.shape
     Nk, dv = k.shape[-2], v.shape[-1]
     logits = (*lead, Nq, Nk)
-    weights_bytes = _weights_bytes(q.shape, Nk, ctx.itemsize)
-    path = attention_path(
-        backend, ctx.device, ctx.dtype, weights_bytes, dropout=dropout, grad=training, capture=hook is not None,
-        explicit_max_bytes=explicit_max_bytes,
-    )  # fmt: skip
+    path = options.path(ctx.device, ctx.dtype, _weights_bytes(q.shape, Nk, ctx.itemsize))
+    dropout, explicit_max_bytes = options.dropout, options.explicit_max_bytes
     heads_qk = numel(logits) * d  # B*h*Nq*Nk*d multiply-adds, = BN^2C for self-attention
     heads_v = numel(logits) * dv
     merged = (lead[0], Nq, numel(lead[1:]) * dv)  # (B, Nq, h dv)
@@ -212,41 +217,19 @@ def attention_rows(
 
 
 @costed(attention_rows)
-def attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor | None = None,
-    *,
-    scale: float,
-    backend: str = "auto",
-    dropout: float = 0.0,
-    hook: Hook | None = None,
-    explicit_max_bytes: int = EXPLICIT_MAX_BYTES,
-    training: bool = False,
-) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, options: AttentionOptions) -> Tensor:
     """softmax(q k^T * scale + bias) v for q (B, h, Nq, d), k (B, h, Nk, d), v (B, h, Nk, dv), the heads merged:
-    (B, Nq, h * dv), on the path `vitkit.kernels.policy.attention_path` picks.
-
-    Args:
-        bias: broadcastable to (B, h, Nq, Nk); a boolean one is a mask (True: may attend).
-        scale: the logits' factor (d^-0.5).
-        backend: "auto", "sdpa" or "math" (`vitkit.kernels.policy.ATTENTION_BACKENDS`).
-        dropout: dropout on the weights (0 outside training).
-        hook: called with the weights (B, h, Nq, Nk) (`capture_attention`); forms them explicitly.
-        explicit_max_bytes: `auto`'s budget for the explicit path's N x N weights.
-        training: the layer is in training mode (a path with a fast backward).
-    """
+    (B, Nq, h * dv), on the path `options` takes for the call. `bias` broadcasts to (B, h, Nq, Nk); a boolean one is
+    a mask (True: may attend)."""
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
-    path = attention_path(
-        backend, q.device, q.dtype, _weights_bytes(q.shape, k.shape[-2], q.element_size()), dropout=dropout,
-        grad=grad or training, capture=hook is not None, explicit_max_bytes=explicit_max_bytes,
-    )  # fmt: skip
+    path = options.path(q.device, q.dtype, _weights_bytes(q.shape, k.shape[-2], q.element_size()), grad)
+    scale, dropout = options.scale, options.dropout
     if path == "fused":
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=scale)
     elif path == "blocked":
-        out = blocked_attention(q, k, v, bias, scale, explicit_max_bytes)
+        out = blocked_attention(q, k, v, bias, scale, options.explicit_max_bytes)
     else:
-        out = (reference_attention if path == "reference" else explicit_attention)(q, k, v, bias, scale, dropout, hook)
+        kernel = reference_attention if path == "reference" else explicit_attention
+        out = kernel(q, k, v, bias, scale, dropout, options.hook)
     B, h, Nq, dv = out.shape
     return out.transpose(1, 2).reshape(B, Nq, h * dv)  # (B, Nq, h, dv) -> (B, Nq, h dv)

@@ -10,6 +10,7 @@ Letters used in shape comments: B batch, N tokens (Nq queries, Nk keys), C chann
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -19,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitkit.kernels.attention import EXPLICIT_MAX_BYTES, Hook, attention
-from vitkit.kernels.policy import ATTENTION_BACKENDS, BACKENDS, DEFORMABLE_BACKENDS, attention_path, check_backend
+from vitkit.kernels.attention import EXPLICIT_MAX_BYTES, AttentionOptions, Hook, attention
+from vitkit.kernels.policy import ATTENTION_BACKENDS, BACKENDS, DEFORMABLE_BACKENDS, check_backend
 
 if TYPE_CHECKING:
     from vitkit.layers.deformable import MultiScaleDeformableAttention, SampledAttention
@@ -133,24 +134,28 @@ class Attention(nn.Module):
                 "must share the batch, and key and value the tokens"
             )
 
+    def options(self) -> AttentionOptions:
+        """How this layer asks for attention now (its backend, budget, capture, and dropout in training)."""
+        return AttentionOptions(
+            self.scale, self.backend, self.attn_drop if self.training else 0.0, self.capture_hook,
+            self.explicit_max_bytes, self.training,
+        )  # fmt: skip
+
     def path(
         self, device: torch.device, dtype: torch.dtype, weights_bytes: int, dropout: float = 0.0, grad: bool = False
     ) -> str:
         """Which of `vitkit.kernels.policy.ATTENTION_PATHS` computes a call of this layer on `device` in `dtype`
-        whose N x N weights take `weights_bytes` (`vitkit.kernels.policy.attention_path`)."""
-        return attention_path(
-            self.backend, device, dtype, weights_bytes, dropout=dropout, grad=grad,
-            capture=self.capture_hook is not None, explicit_max_bytes=self.explicit_max_bytes,
-        )  # fmt: skip
+        whose N x N weights take `weights_bytes`, with dropout at rate `dropout` and a gradient to keep (`grad`)."""
+        options = dataclasses.replace(self.options(), dropout=dropout, training=False)
+        return options.path(device, dtype, weights_bytes, grad)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None) -> Tensor:
         """softmax(q k^T * scale + bias) v for q (B, h, Nq, d), k (B, h, Nk, d), v (B, h, Nk, dv), the heads merged:
         (B, Nq, h * dv), on the path `vitkit.kernels.policy.attention_path` picks (`vitkit.kernels.attention`).
         `bias` broadcasts to (B, h, Nq, Nk); a boolean one is a mask (True: may attend)."""
-        return attention(
-            q, k, v, bias, scale=self.scale, backend=self.backend, dropout=self.attn_drop if self.training else 0.0,
-            hook=self.capture_hook, explicit_max_bytes=self.explicit_max_bytes, training=self.training,
-        )  # fmt: skip
+        return attention(q, k, v, bias, self.options())
+
+
 def attention_layers(model: nn.Module) -> list[tuple[str, Attention | MultiScaleDeformableAttention]]:
     """The model's attention layers as (qualified name, module), in registration order: the dense `Attention` and
     the multi-scale deformable `vitkit.layers.deformable.MultiScaleDeformableAttention`. Both kinds have a `backend`

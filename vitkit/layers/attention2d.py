@@ -107,4 +107,3 @@ class Attention2d(Attention):
         return out.transpose(1, 2).reshape(B, C, H, W)  # (B, C, N) -> (B, C, H, W)
 
 
-

@@ -88,6 +88,5 @@ class BilinearPool(nn.Module):
         y = x * torch.rsqrt(x.abs() + self.eps)  # signed square root: sign(x) sqrt(|x|) = x / sqrt(|x|)
         return F.normalize(y, dim=1)  # y / ||y||_2
 
-
     def extra_repr(self) -> str:
         return f"dims={self.dims}, num_features={self.num_features}"

@@ -31,6 +31,5 @@ class DropPath(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return drop_path(x, self.drop_prob, self.training)
 
-
     def extra_repr(self) -> str:
         return f"drop_prob={self.drop_prob}"

@@ -80,7 +80,6 @@ class RelPosEmbed2d(nn.Module):
         logits = logits_h[..., :, None] + logits_w[..., None, :]  # (B, h, H, W, H, W)
         return logits.reshape(B, nh, N, N)  # (B, h, N, N): query (x, y) row-major, key (x', y') row-major
 
-
     def extra_repr(self) -> str:
         return f"feat_size={self.feat_size}, head_dim={self.head_dim}"
 
@@ -118,7 +117,6 @@ class FactorizedPosEmbed2d(nn.Module):
         r = (self.rel_h + self.rel_w).flatten(2)  # (h, d, H, W) -> (h, d, N): key positions row-major
 
         return q @ r  # (B, h, N, d) @ (h, d, N) -> (B, h, N, N)
-
 
     def extra_repr(self) -> str:
         return f"feat_size={self.feat_size}, num_heads={self.rel_h.shape[0]}, head_dim={self.head_dim}"

@@ -585,8 +585,6 @@ class DeformableDETR(CostFromImages, nn.Module):
         return self.level_sizes(img_size)[0]
 
 
-
-
 def _layer_outputs(logits: Sequence[Tensor], boxes: Sequence[Tensor]) -> dict[str, Any]:
     """The predictions dict of decoder layers' logits and boxes, the last layer's first, the others' in
     `aux_outputs`."""

@@ -349,7 +349,6 @@ class SwinBlock(nn.Module):
         return x
 
 
-
 class PatchMerging(nn.Module):
     """Halve the resolution: concatenate each 2x2 neighbourhood (B, H, W, C) -> (B, H/2, W/2, 4C), norm, project.
 
@@ -571,7 +570,6 @@ class SwinTransformer(CostFromImages, nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Every block's relative position bias table (timm's `no_weight_decay_keywords`)."""
         return {name for name, _ in self.named_parameters() if name.endswith("relative_position_bias_table")}
-
 
     def forward_intermediates(
         self,

@@ -335,7 +335,6 @@ class VisionTransformer(CostFromImages, nn.Module):
         """ValueError, saying what was expected and what came, for images (B, C, H, W) forward cannot take."""
         self.patch_embed.check_input(x)
 
-
     def forward_intermediates(
         self,
         x: torch.Tensor,
