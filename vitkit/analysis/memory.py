@@ -1,7 +1,8 @@
-"""Activation memory: estimated from the operators each layer states, and measured at the dispatcher.
+"""Activation memory: estimated from a forward's operator rows (`vitkit.cost.trace`), and measured at the
+dispatcher.
 
 `inference_peak_bytes`, `training_peak_bytes` and `saved_for_backward_bytes` are the one place that turns the
-operator lists of the layers' `cost()` methods into memory: which tensors are alive together, and which ones training
+operator rows of a model's `cost()` into memory: which tensors are alive together, and which ones training
 keeps, by the lifetime rules written at the top of `vitkit.cost.rows`.
 
 Under FSDP (`Sharding`) a training step also holds, beside the activations, the parameters FSDP2 gathers unit by

@@ -1,4 +1,4 @@
-"""The precisions vitkit trains, runs and costs models in, named once: what `--precision` and `--dtype` take, and
+"""The precisions vitkit trains, runs and costs models in, named once: what `--precision` takes, and
 the activation dtype each means (bf16: bfloat16 autocast in training, bfloat16 weights and activations after
 `vitkit.optimize`, bfloat16 activations in cost reports and memory estimates), and whether a device runs bf16
 faster than fp32 at all (`slow_precision`)."""

@@ -30,7 +30,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         "--compare",
         choices=tuple(c for c in COMPARE if c is not None),
         default=None,
-        help="run timm's model of the same name too (transformers' DetrForObjectDetection for the DETR models)",
+        help="run timm's model of the same name too (transformers' DetrForObjectDetection or "
+        "DeformableDetrForObjectDetection for the detectors)",
     )
     parser.add_argument("--rounds", type=int, default=10, help="timed steps per candidate (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per candidate first (default 2)")

@@ -11,7 +11,10 @@ from vitkit.cli.messages import CONVERT, STRUCTURED, cli_message
 from vitkit.cli.options import add_out_option, add_renamed_option, out_path, parse_assignment
 from vitkit.weights.convert import convert, formats
 
-HELP = "convert weights between vitkit, timm, torchvision, Hugging Face and facebookresearch/detr layouts"
+HELP = (
+    "convert weights between the layouts of vitkit, timm, torchvision, Hugging Face, vit-pytorch, PaddleViT and the "
+    "DETR and Deformable DETR repositories"
+)
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:

@@ -18,8 +18,8 @@ from vitkit.train.config import option_flag
 from vitkit.train.resume import RESUME_MAY_CHANGE
 
 HELP = (
-    "train a classifier (default: a small ViT on the bundled MNIST digits) or a detector (detr_digits on detection "
-    "data); runs under torchrun for several GPUs/nodes"
+    "train a classifier (default: a small ViT on the bundled MNIST digits) or a detector (deformable_detr_small on "
+    "detection data); runs under torchrun for several GPUs/nodes"
 )
 
 

@@ -344,7 +344,7 @@ DETR_TINY = DetrConfig(
     num_queries=25,
 )
 register_model("detr_tiny", "detr", DETR_TINY, DETR_PAPER, recipe=SMALL_DETR_RECIPE)
-# detr_tiny sized for builtin:digits-detect (96x96 canvases of 1-4 digits of 20-40 px), vitkit's default detector:
+# detr_tiny sized for builtin:digits-detect (96x96 canvases of 1-4 digits of 20-40 px):
 # the last stage dilated (DC5) so that a 96x96 image gives a 6x6 map of 16-pixel cells, about one per digit side;
 # 12 queries (three times the most digits of a canvas); 4 decoder layers; no dropout (runs of minutes).
 register_model(
