@@ -5,7 +5,7 @@ rows it writes, and those a leaf states itself, are `OpCost`s (`vitkit.cost.rows
 """
 
 from vitkit.cost.rows import CostContext, Device, OpCost, Storage, Value
-from vitkit.cost.trace import costed, trace, trace_report, tracing
+from vitkit.cost.trace import costed, trace, tracing
 
 __all__ = [
     "CostContext",
@@ -15,6 +15,5 @@ __all__ = [
     "Value",
     "costed",
     "trace",
-    "trace_report",
     "tracing",
 ]

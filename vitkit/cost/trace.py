@@ -8,7 +8,7 @@ model of any size costs a few thousand dispatches.
 - A leaf states its own rows, and what runs inside it is not counted again:
   - a kernel declared with `costed` (an attention or sampling path): the dispatcher would see the path of the meta
     device, not the one the target device and dtype take, nor the memory a fused kernel keeps;
-  - a module with a ``cost_rows(name, x, ctx, ...)`` method (a packed layer);
+  - a module with a ``cost_rows(name, ctx, *args, **kwargs)`` method, as a `costed` kernel's (a packed layer);
   - torch's layers, each by its rule in `MODULE_RULES` (a linear layer's row belongs to the layer holding it).
 - Every other operator becomes a row by one rule (`operator_flops`): matrix products their multiply-adds (torch's
   FlopCounterMode formulas) plus one FLOP per output element for a bias, element-wise operators `PER_ELEMENT`
@@ -99,7 +99,8 @@ _BIASED = {aten.addmm: 0, aten.convolution: 2, aten._convolution: 2}  # the bias
 
 def operator_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int] | None:
     """(multiply-adds, FLOPs) of one call of the aten operator `func`, by the rule of the module docstring; None for
-    an operator the rule does not know (counted as 0 and reported by `trace`'s `uncounted`)."""
+    an operator the rule does not know (a trace counts it as nothing; tests/analysis/test_elementwise_flops.py holds
+    that no registered model runs one)."""
     packet = func._overloadpacket
     if packet in flop_registry:
         macs = flop_registry[packet](*args, **kwargs, out_val=out) // 2
@@ -121,8 +122,8 @@ def operator_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int,
     if name in ("_embedding_bag", "_embedding_bag_forward_only"):  # a multiply-add per gathered row and channel
         return 0, 2 * args[1].numel() * args[0].shape[-1]
     if name == "max_pool2d_with_indices":  # k^2 - 1 comparisons per output element
-        kernel = args[1] if isinstance(args[1], int) else args[1][0] * args[1][-1]
-        return 0, (kernel * kernel if isinstance(args[1], int) else kernel) * outputs[0].numel() - outputs[0].numel()
+        taps = args[1] ** 2 if isinstance(args[1], int) else args[1][0] * args[1][-1]
+        return 0, (taps - 1) * outputs[0].numel()
     if name in PER_ELEMENT:
         return 0, PER_ELEMENT[name] * outputs[0].numel()
     if torch.Tag.reduction in func.tags or name in PER_INPUT_ELEMENT:
@@ -177,9 +178,8 @@ def _norm(op: str, flops: int) -> Callable[..., list[OpCost]]:
 
 def _max_pool(name: str, m: nn.MaxPool2d, x: Value, out: Tensor, ctx: CostContext) -> list[OpCost]:
     """k^2 - 1 comparisons per output element."""
-    k = m.kernel_size if isinstance(m.kernel_size, int) else m.kernel_size[0] * m.kernel_size[1]
-    k2 = k * k if isinstance(m.kernel_size, int) else k
-    return [OpCost(name, "max_pool", (x,), new_value(tuple(out.shape), ctx), 0, (k2 - 1) * out.numel())]
+    taps = m.kernel_size**2 if isinstance(m.kernel_size, int) else m.kernel_size[0] * m.kernel_size[1]
+    return [OpCost(name, "max_pool", (x,), new_value(tuple(out.shape), ctx), 0, (taps - 1) * out.numel())]
 
 
 MODULE_RULES: dict[type, Callable[..., list[OpCost]]] = {
@@ -265,7 +265,6 @@ class _Trace(TorchDispatchMode):
         self.quiet = 0  # > 0 inside a leaf
         self.pending: list[Storage] = []  # saved by autograd since the last operator
         self.last: weakref.ref | None = None  # the last counted operator's output
-        self.uncounted: set[str] = set()
         self.done = False
 
     # which tensor is which
@@ -347,10 +346,7 @@ class _Trace(TorchDispatchMode):
         ]  # arguments written in place (an in-place operator's self, an out=)
         values = tuple(self.value(t) for t in inputs)
         name = func._overloadpacket.__name__
-        costs = operator_flops(func, args, kwargs, out)
-        if costs is None:
-            self.uncounted.add(name)
-            costs = (0, 0)
+        costs = operator_flops(func, args, kwargs, out) or (0, 0)  # an operator the rule does not know: nothing
         macs, flops = costs
         if written:
             target = kwargs.get(written[0])
@@ -394,13 +390,14 @@ class _Trace(TorchDispatchMode):
             if storage.nbytes or not any(storage is x.storage for x in rows[-1].inputs):
                 self.track(out, storage)
 
-    def leaf(self, cost: Callable[..., list[OpCost]], args: tuple, kwargs: dict) -> Tensor:
-        """A `costed` kernel's call: its rows, and an empty output of the last row's shape."""
+    def leaf(self, cost: Callable[..., list[OpCost]], args: tuple, kwargs: dict, weights: Any = ()) -> Tensor:
+        """A leaf's call (a `costed` kernel's, a `cost_rows` module's with its `weights`): its rows, and an empty
+        output of the last row's shape."""
         as_value = lambda t: self.value(t) if isinstance(t, Tensor) else t  # noqa: E731
         rows = cost(self.module, self.ctx, *tree_map(as_value, args), **tree_map(as_value, kwargs))
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
         with self.quietly():
-            grads = [t for t in tensors if t.requires_grad] if torch.is_grad_enabled() else []
+            grads = [t for t in (*tensors, *weights) if t.requires_grad] if torch.is_grad_enabled() else []
             out = _Output.apply(rows[-1].out_shape, tensors[0].dtype, *grads)
         self.add_leaf(rows, out)
         return out
@@ -412,19 +409,11 @@ class _Trace(TorchDispatchMode):
         rule = _rule(module)
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            name = self.module
-            x = self.value(args[0])
             if own is not None:
-                as_value = lambda t: self.value(t) if isinstance(t, Tensor) else t  # noqa: E731
-                rows = own(name, x, self.ctx, *tree_map(as_value, args[1:]), **tree_map(as_value, kwargs))
-                with self.quietly():
-                    grads = [t for t in (*args, *module.parameters()) if isinstance(t, Tensor) and t.requires_grad]
-                    out = _Output.apply(rows[-1].out_shape, args[0].dtype, *grads)
-            else:
-                with self.quietly():
-                    out = forward(*args, **kwargs)
-                rows = rule(name, module, x, out, self.ctx)
-            self.add_leaf(rows, out)
+                return self.leaf(own, args, kwargs, module.parameters())
+            with self.quietly():
+                out = forward(*args, **kwargs)
+            self.add_leaf(rule(self.module, module, self.value(args[0]), out, self.ctx), out)
             return out
 
         return run
@@ -464,13 +453,6 @@ def trace(module: nn.Module, *inputs: Any, ctx: CostContext | None = None, **kwa
     """The rows of ``module(*inputs, **kwargs)`` in forward order, on `ctx`'s device and dtype (default: float32 on
     the CPU), counted as the module docstring says. Tensors among the inputs count as given (no memory of the pass);
     only their shapes are read. The module is left as it was."""
-    return trace_report(module, *inputs, ctx=ctx, **kwargs)[0]
-
-
-def trace_report(
-    module: nn.Module, *inputs: Any, ctx: CostContext | None = None, **kwargs: Any
-) -> tuple[list[OpCost], set[str]]:
-    """`trace`'s rows, and the names of the operators its rule does not know (counted as nothing)."""
     ctx = ctx or CostContext()
     tracer = _Trace(ctx, {id(m): n for n, m in module.named_modules()})
     state = _meta_state(module, ctx)
@@ -508,4 +490,4 @@ def trace_report(
                 del m.forward
             else:
                 m.forward = forward
-    return tracer.result(), tracer.uncounted
+    return tracer.result()

@@ -30,9 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-RSQRT_ABS_FLOPS = 3  # per element: abs, + eps, reciprocal square root
-L2_NORMALIZE_FLOPS = 3  # per element: square and add for the norm, divide
-
 
 class BilinearPool(nn.Module):
     """Bilinear pooling of fA (B, T, M) and fB (B, T, N) -> (B, M * N), or of one set (fB = fA) -> (B, M * M).

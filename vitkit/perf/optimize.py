@@ -102,7 +102,7 @@ class PackedLinear(nn.Module):
         # algorithm "none" selects the exact erf GELU ("tanh" would be the approximation); unused for "none"
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.activation, [], "none")
 
-    def cost_rows(self, name: str, x: Value, ctx: CostContext) -> list[OpCost]:
+    def cost_rows(self, name: str, ctx: CostContext, x: Value) -> list[OpCost]:
         """The rows of a packed layer, whose reordered weight and fused GELU a trace cannot see: the `nn.Linear` it
         replaces (its row in the layer holding it), with the GELU's FLOPs in the same operator (it writes no tensor
         of its own)."""
