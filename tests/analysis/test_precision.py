@@ -6,6 +6,7 @@ import torch
 import vitkit
 from vitkit.analysis import precision
 from vitkit.analysis.precision import MatmulRates, cpu_matmul_rates, slow_precision
+from vitkit.cli.messages import cli_option
 
 
 def test_rates_are_measured_once_and_positive():
@@ -19,7 +20,8 @@ def test_emulated_bf16_is_named_with_its_rates(monkeypatch):
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=110e9, bf16=14e9))
     message = slow_precision("bf16", "cpu")
     assert "bf16 is slower than fp32 on this CPU" in message
-    assert "14.0 GFLOP/s in bf16 against 110.0 in fp32 (7.9x slower); use fp32 (--precision fp32)" in message
+    assert "14.0 GFLOP/s in bf16 against 110.0 in fp32 (7.9x slower); use fp32 (precision='fp32')" in message
+    assert slow_precision("bf16", "cpu", cli_option).endswith("use fp32 (--precision fp32)")  # as commands say it
     assert slow_precision("fp32", "cpu") is None
     with pytest.warns(UserWarning, match=r'7.9x slower\); use fp32 \(optimize\(model, "fp32"\)\)'):
         vitkit.optimize(vitkit.create_model("vit_tiny_patch16_224", depth=1), "bf16")

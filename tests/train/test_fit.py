@@ -335,9 +335,9 @@ def test_an_epoch_longer_than_the_delay_shows_a_progress_bar(tmp_path, tiny_conf
 def test_a_bf16_run_where_bf16_is_slow_says_so_last_in_its_summary(tmp_path, tiny_config, caplog, monkeypatch):
     asked = []
 
-    def slow(precision, device):
+    def slow(precision, device, name):
         asked.append((precision, str(device)))
-        return "bf16 is slower than fp32 on this CPU (...): use fp32 (--precision fp32)"
+        return f"bf16 is slower than fp32 on this CPU (...): use fp32 ({name('precision', 'fp32')})"
 
     monkeypatch.setattr("vitkit.train.loop.slow_precision", slow)
     with caplog.at_level(logging.INFO, logger="vitkit.train"):
@@ -345,5 +345,5 @@ def test_a_bf16_run_where_bf16_is_slow_says_so_last_in_its_summary(tmp_path, tin
     summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))
     assert asked == [("bf16", "cpu")]
     assert (
-        summary.splitlines()[-1] == "  warning bf16 is slower than fp32 on this CPU (...): use fp32 (--precision fp32)"
+        summary.splitlines()[-1] == "  warning bf16 is slower than fp32 on this CPU (...): use fp32 (precision='fp32')"
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from vitkit.errors import Namer, python_option
 from vitkit.kernels.policy import cpu_amx, native_cpu_bf16
 
 PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -68,10 +69,10 @@ def cpu_features() -> str:
     return f"{capability}, no native bf16 (neither AVX512-BF16 nor AMX)"
 
 
-def slow_precision(precision: str, device: torch.device | str) -> str | None:
+def slow_precision(precision: str, device: torch.device | str, name: Namer = python_option) -> str | None:
     """Why `precision` would run slower than fp32 on `device`, or None: on CPUs without bf16 instructions torch
     emulates bf16 products, several times slower than fp32 (a Zen 3 core: 14 GFLOP/s against 110 in `F.linear`);
-    on GPUs without bf16 (before Ampere) as well."""
+    on GPUs without bf16 (before Ampere) as well. `name` words the way out (`vitkit.errors.Namer`)."""
     if precision_dtype(precision) != torch.bfloat16:
         return None
     device = torch.device(device)
@@ -87,5 +88,5 @@ def slow_precision(precision: str, device: torch.device | str) -> str | None:
     return (
         f"bf16 is slower than fp32 on this CPU ({cpu_features()}): matrix products run at "
         f"{rates.bf16 / 1e9:.1f} GFLOP/s in bf16 against {rates.fp32 / 1e9:.1f} in fp32 "
-        f"({1 / rates.bf16_speedup:.1f}x slower); use fp32 (--precision fp32)"
+        f"({1 / rates.bf16_speedup:.1f}x slower); use fp32 ({name('precision', 'fp32')})"
     )

@@ -26,7 +26,7 @@ SYMBOLIC = {
     "gelu": "GELU on (B, N, rC)",
     "fc2": "(B, N, rC) -> Linear -> (B, N, C)",
     "layer_norm": "LayerNorm over C",
-    "residual_add": "x + branch(x)",
+    "add": "x + branch(x): the residual",
 }
 
 
@@ -42,7 +42,7 @@ class Row:
 def grouped(report: Report, by: str) -> list[Row]:
     """Sum the report's operator rows by block, by operator or by layer (module), in first-seen order."""
     if by not in ("block", "op", "layer"):
-        raise ValueError(f"--by must be 'block', 'op' or 'layer', got {by!r}")
+        raise ValueError(f"by must be 'block', 'op' or 'layer', got {by!r}")
     groups: dict[str, list[OpCost]] = OrderedDict()
     for op in report.ops:
         groups.setdefault(op.op if by == "op" else group_key(op.module, by, report.parts), []).append(op)

@@ -7,6 +7,7 @@ import json
 import sys
 
 from vitkit.analysis.precision import PRECISIONS, slow_precision
+from vitkit.cli.messages import cli_option
 from vitkit.cli.options import add_memory_option, add_renamed_option, memory_flags, parse_size
 from vitkit.perf.bench import COMPARE, Report, bench
 from vitkit.train import create_optimizer
@@ -41,7 +42,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    slow = slow_precision(args.precision, args.device)
+    slow = slow_precision(args.precision, args.device, cli_option)
     if slow is not None:
         print(f"warning: {slow}", file=sys.stderr)
     report = bench(

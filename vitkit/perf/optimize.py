@@ -208,9 +208,9 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False) -
     """
     dtype = precision_dtype(precision)
     device = next(iter(model.parameters()), torch.empty(0)).device
-    slow = slow_precision(precision, device)
+    slow = slow_precision(precision, device, name=lambda option, value: f'optimize(model, "{value}")')
     if slow is not None:
-        warnings.warn(slow.replace("(--precision fp32)", '(optimize(model, "fp32"))'), stacklevel=2)
+        warnings.warn(slow, stacklevel=2)
     model = copy.deepcopy(model).eval()
     for module in list(model.modules()):
         if callable(getattr(module, "fold_norms", None)):  # a detector's frozen-norm backbone

@@ -270,7 +270,7 @@ class Run:
             lines.insert(2, f"  augment {augment}")
         for i, c in enumerate(self.sized):  # what the data chose, one line each, before device and output
             lines.insert(-2, f"  {'sized' if i == 0 else '':8}{c.field.replace('_', ' ')} {c.value}: {c.why}")
-        slow = slow_precision(config.precision, env.device)
+        slow = slow_precision(config.precision, env.device, self.hints.option)
         if slow is not None:  # last, where it is read
             lines.append(f"  warning {slow}")
         init = load_report(self.model)
