@@ -28,9 +28,8 @@ from pathlib import Path
 import torch
 
 import vitkit
+from vitkit.kernels.policy import knows
 from vitkit.layers import (
-    ATTENTION_BACKENDS,
-    DEFORMABLE_BACKENDS,
     Attention,
     attention_backend,
     attention_layers,
@@ -143,8 +142,7 @@ def _distance(
 def _knows(model: torch.nn.Module, backend: str) -> bool:
     """Whether some attention layer of `model` has `backend` (dense layers "sdpa", deformable ones "gather" and
     "levelwise")."""
-    layers = [layer for _, layer in attention_layers(model)]
-    return any(backend in (ATTENTION_BACKENDS if isinstance(x, Attention) else DEFORMABLE_BACKENDS) for x in layers)
+    return any(knows(backend, deformable=not isinstance(x, Attention)) for _, x in attention_layers(model))
 
 
 def check_backends(case: Case, device: torch.device) -> list[dict]:

@@ -1,5 +1,5 @@
 """Every registered model's FLOPs against a count at the dispatcher: its forward run (on the meta device) under a
-mode that counts each aten operator it sees by the rule `vitkit.cost.trace` counts with (`operator_flops`).
+mode that counts each aten operator it sees by the rule `vitkit.cost.tracer` counts with (`operator_flops`).
 
 A trace states its kernels' rows itself (dense attention's and deformable sampling's paths). With the `math` backends
 the dispatcher sees the reference formulas run, so the two totals agree only if each kernel's rows count what its
@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import vitkit
 from vitkit.analysis import profile
-from vitkit.cost.trace import operator_flops
+from vitkit.cost.tracer import operator_flops
 from vitkit.models.registry import backend_overrides, model_entry
 
 

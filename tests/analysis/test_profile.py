@@ -162,10 +162,13 @@ def test_explicit_attention_costs_n_squared_memory_and_fused_does_not(native_bf1
     assert inference_peak_bytes(reference) >= 2 * nn_bytes > nn_bytes > inference_peak_bytes(fused)
     assert all(op.out_bytes < nn_bytes for op in fused)
     assert sum(op.macs for op in fused) == sum(op.macs for op in reference)
-    with vitkit.capture_attention(layer := Attention(C, h)):  # capturing forms the weights, in one buffer
-        captured = trace(layer, torch.empty(B, N, C), ctx=fp32)
+    with vitkit.capture_attention(layer := Attention(C, h).eval()):  # in inference capturing forms the weights,
+        captured = trace(layer, torch.empty(B, N, C), ctx=fp32)  # in one buffer
     assert nn_bytes < inference_peak_bytes(captured) < 2 * nn_bytes
-    assert [op.op for op in captured] == [op.op for op in trace(Attention(C, h), torch.empty(B, N, C), ctx=bf16)]
+    bf16_rows = trace(Attention(C, h).eval(), torch.empty(B, N, C), ctx=bf16)
+    assert [op.op for op in captured] == [op.op for op in bf16_rows]
+    with vitkit.capture_attention(layer.train()):  # with its backward to keep, the logits and the weights both
+        assert inference_peak_bytes(trace(layer, torch.empty(B, N, C), ctx=fp32)) >= 2 * nn_bytes
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "math", "auto"])
@@ -264,7 +267,7 @@ def test_peak_memory_ignores_tensors_that_existed_before():
     [
         ("vit_small_patch16_224", 224, 0.01),
         ("swin_tiny_patch4_window7_224", 224, 0.01),
-        ("botnet26t_256", 256, 0.06),
+        ("botnet26t_256", 256, 0.01),
     ],
 )
 @pytest.mark.parametrize("backend", ["sdpa", "math"])

@@ -1,4 +1,4 @@
-"""Activation memory: estimated from a forward's operator rows (`vitkit.cost.trace`), and measured at the
+"""Activation memory: estimated from a forward's operator rows (`vitkit.cost.tracer`), and measured at the
 dispatcher.
 
 `inference_peak_bytes`, `training_peak_bytes` and `saved_for_backward_bytes` are the one place that turns the
@@ -78,7 +78,7 @@ class PeakMemory(TorchDispatchMode):
 def _release(ops: Sequence[OpCost]) -> dict[Storage, tuple[int, int]]:
     """(first, last) op index between which each storage the ops write is alive, by the lifetime rules of
     `vitkit.cost.rows`: from its writer to its last reader, to the end of the module it was handed to, to the end
-    of its own module when `named`, to the end for the result."""
+    for the result."""
     path = [tuple(op.module.split(".")) if op.module else () for op in ops]
     last_under: dict[tuple[str, ...], int] = {}
     for i, parts in enumerate(path):
@@ -98,7 +98,7 @@ def _release(ops: Sequence[OpCost]) -> dict[Storage, tuple[int, int]]:
             span[x.storage] = (span[x.storage][0], max(span[x.storage][1], end))
         out = op.output.storage
         if out not in span and out.nbytes > 0 and op.out_bytes > 0:
-            span[out] = (i, last_under[path[i]] if op.named else i)
+            span[out] = (i, i)
             made_in[out] = path[i]
     if ops and ops[-1].output.storage in span:
         span[ops[-1].output.storage] = (span[ops[-1].output.storage][0], len(ops) - 1)

@@ -1,6 +1,6 @@
 """The rows of a cost list: what one operator of a forward reads, writes, computes and keeps for backward.
 
-`vitkit.cost.trace` writes one `OpCost` per operator of a module's forward, in forward order; a leaf whose path or
+`vitkit.cost.tracer` writes one `OpCost` per operator of a module's forward, in forward order; a leaf whose path or
 memory the dispatcher cannot see (an attention kernel's path, a sampling path, a packed layer) states its rows itself
 with the functions below, each term commented with the line it counts.
 
@@ -20,7 +20,6 @@ Lifetimes: what a cost list says about memory, worked out in one place (`vitkit.
 - A value handed to a module stays referenced by the caller's expression (or the callee's argument) until that
   module returns: a read by an operator of module `a.b.c` of a value made under `a.x` keeps it alive to the last
   operator under `a.b`.
-- An output marked `named` lives at least to its module's last operator (forward keeps it in a variable: q, k, v).
 - `holding(op, *values)` keeps values alive up to `op` that forward holds without reading (a mask, a rolled map);
   the trace holds each tensor to the last operator before the forward let go of it.
 - The last operator's output is the result and lives to the end.
@@ -95,12 +94,6 @@ def new_value(shape: tuple[int, ...], ctx: CostContext, *, stored: bool = True) 
     return Value(tuple(shape), Storage(numel(shape) * ctx.itemsize if stored else 0))
 
 
-def given(shape: tuple[int, ...]) -> Value:
-    """A tensor that exists before the costed code runs (the input image, a weight, a table): counted in no
-    memory figure."""
-    return Value(tuple(shape), Storage(0))
-
-
 def view(x: Value, shape: tuple[int, ...]) -> Value:
     """`x` seen with another shape (a view, or an in-place result): no new storage."""
     return Value(tuple(shape), x.storage)
@@ -115,7 +108,6 @@ class OpCost:
     macs: int  # multiply-adds of matrix work (0 for element-wise operators)
     flops: int  # all FLOPs: 2 * macs, plus bias adds or the per-element constant x elements
     saved: tuple[Value, ...] = ()  # what autograd keeps from this operator for the backward pass
-    named: bool = False  # forward binds the output to a name it keeps until it returns (q, k, v in attention)
     # bytes its backward allocates while it runs, where that is not the gradients of its output and main input (a
     # function with a written-out backward: its whole backward at its last operator, 0 at the others)
     backward_bytes: int | None = None

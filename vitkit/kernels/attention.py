@@ -8,7 +8,7 @@
 - torch's fused `scaled_dot_product_attention`, which never keeps the N x N weights.
 
 `attention` runs the path `vitkit.kernels.policy.attention_path` picks for its `AttentionOptions` and merges the
-heads; `attention_rows` states its rows for `vitkit.cost.trace` on the device and dtype costed.
+heads; `attention_rows` states its rows for `vitkit.cost.tracer` on the device and dtype costed.
 
 Letters used in shape comments: B batch, N tokens (Nq queries, Nk keys), h heads, d head dim (dv of the values),
 n = B * h (the batch of the explicit path's batched matmuls).
@@ -206,7 +206,7 @@ def attention_rows(
         copies = (ops(copy_op(name, "q_copy", q, q.shape, ctx)), ops(copy_op(name, "k_copy", k, k.shape, ctx)))
         ops(elementwise_op(name, "q*scale", q, 1, ctx, stored=False))  # BNC, in baddbmm's alpha
         ops(matmul_op(name, "q@k^T", copies, logits, heads_qk, ctx))
-    in_place = path == "explicit"  # without grad the explicit path adds and normalises in its one buffer
+    in_place = path == "explicit" and not options.training  # without grad: the bias and softmax in its one buffer
     if bias is not None:
         ops(elementwise_op(name, "+bias", (ops.out, bias), 1, ctx, in_place=in_place))  # BhN^2
     ops(elementwise_op(name, "softmax", ops.out, SOFTMAX_FLOPS, ctx, in_place=in_place, saves_output=True))

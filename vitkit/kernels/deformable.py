@@ -13,7 +13,7 @@ points' attention weights (the paper's equation 3, "Deformable DETR", arXiv:2010
   each chunk's samples summed into the output in place while in cache, with a backward written out
   (`_LevelwiseSampling`: the samples taken again) that keeps no samples.
 
-`sample` runs one and states its rows for `vitkit.cost.trace` (`sample_rows`).
+`sample` runs one and states its rows for `vitkit.cost.tracer` (`sample_rows`).
 
 Letters used in shape comments: B batch, Q queries, N value tokens (all levels, concatenated; level l row-major over
 its H_l x W_l pixels), h heads, d head dim, L levels, K points per head and level, Np the value tokens of the levels

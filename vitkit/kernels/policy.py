@@ -24,6 +24,11 @@ the levelwise path in training."""
 BACKENDS = ("auto", "sdpa", "gather", "levelwise", "math")
 """Every backend name; `auto` and `math` mean the same to both kinds of layer."""
 
+def knows(backend: str, deformable: bool) -> bool:
+    """Whether a dense (or a `deformable`) attention layer has the backend `backend`."""
+    return backend in (DEFORMABLE_BACKENDS if deformable else ATTENTION_BACKENDS)
+
+
 ATTENTION_PATHS = ("fused", "explicit", "blocked", "reference")
 DEFORMABLE_PATHS = ("gather", "levelwise", "reference")
 

@@ -1,9 +1,7 @@
 """Building blocks shared by every vitkit model: one concept per module."""
 
+from vitkit.kernels.policy import ATTENTION_BACKENDS, BACKENDS, DEFORMABLE_BACKENDS
 from vitkit.layers.attention import (
-    ATTENTION_BACKENDS,
-    BACKENDS,
-    DEFORMABLE_BACKENDS,
     Attention,
     attention_backend,
     attention_layers,

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitkit.kernels.attention import EXPLICIT_MAX_BYTES, AttentionOptions, Hook, attention
-from vitkit.kernels.policy import ATTENTION_BACKENDS, BACKENDS, DEFORMABLE_BACKENDS, check_backend
+from vitkit.kernels.policy import ATTENTION_BACKENDS, BACKENDS, check_backend, knows
 
 if TYPE_CHECKING:
     from vitkit.layers.deformable import MultiScaleDeformableAttention, SampledAttention
@@ -177,11 +177,14 @@ def set_attention_backend(model: nn.Module, backend: str, explicit_max_bytes: in
     check_backend(backend, BACKENDS)
     if explicit_max_bytes is not None and explicit_max_bytes < 0:
         raise ValueError(f"explicit_max_bytes must be >= 0, got {explicit_max_bytes}")
-    for _, layer in attention_layers(model):
-        dense = isinstance(layer, Attention)
-        if backend in (ATTENTION_BACKENDS if dense else DEFORMABLE_BACKENDS):
-            layer.backend = backend
-        if explicit_max_bytes is not None and dense:
+    layers = [layer for _, layer in attention_layers(model)]
+    switched = [layer for layer in layers if knows(backend, deformable=not isinstance(layer, Attention))]
+    if layers and not switched:
+        raise ValueError(f"{type(model).__name__} has no attention layer with a {backend!r} backend")
+    for layer in switched:
+        layer.backend = backend
+    for layer in layers:
+        if explicit_max_bytes is not None and isinstance(layer, Attention):
             layer.explicit_max_bytes = explicit_max_bytes
     return model
 

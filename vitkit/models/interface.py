@@ -30,7 +30,7 @@ class VitkitModel(Protocol):
     - ``forward(x)``: images (B, C, H, W) -> logits (B, num_classes), always
       ``forward_head(forward_features(x))``.
     - ``cost(...)``: the analytic cost of `forward`, one row per operator in forward order (its forward traced on
-      meta tensors, `vitkit.cost.trace`).
+      meta tensors, `vitkit.cost.tracer`).
     - ``shard_units()``: the model's repeated blocks, the units that gradient checkpointing recomputes and that
       FSDP (`vitkit train --strategy fsdp`) shards and gathers one at a time.
     - ``set_grad_checkpointing(enable)``: recompute the model's blocks (`shard_units`) in backward instead of
@@ -256,7 +256,7 @@ def denoising_settings(detector: object) -> DenoisingSettings | None:
 
 class CostFromImages:
     """`VitkitModel.cost` written once, for a model that checks its images with `check_input(x)`: its forward on a
-    batch of images, traced (`vitkit.cost.trace`)."""
+    batch of images, traced (`vitkit.cost.tracer`)."""
 
     def cost(
         self, img_size: tuple[int, int], batch: int = 1, dtype: torch.dtype = torch.float32, device: Device = "cpu"

@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from vitkit.kernels.policy import ATTENTION_BACKENDS, BACKENDS, DEFORMABLE_BACKENDS, check_backend
+from vitkit.kernels.policy import BACKENDS, check_backend, knows
 from vitkit.models.interface import DETECTOR_METHODS, METHODS
 
 CLASSIFICATION, DETECTION = "classification", "detection"
@@ -212,8 +212,8 @@ def backend_overrides(name: str, backend: str) -> dict[str, str]:
     the config has it, `deformable_backend` for the deformable ones."""
     check_backend(backend, BACKENDS)
     fields = {f.name for f in dataclasses.fields(model_entry(name).config)}
-    kinds = {"attn_backend": ATTENTION_BACKENDS, "deformable_backend": DEFORMABLE_BACKENDS}
-    overrides = {field: backend for field, names in kinds.items() if field in fields and backend in names}
+    kinds = {"attn_backend": False, "deformable_backend": True}  # each kind of layer's field: deformable?
+    overrides = {f: backend for f, deformable in kinds.items() if f in fields and knows(backend, deformable)}
     if not overrides:
         raise ValueError(f"{name} has no attention layer with a {backend!r} backend")
     return overrides

@@ -20,6 +20,7 @@ from torch import nn
 
 from vitkit.analysis.precision import precision_dtype, slow_precision
 from vitkit.cost.rows import GELU_FLOPS, CostContext, OpCost, Value, linear_op, numel
+from vitkit.cost.tracer import linear_row
 from vitkit.kernels.policy import native_cpu_bf16
 from vitkit.layers import Mlp, attention_layers
 
@@ -104,10 +105,8 @@ class PackedLinear(nn.Module):
 
     def cost_rows(self, name: str, ctx: CostContext, x: Value) -> list[OpCost]:
         """The rows of a packed layer, whose reordered weight and fused GELU a trace cannot see: the `nn.Linear` it
-        replaces (its row in the layer holding it), with the GELU's FLOPs in the same operator (it writes no tensor
-        of its own)."""
-        parent, _, child = name.rpartition(".")
-        op = linear_op(parent, child, x, self.out_features, ctx, bias=self.bias is not None)
+        replaces, with the GELU's FLOPs in the same operator (it writes no tensor of its own)."""
+        op = linear_op(*linear_row(name), x, self.out_features, ctx, bias=self.bias is not None)
         if self.activation == "gelu":
             op = dataclasses.replace(op, flops=op.flops + GELU_FLOPS * numel(op.out_shape))
         return [op]

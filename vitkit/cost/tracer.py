@@ -9,7 +9,8 @@ model of any size costs a few thousand dispatches.
   - a kernel declared with `costed` (an attention or sampling path): the dispatcher would see the path of the meta
     device, not the one the target device and dtype take, nor the memory a fused kernel keeps;
   - a module with a ``cost_rows(name, ctx, *args, **kwargs)`` method, as a `costed` kernel's (a packed layer);
-  - torch's layers, each by its rule in `MODULE_RULES` (a linear layer's row belongs to the layer holding it).
+  - torch's layers, each by its rule in `MODULE_RULES` (a linear layer's row belongs to the layer holding it),
+    where the dispatcher's count would name or attribute them otherwise.
 - Every other operator becomes a row by one rule (`operator_flops`): matrix products their multiply-adds (torch's
   FlopCounterMode formulas) plus one FLOP per output element for a bias, element-wise operators `PER_ELEMENT`
   FLOPs per output element (1 unless listed), reductions one per input element, data movement none. Views and
@@ -54,7 +55,6 @@ from vitkit.cost.rows import (
     elementwise_op,
     linear_op,
     matmul_op,
-    new_value,
 )
 
 aten = torch.ops.aten
@@ -89,7 +89,7 @@ DATA_MOVEMENT = {
     "constant_pad_nd", "repeat", "flip", "fill", "zero", "masked_scatter", "index_put", "scatter", "slice_scatter",
     "select_scatter", "lift_fresh_copy", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
     "zeros", "zeros_like", "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "arange",
-    "scalar_tensor", "upsample_nearest2d", "_unsafe_index", "alias", "detach", "lift_fresh",
+    "scalar_tensor", "upsample_nearest2d", "_unsafe_index", "lift_fresh",
     "_unsafe_view",
 }  # fmt: skip
 """Operators that move or make data and compute nothing (clone is tagged `pointwise` by torch)."""
@@ -141,12 +141,16 @@ def _parent(name: str) -> tuple[str, str]:
     return parent, child
 
 
-def _linear(name: str, m: nn.Linear, x: Value, out: Tensor, ctx: CostContext) -> list[OpCost]:
-    """rows x in x out MACs (+ the bias): a row of the layer holding it, named by its role (an MLP's fc1); of its
-    own, named by its role at the model's top (a head) or "linear" in a list."""
+def linear_row(name: str) -> tuple[str, str]:
+    """(module, op) of the row of the linear layer `name`: a row of the layer holding it, named by its role (an
+    MLP's fc1); of its own, named by its role at the model's top (a head) or "linear" in a list."""
     parent, child = _parent(name)
-    module, op = (name, child) if not parent else (name, "linear") if child.isdigit() else (parent, child)
-    return [linear_op(module, op, x, m.out_features, ctx, bias=m.bias is not None)]
+    return (name, child) if not parent else (name, "linear") if child.isdigit() else (parent, child)
+
+
+def _linear(name: str, m: nn.Linear, x: Value, out: Tensor, ctx: CostContext) -> list[OpCost]:
+    """rows x in x out MACs (+ the bias)."""
+    return [linear_op(*linear_row(name), x, m.out_features, ctx, bias=m.bias is not None)]
 
 
 def _conv(name: str, m: nn.Conv2d, x: Value, out: Tensor, ctx: CostContext) -> list[OpCost]:
@@ -176,12 +180,6 @@ def _norm(op: str, flops: int) -> Callable[..., list[OpCost]]:
     return rule
 
 
-def _max_pool(name: str, m: nn.MaxPool2d, x: Value, out: Tensor, ctx: CostContext) -> list[OpCost]:
-    """k^2 - 1 comparisons per output element."""
-    taps = m.kernel_size**2 if isinstance(m.kernel_size, int) else m.kernel_size[0] * m.kernel_size[1]
-    return [OpCost(name, "max_pool", (x,), new_value(tuple(out.shape), ctx), 0, (taps - 1) * out.numel())]
-
-
 MODULE_RULES: dict[type, Callable[..., list[OpCost]]] = {
     nn.Linear: _linear,
     nn.Conv2d: _conv,
@@ -191,7 +189,6 @@ MODULE_RULES: dict[type, Callable[..., list[OpCost]]] = {
     nn.LayerNorm: _norm("layer_norm", LAYER_NORM_FLOPS),
     nn.GroupNorm: _norm("group_norm", GROUP_NORM_FLOPS),
     nn.BatchNorm2d: _norm("batch_norm", BATCH_NORM_FLOPS),
-    nn.MaxPool2d: _max_pool,
     nn.Identity: lambda name, m, x, out, ctx: [],
 }
 """torch's layers and their rows: rule(name, module, x, output, ctx), x the input's `Value`."""
@@ -208,9 +205,14 @@ def _rule(module: nn.Module) -> Callable[..., list[OpCost]] | None:
 _TRACES: list[_Trace] = []  # the trace running (one at a time, in one thread)
 
 
+def _active() -> _Trace | None:
+    """The trace running in this thread, if any."""
+    return _TRACES[-1] if _TRACES and _TRACES[-1].thread == threading.get_ident() else None
+
+
 def tracing() -> bool:
-    """Whether a forward runs under `trace` now (gradient checkpointing stands aside then)."""
-    return bool(_TRACES)
+    """Whether a forward runs under `trace` in this thread now (gradient checkpointing stands aside then)."""
+    return _active() is not None
 
 
 def costed(cost: Callable[..., list[OpCost]]) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
@@ -222,11 +224,9 @@ def costed(cost: Callable[..., list[OpCost]]) -> Callable[[Callable[..., Tensor]
     def declare(kernel: Callable[..., Tensor]) -> Callable[..., Tensor]:
         @functools.wraps(kernel)
         def run(*args: Any, **kwargs: Any) -> Tensor:
-            if _TRACES and _TRACES[-1].thread == threading.get_ident():
-                return _TRACES[-1].leaf(cost, args, kwargs)
-            return kernel(*args, **kwargs)
+            tracer = _active()
+            return kernel(*args, **kwargs) if tracer is None else tracer.leaf(cost, args, kwargs)
 
-        run.cost = cost  # type: ignore[attr-defined]
         return run
 
     return declare
@@ -310,6 +310,7 @@ class _Trace(TorchDispatchMode):
             return []
         last = len(self.rows) - 1
         out = self.last() if self.last is not None else None
+        self.last = None  # read once: after it, what autograd saves belongs to the operators that follow
         keeps_output = out is not None and out.grad_fn is not None and hasattr(out.grad_fn, "_raw_saved_result")
         reads = {id(self.storages.get(_key(t))) for t in inputs}
         incoming = []
@@ -354,6 +355,7 @@ class _Trace(TorchDispatchMode):
                 position = [a.name for a in func._schema.arguments].index(written[0])
                 target = args[position] if position < len(args) else outputs[0]
             self.rows.append(OpCost(self.module, name, values, self.value(target), macs, flops))
+            self.last = weakref.ref(target)
             return
         made = 0
         for t in outputs:
@@ -418,7 +420,7 @@ class _Trace(TorchDispatchMode):
 
         return run
 
-    def finish(self, out: Any) -> None:
+    def finish(self) -> None:
         """The outputs live to the end; what autograd saved last belongs to the last row."""
         self.settle([])
         for storage in list(self.storages.values()):
@@ -464,10 +466,12 @@ def trace(module: nn.Module, *inputs: Any, ctx: CostContext | None = None, **kwa
             m.forward = tracer.module_forward(m, m.forward)
 
     def enter(m: nn.Module, args: Any) -> None:
-        tracer.stack.append(tracer.names.get(id(m), tracer.module))
+        if _active() is tracer:  # the modules another thread runs meanwhile are not this forward's
+            tracer.stack.append(tracer.names.get(id(m), tracer.module))
 
     def leave(m: nn.Module, args: Any, out: Any) -> None:
-        tracer.stack.pop()
+        if _active() is tracer:
+            tracer.stack.pop()
 
     hooks = [
         nn.modules.module.register_module_forward_pre_hook(enter),
@@ -478,7 +482,7 @@ def trace(module: nn.Module, *inputs: Any, ctx: CostContext | None = None, **kwa
         with tracer, torch.autograd.graph.saved_tensors_hooks(tracer.pack, lambda packed: packed):
             with torch.enable_grad():
                 out = torch.func.functional_call(module, state, inputs, kwargs, strict=False)
-            tracer.finish(out)
+            tracer.finish()
             del out
     finally:
         tracer.done = True
