@@ -46,7 +46,6 @@ register_family(
     cost_parts={
         "backbone": "backbone",
         "input_proj": "embedding",
-        "level_embed": "embedding",
         "position_embedding": "embedding",
         "reference_points": "embedding",  # the object queries' reference points (one-stage)
         "pos_trans": "embedding",  # the proposals' encodings as the object queries (two-stage)

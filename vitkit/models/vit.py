@@ -373,7 +373,7 @@ register_family(
     VisionTransformer,
     display_name="ViT",
     weights="vitkit.weights.vit",
-    cost_parts={"patch_embed": "embedding", "pos_embed": "embedding"},
+    cost_parts={"patch_embed": "embedding"},
 )
 
 
