@@ -31,7 +31,7 @@ from torch import nn
 
 from vitkit.layers import Attention2d, BilinearPool, check_backend, to_2tuple
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
-from vitkit.models.registry import check_field_types, check_positive, register_family, register_model
+from vitkit.models.registry import TimmTag, check_field_types, check_positive, register_family, register_model
 from vitkit.models.resnet import (
     Bottleneck,
     ConvNormAct,
@@ -337,4 +337,5 @@ register_model(
     "botnet",
     BotNetConfig(img_size=256, stem_type="tiered", depths=(2, 2, 2, 2), bot_depths=(0, 0, 1, 2)),
     BOTNET_PAPER,
+    pretrained=(TimmTag("c1_in1k", "ImageNet-1k (timm's training)"),),
 )

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from vitkit.models.deformable_detr import DEFORMABLE_DETR_PAPER, DeformableDETR, DeformableDetrConfig
+from vitkit.models.detr import coco_weights
 from vitkit.models.registry import model_entry, register_family, register_model
+from vitkit.models.resnet import RESNET50_TV, RESNET50_TV2
 
 # The paper's recipe (Zhu et al., arXiv:2010.04159): AdamW, lr 2e-4 with the backbone at 2e-5 (the paper also trains
 # the reference-point and sampling-offset projections at a tenth), weight decay 1e-4, gradient clipping 0.1, the
@@ -57,18 +59,28 @@ register_family(
     },
 )
 
-register_model("deformable_detr_resnet50", "deformable_detr", DeformableDetrConfig(), DEFORMABLE_DETR_PAPER)
+# fundamentalvision/Deformable-DETR's weights in transformers' layout (SenseTime's repositories; Table 1 of the paper)
+_R50 = (RESNET50_TV, RESNET50_TV2)
+register_model(
+    "deformable_detr_resnet50",
+    "deformable_detr",
+    DeformableDetrConfig(),
+    DEFORMABLE_DETR_PAPER,
+    pretrained=(coco_weights("SenseTime/deformable-detr"), *_R50),
+)
 register_model(
     "deformable_detr_resnet50_box_refine",
     "deformable_detr",
     DeformableDetrConfig(box_refine=True),
     DEFORMABLE_DETR_PAPER,
+    pretrained=(coco_weights("SenseTime/deformable-detr-with-box-refine"), *_R50),
 )
 register_model(
     "deformable_detr_resnet50_two_stage",
     "deformable_detr",
     DeformableDetrConfig(box_refine=True, two_stage=True),
     DEFORMABLE_DETR_PAPER,
+    pretrained=(coco_weights("SenseTime/deformable-detr-with-box-refine-two-stage"), *_R50),
 )
 # vitkit's small Deformable DETR, sized for builtin:digits-detect (96x96 canvases of 1-4 digits of 20-40 px) on two
 # CPU cores: detr_digits' half-width ResNet-18 (basic blocks 2-2-2-2, 32..256 channels, trained from the stem up)

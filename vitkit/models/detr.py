@@ -39,8 +39,26 @@ from torch import nn
 from vitkit.layers import Attention, check_backend, to_2tuple
 from vitkit.layers.pos_embed import SinePositionEmbedding, nearest_mask
 from vitkit.models.interface import CostFromImages, SpatialAttention, check_detector_input, checkpoint_blocks
-from vitkit.models.registry import check_field_types, check_positive, check_rates, register_family, register_model
-from vitkit.models.resnet import BACKBONE_NORMS, BasicBlock, Bottleneck, ResNet, make_stem, stage_plan
+from vitkit.models.registry import (
+    PublishedWeights,
+    check_field_types,
+    check_positive,
+    check_rates,
+    register_family,
+    register_model,
+)
+from vitkit.models.resnet import (
+    BACKBONE_NORMS,
+    RESNET50_TV,
+    RESNET50_TV2,
+    RESNET101_TV,
+    RESNET101_TV2,
+    BasicBlock,
+    Bottleneck,
+    ResNet,
+    make_stem,
+    stage_plan,
+)
 from vitkit.models.transformer import Decoder, Encoder
 
 DETR_PAPER = "End-to-End Object Detection with Transformers (Carion et al., arXiv:2005.12872)"
@@ -323,10 +341,41 @@ register_family(
     },
 )
 
-register_model("detr_resnet50", "detr", DetrConfig(), DETR_PAPER)
-register_model("detr_resnet50_dc5", "detr", DetrConfig(dilation=True), DETR_PAPER)
-register_model("detr_resnet101", "detr", DetrConfig(backbone_depths=(3, 4, 23, 3)), DETR_PAPER)
-register_model("detr_resnet101_dc5", "detr", DetrConfig(backbone_depths=(3, 4, 23, 3), dilation=True), DETR_PAPER)
+
+def coco_weights(repo: str) -> PublishedWeights:
+    """A COCO detector's weights in a transformers repository (its config.json holds its 91 COCO ids' label names)."""
+    return PublishedWeights("coco", f"hf-hub:{repo}", "hf", COCO_DATA, "Apache-2.0")
+
+
+COCO_DATA = "COCO 2017 train (118k images; 80 classes in 91 ids)"
+# facebookresearch/detr's weights in transformers' layout (the published DETR models, Table 1 of the paper), and
+# torchvision's ResNet backbones for a detector trained on one's own classes (`vitkit.models.resnet`)
+_R50 = (RESNET50_TV, RESNET50_TV2)
+_R101 = (RESNET101_TV, RESNET101_TV2)
+register_model(
+    "detr_resnet50", "detr", DetrConfig(), DETR_PAPER, pretrained=(coco_weights("facebook/detr-resnet-50"), *_R50)
+)
+register_model(
+    "detr_resnet50_dc5",
+    "detr",
+    DetrConfig(dilation=True),
+    DETR_PAPER,
+    pretrained=(coco_weights("facebook/detr-resnet-50-dc5"), *_R50),
+)
+register_model(
+    "detr_resnet101",
+    "detr",
+    DetrConfig(backbone_depths=(3, 4, 23, 3)),
+    DETR_PAPER,
+    pretrained=(coco_weights("facebook/detr-resnet-101"), *_R101),
+)
+register_model(
+    "detr_resnet101_dc5",
+    "detr",
+    DetrConfig(backbone_depths=(3, 4, 23, 3), dilation=True),
+    DETR_PAPER,
+    pretrained=(coco_weights("facebook/detr-resnet-101-dc5"), *_R101),
+)
 # vitkit's small DETR for training on a few CPU cores (the paper's recipe at a fraction of the cost): a ResNet-18
 # layout at half width (basic blocks 2-2-2-2, 32..256 channels, trained from the stem up since no pretrained
 # backbone is loaded), D = 128 with 4 heads, 2 encoder and 2 decoder layers, FFN 512, 25 queries, 256x256 images.

@@ -17,7 +17,7 @@ import dataclasses
 import difflib
 import fnmatch
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,56 @@ class Family:
     # cost reports' split (attention and MLP layers are found by their type)
 
 
+LAYOUTS = ("timm", "hf", "torchvision")
+"""How published weights are read: "timm", a timm repository (vitkit's own names; its config.json gives the
+normalisation); "hf", a transformers model directory (config.json with its labels, the weights); "torchvision", a
+torch file of a ResNet classifier, a detector's backbone only."""
+
+
+LABEL_SETS = ("imagenet-1k",)  # label names a table of published weights may cite (`vitkit.weights.hub.label_names`)
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """Weights someone published for a registered variant: `vitkit.create_model(name, pretrained=tag)` downloads and
+    loads them (`vitkit.weights.hub`)."""
+
+    tag: str  # how users pick them, as timm names its tags: "name.tag", e.g. "augreg2_in21k_ft_in1k"
+    source: str  # "hf-hub:ORG/REPO" (a Hugging Face Hub repository) or the https URL of a torch file (torch.hub's)
+    layout: str  # one of LAYOUTS
+    data: str  # what they were trained on
+    licence: str  # as their publisher gives it
+    fields: Mapping[str, Any] = field(default_factory=dict)  # config fields they need beside the variant's (a head
+    # of another number of classes, none)
+    labels: str | None = None  # the label names of their head where the source carries none: "imagenet-1k"
+    size_mb: float | None = None  # the download in MB where it is not the model's own tensors in float32 (a
+    # backbone's file); None: those (`vitkit.weights.hub.download_mb`)
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if not self.source.startswith(("hf-hub:", "https://")):
+            raise ValueError(f"source must be hf-hub:ORG/REPO or an https URL, got {self.source!r}")
+        if self.labels is not None and self.labels not in LABEL_SETS:
+            raise ValueError(f"labels must be one of {LABEL_SETS} or None, got {self.labels!r}")
+
+
+@dataclass(frozen=True)
+class TimmTag:
+    """Weights timm publishes for a variant of the same name as timm's: its Hub repository `timm/NAME.TAG`."""
+
+    tag: str  # e.g. "augreg2_in21k_ft_in1k"
+    data: str  # what they were trained on
+    fields: Mapping[str, Any] = field(default_factory=dict)  # config fields beside the variant's
+    labels: str | None = "imagenet-1k"  # the label names of their head (None: no names published, or no head)
+    licence: str = "Apache-2.0"  # as timm's pretrained config gives it
+
+    def weights(self, name: str) -> PublishedWeights:
+        return PublishedWeights(
+            self.tag, f"hf-hub:timm/{name}.{self.tag}", "timm", self.data, self.licence, self.fields, self.labels
+        )
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     name: str  # registry name, e.g. "vit_small_patch16_224"
@@ -53,6 +103,7 @@ class ModelEntry:
     paper: str  # the paper that defines the variant (title, arXiv id)
     recipe: Mapping[str, Any] = field(default_factory=dict)  # training-option defaults of this variant, over the
     # family's
+    pretrained: tuple[PublishedWeights, ...] = ()  # the weights published for it, the default first
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -105,17 +156,28 @@ def register_family(
 
 
 def register_model(
-    name: str, family: str, config: Any, paper: str = "", *, recipe: Mapping[str, Any] | None = None
+    name: str,
+    family: str,
+    config: Any,
+    paper: str = "",
+    *,
+    recipe: Mapping[str, Any] | None = None,
+    pretrained: Sequence[PublishedWeights | TimmTag] = (),
 ) -> None:
     """Register a named variant: a filled config of a registered family, with training-recipe defaults of its own
-    over the family's (`recipe`)."""
+    over the family's (`recipe`) and the weights published for it, the default first (`pretrained`; a `TimmTag`
+    names timm's repository of the variant's name)."""
     if name in _MODELS:
         raise ValueError(f"model {name!r} is already registered")
     if family not in _FAMILIES:
         raise ValueError(f"unknown model family {family!r}; families are {sorted(_FAMILIES)}")
     if not isinstance(config, _FAMILIES[family].config_cls):
         raise TypeError(f"{name}: config must be a {_FAMILIES[family].config_cls.__name__}")
-    _MODELS[name] = ModelEntry(name, family, config, paper, dict(recipe or {}))
+    pretrained = [w.weights(name) if isinstance(w, TimmTag) else w for w in pretrained]
+    tags = [w.tag for w in pretrained]
+    if len(set(tags)) != len(tags) or any("." in tag for tag in tags):
+        raise ValueError(f"{name}: weight tags must be distinct and without '.', got {tags}")
+    _MODELS[name] = ModelEntry(name, family, config, paper, dict(recipe or {}), tuple(pretrained))
 
 
 def families() -> list[Family]:
@@ -126,6 +188,46 @@ def families() -> list[Family]:
 def list_models(pattern: str = "*") -> list[str]:
     """Registered model names matching a shell-style `pattern` (e.g. ``"vit_*"``), sorted."""
     return sorted(name for name in _MODELS if fnmatch.fnmatchcase(name, pattern))
+
+
+def list_pretrained(pattern: str = "*") -> list[str]:
+    """The published weights of the registered models, as "name.tag" (the default tag of each model first) matching a
+    shell-style `pattern` (e.g. ``"vit_base*"``)."""
+    return [
+        f"{name}.{w.tag}"
+        for name in list_models()
+        for w in _MODELS[name].pretrained
+        if fnmatch.fnmatchcase(f"{name}.{w.tag}", pattern) or fnmatch.fnmatchcase(name, pattern)
+    ]
+
+
+def published_weights(name: str, pretrained: bool | str = True) -> tuple[ModelEntry, PublishedWeights]:
+    """The registry entry and the published weights `pretrained` names for the model `name` ("name.tag" names its
+    tag too): True the default, or a tag. ValueError listing the model's tags when it has none of that name."""
+    name, _, tag = name.partition(".")
+    entry = model_entry(name)
+    if isinstance(pretrained, str):
+        if tag and tag != pretrained:
+            raise ValueError(f"two tags given: {name}.{tag} and pretrained={pretrained!r}")
+        tag = pretrained
+    tags = [w.tag for w in entry.pretrained]
+    if not tags:
+        raise ValueError(f"no weights are published for {name} (vitkit.list_pretrained() lists those that are)")
+    if not tag:
+        return entry, entry.pretrained[0]
+    if tag not in tags:
+        raise ValueError(f"{name} has no weights tagged {tag!r}; its tags: {', '.join(tags)} (the first, the default)")
+    return entry, entry.pretrained[tags.index(tag)]
+
+
+def weights_at(source: str) -> tuple[ModelEntry, PublishedWeights] | None:
+    """The registered model and published weights whose source is `source` (e.g. "hf-hub:timm/NAME.TAG"); None
+    when no table names it."""
+    for entry in _MODELS.values():
+        for weights in entry.pretrained:
+            if weights.source == source:
+                return entry, weights
+    return None
 
 
 def model_entry(name: str) -> ModelEntry:

@@ -27,6 +27,7 @@ from torch import nn
 
 from vitkit.cost.rows import conv_output_size
 from vitkit.layers.norm import FrozenBatchNorm2d, fold_frozen_norms
+from vitkit.models.registry import PublishedWeights
 
 LAYOUTS = ("torchvision", "timm")
 # A detector backbone's norm: "frozen", DETR's frozen BatchNorm, for a backbone from pretrained weights (its statistics
@@ -34,6 +35,25 @@ LAYOUTS = ("torchvision", "timm")
 # at their initial values, the norms normalise nothing)
 BACKBONE_NORMS: dict[str, Callable[[int], nn.Module]] = {"frozen": FrozenBatchNorm2d, "batch": nn.BatchNorm2d}
 STEMS = ("7x7", "tiered")
+
+
+def torchvision_resnet(tag: str, file: str, what: str, size_mb: float) -> PublishedWeights:
+    """A torchvision ImageNet-1k ResNet classifier's file as a detector's published backbone weights (the rest of the
+    detector keeps its initialisation); `tag` as timm names torchvision's weights ("tv_in1k", "tv2_in1k")."""
+    url = f"https://download.pytorch.org/models/{file}"
+    return PublishedWeights(
+        tag, url, "torchvision", f"ImageNet-1k, the backbone only: {what}", "BSD-3-Clause", {}, None, size_mb
+    )
+
+
+# torchvision's weights (`torchvision.models.ResNet50_Weights` ...): V1, what the DETR papers trained from; V2, newer
+# recipe (ImageNet-1k top-1 80.9% for ResNet-50, 76.1% for V1). Sizes: the files', in MB.
+RESNET50_TV = torchvision_resnet("tv_in1k", "resnet50-0676ba61.pth", "torchvision's ResNet-50 IMAGENET1K_V1", 102.5)
+RESNET50_TV2 = torchvision_resnet("tv2_in1k", "resnet50-11ad3fa6.pth", "torchvision's ResNet-50 IMAGENET1K_V2", 102.5)
+RESNET101_TV = torchvision_resnet("tv_in1k", "resnet101-63fe2227.pth", "torchvision's ResNet-101 IMAGENET1K_V1", 178.8)
+RESNET101_TV2 = torchvision_resnet(
+    "tv2_in1k", "resnet101-cd907fc2.pth", "torchvision's ResNet-101 IMAGENET1K_V2", 178.8
+)
 
 
 class ConvNormAct(nn.Sequential):

@@ -36,6 +36,7 @@ from vitkit.layers import (
 from vitkit.layers.helpers import take_indices
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import (
+    TimmTag,
     check_field_types,
     check_positive,
     check_rates,
@@ -610,8 +611,15 @@ register_family(
 )
 
 
-def _swin(name: str, **fields: object) -> None:
-    register_model(name, "swin", SwinConfig(**fields), SWIN_PAPER)
+def _swin(name: str, pretrained: tuple[TimmTag, ...] = (), **fields: object) -> None:
+    register_model(name, "swin", SwinConfig(**fields), SWIN_PAPER, pretrained=pretrained)
+
+
+# timm's copies of Microsoft's weights (`vitkit.create_model(name, pretrained=True)`, the first its default); the
+# ImageNet-22k heads have no published label names
+_IN1K = TimmTag("ms_in1k", "ImageNet-1k (the Swin paper's)", licence="MIT")
+_IN22K_FT = TimmTag("ms_in22k_ft_in1k", "ImageNet-22k, fine-tuned on ImageNet-1k (the Swin paper's)", licence="MIT")
+_IN22K = TimmTag("ms_in22k", "ImageNet-22k (the Swin paper's), its 21,841 classes", {"num_classes": 21841}, None, "MIT")
 
 
 # Sizes from the Swin paper (Section 3.3): T, S, B, L differ in width C, stage-3 depth and heads (head dim 32).
@@ -620,9 +628,9 @@ _SMALL = dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24))
 _BASE = dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))
 _LARGE = dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48))
 
-_swin("swin_tiny_patch4_window7_224", **_TINY)
-_swin("swin_small_patch4_window7_224", **_SMALL)
-_swin("swin_base_patch4_window7_224", **_BASE)
-_swin("swin_base_patch4_window12_384", img_size=384, window_size=12, **_BASE)
-_swin("swin_large_patch4_window7_224", **_LARGE)
-_swin("swin_large_patch4_window12_384", img_size=384, window_size=12, **_LARGE)
+_swin("swin_tiny_patch4_window7_224", **_TINY, pretrained=(_IN1K, _IN22K_FT, _IN22K))
+_swin("swin_small_patch4_window7_224", **_SMALL, pretrained=(_IN22K_FT, _IN1K, _IN22K))
+_swin("swin_base_patch4_window7_224", **_BASE, pretrained=(_IN22K_FT, _IN1K, _IN22K))
+_swin("swin_base_patch4_window12_384", img_size=384, window_size=12, **_BASE, pretrained=(_IN22K_FT, _IN1K, _IN22K))
+_swin("swin_large_patch4_window7_224", **_LARGE, pretrained=(_IN22K_FT, _IN22K))
+_swin("swin_large_patch4_window12_384", img_size=384, window_size=12, **_LARGE, pretrained=(_IN22K_FT, _IN22K))

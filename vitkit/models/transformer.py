@@ -118,4 +118,3 @@ class Decoder(nn.Module):
             tgt = layer(tgt, query_pos, memory, memory_key, mask)
             outputs.append(self.norm(tgt))
         return torch.stack(outputs)  # (L, B, Q, D)
-

@@ -40,6 +40,7 @@ from vitkit.layers.helpers import take_indices
 from vitkit.layers.mlp import ACTIVATIONS
 from vitkit.models.interface import CostFromImages, checkpoint_blocks
 from vitkit.models.registry import (
+    TimmTag,
     check_field_types,
     check_positive,
     check_rates,
@@ -377,8 +378,31 @@ register_family(
 )
 
 
-def _vit(name: str, paper: str = VIT_PAPER, **fields: object) -> None:
-    register_model(name, "vit", ViTConfig(**fields), paper)
+def _vit(name: str, paper: str = VIT_PAPER, pretrained: tuple[TimmTag, ...] = (), **fields: object) -> None:
+    register_model(name, "vit", ViTConfig(**fields), paper, pretrained=pretrained)
+
+
+# timm's weights (`vitkit.create_model(name, pretrained=True)`, the first of a variant its default): the tags of
+# timm's pretrained configs, what they were trained on as timm's model cards say ("How to train your ViT?", AugReg:
+# arXiv:2106.10270); the ImageNet-21k heads have no published label names
+_IN21K = {"num_classes": 21843}
+_NO_HEAD = {"num_classes": 0}
+AUGREG2_FT = TimmTag(
+    "augreg2_in21k_ft_in1k", "ImageNet-21k, fine-tuned on ImageNet-1k (AugReg), fine-tuned again by timm"
+)
+AUGREG_FT = TimmTag("augreg_in21k_ft_in1k", "ImageNet-21k, fine-tuned on ImageNet-1k (AugReg)")
+AUGREG_1K = TimmTag("augreg_in1k", "ImageNet-1k (AugReg)")
+AUGREG_21K = TimmTag("augreg_in21k", "ImageNet-21k (AugReg), its 21,843 classes", _IN21K, None)
+ORIG_FT = TimmTag("orig_in21k_ft_in1k", "ImageNet-21k, fine-tuned on ImageNet-1k (the ViT paper's)")
+ORIG_21K = TimmTag("orig_in21k", "ImageNet-21k (the ViT paper's), without its head", _NO_HEAD, None)
+DINO = TimmTag("dino", "ImageNet-1k, self-supervised (DINO, arXiv:2104.14294), no head", _NO_HEAD, None)
+DINOV2 = TimmTag("lvd142m", "LVD-142M, self-supervised (DINOv2), no head", labels=None)
+CLIP_LAION = TimmTag("laion2b_ft_in12k_in1k", "LAION-2B (OpenCLIP), fine-tuned on ImageNet-12k then ImageNet-1k")
+CLIP_OPENAI = TimmTag("openai_ft_in12k_in1k", "OpenAI's WIT-400M (CLIP), fine-tuned on ImageNet-12k then ImageNet-1k")
+CLIP_LAION_1K = TimmTag("laion2b_ft_in1k", "LAION-2B (OpenCLIP), fine-tuned on ImageNet-1k")
+SIGLIP2 = TimmTag("v2_webli", "WebLI (SigLIP 2, arXiv:2502.14786), no head", labels=None)
+SIGLIP = TimmTag("webli", "WebLI (SigLIP), no head", labels=None)
+DEIT = TimmTag("fb_in1k", "ImageNet-1k (DeiT's, with distillation from a RegNetY-16GF for the distilled ones)")
 
 
 # ViT sizes from the ViT paper (Table 1); Tiny and Small from DeiT (Table 1).
@@ -389,38 +413,45 @@ _LARGE = dict(embed_dim=1024, depth=24, num_heads=16)
 _HUGE = dict(embed_dim=1280, depth=32, num_heads=16)  # the ViT paper's ViT-H
 _GIANT = dict(embed_dim=1408, depth=40, num_heads=16, mlp_ratio=48 / 11)  # ViT-g, "Scaling Vision Transformers"
 
-_vit("vit_tiny_patch16_224", **_TINY)
-_vit("vit_small_patch16_224", **_SMALL)
-_vit("vit_small_patch16_384", img_size=384, **_SMALL)
-_vit("vit_base_patch16_224", **_BASE)
-_vit("vit_base_patch16_384", img_size=384, **_BASE)
-_vit("vit_base_patch32_224", patch_size=32, **_BASE)
-_vit("vit_base_patch32_384", img_size=384, patch_size=32, **_BASE)
-_vit("vit_large_patch16_224", **_LARGE)
+_vit("vit_tiny_patch16_224", **_TINY, pretrained=(AUGREG_FT, AUGREG_21K))
+_vit("vit_small_patch16_224", **_SMALL, pretrained=(AUGREG_FT, AUGREG_1K, AUGREG_21K, DINO))
+_vit("vit_small_patch16_384", img_size=384, **_SMALL, pretrained=(AUGREG_FT, AUGREG_1K))
+_vit("vit_base_patch16_224", **_BASE, pretrained=(AUGREG2_FT, AUGREG_FT, ORIG_FT, AUGREG_1K, AUGREG_21K, ORIG_21K))
+_vit("vit_base_patch16_384", img_size=384, **_BASE, pretrained=(AUGREG_FT, ORIG_FT, AUGREG_1K))
+_vit("vit_base_patch32_224", patch_size=32, **_BASE, pretrained=(AUGREG_FT, AUGREG_1K, AUGREG_21K, ORIG_21K))
+_vit("vit_base_patch32_384", img_size=384, patch_size=32, **_BASE, pretrained=(AUGREG_FT, AUGREG_1K))
+_vit("vit_large_patch16_224", **_LARGE, pretrained=(AUGREG_FT, AUGREG_21K, ORIG_21K))
 # the sizes people shard (`vitkit train --strategy fsdp`), with timm's names: 304M, 632M and 1.01B parameters
 _vit("vit_large_patch14_224", patch_size=14, **_LARGE)
-_vit("vit_huge_patch14_224", patch_size=14, **_HUGE)
+_vit("vit_huge_patch14_224", patch_size=14, **_HUGE, pretrained=(ORIG_21K,))
 _vit("vit_giant_patch14_224", SCALING_PAPER, patch_size=14, **_GIANT)
 # DINOv2's backbones (no classifier) at their 518x518 training size, with LayerScale, and with 4 registers, which
 # have no position embedding, nor has the class token ("Vision Transformers Need Registers"); timm's names
 _DINOV2 = dict(img_size=518, patch_size=14, init_values=1e-5, num_classes=0)
 _REGISTERS = dict(reg_tokens=4, no_embed_class=True)
-_vit("vit_small_patch14_dinov2", DINOV2_PAPER, **_SMALL, **_DINOV2)
-_vit("vit_base_patch14_dinov2", DINOV2_PAPER, **_BASE, **_DINOV2)
-_vit("vit_large_patch14_dinov2", DINOV2_PAPER, **_LARGE, **_DINOV2)
-_vit("vit_small_patch14_reg4_dinov2", REGISTERS_PAPER, **_SMALL, **_DINOV2, **_REGISTERS)
-_vit("vit_base_patch14_reg4_dinov2", REGISTERS_PAPER, **_BASE, **_DINOV2, **_REGISTERS)
-_vit("vit_large_patch14_reg4_dinov2", REGISTERS_PAPER, **_LARGE, **_DINOV2, **_REGISTERS)
+_vit("vit_small_patch14_dinov2", DINOV2_PAPER, **_SMALL, **_DINOV2, pretrained=(DINOV2,))
+_vit("vit_base_patch14_dinov2", DINOV2_PAPER, **_BASE, **_DINOV2, pretrained=(DINOV2,))
+_vit("vit_large_patch14_dinov2", DINOV2_PAPER, **_LARGE, **_DINOV2, pretrained=(DINOV2,))
+_vit("vit_small_patch14_reg4_dinov2", REGISTERS_PAPER, **_SMALL, **_DINOV2, **_REGISTERS, pretrained=(DINOV2,))
+_vit("vit_base_patch14_reg4_dinov2", REGISTERS_PAPER, **_BASE, **_DINOV2, **_REGISTERS, pretrained=(DINOV2,))
+_vit("vit_large_patch14_reg4_dinov2", REGISTERS_PAPER, **_LARGE, **_DINOV2, **_REGISTERS, pretrained=(DINOV2,))
 # CLIP's image tower: a LayerNorm before the blocks, no patch bias, LayerNorm eps 1e-5; OpenAI's weights were trained
 # with quick GELU (timm's names; the head is a classifier, 1000 classes, as timm builds them)
 _CLIP = dict(pre_norm=True, patch_bias=False, layer_norm_eps=1e-5)
-_vit("vit_base_patch16_clip_224", CLIP_PAPER, **_BASE, **_CLIP)
+_vit("vit_base_patch16_clip_224", CLIP_PAPER, **_BASE, **_CLIP, pretrained=(CLIP_LAION, CLIP_OPENAI, CLIP_LAION_1K))
 _vit("vit_base_patch16_clip_quickgelu_224", CLIP_PAPER, **_BASE, **_CLIP, act="quick_gelu")
-_vit("vit_large_patch14_clip_224", CLIP_PAPER, patch_size=14, **_LARGE, **_CLIP)
+_vit(
+    "vit_large_patch14_clip_224",
+    CLIP_PAPER,
+    patch_size=14,
+    **_LARGE,
+    **_CLIP,
+    pretrained=(CLIP_LAION, CLIP_OPENAI, CLIP_LAION_1K),
+)
 # SigLIP's image tower: no class token, attention pooling (MAP); a backbone. timm builds it with exact GELU, which its
 # weights load into unchanged; transformers' checkpoints say "gelu_pytorch_tanh", read as act="gelu_tanh"
 _SIGLIP = dict(class_token=False, global_pool="map", num_classes=0)
-_vit("vit_base_patch16_siglip_224", SIGLIP_PAPER, **_BASE, **_SIGLIP)
+_vit("vit_base_patch16_siglip_224", SIGLIP_PAPER, **_BASE, **_SIGLIP, pretrained=(SIGLIP2, SIGLIP))
 _vit(
     "vit_so400m_patch14_siglip_224",
     SIGLIP_PAPER,
@@ -430,14 +461,15 @@ _vit(
     num_heads=16,
     mlp_ratio=3.7362,
     **_SIGLIP,
+    pretrained=(SIGLIP2, SIGLIP),
 )
 # vitkit's small ViT for the bundled 28x28 digits (16 tokens of 7x7 patches): what `vitkit train` trains by default.
 _DIGITS = dict(embed_dim=128, depth=4, num_heads=4, mlp_ratio=2.0)
 _vit("vit_digits_patch7_28", img_size=28, patch_size=7, num_classes=10, **_DIGITS)
 
-_vit("deit_tiny_patch16_224", DEIT_PAPER, **_TINY)
-_vit("deit_small_patch16_224", DEIT_PAPER, **_SMALL)
-_vit("deit_base_patch16_224", DEIT_PAPER, **_BASE)
-_vit("deit_tiny_distilled_patch16_224", DEIT_PAPER, distilled=True, **_TINY)
-_vit("deit_small_distilled_patch16_224", DEIT_PAPER, distilled=True, **_SMALL)
-_vit("deit_base_distilled_patch16_224", DEIT_PAPER, distilled=True, **_BASE)
+_vit("deit_tiny_patch16_224", DEIT_PAPER, **_TINY, pretrained=(DEIT,))
+_vit("deit_small_patch16_224", DEIT_PAPER, **_SMALL, pretrained=(DEIT,))
+_vit("deit_base_patch16_224", DEIT_PAPER, **_BASE, pretrained=(DEIT,))
+_vit("deit_tiny_distilled_patch16_224", DEIT_PAPER, distilled=True, **_TINY, pretrained=(DEIT,))
+_vit("deit_small_distilled_patch16_224", DEIT_PAPER, distilled=True, **_SMALL, pretrained=(DEIT,))
+_vit("deit_base_distilled_patch16_224", DEIT_PAPER, distilled=True, **_BASE, pretrained=(DEIT,))

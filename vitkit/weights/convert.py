@@ -35,6 +35,7 @@ from vitkit.util import atomic_write
 from vitkit.weights import hf, shapes
 from vitkit.weights.errors import CheckpointMismatch, LayoutMismatch, ModelNeeded, ModelNotNeeded
 from vitkit.weights.family import FamilyWeights, family_weights, hf_model_types, registered_weights, source_formats
+from vitkit.weights.hub import HUB_PREFIX, HubSnapshot, hub_snapshot, is_hub, published_labels
 from vitkit.weights.io import (
     CONFIG_NAME,
     INFO_ATTRIBUTE,
@@ -55,6 +56,7 @@ from vitkit.weights.io import (
 )
 from vitkit.weights.pdparams import write_pdparams
 from vitkit.weights.rename import Layout
+from vitkit.weights.timm_repo import is_timm_config, timm_info, timm_model
 
 # Entries that wrap the state dict in training checkpoints, tried in this order.
 WRAPPER_ENTRIES = ("state_dict", "model", "model_ema")
@@ -502,14 +504,29 @@ def from_pretrained(
         reset_head: keep the built model's own classifier (e.g. with ``num_classes=10`` in `overrides`).
         overrides: config fields to replace, e.g. ``attn_backend="math"`` or ``dynamic_img_size=True``.
     """
-    path = Path(path)
     if format not in ("auto", *formats()):
         raise ValueError(f"format must be one of {('auto', *formats())}, got {format!r}")
+    if is_hub(path):
+        return _from_hub(hub_snapshot(path), format, reset_head, overrides)
+    path = Path(path)
     if path.is_file():
         model, report = _from_file(path, format, reset_head, overrides)
     else:
         model, report = _from_directory(path, format, reset_head, overrides)
     setattr(model, REPORT_ATTRIBUTE, report)
+    return model
+
+
+def _from_hub(snapshot: HubSnapshot, format: str, reset_head: bool, overrides: dict[str, Any]) -> nn.Module:
+    """The model of a Hub repository's files, recording where they came from (`ModelInfo.weights`), with the label
+    names a table of published weights gives for it where its files carry none."""
+    model = from_pretrained(snapshot.directory, format, reset_head, **overrides)
+    info = dataclasses.replace(model_info(model), weights=snapshot.source)
+    names = published_labels(f"{HUB_PREFIX}{snapshot.repo}")
+    if info.classes is None and names is not None and not reset_head:
+        info = dataclasses.replace(info, classes=names)
+    with_info(model, info, reset_head)
+    load_report(model).source = snapshot.source
     return model
 
 
@@ -524,9 +541,14 @@ def _from_directory(
     directory: Path, format: str, reset_head: bool, overrides: dict[str, Any]
 ) -> tuple[nn.Module, LoadReport]:
     saved = _directory_config(directory)
-    found = "hf" if is_hf_config(saved) else "vitkit"
+    found = "hf" if is_hf_config(saved) else "timm" if is_timm_config(saved) else "vitkit"
     if format != "auto" and not same_layout(format, found):
         raise ValueError(f"{directory} is a {found} directory, not {format}")
+    if found == "timm":
+        name, fields = timm_model(saved, directory)
+        model = create_model(name, **{**fields, **overrides})
+        report = load_weights(model, directory, format="vitkit", reset_head=reset_head)
+        return with_info(model.eval(), timm_info(saved, directory), reset_head), report
     if found == "vitkit":
         family_name, config, info = read_model_dir(directory, overrides)
         if not (directory / WEIGHTS_NAME).is_file():
@@ -535,12 +557,12 @@ def _from_directory(
             )
         model = build_model(family_name, config)
         report = load_weights(model, directory / WEIGHTS_NAME, format="vitkit", reset_head=reset_head)
-        return _with_info(model.eval(), info, reset_head), report
+        return with_info(model.eval(), info, reset_head), report
     obj = read_checkpoint(directory)
     family_name, config = _hf_config(directory, saved, obj, overrides)
     model = build_model(family_name, config)
     report = _load(model, obj, str(directory), "hf", strict=True, reset_head=reset_head)
-    return _with_info(model.eval(), _hf_info(directory, saved), reset_head), report
+    return with_info(model.eval(), _hf_info(directory, saved), reset_head), report
 
 
 def _directory_config(directory: Path) -> dict[str, Any]:
@@ -575,6 +597,9 @@ def saved_config(directory: str | os.PathLike, **overrides: Any) -> Any:
     with `overrides` replaced (e.g. the image size a run trains at). Nothing is built or loaded."""
     directory = Path(directory)
     saved = _directory_config(directory)
+    if is_timm_config(saved):
+        name, fields = timm_model(saved, directory)
+        return replace_config(model_entry(name).config, **{**fields, **overrides})
     if not is_hf_config(saved):
         return read_model_dir(directory, overrides)[1]
     return _hf_config(directory, saved, read_checkpoint(directory), overrides)[1]
@@ -585,6 +610,8 @@ def read_model_info(directory: str | os.PathLike) -> ModelInfo:
     without building it; entries it does not hold are None."""
     directory = Path(directory)
     saved = _directory_config(directory)
+    if is_timm_config(saved):
+        return timm_info(saved, directory)
     return _hf_info(directory, saved) if is_hf_config(saved) else read_model_dir(directory)[2]
 
 
@@ -601,7 +628,7 @@ def _hf_info(directory: Path, saved: dict[str, Any]) -> ModelInfo:
     return check_model_info(values, len(names or ()), str(processor))
 
 
-def _with_info(model: nn.Module, info: ModelInfo, reset_head: bool) -> nn.Module:
+def with_info(model: nn.Module, info: ModelInfo, reset_head: bool = False) -> nn.Module:
     """Set `info` on the model as `pretrained_info`, its entries about the classes only where they are about the
     loaded classifier."""
     num_classes = getattr(model.config, "num_classes", 0)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitkit.models.registry import Family, families, family
+from vitkit.models.registry import Family, families, family, list_models, model_entry
 from vitkit.weights.rename import Layout
 
 State = dict[str, torch.Tensor]
@@ -62,6 +62,8 @@ class FamilyWeights:
     hf_export: HfExporter | None = None  # writes a model as transformers' save_pretrained does; None: no such class
     hf_image_processor: bool = False  # whether an exported Hugging Face directory gets a `preprocessor_config.json`
     # for transformers' ViTImageProcessor (resize, rescale, normalise) when the normalisation is known
+    timm_fixed: Mapping[str, Any] = field(default_factory=dict)  # timm model arguments that are no config field, with
+    # the value the family's models have (a timm directory's "model_args" naming another value are refused)
 
     def __post_init__(self) -> None:
         listed = [layout.format for layout in self.layouts]
@@ -100,7 +102,8 @@ def hf_model_types() -> dict[str, tuple[str, ConfigReader]]:
 
 def saved_family(directory: str | os.PathLike) -> Family | None:
     """The registered family of the model saved in `directory`: the "family" of its config.json (vitkit's
-    directories), or the family that reads its "model_type" (transformers'); None when neither names one."""
+    directories), that of its "architecture" (timm's), or the family that reads its "model_type" (transformers');
+    None when none names one."""
     path = Path(directory) / "config.json"
     try:
         saved = json.loads(path.read_text()) if path.is_file() else {}
@@ -110,6 +113,8 @@ def saved_family(directory: str | os.PathLike) -> Family | None:
         return None
     if saved.get("family") in {fam.name for fam in families()}:
         return family(saved["family"])
+    if saved.get("architecture") in list_models():  # timm's: its model name
+        return family(model_entry(saved["architecture"]).family)
     found = hf_model_types().get(saved.get("model_type")) if isinstance(saved.get("model_type"), str) else None
     return family(found[0]) if found is not None else None
 

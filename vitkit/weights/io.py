@@ -9,7 +9,8 @@ A vitkit `config.json` (format_version 5, the one format vitkit reads and writes
     each class) and "postprocess" (how its outputs become detections: `vitkit.detection.Postprocessing`'s
     settings), and "data" (what it was trained on: "builtin:NAME" or a folder) with, for a classifier's data,
     "val_fraction" and "split_seed" (the share of each class held out for validation, 0 where the data has its own
-    split, and the seed of that split).
+    split, and the seed of that split), and "weights" (the published weights it was loaded or fine-tuned from, at
+    which revision: "hf-hub:ORG/REPO@COMMIT" or a URL).
 `vitkit train` writes every entry; `save_pretrained`, `export_weights` and `vitkit convert` those they are given.
 `read_model_dir` is the one reader: a file of another format_version, lacking a config field, or with an entry
 that is not one of these is refused with a message naming what is wrong.
@@ -74,6 +75,8 @@ class ModelInfo:
     val_fraction: float | None = None  # a classifier's: the share of each class of `data` held out for validation,
     # 0 where the data has a split of its own
     split_seed: int | None = None  # a classifier's: the seed of that held-out split
+    weights: str | None = None  # the published weights it was loaded or fine-tuned from, where it was:
+    # "hf-hub:ORG/REPO@COMMIT" or a torchvision file's URL (`vitkit.weights.hub`)
 
     def to_json(self) -> dict[str, Any]:
         """The known entries, as config.json stores them (tuples as lists)."""
@@ -86,8 +89,9 @@ class ModelInfo:
 
     def without_classes(self) -> ModelInfo:
         """The entries that stay true of a model whose classifier is not the saved one: the normalisation and the
-        reading of detections (the classes, their category ids and the data they came from dropped)."""
-        return ModelInfo(mean=self.mean, std=self.std, postprocess=self.postprocess)
+        reading of detections and the weights it started from (the classes, their category ids and the data they came
+        from dropped)."""
+        return ModelInfo(mean=self.mean, std=self.std, postprocess=self.postprocess, weights=self.weights)
 
 
 INFO_ENTRIES = tuple(f.name for f in dataclasses.fields(ModelInfo))  # config.json's entries beside the config
@@ -117,6 +121,7 @@ _ENTRY_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data": (lambda v: isinstance(v, str) and bool(v), "the data's name or folder (a string)"),
     "val_fraction": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
     "split_seed": (_integer, "an integer"),
+    "weights": (lambda v: isinstance(v, str) and bool(v), "where the weights came from (a string)"),
 }
 
 

@@ -275,4 +275,5 @@ WEIGHTS = FamilyWeights(
     hf_model_types={"swin": config_from_hf},
     hf_export=to_hf,
     hf_image_processor=True,
+    timm_fixed={"global_pool": "avg"},  # vitkit's Swin averages the last stage's tokens
 )
