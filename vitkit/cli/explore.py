@@ -7,14 +7,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitkit.cli.options import add_memory_option, add_threshold_option, check_inference_memory
+from vitkit.cli.options import (
+    add_memory_option,
+    add_model_source,
+    add_threshold_option,
+    check_inference_memory,
+    check_model_source,
+    load_source,
+    source_is_detector,
+)
 from vitkit.data import open_image
-from vitkit.infer import detection_reading, inference_info, is_detector_dir, is_detector_name, resolve_device
+from vitkit.infer import detection_reading, inference_info, resolve_device
 from vitkit.infer.explore import detector_explorer_data, explorer_data
-from vitkit.models.registry import create_model
 from vitkit.util import atomic_write
 from vitkit.viz.explorer import explorer_page
-from vitkit.weights import from_pretrained
 
 HELP = (
     "write an attention explorer: one HTML file that opens from disk, where clicking a patch (or the class token, a "
@@ -32,9 +38,9 @@ def _indices(text: str) -> list[int]:
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model-dir", metavar="DIR", help="a model directory (e.g. runs/train/final)")
-    source.add_argument("--model", metavar="NAME", help="a registered model, untrained (see `vitkit models`)")
+    add_model_source(
+        parser, "a registered model (see `vitkit models`): untrained, or with --pretrained its published weights"
+    )
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     parser.add_argument("--out", required=True, metavar="HTML", help="the page to write (.html); folders are made")
     parser.add_argument("--layers", type=_indices, default=None, help="layers to keep, e.g. 0,5,11 (default: all)")
@@ -53,11 +59,7 @@ def _write(out: Path, data: dict) -> None:
 def _run_detector(args: argparse.Namespace, out: Path) -> int:
     if args.layers is not None or args.heads is not None:
         raise ValueError("--layers and --heads choose a classifier's maps; a detector's page holds every decoder layer")
-    if args.model_dir:
-        model = from_pretrained(args.model_dir)
-    else:
-        model = create_model(args.model).eval()
-    model = model.to(resolve_device(args.device))
+    model = load_source(args).to(resolve_device(args.device))
     info = inference_info(model)
     postprocessing = detection_reading(model, args.model_dir).one_per_query()  # one box per object, with its best class
     threshold = postprocessing.shown_above(args.threshold)
@@ -81,16 +83,16 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out {out}: expected an .html file name")
-    if is_detector_dir(args.model_dir) if args.model_dir else is_detector_name(args.model):
+    check_model_source(args, untrained=True)
+    if source_is_detector(args):
         return _run_detector(args, out)
     if args.threshold is not None:
         raise ValueError("--threshold is a detector's smallest class probability; this is a classifier")
-    if args.model_dir:
-        model = from_pretrained(args.model_dir).to(resolve_device(args.device))
+    model = load_source(args).to(resolve_device(args.device))
+    if args.model_dir or args.pretrained:
         info = inference_info(model)
-        mean, std, names, name = info.mean, info.std, info.classes or None, args.model_dir
+        mean, std, names, name = info.mean, info.std, info.classes or None, args.model_dir or args.model
     else:
-        model = create_model(args.model).eval()
         (mean, std), names, name = IMAGENET, None, args.model
     check_inference_memory(model, args, capture=True)
     images = [(Path(p).name, open_image(p)) for p in args.images]

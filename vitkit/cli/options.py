@@ -13,7 +13,11 @@ from torch import nn
 
 from vitkit.analysis.preflight import SettingNames, check_memory
 from vitkit.detection.postprocess import DEFAULT_THRESHOLD
+from vitkit.infer import is_detector_dir, is_detector_name
+from vitkit.models.registry import published_weights
 from vitkit.train.config import option_flag
+from vitkit.weights import from_pretrained
+from vitkit.weights.pretrained import create_model
 
 _PYTHON_WORDS = {"True": True, "False": False, "None": None}
 
@@ -149,6 +153,57 @@ def add_threshold_option(parser: argparse.ArgumentParser, kept: str = "shown") -
         help=f"a detector's smallest class probability {kept} (default: the one vitkit train chose on the validation "
         f"split, saved in the model's config.json; {DEFAULT_THRESHOLD} without)",
     )
+
+
+MODEL_DIR_HELP = (
+    "a model directory (vitkit train's runs/train/final, save_pretrained, vitkit convert, a transformers or timm "
+    "model's files) or a Hugging Face Hub repository, hf-hub:ORG/REPO[@REVISION] (downloaded once)"
+)
+
+
+def add_model_source(parser: argparse.ArgumentParser, model_help: str) -> None:
+    """--model-dir DIR or --model NAME[.TAG] (one of them), and --pretrained: the model a command reads
+    (`load_source`)."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-dir", metavar="DIR", help=MODEL_DIR_HELP)
+    source.add_argument("--model", metavar="NAME[.TAG]", help=model_help)
+    parser.add_argument(
+        "--pretrained",
+        action="store_true",
+        help="with --model: load the weights published for it (its default ones, or NAME.TAG's; 'vitkit models "
+        "--pretrained' lists them), downloaded once into the Hugging Face or torch.hub cache",
+    )
+
+
+def check_model_source(args: argparse.Namespace, untrained: bool = False) -> None:
+    """ValueError for --pretrained without --model, or, unless the command reads `untrained` models, --model
+    without --pretrained; the published weights' tag checked before anything is read."""
+    if args.model_dir is not None and args.pretrained:
+        raise ValueError(f"--pretrained goes with --model NAME; --model-dir loads the weights of {args.model_dir}")
+    if args.model is None:
+        return
+    if args.pretrained or "." in args.model:
+        published_weights(args.model)  # a model without published weights, or an unknown tag: say so now
+    if not (args.pretrained or untrained):
+        raise ValueError(
+            f"--model {args.model} has no trained weights of its own: add --pretrained for the weights published for "
+            "it ('vitkit models --pretrained' lists them), or give a trained model with --model-dir"
+        )
+
+
+def source_is_detector(args: argparse.Namespace) -> bool:
+    """Whether the model of --model-dir or --model is a detector."""
+    if args.model_dir is not None:
+        return is_detector_dir(args.model_dir)
+    return is_detector_name(args.model.partition(".")[0])
+
+
+def load_source(args: argparse.Namespace) -> nn.Module:
+    """The model of --model-dir (`vitkit.from_pretrained`) or of --model [--pretrained] (`vitkit.create_model`), in
+    eval mode."""
+    if args.model_dir is not None:
+        return from_pretrained(args.model_dir)
+    return create_model(args.model, pretrained=args.pretrained).eval()
 
 
 def add_memory_option(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vitkit.cli.options import add_memory_option, add_threshold_option, check_inference_memory
+from vitkit.cli.options import (
+    add_memory_option,
+    add_model_source,
+    add_threshold_option,
+    check_inference_memory,
+    check_model_source,
+    load_source,
+    source_is_detector,
+)
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.sources import IMAGE_EXTENSIONS
 from vitkit.infer import (
@@ -24,7 +32,6 @@ from vitkit.infer import (
     format_predictions,
     image_paths,
     inference_info,
-    is_detector_dir,
     missing_info_note,
     predict_paths,
     resolve_device,
@@ -32,7 +39,6 @@ from vitkit.infer import (
     write_json,
     write_predictions_csv,
 )
-from vitkit.weights import from_pretrained
 
 HELP = "classify images with a trained or converted model, or find objects with a detector"
 STDOUT = "-"
@@ -42,12 +48,7 @@ DETECTOR_ONLY = ("threshold", "out")
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model-dir",
-        required=True,
-        metavar="DIR",
-        help="a model directory: written by vitkit train (e.g. runs/train/final), save_pretrained or vitkit convert",
-    )
+    add_model_source(parser, "a registered model, with --pretrained: the weights published for it")
     parser.add_argument(
         "images",
         nargs="+",
@@ -92,7 +93,7 @@ def _check(args: argparse.Namespace, detector: bool) -> None:
     if unused:
         kind, other = ("a detector", "classifier") if detector else ("a classifier", "detector")
         verb = "apply" if len(unused) > 1 else "applies"
-        raise ValueError(f"{', '.join(map(_flag, unused))} only {verb} to a {other}; {args.model_dir} holds {kind}")
+        raise ValueError(f"{', '.join(map(_flag, unused))} only {verb} to a {other}; {_source(args)} is {kind}")
     if args.json not in (None, STDOUT) and Path(args.json).suffix.lower() in IMAGE_EXTENSIONS:
         raise ValueError(
             f"--json takes the JSON file to write, got the image {args.json}: put --json after the images, "
@@ -101,6 +102,17 @@ def _check(args: argparse.Namespace, detector: bool) -> None:
     for name, value in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+
+
+def _source(args: argparse.Namespace) -> str:
+    return args.model_dir or args.model
+
+
+def _note(args: argparse.Namespace) -> None:
+    """What stands in for what a model directory lacks (nothing for published weights with their names)."""
+    note = missing_info_note(args.model_dir) if args.model_dir is not None else None
+    if note:
+        print(f"vitkit predict: note: {note}", file=sys.stderr)
 
 
 def _warn(item: Unreadable) -> None:
@@ -119,13 +131,11 @@ def _finish(skipped: list[Unreadable], total: int, read: int) -> int:
 
 def _run_detector(args: argparse.Namespace) -> int:
     paths = image_paths(args.images)
-    model = from_pretrained(args.model_dir).to(resolve_device(args.device))
+    model = load_source(args).to(resolve_device(args.device))
     info = inference_info(model)
     postprocessing = detection_reading(model, args.model_dir).one_per_query()  # one box per object, with its best class
     check_inference_memory(model, args)  # one image at a time
-    note = missing_info_note(args.model_dir)
-    if note:
-        print(f"vitkit predict: note: {note}", file=sys.stderr)
+    _note(args)
     threshold = postprocessing.shown_above(args.threshold)
     found, skipped = detect_paths(model, info, paths, threshold, postprocessing, args.workers, on_unreadable=_warn)
     rows = [item.to_dict() for item in found]
@@ -149,17 +159,16 @@ def _run_detector(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    detector = is_detector_dir(args.model_dir)
+    check_model_source(args)
+    detector = source_is_detector(args)
     _check(args, detector)
     if detector:
         return _run_detector(args)
     paths = image_paths(args.images)
-    model = from_pretrained(args.model_dir).to(resolve_device(args.device))
+    model = load_source(args).to(resolve_device(args.device))
     info = inference_info(model)
     check_inference_memory(model, args, args.batch_size, "--batch-size")
-    note = missing_info_note(args.model_dir)
-    if note:
-        print(f"vitkit predict: note: {note}", file=sys.stderr)
+    _note(args)
     found = predict_paths(model, info, paths, args.top_k, args.batch_size, args.workers, on_unreadable=_warn)
     notes = sys.stdout
     if found.predictions:

@@ -24,8 +24,10 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--img-size", type=parse_size, default=None, help="224 or HxW (default: the model's size)")
     add_renamed_option(parser, "--batch-size", "--batch", type=int, default=1, help="batch size (default 1)")
     parser.add_argument(
-        "--backend", choices=BACKENDS, default="auto", help="attention backend to assume (default auto; gather and "
-        "levelwise name deformable attention's)"
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="attention backend to assume (default auto; gather and levelwise name deformable attention's)",
     )
     add_renamed_option(
         parser,

@@ -35,13 +35,14 @@ from vitkit.models.interface import has_no_object_logit
 from vitkit.models.registry import DETECTION, family, family_of, model_entry
 from vitkit.weights import ModelInfo, model_info, read_model_info
 from vitkit.weights.family import saved_family
+from vitkit.weights.hub import hub_snapshot, is_hub
 from vitkit.weights.io import CONFIG_NAME
 
 
 def is_detector_dir(directory: str | os.PathLike) -> bool:
-    """Whether a model directory holds a detector: its model's registered family has task detection
-    (`saved_family`)."""
-    found = saved_family(directory)
+    """Whether a model directory (or Hub repository, "hf-hub:ORG/REPO") holds a detector: its model's registered
+    family has task detection (`saved_family`)."""
+    found = saved_family(hub_snapshot(directory).directory if is_hub(directory) else directory)
     return found is not None and found.task == DETECTION
 
 
@@ -89,6 +90,8 @@ def missing_info_note(directory: str | os.PathLike, names_from: str | None = Non
     saved = read_model_info(directory)
     if saved.data is not None:
         return None
+    if saved.weights is not None and saved.classes is not None and saved.mean is not None:
+        return None  # published weights with their label names and normalisation: nothing stands in
     if saved.classes is not None:
         names = "the class names saved with the model"
     elif names_from is not None:
@@ -105,7 +108,9 @@ def missing_info_note(directory: str | os.PathLike, names_from: str | None = Non
 def run_config(directory: str | os.PathLike) -> dict[str, Any]:
     """The options of the `vitkit train` run a model directory was written by (its best/ or final/: the run's
     config.json one folder up), e.g. the batch size and precision it validated the model at; {} for a directory
-    of no run."""
+    of no run (a Hub repository's)."""
+    if is_hub(directory):
+        return {}
     path = Path(directory).resolve().parent / "config.json"
     try:
         saved = json.loads(path.read_text())

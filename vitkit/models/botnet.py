@@ -331,7 +331,13 @@ register_family(
     cost_parts={"stem": "embedding"},
 )
 
-register_model("botnet50", "botnet", BotNetConfig(), BOTNET_PAPER)
+register_model(
+    "botnet50",
+    "botnet",
+    BotNetConfig(),
+    BOTNET_PAPER,
+    unpublished="the BoTNet paper's authors published none, nor does timm (which has botnet26t_256's)",
+)
 register_model(
     "botnet26t_256",
     "botnet",

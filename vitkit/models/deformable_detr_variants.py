@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from vitkit.models.deformable_detr import DEFORMABLE_DETR_PAPER, DeformableDETR, DeformableDetrConfig
-from vitkit.models.detr import coco_weights
+from vitkit.models.detr import SMALL_DETECTOR_WEIGHTS, coco_weights
 from vitkit.models.registry import model_entry, register_family, register_model
 from vitkit.models.resnet import RESNET50_TV, RESNET50_TV2
 
@@ -108,6 +108,7 @@ register_model(
     ),
     DEFORMABLE_DETR_PAPER,
     recipe=SMALL_DEFORMABLE_DETR_RECIPE,
+    unpublished=SMALL_DETECTOR_WEIGHTS,
 )
 # vitkit's default detector, for a user's own COCO-format folder or the bundled digits-detect, trained from scratch
 # on a few CPU cores: deformable_detr_digits with the ideas that make DETRs converge in a few epochs (BENCHMARKS.md,
@@ -121,4 +122,5 @@ register_model(
     ),
     DEFORMABLE_DETR_PAPER,
     recipe=SMALL_DETECTOR_RECIPE,
+    unpublished=SMALL_DETECTOR_WEIGHTS,
 )

@@ -392,7 +392,13 @@ DETR_TINY = DetrConfig(
     dim_feedforward=512,
     num_queries=25,
 )
-register_model("detr_tiny", "detr", DETR_TINY, DETR_PAPER, recipe=SMALL_DETR_RECIPE)
+# no published weights fit vitkit's small detectors: their half-width ResNet-18 (torchvision's is twice as wide) and
+# transformer are sizes of vitkit's own, trained from scratch
+SMALL_DETECTOR_WEIGHTS = (
+    "vitkit's own size, which `vitkit train` trains from scratch on a folder in minutes (its half-width ResNet-18 "
+    "takes no published backbone: torchvision's is twice as wide)"
+)
+register_model("detr_tiny", "detr", DETR_TINY, DETR_PAPER, recipe=SMALL_DETR_RECIPE, unpublished=SMALL_DETECTOR_WEIGHTS)
 # detr_tiny sized for builtin:digits-detect (96x96 canvases of 1-4 digits of 20-40 px):
 # the last stage dilated (DC5) so that a 96x96 image gives a 6x6 map of 16-pixel cells, about one per digit side;
 # 12 queries (three times the most digits of a canvas); 4 decoder layers; no dropout (runs of minutes).
@@ -410,4 +416,5 @@ register_model(
     ),
     DETR_PAPER,
     recipe=SMALL_DETR_RECIPE,
+    unpublished=SMALL_DETECTOR_WEIGHTS,
 )

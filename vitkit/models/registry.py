@@ -104,6 +104,7 @@ class ModelEntry:
     recipe: Mapping[str, Any] = field(default_factory=dict)  # training-option defaults of this variant, over the
     # family's
     pretrained: tuple[PublishedWeights, ...] = ()  # the weights published for it, the default first
+    unpublished: str = ""  # why none are, where none are
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -163,10 +164,11 @@ def register_model(
     *,
     recipe: Mapping[str, Any] | None = None,
     pretrained: Sequence[PublishedWeights | TimmTag] = (),
+    unpublished: str = "",
 ) -> None:
     """Register a named variant: a filled config of a registered family, with training-recipe defaults of its own
     over the family's (`recipe`) and the weights published for it, the default first (`pretrained`; a `TimmTag`
-    names timm's repository of the variant's name)."""
+    names timm's repository of the variant's name), or why there are none (`unpublished`)."""
     if name in _MODELS:
         raise ValueError(f"model {name!r} is already registered")
     if family not in _FAMILIES:
@@ -177,7 +179,9 @@ def register_model(
     tags = [w.tag for w in pretrained]
     if len(set(tags)) != len(tags) or any("." in tag for tag in tags):
         raise ValueError(f"{name}: weight tags must be distinct and without '.', got {tags}")
-    _MODELS[name] = ModelEntry(name, family, config, paper, dict(recipe or {}), tuple(pretrained))
+    if pretrained and unpublished:
+        raise ValueError(f"{name}: published weights and a reason there are none, {unpublished!r}")
+    _MODELS[name] = ModelEntry(name, family, config, paper, dict(recipe or {}), tuple(pretrained), unpublished)
 
 
 def families() -> list[Family]:
@@ -212,7 +216,8 @@ def published_weights(name: str, pretrained: bool | str = True) -> tuple[ModelEn
         tag = pretrained
     tags = [w.tag for w in entry.pretrained]
     if not tags:
-        raise ValueError(f"no weights are published for {name} (vitkit.list_pretrained() lists those that are)")
+        why = f": {entry.unpublished}" if entry.unpublished else ""
+        raise ValueError(f"no weights are published for {name}{why} (vitkit.list_pretrained() lists those that are)")
     if not tag:
         return entry, entry.pretrained[0]
     if tag not in tags:

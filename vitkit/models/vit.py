@@ -378,8 +378,10 @@ register_family(
 )
 
 
-def _vit(name: str, paper: str = VIT_PAPER, pretrained: tuple[TimmTag, ...] = (), **fields: object) -> None:
-    register_model(name, "vit", ViTConfig(**fields), paper, pretrained=pretrained)
+def _vit(
+    name: str, paper: str = VIT_PAPER, pretrained: tuple[TimmTag, ...] = (), unpublished: str = "", **fields: object
+) -> None:
+    register_model(name, "vit", ViTConfig(**fields), paper, pretrained=pretrained, unpublished=unpublished)
 
 
 # timm's weights (`vitkit.create_model(name, pretrained=True)`, the first of a variant its default): the tags of
@@ -422,9 +424,10 @@ _vit("vit_base_patch32_224", patch_size=32, **_BASE, pretrained=(AUGREG_FT, AUGR
 _vit("vit_base_patch32_384", img_size=384, patch_size=32, **_BASE, pretrained=(AUGREG_FT, AUGREG_1K))
 _vit("vit_large_patch16_224", **_LARGE, pretrained=(AUGREG_FT, AUGREG_21K, ORIG_21K))
 # the sizes people shard (`vitkit train --strategy fsdp`), with timm's names: 304M, 632M and 1.01B parameters
-_vit("vit_large_patch14_224", patch_size=14, **_LARGE)
+_SHARDED = "timm publishes none for this size (an architecture to train, sharded, from scratch)"
+_vit("vit_large_patch14_224", patch_size=14, **_LARGE, unpublished=_SHARDED)
 _vit("vit_huge_patch14_224", patch_size=14, **_HUGE, pretrained=(ORIG_21K,))
-_vit("vit_giant_patch14_224", SCALING_PAPER, patch_size=14, **_GIANT)
+_vit("vit_giant_patch14_224", SCALING_PAPER, patch_size=14, **_GIANT, unpublished=_SHARDED)
 # DINOv2's backbones (no classifier) at their 518x518 training size, with LayerScale, and with 4 registers, which
 # have no position embedding, nor has the class token ("Vision Transformers Need Registers"); timm's names
 _DINOV2 = dict(img_size=518, patch_size=14, init_values=1e-5, num_classes=0)
@@ -439,7 +442,17 @@ _vit("vit_large_patch14_reg4_dinov2", REGISTERS_PAPER, **_LARGE, **_DINOV2, **_R
 # with quick GELU (timm's names; the head is a classifier, 1000 classes, as timm builds them)
 _CLIP = dict(pre_norm=True, patch_bias=False, layer_norm_eps=1e-5)
 _vit("vit_base_patch16_clip_224", CLIP_PAPER, **_BASE, **_CLIP, pretrained=(CLIP_LAION, CLIP_OPENAI, CLIP_LAION_1K))
-_vit("vit_base_patch16_clip_quickgelu_224", CLIP_PAPER, **_BASE, **_CLIP, act="quick_gelu")
+_vit(
+    "vit_base_patch16_clip_quickgelu_224",
+    CLIP_PAPER,
+    **_BASE,
+    **_CLIP,
+    act="quick_gelu",
+    unpublished="OpenAI's and MetaCLIP's weights for it are OpenCLIP checkpoints (the whole CLIP, its text tower "
+    "too, and a 512-wide projection for a head), a layout vitkit does not read; vit_base_patch16_clip_224's tags hold "
+    "OpenAI's and LAION's towers fine-tuned on ImageNet, and from_pretrained('hf-hub:openai/clip-vit-base-patch16') "
+    "reads transformers' CLIP",
+)
 _vit(
     "vit_large_patch14_clip_224",
     CLIP_PAPER,
@@ -465,7 +478,14 @@ _vit(
 )
 # vitkit's small ViT for the bundled 28x28 digits (16 tokens of 7x7 patches): what `vitkit train` trains by default.
 _DIGITS = dict(embed_dim=128, depth=4, num_heads=4, mlp_ratio=2.0)
-_vit("vit_digits_patch7_28", img_size=28, patch_size=7, num_classes=10, **_DIGITS)
+_vit(
+    "vit_digits_patch7_28",
+    img_size=28,
+    patch_size=7,
+    num_classes=10,
+    **_DIGITS,
+    unpublished="vitkit's own size, which `vitkit train` trains on the bundled digits in a minute",
+)
 
 _vit("deit_tiny_patch16_224", DEIT_PAPER, **_TINY, pretrained=(DEIT,))
 _vit("deit_small_patch16_224", DEIT_PAPER, **_SMALL, pretrained=(DEIT,))

@@ -521,13 +521,18 @@ def _from_hub(snapshot: HubSnapshot, format: str, reset_head: bool, overrides: d
     """The model of a Hub repository's files, recording where they came from (`ModelInfo.weights`), with the label
     names a table of published weights gives for it where its files carry none."""
     model = from_pretrained(snapshot.directory, format, reset_head, **overrides)
-    info = dataclasses.replace(model_info(model), weights=snapshot.source)
-    names = published_labels(f"{HUB_PREFIX}{snapshot.repo}")
-    if info.classes is None and names is not None and not reset_head:
-        info = dataclasses.replace(info, classes=names)
-    with_info(model, info, reset_head)
+    with_info(model, _hub_info(snapshot, model_info(model)), reset_head)
     load_report(model).source = snapshot.source
     return model
+
+
+def _hub_info(snapshot: HubSnapshot, info: ModelInfo) -> ModelInfo:
+    """The `ModelInfo` of a Hub repository's files: where they came from, and the label names a table of published
+    weights gives for it where its files carry none."""
+    names = published_labels(f"{HUB_PREFIX}{snapshot.repo}")
+    if info.classes is None and names is not None:
+        info = dataclasses.replace(info, classes=names)
+    return dataclasses.replace(info, weights=snapshot.source)
 
 
 def load_report(model: nn.Module) -> LoadReport | None:
@@ -594,8 +599,9 @@ def _hf_config(
 
 def saved_config(directory: str | os.PathLike, **overrides: Any) -> Any:
     """The config of the model in a vitkit or Hugging Face transformers directory, as `from_pretrained` builds it,
-    with `overrides` replaced (e.g. the image size a run trains at). Nothing is built or loaded."""
-    directory = Path(directory)
+    with `overrides` replaced (e.g. the image size a run trains at). Nothing is built or loaded; a Hub repository
+    ("hf-hub:ORG/REPO") is downloaded unless cached."""
+    directory = hub_snapshot(directory).directory if is_hub(directory) else Path(directory)
     saved = _directory_config(directory)
     if is_timm_config(saved):
         name, fields = timm_model(saved, directory)
@@ -607,7 +613,11 @@ def saved_config(directory: str | os.PathLike, **overrides: Any) -> Any:
 
 def read_model_info(directory: str | os.PathLike) -> ModelInfo:
     """What the model in a vitkit or Hugging Face directory carries beside its config (see `from_pretrained`), read
-    without building it; entries it does not hold are None."""
+    without building it; entries it does not hold are None. A Hub repository ("hf-hub:ORG/REPO") is downloaded
+    unless cached, and says where it came from (`ModelInfo.weights`)."""
+    if is_hub(directory):
+        snapshot = hub_snapshot(directory)
+        return _hub_info(snapshot, read_model_info(snapshot.directory))
     directory = Path(directory)
     saved = _directory_config(directory)
     if is_timm_config(saved):
