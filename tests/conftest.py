@@ -32,3 +32,64 @@ def native_bf16(monkeypatch):
 
     monkeypatch.setattr(policy, "native_cpu_bf16", lambda: True)
     monkeypatch.setattr(policy, "cpu_amx", lambda: False)
+
+
+class HubCache:
+    """A Hugging Face cache in a temporary HF_HOME, in huggingface_hub's documented layout (models--ORG--NAME with
+    refs/, blobs/ named by their content's sha256, snapshots/COMMIT/ linking to them), and a torch.hub folder."""
+
+    def __init__(self, root):
+        self.hub = root / "hf" / "hub"
+        self.torch_dir = root / "torch"
+
+    def put(
+        self,
+        repo: str,
+        folder,
+        commit: str = "0123456789abcdef0123456789abcdef01234567",
+        ref: str = "main",
+        absent: tuple[str, ...] = (),
+    ):
+        """Every file of `folder` as the repository `repo` at `commit` (`ref` pointing there), and the files named in
+        `absent` marked as known not to exist there (`.no_exist/COMMIT/NAME`, as huggingface_hub records a 404);
+        the snapshot folder."""
+        import hashlib
+
+        root = self.hub / f"models--{repo.replace('/', '--')}"
+        (root / "refs").mkdir(parents=True, exist_ok=True)
+        (root / "refs" / ref).write_text(commit)
+        snapshot = root / "snapshots" / commit
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (root / "blobs").mkdir(exist_ok=True)
+        for path in sorted(folder.iterdir()):
+            data = path.read_bytes()
+            blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+            blob.write_bytes(data)
+            link = snapshot / path.name
+            link.unlink(missing_ok=True)
+            link.symlink_to(os.path.relpath(blob, snapshot))
+        for name in absent:
+            (root / ".no_exist" / commit).mkdir(parents=True, exist_ok=True)
+            (root / ".no_exist" / commit / name).touch()
+        return snapshot
+
+    def put_torch(self, name: str, data: bytes):
+        """A file in torch.hub's checkpoints folder; its path."""
+        path = self.torch_dir / "checkpoints" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return path
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face cache (HF_HOME in a temporary folder) and torch.hub folder, offline (HF_HUB_OFFLINE=1,
+    which stops vitkit's torch.hub downloads too): `HubCache.put` fills it."""
+    cache = HubCache(tmp_path)
+    cache.hub.mkdir(parents=True)
+    monkeypatch.setenv("HF_HOME", str(cache.hub.parent))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache.hub))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(cache.torch_dir))
+    return cache

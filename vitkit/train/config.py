@@ -40,12 +40,14 @@ from vitkit.train.recipe import (
     resolve_task,
 )
 from vitkit.weights.family import saved_family
+from vitkit.weights.hub import is_hub, local_source
 from vitkit.weights.io import read_json
 
 CONFIG_NAME = "config.json"
 DEFAULT_OUT = "runs/train"
 CLASSIFICATION_ONLY = ("label_smoothing", "mixup", "cutmix", "randaugment", "min_scale")
 DETECTION_ONLY = ("backbone_lr", "detection_loss", "box_cls_loss", "detection_top_k", "nms_iou", "scale_jitter", "crop")
+
 
 def recipe_defaults(name: str) -> str:
     """ "default: 40; small DETRs 24; DETR 50" for a recipe field, for --help: its value in each recipe the
@@ -117,12 +119,13 @@ class TrainConfig:
         metavar="KEY=VALUE",
         help="replace a model config field, e.g. --model-arg depth=6 (repeatable)",
     )
-    # a model directory alone trains the model saved there; a checkpoint file (no architecture in it), or a
-    # directory together with model, loads its weights into the registry model `model` (the default model of the
-    # data's task when None)
+    # a model directory (or Hub repository) alone trains the model saved there; a checkpoint file (no architecture in
+    # it), or a directory together with model, loads its weights into the registry model `model` (the default model
+    # of the data's task when None)
     init: str | None = option(
         None,
-        help="fine-tune from a model directory (vitkit, Hugging Face), or from a checkpoint file in any layout "
+        help="fine-tune from a model directory (vitkit, Hugging Face, timm), a Hugging Face Hub repository "
+        "(hf-hub:ORG/REPO[@REVISION], e.g. hf-hub:SenseTime/deformable-detr), or a checkpoint file in any layout "
         "'vitkit convert' reads (timm, torchvision, facebookresearch/detr, Deformable-DETR, .pth / .safetensors) "
         "loaded into --model; the position table and the class heads are adapted to the data; a ResNet classifier's "
         "file fills a detector's backbone",
@@ -277,12 +280,15 @@ class TrainConfig:
     @property
     def init_is_file(self) -> bool:
         """Whether `init` is a checkpoint file (weights without architecture) rather than a model directory."""
-        return self.init is not None and Path(self.init).is_file()
+        return self.init is not None and not is_hub(self.init) and Path(self.init).is_file()
 
     def _task_and_model(self) -> tuple[str, str | None]:
         """(task, model name): a checkpoint file has no architecture, so it trains the named or the default model."""
-        if self.init is not None and not Path(self.init).exists():
-            raise FileNotFoundError(f"init {self.init} not found: expected a model directory or a checkpoint file")
+        if self.init is not None and not is_hub(self.init) and not Path(self.init).exists():
+            raise FileNotFoundError(
+                f"init {self.init} not found: expected a model directory, a checkpoint file or a Hugging Face Hub "
+                "repository (hf-hub:ORG/REPO)"
+            )
         return resolve_task(self.model, None if self.init_is_file else self.init, self.data)
 
     @property
@@ -348,7 +354,7 @@ class TrainConfig:
             model=model,
             model_args=model_args,
             data=absolute_data(self.data),
-            init=None if self.init is None else os.path.abspath(self.init),
+            init=self.init if self.init is None or is_hub(self.init) else os.path.abspath(self.init),
             **fill,
         )
 
@@ -445,7 +451,7 @@ def _check_detection_loss(loss: str | None, model: str | None, init: str | None)
     directory `init`."""
     if loss != "ce":
         return
-    fam = family(model_entry(model).family) if model is not None else saved_family(init) if init else None
+    fam = family(model_entry(model).family) if model is not None else saved_family(local_source(init)) if init else None
     if fam is None or has_no_object_logit(fam.model_cls):
         return
     what = f"model {model!r}" if model is not None else f"the model in {init}"

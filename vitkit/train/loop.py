@@ -32,6 +32,7 @@ Under torchrun every process trains its shard of each batch (DistributedDataPara
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -71,7 +72,7 @@ from vitkit.train.sharding import full_state_dict, load_sharded, save_sharded, s
 from vitkit.train.task import Task, create_task
 from vitkit.util import counted
 from vitkit.viz.curves import write_curves
-from vitkit.weights import load_report
+from vitkit.weights import load_report, model_info
 from vitkit.weights.io import save_pretrained
 
 log = logging.getLogger("vitkit.train")
@@ -195,6 +196,8 @@ class Run:
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.model = build_training_model(config, self.task.num_classes).to(env.device)
+        # the published weights the model started from (directly, or through the model directory it was saved in)
+        self.task.info = dataclasses.replace(self.task.info, weights=model_info(self.model).weights)
         # before the optimizer state and the first batch: refuse a run that would exhaust memory
         _check_training_memory(self.model, config, env, allow_memory, memory_names or SettingNames())
         net = self.task.prepare(self.model)  # the model, or the model with the task's training-only parts

@@ -13,8 +13,10 @@ from torch import nn
 from vitkit.models.interface import require_model
 from vitkit.models.registry import DETECTION, create_model, family_of
 from vitkit.weights import CheckpointMismatch, LoadReport, ModelNeeded, from_pretrained, load_report, load_weights
-from vitkit.weights.convert import REPORT_ATTRIBUTE
+from vitkit.weights.convert import REPORT_ATTRIBUTE, with_info
 from vitkit.weights.family import family_weights
+from vitkit.weights.hub import hub_snapshot, is_hub, local_source
+from vitkit.weights.io import ModelInfo, model_info
 
 
 def load_for_finetune(
@@ -29,11 +31,12 @@ def load_for_finetune(
     saved classifier where it has that many classes and a fresh one where not.
 
     Args:
-        source: a vitkit or Hugging Face model directory, or a checkpoint file in any layout
-            `vitkit.load_weights` reads (timm / vitkit, torchvision, Hugging Face, facebookresearch/detr,
-            fundamentalvision/Deformable-DETR; `.safetensors`, `.pth`, `.pt`, `.bin`; training checkpoints are
-            unwrapped). For a detector, a ResNet classifier's file (torchvision's or timm's) initialises the
-            backbone alone.
+        source: a vitkit, Hugging Face or timm model directory, a Hub repository ("hf-hub:ORG/REPO[@REVISION]",
+            downloaded unless cached; its commit is recorded in `vitkit.weights.model_info(model).weights`), or a
+            checkpoint file in any layout `vitkit.load_weights` reads (timm / vitkit, torchvision, Hugging Face,
+            facebookresearch/detr, fundamentalvision/Deformable-DETR; `.safetensors`, `.pth`, `.pt`, `.bin`;
+            training checkpoints are unwrapped). For a detector, a ResNet classifier's file (torchvision's or
+            timm's) initialises the backbone alone.
         num_classes: the classes to train; a classifier for another number (every class head of a detector, and
             whatever else the family sizes by the classes) is freshly initialised, everything else is loaded.
         model: the registry model to build and load `source` into; None for a directory builds the model saved
@@ -53,15 +56,18 @@ def load_for_finetune(
     source = os.fspath(source)
     if model is not None:
         built = create_model(model, num_classes=num_classes, **overrides)
-        report = _keeping_fresh_head(lambda reset_head: load_weights(built, source, reset_head=reset_head))
-    elif not Path(source).is_dir():
+        local = local_source(source)
+        report = _keeping_fresh_head(lambda reset_head: load_weights(built, local, reset_head=reset_head))
+        if is_hub(source):  # where the weights came from, at which commit
+            with_info(built, ModelInfo(weights=hub_snapshot(source).source))
+    elif not is_hub(source) and not Path(source).is_dir():
         raise ModelNeeded(source)
     else:
         built = _keeping_fresh_head(
             lambda reset_head: from_pretrained(source, reset_head=reset_head, num_classes=num_classes, **overrides)
         )
         report = load_report(built)
-    report.source = source
+    report.source = model_info(built).weights or source
     fam = family_of(built)
     if prior is not None:
         if fam.task != DETECTION:

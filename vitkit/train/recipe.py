@@ -23,6 +23,7 @@ from typing import Any
 from vitkit.data import BUILTIN_PREFIX, DIGITS_DETECT
 from vitkit.models.registry import CLASSIFICATION, DETECTION, Family, families, family, list_models, model_entry
 from vitkit.weights.family import saved_family
+from vitkit.weights.hub import local_source
 
 DETECTION_BUILTINS = (DIGITS_DETECT,)  # bundled detection datasets (builtin:NAME)
 
@@ -156,7 +157,7 @@ def model_task(model: str | None = None, init: str | None = None) -> str | None:
     if model is not None:
         return family(model_entry(model).family).task
     if init is not None:
-        found = saved_family(init)
+        found = saved_family(local_source(init))
         return found.task if found is not None else CLASSIFICATION
     return None
 
@@ -192,7 +193,7 @@ def recipe_for(task: str, model: str | None, init: str | None = None) -> Recipe:
     if model is not None:
         fam: Family | None = family(model_entry(model).family)
     else:
-        fam = saved_family(init) if init is not None else None
+        fam = saved_family(local_source(init)) if init is not None else None
     variant = model_entry(model).recipe if model is not None and init is None else {}
     return _recipe(task, fam, variant)
 

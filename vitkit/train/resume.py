@@ -19,6 +19,7 @@ from vitkit.train.config import CONFIG_NAME, TrainConfig, absolute_data
 from vitkit.train.distributed import DistEnv
 from vitkit.train.outputs import RunHints, check_out, new_folder
 from vitkit.train.sharding import resharded_batch
+from vitkit.weights.hub import is_hub
 
 log = logging.getLogger("vitkit.train")
 
@@ -36,7 +37,7 @@ def resolve_run(
     `hints`, when OUT does not hold what `resume` / `force` expect (`vitkit.train.outputs.check_out`), or the
     settings differ from the checkpoint's beyond `RESUME_MAY_CHANGE`."""
     original = given.init
-    if resume and given.init is not None and not Path(given.init).exists():
+    if resume and given.init is not None and not is_hub(given.init) and not Path(given.init).exists():
         given = _init_stand_in(given, env)
     config = dataclasses.replace(given.resolved(), device=env.device.type)
     if env.is_main:
@@ -44,7 +45,7 @@ def resolve_run(
             log.warning(message)
     state = check_out(Path(config.out), resume, force, given, hints)
     if state is not None:
-        compared = config if given.init == original else dataclasses.replace(config, init=os.path.abspath(original))
+        compared = config if given.init == original else dataclasses.replace(config, init=_absolute(original))
         check_resume(json.loads(state["config"]), compared, given, hints)
         if "sharded" in state and state["world_size"] != env.world_size:  # keep the global batch
             batch = resharded_batch(config.batch_size, state["world_size"], env.world_size)
@@ -87,8 +88,13 @@ def _comparable(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(values.get("data"), str):
         values["data"] = absolute_data(values["data"])
     if isinstance(values.get("init"), str):
-        values["init"] = os.path.abspath(values["init"])
+        values["init"] = _absolute(values["init"])
     return values
+
+
+def _absolute(init: str) -> str:
+    """An init path made absolute; a Hub repository as it is."""
+    return init if is_hub(init) else os.path.abspath(init)
 
 
 def _init_stand_in(given: TrainConfig, env: DistEnv) -> TrainConfig:

@@ -80,6 +80,12 @@ def parse_hub(source: str) -> tuple[str, str | None]:
     return repo, revision or None
 
 
+def local_source(source: str | os.PathLike) -> str | os.PathLike:
+    """A model source as a local path: a Hub repository's snapshot folder (downloaded unless cached), else
+    `source` as it is."""
+    return hub_snapshot(source).directory if is_hub(source) else source
+
+
 def hub_cache() -> Path:
     """The folder huggingface_hub keeps downloads in (`HF_HUB_CACHE`, by default `HF_HOME/hub`)."""
     from huggingface_hub import constants
@@ -158,7 +164,8 @@ def _download(repo: str, filename: str, revision: str | None) -> str:
 
 def _first_present(repo: str, names: tuple[str, ...], commit: str) -> str | None:
     """The path of the first of `names` the repository has at `commit`, downloaded; None when it has none. Offline,
-    the first the cache holds (`NotCached` for the first when it holds none)."""
+    the first the cache holds; None when the cache knows the repository has none of them (huggingface_hub's markers
+    of absent files); else `NotCached` for the first."""
     from huggingface_hub.errors import EntryNotFoundError
 
     for name in names:
@@ -174,6 +181,8 @@ def _first_present(repo: str, names: tuple[str, ...], commit: str) -> str | None
     found = [path for path in cached if isinstance(path, str)]
     if found:
         return found[0]
+    if all(path is not None for path in cached):  # each one known to be absent
+        return None
     raise not_cached(repo, [CONFIG_NAME, names[0]], commit)
 
 

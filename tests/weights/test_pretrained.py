@@ -1,0 +1,296 @@
+"""Published weights by name, offline: a Hugging Face cache built by the test (huggingface_hub's layout,
+HF_HUB_OFFLINE=1) holding a timm repository written by timm and a transformers Deformable DETR written by
+transformers, with weights moved off their initial values; `vitkit.create_model(name, pretrained=...)` and
+`vitkit.from_pretrained("hf-hub:...")` give the outputs of the reference and of the same files read from a path, with
+their label names and the commit they came from; torch.hub's cache for torchvision's files; and each failure's own
+message."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import timm
+import torch
+import torchvision
+import transformers
+from timm.models._hub import save_for_hf
+from torch import nn
+
+import vitkit
+from vitkit.models.registry import list_pretrained, published_weights
+from vitkit.weights import DamagedDownload, HubRepositoryError, NotCached, load_report, model_info
+from vitkit.weights.hub import hub_snapshot
+
+TIMM_REPO = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # vit_tiny_patch16_224's default weights
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+OTHER_COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
+DETR_REPO = "vitkit-tests/deformable-detr-small"
+
+
+def nudge(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Every floating tensor moved off its initial value (init symmetries hide wrong norms and heads)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            if t.is_floating_point():
+                t.add_(torch.randn(t.shape, generator=g) * 0.02)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def timm_vit(tmp_path_factory):
+    """timm's vit_tiny_patch16_224 with random weights, written by timm as its Hub repositories hold it: (the model,
+    the folder)."""
+    torch.manual_seed(0)
+    model = nudge(timm.create_model("vit_tiny_patch16_224.augreg_in21k_ft_in1k"))
+    folder = tmp_path_factory.mktemp("timm") / "repo"
+    save_for_hf(model, folder, safe_serialization=True)
+    return model, folder
+
+
+@pytest.fixture(scope="module")
+def hf_deformable(tmp_path_factory):
+    """A small transformers Deformable DETR (box refinement, COCO's 91 labels named) with random weights and an image
+    processor's normalisation, written by transformers: (the model, the folder)."""
+    torch.manual_seed(0)
+    backbone = transformers.ResNetConfig(
+        layer_type="bottleneck", depths=[1, 1, 1, 1], embedding_size=16, hidden_sizes=[64, 128, 256, 512],
+        out_features=["stage2", "stage3", "stage4"],
+    )  # fmt: skip
+    labels = {i: f"thing {i}" for i in range(91)}
+    config = transformers.DeformableDetrConfig(
+        d_model=64, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_n_points=2, decoder_n_points=2, num_queries=8,
+        backbone_config=backbone, with_box_refine=True, id2label=labels, attn_implementation="eager",
+    )  # fmt: skip
+    model = nudge(transformers.DeformableDetrForObjectDetection(config))
+    folder = tmp_path_factory.mktemp("hf") / "repo"
+    model.save_pretrained(folder)
+    processor = {"do_normalize": True, "image_mean": [0.45, 0.46, 0.47], "image_std": [0.2, 0.21, 0.22]}
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return model, folder
+
+
+def test_create_model_pretrained_loads_the_default_weights_from_the_cache(hub_cache, timm_vit):
+    theirs, folder = timm_vit
+    hub_cache.put(TIMM_REPO, folder)
+    model = vitkit.create_model("vit_tiny_patch16_224", pretrained=True).eval()
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), theirs(x), atol=1e-4, rtol=1e-4)
+        assert torch.equal(model(x), vitkit.from_pretrained(folder)(x))  # the same files read from a path
+    info = model_info(model)
+    assert info.weights == f"hf-hub:{TIMM_REPO}@{COMMIT}"
+    assert info.classes == tuple(torchvision.models.ResNet50_Weights.IMAGENET1K_V1.meta["categories"])
+    assert info.classes[281] == "tabby" and info.mean == (0.5, 0.5, 0.5) and info.std == (0.5, 0.5, 0.5)
+    assert load_report(model).source == info.weights and load_report(model).loaded == len(theirs.state_dict())
+    # the tag by name, as timm writes it, and by argument
+    for same in (
+        vitkit.create_model("vit_tiny_patch16_224.augreg_in21k_ft_in1k", pretrained=True),
+        vitkit.create_model("vit_tiny_patch16_224", pretrained="augreg_in21k_ft_in1k"),
+    ):
+        pairs = zip(same.state_dict().values(), model.state_dict().values(), strict=True)
+        assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_another_number_of_classes_keeps_a_fresh_head(hub_cache, timm_vit):
+    theirs, folder = timm_vit
+    hub_cache.put(TIMM_REPO, folder)
+    torch.manual_seed(1)
+    model = vitkit.create_model("vit_tiny_patch16_224", pretrained=True, num_classes=5, img_size=112)
+    report = load_report(model)
+    assert report.head_reset and model.head.weight.shape == (5, 192)
+    assert torch.equal(model.blocks[3].mlp.fc1.weight, theirs.blocks[3].mlp.fc1.weight)
+    assert model.pos_embed.shape == (1, 50, 192) and report.resampled  # the position table fitted to 112 x 112
+    info = model_info(model)
+    assert info.classes is None and info.weights == f"hf-hub:{TIMM_REPO}@{COMMIT}"  # 1000 names fit no 5-class head
+
+
+def test_a_tag_names_the_architecture_its_weights_need():
+    model = vitkit.create_model("vit_tiny_patch16_224.augreg_in21k")  # no download: pretrained=False
+    assert model.head.weight.shape == (21843, 192)
+    assert vitkit.create_model("vit_base_patch16_224.orig_in21k").config.num_classes == 0
+
+
+def test_from_pretrained_of_a_hub_repository_and_its_revisions(hub_cache, hf_deformable):
+    theirs, folder = hf_deformable
+    hub_cache.put(DETR_REPO, folder)
+    model = vitkit.from_pretrained(f"hf-hub:{DETR_REPO}")
+    path_model = vitkit.from_pretrained(folder)
+    x = torch.randn(1, 3, 128, 160)
+    with torch.no_grad():
+        ours, ref = model(x), path_model(x)
+        out = theirs(pixel_values=x)
+    assert torch.equal(ours["pred_logits"], ref["pred_logits"]) and torch.equal(ours["pred_boxes"], ref["pred_boxes"])
+    torch.testing.assert_close(ours["pred_logits"], out.logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours["pred_boxes"], out.pred_boxes, atol=1e-4, rtol=1e-4)
+    info = model_info(model)
+    assert info.weights == f"hf-hub:{DETR_REPO}@{COMMIT}" and info.classes[7] == "thing 7"
+    assert info.mean == (0.45, 0.46, 0.47) and info.std == (0.2, 0.21, 0.22)
+    # another commit, on a branch: pinned by name and by commit
+    other = folder.parent / "other"
+    other.mkdir()
+    nudged = nudge(transformers.DeformableDetrForObjectDetection(theirs.config), seed=1)
+    nudged.save_pretrained(other)
+    hub_cache.put(DETR_REPO, other, commit=OTHER_COMMIT, ref="v2")
+    for source in (f"hf-hub:{DETR_REPO}@v2", f"hf-hub:{DETR_REPO}@{OTHER_COMMIT}"):
+        pinned = vitkit.from_pretrained(source)
+        assert model_info(pinned).weights == f"hf-hub:{DETR_REPO}@{OTHER_COMMIT}"
+        assert not torch.equal(pinned.class_embed[0].weight, model.class_embed[0].weight)
+    assert model_info(vitkit.from_pretrained(f"hf-hub:{DETR_REPO}")).weights.endswith(COMMIT)  # main as it was
+
+
+def test_create_model_of_a_detector_from_its_transformers_weights(hub_cache, hf_deformable, monkeypatch):
+    """The registered model loads a transformers repository, its labels and normalisation with it (a small one
+    stands in for SenseTime's: the table's entry is pointed at it)."""
+    import dataclasses
+
+    from vitkit.models import registry
+
+    theirs, folder = hf_deformable
+    hub_cache.put(DETR_REPO, folder)
+    entry, published = published_weights("deformable_detr_resnet50")
+    small = vitkit.from_pretrained(folder).config
+    monkeypatch.setitem(registry._MODELS, entry.name, dataclasses.replace(
+        entry, config=small, pretrained=(dataclasses.replace(published, source=f"hf-hub:{DETR_REPO}"),)
+    ))  # fmt: skip
+    model = vitkit.create_model("deformable_detr_resnet50", pretrained=True).eval()
+    x = torch.randn(1, 3, 96, 96)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)["pred_logits"], theirs(pixel_values=x).logits, atol=1e-4, rtol=1e-4)
+    assert model_info(model).classes[90] == "thing 90" and model_info(model).mean == (0.45, 0.46, 0.47)
+    fine = vitkit.create_model("deformable_detr_resnet50", pretrained="coco", num_classes=3)
+    assert fine.class_embed[0].weight.shape[0] == 3 and load_report(fine).head_reset
+
+
+def test_a_torchvision_backbone_from_the_torch_hub_cache(hub_cache):
+    torch.manual_seed(0)
+    resnet = nudge(torchvision.models.resnet50())
+    path = hub_cache.torch_dir / "resnet.pth"
+    path.parent.mkdir(parents=True)
+    torch.save(resnet.state_dict(), path)
+    data = path.read_bytes()
+    import hashlib
+
+    digest = hashlib.sha256(data).hexdigest()[:8]
+    _, weights = published_weights("detr_resnet50", "tv_in1k")
+    name = weights.source.rsplit("/", 1)[1]
+    # the name's hash prefix is the published file's: a file of other content under it is refused
+    hub_cache.put_torch(name, data)
+    with pytest.raises(DamagedDownload, match=r"is not the file published at .*: delete .* and download it again"):
+        vitkit.create_model("detr_resnet50", pretrained="tv_in1k")
+    # the same file under its own hash's name loads (the table's URL pointed at it)
+    from vitkit.models import registry
+
+    entry, _ = published_weights("detr_resnet50")
+    own = f"resnet50-{digest}.pth"
+    hub_cache.put_torch(own, data)
+    url = weights.source.replace(name, own)
+    import dataclasses
+
+    patched = dataclasses.replace(entry, pretrained=(dataclasses.replace(weights, source=url),))
+    registry._MODELS[entry.name], saved = patched, registry._MODELS[entry.name]
+    try:
+        model = vitkit.create_model("detr_resnet50", pretrained="tv_in1k")
+    finally:
+        registry._MODELS[entry.name] = saved
+    assert torch.equal(model.backbone.layer3[2].conv2.weight, resnet.layer3[2].conv2.weight)
+    report = load_report(model)
+    assert report.source == url and report.uncovered and model_info(model).weights == url
+
+
+def test_offline_and_not_cached_names_the_repository_the_cache_and_the_command(hub_cache):
+    with pytest.raises(NotCached) as err:
+        vitkit.create_model("vit_small_patch16_224", pretrained=True)
+    message = str(err.value)
+    repo = "timm/vit_small_patch16_224.augreg_in21k_ft_in1k"
+    assert f"hf-hub:{repo}: config.json not found in the Hugging Face cache ({hub_cache.hub}/models--timm--" in message
+    assert "HF_HUB_OFFLINE=1" in message and f"`hf download {repo}`" in message
+    assert f"`hf download {repo} --local-dir DIR`" in message and "vitkit.from_pretrained('DIR')" in message
+    with pytest.raises(NotCached, match=r"torch.hub's cache .* HF_HUB_OFFLINE=1.*download_url_to_file"):
+        vitkit.create_model("detr_resnet50", pretrained="tv2_in1k")
+
+
+def test_a_partial_download_and_a_damaged_file_get_their_own_messages(hub_cache, timm_vit):
+    _, folder = timm_vit
+    snapshot = hub_cache.put(TIMM_REPO, folder)
+    blob = (snapshot / "model.safetensors").resolve()
+    blob.write_bytes(blob.read_bytes()[:-100])  # cut short: not the content its sha256 names
+    with pytest.raises(DamagedDownload, match=r"model.safetensors in the cache .* is not the file the Hub published"):
+        vitkit.create_model("vit_tiny_patch16_224", pretrained=True)
+    # a download that stopped part way: huggingface_hub's .incomplete blob, no file in the snapshot
+    (snapshot / "model.safetensors").unlink()
+    blob.rename(blob.with_name(blob.name + ".incomplete"))
+    with pytest.raises(NotCached, match="A download of it stopped part way"):
+        hub_snapshot(f"hf-hub:{TIMM_REPO}", revision=COMMIT)
+
+
+def test_a_repository_vitkit_cannot_read(hub_cache, tmp_path):
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8}))
+    torch.save({"w": torch.zeros(1)}, folder / "pytorch_model.bin")
+    hub_cache.put("someone/bert", folder)
+    with pytest.raises(ValueError, match=r"model_type 'bert' is not supported; supported: \["):
+        vitkit.from_pretrained("hf-hub:someone/bert")
+    (folder / "config.json").write_text(json.dumps({"architecture": "convnext_tiny", "num_classes": 1000}))
+    hub_cache.put("timm/convnext_tiny", folder, commit=OTHER_COMMIT)
+    with pytest.raises(ValueError, match="a timm model directory of 'convnext_tiny', which vitkit does not have"):
+        vitkit.from_pretrained(f"hf-hub:timm/convnext_tiny@{OTHER_COMMIT}")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    hub_cache.put("someone/no-weights", empty, absent=("model.safetensors", "pytorch_model.bin"))
+    with pytest.raises(HubRepositoryError, match="has none of .*model.safetensors"):
+        vitkit.from_pretrained("hf-hub:someone/no-weights")
+
+
+def test_a_gated_repository_without_a_token(hub_cache, monkeypatch):
+    """huggingface_hub's answer for a gated repository (no network here: its error is raised where its download
+    would be) becomes the steps that give access."""
+    from types import SimpleNamespace
+
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    response = SimpleNamespace(headers={}, request=None)  # what the errors read of the HTTP response
+
+    def gated(*args, **kwargs):
+        raise GatedRepoError("401 Client Error: access to this model is restricted", response=response)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", gated)
+    with pytest.raises(HubRepositoryError, match=r"is gated: accept its conditions on https://huggingface.co/org/x"):
+        hub_snapshot("hf-hub:org/x")
+
+    def missing(*args, **kwargs):
+        raise RepositoryNotFoundError("404 Client Error", response=response)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", missing)
+    with pytest.raises(HubRepositoryError, match="there is no repository 'org/y' on the Hugging Face Hub"):
+        hub_snapshot("hf-hub:org/y")
+
+
+def test_unknown_tags_and_models_without_weights_say_what_there_is():
+    with pytest.raises(ValueError, match="has no weights tagged 'in1k'; its tags: augreg_in21k_ft_in1k, augreg_in21k"):
+        vitkit.create_model("vit_tiny_patch16_224", pretrained="in1k")
+    with pytest.raises(ValueError, match="no weights are published for botnet50: "):
+        vitkit.create_model("botnet50", pretrained=True)
+    with pytest.raises(ValueError, match="expected hf-hub:ORG/REPO"):
+        vitkit.from_pretrained("hf-hub:")
+    assert list_pretrained("deit_tiny*") == ["deit_tiny_distilled_patch16_224.fb_in1k", "deit_tiny_patch16_224.fb_in1k"]
+
+
+def test_nothing_is_imported_or_downloaded_until_asked():
+    import subprocess
+    import sys
+
+    code = "import sys, vitkit; vitkit.create_model('vit_tiny_patch16_224'); print('huggingface_hub' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_table_sizes_are_the_tensors_in_float32():
+    assert math.isclose(vitkit.weights.download_mb("vit_tiny_patch16_224"), 22.9, abs_tol=0.1)  # timm's file: 22.9
+    assert vitkit.weights.download_mb("detr_resnet50.tv_in1k") == 102.5
