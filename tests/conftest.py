@@ -93,3 +93,61 @@ def hub_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(torch.hub, "_hub_dir", str(cache.torch_dir))
     return cache
+
+
+def nudge(model, seed: int = 0):
+    """Every floating tensor of `model` moved off its initial value (init symmetries hide wrong norms and heads);
+    the model, in eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            if t.is_floating_point():
+                t.add_(torch.randn(t.shape, generator=g) * 0.02)
+    return model.eval()
+
+
+@pytest.fixture(name="nudge")
+def nudge_fixture():
+    """`nudge(model, seed=0)`: every floating tensor moved off its initial value."""
+    return nudge
+
+
+@pytest.fixture(scope="session")
+def timm_vit(tmp_path_factory):
+    """timm's vit_tiny_patch16_224 with random weights, written by timm as its Hub repositories hold it
+    (`timm.models._hub.save_for_hf`): (the model, the folder)."""
+    import timm
+    from timm.models._hub import save_for_hf
+
+    torch.manual_seed(0)
+    model = nudge(timm.create_model("vit_tiny_patch16_224.augreg_in21k_ft_in1k"))
+    folder = tmp_path_factory.mktemp("timm") / "repo"
+    save_for_hf(model, folder, safe_serialization=True)
+    return model, folder
+
+
+@pytest.fixture(scope="session")
+def hf_deformable(tmp_path_factory):
+    """A small transformers Deformable DETR (box refinement, COCO's 91 labels named) with random weights and an image
+    processor's normalisation, written by transformers: (the model, the folder)."""
+    import json
+
+    import transformers
+
+    torch.manual_seed(0)
+    backbone = transformers.ResNetConfig(
+        layer_type="bottleneck", depths=[1, 1, 1, 1], embedding_size=16, hidden_sizes=[64, 128, 256, 512],
+        out_features=["stage2", "stage3", "stage4"],
+    )  # fmt: skip
+    labels = {i: f"thing {i}" for i in range(91)}
+    config = transformers.DeformableDetrConfig(
+        d_model=64, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_n_points=2, decoder_n_points=2, num_queries=8,
+        backbone_config=backbone, with_box_refine=True, id2label=labels, attn_implementation="eager",
+    )  # fmt: skip
+    model = nudge(transformers.DeformableDetrForObjectDetection(config))
+    folder = tmp_path_factory.mktemp("hf") / "repo"
+    model.save_pretrained(folder)
+    processor = {"do_normalize": True, "image_mean": [0.45, 0.46, 0.47], "image_std": [0.2, 0.21, 0.22]}
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return model, folder

@@ -262,3 +262,29 @@ def test_fit_says_what_the_checkpoint_gave(tmp_path, tiny_detector_config, caplo
     assert lines[2].startswith("  data    ")
     final = vitkit.from_pretrained(tmp_path / "run" / "final")
     assert final.config.num_classes == 10 and final.class_embed[1].weight.shape == (10, 32)
+
+
+def test_from_a_hub_repository(hf_deformable_detr, tiny_detector_config, hub_cache, tmp_path, caplog):
+    """--init hf-hub:ORG/REPO: the repository's files (a small one in the place of SenseTime's, in the test's Hub
+    cache) give the run the weights they give from a path, and the run says and saves where they came from."""
+    _, directory = hf_deformable_detr
+    hub_cache.put("SenseTime/deformable-detr", directory, commit="0123456789abcdef0123456789abcdef01234567")
+    source = "hf-hub:SenseTime/deformable-detr"
+    pinned = f"{source}@0123456789abcdef0123456789abcdef01234567"
+    config = tiny_detector_config(tmp_path / "run", model=None, model_args={}, init=source, epochs=1)
+    assert config.resolved().init == source and config.resolved().detection_loss == "focal"
+    models = []
+    for init in (source, str(directory)):
+        torch.manual_seed(0)
+        run = dataclasses.replace(config, init=init).resolved()
+        models.append(build_training_model(run, num_classes=10))
+    hub, path = models
+    assert all(torch.equal(a, b) for a, b in zip(hub.state_dict().values(), path.state_dict().values(), strict=True))
+    assert load_report(hub).source == pinned and vitkit.weights.model_info(hub).weights == pinned
+    with caplog.at_level(logging.INFO, logger="vitkit.train"):
+        fit(config)
+    summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))
+    assert pinned in summary
+    final = tmp_path / "run" / "final"
+    assert vitkit.weights.read_model_info(final).weights == pinned
+    assert vitkit.from_pretrained(final).config.num_classes == 10

@@ -11,12 +11,9 @@ import json
 import math
 
 import pytest
-import timm
 import torch
 import torchvision
 import transformers
-from timm.models._hub import save_for_hf
-from torch import nn
 
 import vitkit
 from vitkit.models.registry import list_pretrained, published_weights
@@ -27,50 +24,6 @@ TIMM_REPO = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # vit_tiny_patch16
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER_COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
 DETR_REPO = "vitkit-tests/deformable-detr-small"
-
-
-def nudge(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Every floating tensor moved off its initial value (init symmetries hide wrong norms and heads)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for t in model.state_dict().values():
-            if t.is_floating_point():
-                t.add_(torch.randn(t.shape, generator=g) * 0.02)
-    return model.eval()
-
-
-@pytest.fixture(scope="module")
-def timm_vit(tmp_path_factory):
-    """timm's vit_tiny_patch16_224 with random weights, written by timm as its Hub repositories hold it: (the model,
-    the folder)."""
-    torch.manual_seed(0)
-    model = nudge(timm.create_model("vit_tiny_patch16_224.augreg_in21k_ft_in1k"))
-    folder = tmp_path_factory.mktemp("timm") / "repo"
-    save_for_hf(model, folder, safe_serialization=True)
-    return model, folder
-
-
-@pytest.fixture(scope="module")
-def hf_deformable(tmp_path_factory):
-    """A small transformers Deformable DETR (box refinement, COCO's 91 labels named) with random weights and an image
-    processor's normalisation, written by transformers: (the model, the folder)."""
-    torch.manual_seed(0)
-    backbone = transformers.ResNetConfig(
-        layer_type="bottleneck", depths=[1, 1, 1, 1], embedding_size=16, hidden_sizes=[64, 128, 256, 512],
-        out_features=["stage2", "stage3", "stage4"],
-    )  # fmt: skip
-    labels = {i: f"thing {i}" for i in range(91)}
-    config = transformers.DeformableDetrConfig(
-        d_model=64, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-        encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_n_points=2, decoder_n_points=2, num_queries=8,
-        backbone_config=backbone, with_box_refine=True, id2label=labels, attn_implementation="eager",
-    )  # fmt: skip
-    model = nudge(transformers.DeformableDetrForObjectDetection(config))
-    folder = tmp_path_factory.mktemp("hf") / "repo"
-    model.save_pretrained(folder)
-    processor = {"do_normalize": True, "image_mean": [0.45, 0.46, 0.47], "image_std": [0.2, 0.21, 0.22]}
-    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
-    return model, folder
 
 
 def test_create_model_pretrained_loads_the_default_weights_from_the_cache(hub_cache, timm_vit):
@@ -114,7 +67,7 @@ def test_a_tag_names_the_architecture_its_weights_need():
     assert vitkit.create_model("vit_base_patch16_224.orig_in21k").config.num_classes == 0
 
 
-def test_from_pretrained_of_a_hub_repository_and_its_revisions(hub_cache, hf_deformable):
+def test_from_pretrained_of_a_hub_repository_and_its_revisions(hub_cache, hf_deformable, nudge, tmp_path):
     theirs, folder = hf_deformable
     hub_cache.put(DETR_REPO, folder)
     model = vitkit.from_pretrained(f"hf-hub:{DETR_REPO}")
@@ -130,7 +83,7 @@ def test_from_pretrained_of_a_hub_repository_and_its_revisions(hub_cache, hf_def
     assert info.weights == f"hf-hub:{DETR_REPO}@{COMMIT}" and info.classes[7] == "thing 7"
     assert info.mean == (0.45, 0.46, 0.47) and info.std == (0.2, 0.21, 0.22)
     # another commit, on a branch: pinned by name and by commit
-    other = folder.parent / "other"
+    other = tmp_path / "other"
     other.mkdir()
     nudged = nudge(transformers.DeformableDetrForObjectDetection(theirs.config), seed=1)
     nudged.save_pretrained(other)
@@ -165,7 +118,7 @@ def test_create_model_of_a_detector_from_its_transformers_weights(hub_cache, hf_
     assert fine.class_embed[0].weight.shape[0] == 3 and load_report(fine).head_reset
 
 
-def test_a_torchvision_backbone_from_the_torch_hub_cache(hub_cache):
+def test_a_torchvision_backbone_from_the_torch_hub_cache(hub_cache, nudge):
     torch.manual_seed(0)
     resnet = nudge(torchvision.models.resnet50())
     path = hub_cache.torch_dir / "resnet.pth"

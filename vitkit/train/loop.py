@@ -73,6 +73,7 @@ from vitkit.train.task import Task, create_task
 from vitkit.util import counted
 from vitkit.viz.curves import write_curves
 from vitkit.weights import load_report, model_info
+from vitkit.weights.hub import is_hub
 from vitkit.weights.io import save_pretrained
 
 log = logging.getLogger("vitkit.train")
@@ -245,8 +246,11 @@ class Run:
     def summary(self) -> str:
         """What the run trains, on what, where: printed once at its start."""
         config, env, task = self.config, self.env, self.task
-        name = config.model or f"the model in {config.init}"
-        source = f", initialised from {config.init}" if config.init is not None and config.model else ""
+        init = config.init
+        if init is not None and is_hub(init) and task.info.weights:  # the repository at the commit it came from
+            init = task.info.weights
+        name = config.model or f"the model in {init}"
+        source = f", initialised from {init}" if init is not None and config.model else ""
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         classes = task.info.classes
         shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")

@@ -15,6 +15,7 @@ from typing import Any
 
 from vitkit.models.registry import list_models, model_entry
 from vitkit.weights.family import family_weights
+from vitkit.weights.hub import HUB_PREFIX, published_labels
 from vitkit.weights.io import CONFIG_NAME, ModelInfo, check_model_info
 
 
@@ -60,11 +61,14 @@ def _field_value(value: Any) -> Any:
 
 
 def timm_info(saved: dict[str, Any], directory: Path, classes: tuple[str, ...] | None = None) -> ModelInfo:
-    """The normalisation of a timm directory's pretrained_cfg and its label names ("label_names", else `classes`
-    where they fit the head: the names a table of published weights gives)."""
+    """The normalisation of a timm directory's pretrained_cfg and its label names where they fit the head:
+    "label_names", else `classes`, else those of the published weights it is a copy of (timm's "NAME.TAG", its
+    "architecture" and pretrained_cfg's "tag", in a registered model's table)."""
     cfg = saved.get("pretrained_cfg") or {}
     num_classes = saved.get("num_classes", 0)
     names = _names(saved.get("label_names"), saved.get("label_descriptions")) or classes
+    if names is None and isinstance(cfg.get("tag"), str):
+        names = published_labels(f"{HUB_PREFIX}timm/{saved.get('architecture')}.{cfg['tag']}")
     if names is not None and len(names) != num_classes:
         names = None
     values = {"classes": names, "mean": cfg.get("mean"), "std": cfg.get("std")}

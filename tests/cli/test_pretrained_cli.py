@@ -1,0 +1,108 @@
+"""The commands on published weights, offline (a Hugging Face cache the tests build, `hub_cache`): `vitkit predict
+--model NAME --pretrained` and `--model-dir hf-hub:ORG/REPO` give what the same files give from a path, with
+ImageNet's label names; `vitkit models --pretrained` lists the table; mistakes in the flags are refused first."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import vitkit
+from vitkit.cli import main
+from vitkit.models import registry
+from vitkit.models.registry import published_weights
+from vitkit.weights.hub import label_names
+
+TIMM_REPO = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+DETR_REPO = "vitkit-tests/deformable-detr-small"
+
+
+@pytest.fixture
+def photos(tmp_path):
+    """Two random RGB images of other sizes than the models': their paths."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, size in enumerate(((240, 200), (130, 170))):
+        paths.append(tmp_path / f"{i}.png")
+        Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(paths[-1])
+    return paths
+
+
+def predict_json(capsys, *argv) -> list[dict]:
+    capsys.readouterr()
+    assert main(["predict", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_predict_with_a_classifier_by_name_and_by_repository(hub_cache, timm_vit, photos, capsys):
+    _, folder = timm_vit
+    hub_cache.put(TIMM_REPO, folder)
+    images = [str(p) for p in photos]
+    by_name = predict_json(capsys, "--model", "vit_tiny_patch16_224", "--pretrained", *images)
+    assert by_name == predict_json(capsys, "--model-dir", str(folder), *images)  # the same files from a path
+    assert by_name == predict_json(capsys, "--model-dir", f"hf-hub:{TIMM_REPO}", *images)
+    names = label_names("imagenet-1k")
+    for row in by_name:
+        assert len(row["top"]) == 5 and all(top["class"] in names for top in row["top"])  # "tabby", not "281"
+    capsys.readouterr()
+    assert main(["predict", "--model", "vit_tiny_patch16_224.augreg_in21k_ft_in1k", "--pretrained", images[0]]) == 0
+    assert by_name[0]["top"][0]["class"] in capsys.readouterr().out
+
+
+def test_predict_with_a_detector_by_name_and_by_repository(hub_cache, hf_deformable, photos, tmp_path, monkeypatch):
+    """deformable_detr_resnet50 --pretrained loads its table's repository (pointed here at a small one)."""
+    _, folder = hf_deformable
+    hub_cache.put(DETR_REPO, folder)
+    entry, published = published_weights("deformable_detr_resnet50")
+    small = vitkit.from_pretrained(folder).config
+    monkeypatch.setitem(registry._MODELS, entry.name, dataclasses.replace(
+        entry, config=small, pretrained=(dataclasses.replace(published, source=f"hf-hub:{DETR_REPO}"),)
+    ))  # fmt: skip
+    found = {}
+    for key, source in (
+        ("name", ["--model", "deformable_detr_resnet50", "--pretrained"]),
+        ("hub", ["--model-dir", f"hf-hub:{DETR_REPO}"]),
+        ("path", ["--model-dir", str(folder)]),
+    ):
+        out = tmp_path / key
+        argv = ["predict", *source, str(photos[0]), "--out", str(out), "--threshold", "0.0"]
+        assert main(argv) == 0
+        (row,) = json.loads((out / "detections.json").read_text())
+        assert row.pop("picture") == str(out / photos[0].name) and (out / photos[0].name).is_file()
+        found[key] = row
+    assert found["name"] == found["hub"] == found["path"] and found["path"]["detections"]
+    assert all(d["class"] == f"thing {d['category_id']}" for d in found["name"]["detections"])  # the repository's
+
+
+def test_models_lists_the_published_weights(capsys):
+    assert main(["models", "--pretrained"]) == 0
+    out = capsys.readouterr().out
+    for line in (
+        "vit_base_patch16_224.augreg2_in21k_ft_in1k",
+        "swin_tiny_patch4_window7_224.ms_in1k",
+        "hf-hub:SenseTime/deformable-detr-with-box-refine-two-stage",
+        "https://download.pytorch.org/models/resnet50-0676ba61.pth",
+        "without published weights:",
+        "  botnet50: ",
+    ):
+        assert line in out
+    row = next(r for r in out.splitlines() if r.startswith("vit_tiny_patch16_224.augreg_in21k_ft_in1k "))
+    assert row.split()[1:3] == ["22.9", "Apache-2.0"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "vit_tiny_patch16_224"], "has no trained weights of its own: add --pretrained"),
+        (["--model-dir", "somewhere", "--pretrained"], "--pretrained goes with --model NAME"),
+        (["--model", "vit_tiny_patch16_224.in1k", "--pretrained"], "has no weights tagged 'in1k'"),
+        (["--model", "botnet50", "--pretrained"], "no weights are published for botnet50"),
+    ],
+)
+def test_flag_mistakes_are_refused_before_anything_is_read(argv, message, capsys, photos, hub_cache):
+    assert main(["predict", *argv, str(photos[0])]) == 2
+    assert message in capsys.readouterr().err
