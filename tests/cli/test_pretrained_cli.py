@@ -106,3 +106,18 @@ def test_models_lists_the_published_weights(capsys):
 def test_flag_mistakes_are_refused_before_anything_is_read(argv, message, capsys, photos, hub_cache):
     assert main(["predict", *argv, str(photos[0])]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_other_commands_read_a_hub_repository(hub_cache, timm_vit, photos, tmp_path, capsys):
+    _, folder = timm_vit
+    hub_cache.put(TIMM_REPO, folder)
+    heat = tmp_path / "heat.png"
+    assert main(["attention", "--model-dir", f"hf-hub:{TIMM_REPO}", str(photos[0]), "--out", str(heat)]) == 0
+    assert heat.is_file()
+    page = tmp_path / "page.html"
+    assert main(["explore", "--model", "vit_tiny_patch16_224", "--pretrained", str(photos[0]), "--out", str(page)]) == 0
+    (row,) = predict_json(capsys, "--model-dir", f"hf-hub:{TIMM_REPO}", str(photos[0]))
+    assert f'"top":[["{row["top"][0]["class"]}",' in page.read_text()  # ImageNet's names in the page's top classes
+    exported = tmp_path / "model.pt"
+    argv = ["export", "--model-dir", f"hf-hub:{TIMM_REPO}", "--format", "torchscript", "--out", str(exported)]
+    assert main(argv) == 0 and exported.is_file()

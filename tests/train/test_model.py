@@ -11,7 +11,7 @@ from timm.layers import resample_abs_pos_embed as timm_resample
 from vitkit import create_model, save_pretrained
 from vitkit.cli.messages import TRAIN, cli_message
 from vitkit.train import enable_grad_checkpointing, load_for_finetune
-from vitkit.weights import ModelNeeded
+from vitkit.weights import ModelNeeded, load_report, model_info
 
 TINY = dict(img_size=28, patch_size=7, embed_dim=16, depth=2, num_heads=2, num_classes=10)
 
@@ -32,6 +32,23 @@ def test_finetune_resamples_positions_and_replaces_a_head_of_another_size(tmp_pa
             assert torch.equal(value, source_state[name]), name
     same = load_for_finetune(str(tmp_path), num_classes=10)
     assert all(torch.equal(v, source_state[k]) for k, v in same.state_dict().items())
+
+
+def test_finetune_from_a_timm_repository_on_the_hub(hub_cache, timm_vit):
+    """--init hf-hub:timm/NAME.TAG (a timm repository in the test's offline cache): the model of its config.json,
+    every tensor but the head as timm's, the position table resampled, the source recorded at its commit; the same
+    with --model naming the variant."""
+    theirs, folder = timm_vit
+    hub_cache.put("timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k", folder)
+    source = "hf-hub:timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    for model in (
+        load_for_finetune(source, num_classes=3, img_size=112),
+        load_for_finetune(source, num_classes=3, model="vit_tiny_patch16_224", img_size=112),
+    ):
+        assert model.head.weight.shape == (3, 192) and model.pos_embed.shape == (1, 50, 192)
+        assert torch.equal(model.blocks[11].attn.qkv.weight, theirs.blocks[11].attn.qkv.weight)
+        assert load_report(model).source == f"{source}@0123456789abcdef0123456789abcdef01234567"
+        assert model_info(model).classes is None  # ImageNet's names are not the data's
 
 
 def test_finetune_refuses_shapes_it_cannot_adapt(tmp_path):
