@@ -88,11 +88,16 @@ def test_from_pretrained_of_a_hub_repository_and_its_revisions(hub_cache, hf_def
     nudged = nudge(transformers.DeformableDetrForObjectDetection(theirs.config), seed=1)
     nudged.save_pretrained(other)
     hub_cache.put(DETR_REPO, other, commit=OTHER_COMMIT, ref="v2")
-    for source in (f"hf-hub:{DETR_REPO}@v2", f"hf-hub:{DETR_REPO}@{OTHER_COMMIT}"):
-        pinned = vitkit.from_pretrained(source)
+    for pinned in (
+        vitkit.from_pretrained(f"hf-hub:{DETR_REPO}@v2"),
+        vitkit.from_pretrained(f"hf-hub:{DETR_REPO}@{OTHER_COMMIT}"),
+        vitkit.from_pretrained(f"hf-hub:{DETR_REPO}", revision="v2"),
+    ):
         assert model_info(pinned).weights == f"hf-hub:{DETR_REPO}@{OTHER_COMMIT}"
         assert not torch.equal(pinned.class_embed[0].weight, model.class_embed[0].weight)
     assert model_info(vitkit.from_pretrained(f"hf-hub:{DETR_REPO}")).weights.endswith(COMMIT)  # main as it was
+    with pytest.raises(ValueError, match="revision='v2' is for a Hub repository"):
+        vitkit.from_pretrained(folder, revision="v2")
 
 
 def test_create_model_of_a_detector_from_its_transformers_weights(hub_cache, hf_deformable, monkeypatch):

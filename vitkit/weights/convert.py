@@ -475,7 +475,11 @@ def _check_head(
 
 
 def from_pretrained(
-    path: str | os.PathLike, format: str = "auto", reset_head: bool = False, **overrides: Any
+    path: str | os.PathLike,
+    format: str = "auto",
+    reset_head: bool = False,
+    revision: str | None = None,
+    **overrides: Any,
 ) -> nn.Module:
     """The model saved at `path`, built and loaded, in eval mode: the one way to load a model whose architecture the
     weights' source describes (a registered model and a file of weights: `vitkit.create_model` and `load_weights`).
@@ -494,20 +498,27 @@ def from_pretrained(
       - a checkpoint file of a format whose files carry no config (vit-pytorch's, PaddleViT's): the model is built
         from its shapes and `overrides` (what the shapes do not say, e.g. ``num_heads=8``; `FieldsNeeded` names
         it), and `load_report(model).assumed` says what the shapes left open, e.g. a square image. Any other file
-        holds no architecture: `ModelNeeded`.
+        holds no architecture: `ModelNeeded`;
+      - a Hugging Face Hub repository, "hf-hub:ORG/REPO[@REVISION]", of any of those directories or timm's (its
+        config.json names the timm model, e.g. timm/vit_base_patch16_224.augreg2_in21k_ft_in1k): downloaded into
+        huggingface_hub's cache unless there already (`vitkit.weights.hub`: offline use, errors), its commit
+        recorded in `model_info(model).weights`.
     Weights are checked as `load_weights` checks them (sizes, NaN / Inf); with another `img_size` a ViT's position
     table is resampled. What loading did is `load_report(model)`.
 
     Args:
-        path: the directory or file.
+        path: the directory, file or Hub repository.
         format: "auto", or the layout `path` must be in (a directory: "vitkit" / "timm" or "hf").
         reset_head: keep the built model's own classifier (e.g. with ``num_classes=10`` in `overrides`).
+        revision: of a Hub repository, the branch, tag or commit to read (as "hf-hub:ORG/REPO@REVISION" does).
         overrides: config fields to replace, e.g. ``attn_backend="math"`` or ``dynamic_img_size=True``.
     """
     if format not in ("auto", *formats()):
         raise ValueError(f"format must be one of {('auto', *formats())}, got {format!r}")
     if is_hub(path):
-        return _from_hub(hub_snapshot(path), format, reset_head, overrides)
+        return _from_hub(hub_snapshot(path, revision), format, reset_head, overrides)
+    if revision is not None:
+        raise ValueError(f"revision={revision!r} is for a Hub repository (hf-hub:ORG/REPO); {path} is a local path")
     path = Path(path)
     if path.is_file():
         model, report = _from_file(path, format, reset_head, overrides)
