@@ -61,6 +61,13 @@ from vitkit.layers import (
     to_2tuple,
 )
 from vitkit.layers.pos_embed import SinePositionEmbedding, nearest_mask
+from vitkit.models.backbone import (
+    ClassifierBackbone,
+    backbone_config,
+    backbone_outputs,
+    check_backbone_outputs,
+    pad_to_multiple,
+)
 from vitkit.models.deformable_transformer import (
     BoxDelta,
     DeformableDecoder,
@@ -79,7 +86,7 @@ from vitkit.models.interface import (
     check_detector_input,
     checkpoint_blocks,
 )
-from vitkit.models.registry import check_field_types, check_positive, check_rates
+from vitkit.models.registry import Fields, as_fields, check_field_types, check_positive, check_rates, model_entry
 
 DEFORMABLE_DETR_PAPER = (
     "Deformable DETR: Deformable Transformers for End-to-End Object Detection (Zhu et al., arXiv:2010.04159)"
@@ -97,13 +104,20 @@ class DeformableDetrConfig:
     in_chans: int = 3  # image channels
     num_classes: int = 91  # object classes K: the class head's K sigmoid logits, no "no object" (COCO: 91, the
     # largest category id + 1, as DETR)
+    backbone: str = "resnet"  # "resnet" (the fields below) or a registered Swin or ViT variant whose stages or blocks
+    # give the maps (`vitkit.models.backbone.ClassifierBackbone`, at this config's img_size and in_chans, no head)
+    backbone_args: Fields = ()  # a Swin or ViT backbone's config fields to replace, e.g. {"drop_path_rate": 0.1}
+    # (a dict, kept as sorted (name, value) pairs)
+    backbone_scales: tuple[float, ...] = ()  # a Swin or ViT backbone's pyramid: () its outputs' maps as they are;
+    # else ViTDet's simple feature pyramid scales (of 4, 2, 1, 0.5, decreasing), all from one output or one per output
     backbone_block: str = "bottleneck"  # "bottleneck" (1x1-3x3-1x1: ResNet-50/101) or "basic" (3x3-3x3: ResNet-18/34)
     backbone_depths: tuple[int, ...] = (3, 4, 6, 3)  # blocks of layer1..layer4: ResNet-50 (3, 4, 6, 3), ResNet-101
     # (3, 4, 23, 3), ResNet-18 (2, 2, 2, 2), ResNet-34 (3, 4, 6, 3) with basic blocks
     backbone_width: int = 64  # stem channels and layer1's inner width, doubled by each later stage (64: torchvision)
     backbone_stages: tuple[int, ...] | None = None  # the ResNet stages (1..4: layer1..layer4, strides 4..32) whose
     # maps are the first levels, in increasing order; None: the last min(num_feature_levels, 3) of layer2..layer4
-    # ((2, 3, 4) for 4 levels as the paper; (4,) for one level)
+    # ((2, 3, 4) for 4 levels as the paper; (4,) for one level). A Swin backbone's stages (1..4) likewise; a ViT's
+    # blocks (1..depth; None: the last, for backbone_scales)
     dilation: bool = False  # DC5: layer4 dilates its 3x3 convolutions instead of striding (stride 16, not 32)
     backbone_norm: str = "frozen"  # "frozen" (the paper's frozen BatchNorm) or "batch" (trained: a backbone from
     # scratch, whose frozen norms would normalise nothing)
@@ -137,6 +151,7 @@ class DeformableDetrConfig:
     # reference); see vitkit.kernels.policy
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "backbone_args", as_fields(self.backbone_args))
         check_field_types(self)
         check_positive(self, "in_chans", "num_classes", "backbone_width", "num_feature_levels", "hidden_dim")
         check_positive(self, "num_heads", "enc_layers", "dec_layers", "enc_points", "dec_points", "dim_feedforward")
@@ -157,14 +172,27 @@ class DeformableDetrConfig:
             raise ValueError(
                 f"backbone_depths needs 4 stages of >= 1 block (layer1..layer4), got {self.backbone_depths}"
             )
+        if self.backbone != "resnet":
+            try:
+                model_entry(self.backbone)
+            except ValueError as err:
+                raise ValueError(f"backbone must be 'resnet' or a registered Swin or ViT variant: {err}") from None
         stages = self.stages
-        if not stages or list(stages) != sorted(set(stages)) or not all(1 <= s <= 4 for s in stages):
-            raise ValueError(f"backbone_stages must be increasing stages among 1..4 (layer1..layer4), got {stages}")
-        if len(stages) > self.num_feature_levels:
-            raise ValueError(
-                f"backbone_stages {stages} give {len(stages)} levels, more than num_feature_levels "
-                f"{self.num_feature_levels}"
-            )
+        if self.backbone == "resnet":
+            if self.backbone_scales or self.backbone_args:
+                raise ValueError(
+                    "backbone_scales and backbone_args are a Swin or ViT backbone's; a ResNet's fields are "
+                    "backbone_block, backbone_depths, backbone_width, backbone_stages, dilation and backbone_norm"
+                )
+            if not stages or list(stages) != sorted(set(stages)) or not all(1 <= s <= 4 for s in stages):
+                raise ValueError(f"backbone_stages must be increasing stages among 1..4 (layer1..layer4), got {stages}")
+        else:
+            check_backbone_outputs(self.backbone, stages, self.backbone_scales, dict(self.backbone_args))
+            backbone_config(self.backbone, dict(self.backbone_args), self.in_chans)
+        maps = len(self.backbone_scales) or len(stages)
+        if maps > self.num_feature_levels:
+            what = f"backbone_scales {self.backbone_scales}" if self.backbone_scales else f"backbone_stages {stages}"
+            raise ValueError(f"{what} give {maps} levels, more than num_feature_levels {self.num_feature_levels}")
         if self.hidden_dim % self.num_heads != 0:
             raise ValueError(f"hidden_dim {self.hidden_dim} is not divisible by num_heads {self.num_heads}")
         if self.hidden_dim % GROUPS != 0:
@@ -178,10 +206,16 @@ class DeformableDetrConfig:
 
     @property
     def stages(self) -> tuple[int, ...]:
-        """The ResNet stages (1..4) whose maps are the first levels: `backbone_stages`, or its default."""
+        """The backbone's outputs whose maps make the first levels: `backbone_stages`, or its default (the last
+        min(num_feature_levels, 3) of a ResNet's layer2..layer4 or of a Swin's stages; a ViT's last block)."""
         if self.backbone_stages is not None:
             return self.backbone_stages
-        return (2, 3, 4)[-min(self.num_feature_levels, 3) :]
+        if self.backbone == "resnet":
+            return (2, 3, 4)[-min(self.num_feature_levels, 3) :]
+        count = backbone_outputs(self.backbone, dict(self.backbone_args))
+        if self.backbone_scales:
+            return (count,)
+        return tuple(range(count + 1 - min(self.num_feature_levels, 3, count), count + 1))
 
 
 @dataclass(frozen=True)
@@ -233,7 +267,11 @@ class DeformableDETR(CostFromImages, nn.Module):
         super().__init__()
         self.config = c = config
         D, L = c.hidden_dim, c.num_feature_levels
-        self.backbone = resnet_backbone(c, [s - 1 for s in c.stages])
+        if c.backbone == "resnet":
+            self.backbone = resnet_backbone(c, [s - 1 for s in c.stages])
+        else:
+            fields = dict(c.backbone_args)
+            self.backbone = ClassifierBackbone(c.backbone, c.stages, c.backbone_scales, fields, c.in_chans)
         channels = list(self.backbone.out_channels)
         projections = [nn.Sequential(nn.Conv2d(ch, D, 1), nn.GroupNorm(GROUPS, D)) for ch in channels]
         for level in range(len(channels), L):  # stride-2 3x3 convolutions: from the last map, then each new level
@@ -272,8 +310,8 @@ class DeformableDETR(CostFromImages, nn.Module):
             self.class_embed = nn.Linear(D, c.num_classes)
             self.bbox_embed = BoxDelta(D)
         self.init_weights()
-        if not c.train_stem:  # the paper trains layer2..layer4 of the backbone only
-            for module in (self.backbone.conv1, self.backbone.layer1):
+        if not c.train_stem:  # the paper trains layer2..layer4 of a ResNet only
+            for module in self.backbone.early_layers():
                 module.requires_grad_(False)
 
     def class_heads(self) -> list[nn.Linear]:
@@ -288,9 +326,7 @@ class DeformableDETR(CostFromImages, nn.Module):
         (`MultiScaleDeformableAttention.reset_parameters`); the level embedding normal; the input projections
         Xavier-uniform with zero bias; class heads at the prior probability 0.01; box heads' last layer zero, with
         the first head's size logits at -2 (boxes start 0.12 wide; two-stage: 0, the proposals' sizes)."""
-        for module in self.backbone.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        self.backbone.reset_parameters()
         transformer = [self.encoder, self.decoder]
         transformer += [self.enc_output, self.pos_trans] if self.config.two_stage else [self.reference_points]
         for part in transformer:
@@ -464,6 +500,7 @@ class DeformableDETR(CostFromImages, nn.Module):
         with `denoising` (training with `dn_queries`), its P queries come first in every layer's states."""
         c = self.config
         pixel_mask = self.check_input(images, pixel_mask)
+        images, pixel_mask = pad_to_multiple(images, pixel_mask, self.backbone.size_multiple)
         levels = self.feature_levels(images)  # L x (B, D, H_l, W_l)
         B, D = images.shape[0], c.hidden_dim
         shapes = tuple((level.shape[-2], level.shape[-1]) for level in levels)

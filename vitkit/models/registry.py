@@ -264,6 +264,20 @@ def family_of(model: nn.Module) -> Family:
 
 
 _SCALARS = {"int": int, "float": (int, float), "bool": bool, "str": str}
+Fields = tuple  # the annotation of a config field that holds another config's fields (`as_fields`)
+
+
+def as_fields(value: Mapping[str, Any] | Sequence[Sequence[Any]]) -> tuple[tuple[str, Any], ...]:
+    """Config fields given as a dict or as (name, value) pairs (JSON's lists too) as a `Fields` value: (name, value)
+    pairs sorted by name, lists as tuples, so that the config holding them stays hashable and comparable."""
+    items = value.items() if isinstance(value, Mapping) else value
+    pairs = []
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 2 or not isinstance(item[0], str):
+            raise ValueError(f"expected config fields as a dict or (name, value) pairs, got {value!r}")
+        name, field_value = item
+        pairs.append((name, tuple(field_value) if isinstance(field_value, list) else field_value))
+    return tuple(sorted(pairs))
 
 
 def _value_matches(value: Any, annotation: str) -> bool:
@@ -281,6 +295,10 @@ def _value_matches(value: Any, annotation: str) -> bool:
                         return True
                 elif len(value) == len(inner) and all(_value_matches(v, t) for v, t in zip(value, inner, strict=True)):
                     return True
+        elif option == "Fields":
+            pairs = isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value)
+            if pairs and all(isinstance(name, str) for name, _ in value):
+                return True
         elif option in _SCALARS:
             # bool is an int in Python, but a config's True is never meant as a count
             if isinstance(value, _SCALARS[option]) and (option == "bool" or not isinstance(value, bool)):

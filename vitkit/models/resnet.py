@@ -270,6 +270,20 @@ class ResNet(nn.Module):
             return [(f"stages.{s}", stage) for s, stage in enumerate(self.stages)]
         return [(f"layer{s + 1}", getattr(self, f"layer{s + 1}")) for s in range(4)]
 
+    size_multiple = 1  # any image size runs (`vitkit.models.backbone`: what a detector pads images to)
+
+    def early_layers(self) -> list[nn.Module]:
+        """The first convolution and the first stage: what DETR and Deformable DETR keep frozen unless told to train
+        them (`train_stem`)."""
+        first = self.stem_modules()[0][1]
+        return [first, self.stage_list()[0][1]]
+
+    def reset_parameters(self) -> None:
+        """Every convolution Kaiming-normal (fan out), as torchvision's ResNet."""
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+
     def blocks(self) -> list[nn.Module]:
         """Every residual block of every stage, in order (what gradient checkpointing wraps)."""
         return [block for _, stage in self.stage_list() for block in stage]

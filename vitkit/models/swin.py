@@ -17,7 +17,7 @@ nW windows per image.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -571,6 +571,21 @@ class SwinTransformer(CostFromImages, nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Every block's relative position bias table (timm's `no_weight_decay_keywords`)."""
         return {name for name, _ in self.named_parameters() if name.endswith("relative_position_bias_table")}
+
+    def feature_info(self) -> list[tuple[int, int]]:
+        """(channels, stride) of each stage's output as `forward_intermediates` gives it."""
+        c = self.config
+        return [(c.embed_dim * 2**s, c.patch_size * 2**s) for s in range(len(c.depths))]
+
+    def check_feature_outputs(self, indices: Sequence[int]) -> None:
+        """ValueError unless `forward_intermediates(x, indices, norm=True)` uses every parameter (as a detector's
+        backbone must, to train under DDP and to take a checkpoint whole): the last stage among the outputs."""
+        last = len(self.config.depths) - 1
+        if last not in indices:
+            raise ValueError(
+                f"a backbone's outputs must include Swin's last stage {last + 1} (later stages and the final norm "
+                f"would be unused); for fewer stages, set depths (got stages {[i + 1 for i in indices]})"
+            )
 
     def forward_intermediates(
         self,

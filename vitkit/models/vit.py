@@ -19,6 +19,7 @@ Letters: B batch, N patch tokens, P prefix tokens (class, distillation, register
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -133,6 +134,11 @@ class ViTConfig:
         if self.reg_tokens < 0:
             raise ValueError(f"reg_tokens must be >= 0, got {self.reg_tokens}")
         check_backend(self.attn_backend)
+
+    @property
+    def size_multiple(self) -> int:
+        """Image sides must be multiples of this: the patch."""
+        return self.patch_size
 
 
 class VisionTransformer(CostFromImages, nn.Module):
@@ -335,6 +341,27 @@ class VisionTransformer(CostFromImages, nn.Module):
     def check_input(self, x: torch.Tensor) -> None:
         """ValueError, saying what was expected and what came, for images (B, C, H, W) forward cannot take."""
         self.patch_embed.check_input(x)
+
+    def feature_info(self) -> list[tuple[int, int]]:
+        """(channels, stride) of each block's output as `forward_intermediates` gives it: D at the patch's stride."""
+        return [(self.config.embed_dim, self.config.patch_size)] * self.config.depth
+
+    def check_feature_outputs(self, indices: Sequence[int]) -> None:
+        """ValueError unless `forward_intermediates(x, indices, norm=True)` uses every parameter (as a detector's
+        backbone must, to train under DDP and to take a checkpoint whole): the last block among the outputs, and
+        the final norm on the tokens, not after a pooling of its own."""
+        c = self.config
+        if c.depth - 1 not in indices:
+            raise ValueError(
+                f"a backbone's outputs must include the ViT's last block {c.depth} (blocks after the last output "
+                f"would run for nothing); for fewer blocks, set its depth (got blocks {[i + 1 for i in indices]})"
+            )
+        if c.global_pool in ("map", "bilinear") or self.use_fc_norm or c.distilled:
+            raise ValueError(
+                f"a ViT with global_pool {c.global_pool!r}{', distilled' if c.distilled else ''} keeps parameters a "
+                "detector's maps do not use (its pooling, or its norm after it); a backbone ViT pools with its class "
+                "token (DINOv2, CLIP and the ViT paper's variants)"
+            )
 
     def forward_intermediates(
         self,

@@ -13,10 +13,11 @@ from torch import nn
 from vitkit.models.interface import require_model
 from vitkit.models.registry import DETECTION, create_model, family_of
 from vitkit.weights import CheckpointMismatch, LoadReport, ModelNeeded, from_pretrained, load_report, load_weights
-from vitkit.weights.convert import REPORT_ATTRIBUTE, with_info
-from vitkit.weights.family import family_weights
+from vitkit.weights.backbone import classifier_backbone, load_backbone
+from vitkit.weights.convert import REPORT_ATTRIBUTE, detect_format, unwrap_state_dict, with_info
+from vitkit.weights.family import family_weights, saved_family
 from vitkit.weights.hub import hub_snapshot, is_hub, local_source
-from vitkit.weights.io import ModelInfo, model_info
+from vitkit.weights.io import ModelInfo, model_info, read_checkpoint
 
 
 def load_for_finetune(
@@ -57,7 +58,10 @@ def load_for_finetune(
     if model is not None:
         built = create_model(model, num_classes=num_classes, **overrides)
         local = local_source(source)
-        report = _keeping_fresh_head(lambda reset_head: load_weights(built, local, reset_head=reset_head))
+        if classifier_backbone(built) is not None and not _holds_family(local, family_of(built).name):
+            report = load_backbone(built, source)  # a Swin's or ViT's weights: the backbone alone
+        else:
+            report = _keeping_fresh_head(lambda reset_head: load_weights(built, local, reset_head=reset_head))
         if is_hub(source):  # where the weights came from, at which commit
             with_info(built, ModelInfo(weights=hub_snapshot(source).source))
     elif not is_hub(source) and not Path(source).is_dir():
@@ -76,6 +80,20 @@ def load_for_finetune(
             built.reset_classifier(num_classes, prior=prior)
     setattr(built, REPORT_ATTRIBUTE, report)
     return built
+
+
+def _holds_family(source: str | os.PathLike, family_name: str) -> bool:
+    """Whether a local file or directory holds a model of the family `family_name` (in any of its layouts); a
+    detector built on a classifier backbone takes whatever else (a classifier's weights) into that backbone."""
+    if Path(source).is_dir():
+        found = saved_family(source)
+        return found is not None and found.name == family_name
+    state, _ = unwrap_state_dict(read_checkpoint(source), os.fspath(source))
+    try:
+        detect_format(state, family_name, os.fspath(source))
+    except CheckpointMismatch:
+        return False
+    return True
 
 
 def _keeping_fresh_head(load: Callable[[bool], Any]) -> Any:

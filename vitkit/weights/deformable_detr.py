@@ -335,6 +335,11 @@ def to_hf(config: DeformableDetrConfig, state: State) -> tuple[State, dict[str, 
     (and keeps box refinement's distinct class heads apart). The denoising label embeddings (training only) are not
     written.
     """
+    if config.backbone != "resnet":
+        raise ValueError(
+            f"transformers' DeformableDetr has a ResNet backbone; this model's is {config.backbone}: keep it in "
+            "vitkit's layout (save_pretrained)"
+        )
     timm_name = resnet_name(config)
     if timm_name is None and config.dilation:
         raise ValueError(
@@ -479,7 +484,7 @@ def check_original_export(config: DeformableDetrConfig) -> None:
     channels, giving layer2..layer4 to more than one level and layer4 to one; its two-stage proposal encoding has 128
     features per coordinate, 2D = 512 only for D = 256."""
     problems = []
-    name = resnet_name(config)
+    name = resnet_name(config) if config.backbone == "resnet" else config.backbone
     if name not in ("resnet50", "resnet101", "resnet152"):
         problems.append(
             "torchvision's resnet50, resnet101 or resnet152 (width 64), not "

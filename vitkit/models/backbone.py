@@ -1,0 +1,188 @@
+"""A registered classifier as a detector's backbone: a Swin's stages or a ViT's blocks as the maps a detector reads.
+
+A detector asks its backbone for maps only (`vitkit.models.interface.VitkitDetector`: `backbone(images)` gives the
+maps, coarsest last, with `out_channels`, `feature_sizes(img_size)`, `blocks()` and `size_multiple`). A ResNet gives
+them as it is; `ClassifierBackbone` gives them for any registered model with timm's `forward_intermediates` (the
+outputs of chosen stages or blocks as (B, C, h, w) maps, with the final norm where it applies), `feature_info`
+(each output's channels and stride) and `check_feature_outputs` (whether those outputs use every parameter): Swin
+(strides 4..32) and ViT (every block at the patch's stride).
+
+A plain ViT's maps all have one stride. `scales` turn them into a pyramid, ViTDet's way (Li et al., "Exploring
+Plain Vision Transformer Backbones for Object Detection", ECCV 2022, its simple feature pyramid): scale 4 by two
+stride-2 transposed convolutions with a LayerNorm and GELU between them, 2 by one, 1 as it is, 0.5 by 2x2 max
+pooling. From one output (the last block, ViTDet) every scale is built; from as many outputs as scales (taps after
+chosen blocks, as RF-DETR and LW-DETR take them), each output makes its own scale. The detector's input
+projections then project and normalise each map, as they do a ResNet's.
+
+Parameter names: `body.*` the classifier's own (timm's), so its checkpoints fill the backbone under that prefix;
+`pyramid.<i>.*` the scale layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitkit.models.registry import CLASSIFICATION, build_model, family, model_entry, replace_config
+
+SCALES = (4.0, 2.0, 1.0, 0.5)  # the simple feature pyramid's scales (ViTDet)
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """LayerNorm over the channels of a map (B, C, H, W), as ViTDet's and ConvNeXt's."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # (B, C, H, W) -> (B, H, W, C) and back
+
+
+def scale_layer(channels: int, scale: float) -> tuple[nn.Module, int]:
+    """ViTDet's layer that takes a map of `channels` to `scale` times its resolution: (the layer, its output
+    channels)."""
+    if scale == 4.0:
+        half, quarter = channels // 2, channels // 4
+        layers = [nn.ConvTranspose2d(channels, half, 2, 2), LayerNorm2d(half), nn.GELU()]
+        return nn.Sequential(*layers, nn.ConvTranspose2d(half, quarter, 2, 2)), quarter
+    if scale == 2.0:
+        return nn.ConvTranspose2d(channels, channels // 2, 2, 2), channels // 2
+    if scale == 1.0:
+        return nn.Identity(), channels
+    if scale == 0.5:
+        return nn.MaxPool2d(2, 2), channels
+    raise ValueError(f"a pyramid scale must be one of {SCALES}, got {scale}")
+
+
+class ClassifierBackbone(nn.Module):
+    """The registered classifier `model` (without its head) as a backbone: images (B, C, H, W) -> the maps of its
+    outputs `outs` (1-based stages or blocks), through the pyramid `scales` when given, finest first.
+
+    Args:
+        model: a registered model whose family has `forward_intermediates` and `feature_info` (Swin, ViT).
+        outs: its outputs that feed the maps, increasing: Swin's stages 1..4, a ViT's blocks 1..depth.
+        scales: () for the outputs as they are; else the pyramid's scales (of `SCALES`, decreasing), all from
+            one output or one per output.
+        fields: config fields of `model` to replace (`backbone_config`: the detector sets the channels, any
+            image size, no head).
+        in_chans: the detector's image channels.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        outs: Sequence[int],
+        scales: Sequence[float] = (),
+        fields: Mapping[str, Any] | None = None,
+        in_chans: int = 3,
+    ) -> None:
+        super().__init__()
+        config = backbone_config(model, fields or {}, in_chans)
+        check_backbone_outputs(model, outs, scales, fields or {})
+        self.body = build_model(model_entry(model).family, config)
+        self.outs = tuple(outs)
+        self.indices = [i - 1 for i in self.outs]  # forward_intermediates counts from 0
+        self.body.check_feature_outputs(self.indices)
+        info = self.body.feature_info()
+        channels = [info[i][0] for i in self.indices]
+        strides = [info[i][1] for i in self.indices]
+        self.scales = tuple(float(s) for s in scales)
+        if self.scales:
+            sources = [len(channels) - 1] * len(self.scales) if len(channels) == 1 else list(range(len(channels)))
+            pairs = [scale_layer(channels[s], scale) for s, scale in zip(sources, self.scales, strict=True)]
+            self.pyramid = nn.ModuleList([layer for layer, _ in pairs])
+            self.sources = sources
+            self.out_channels = [c for _, c in pairs]
+            self.strides = [strides[s] / scale for s, scale in zip(sources, self.scales, strict=True)]
+        else:
+            self.pyramid = None
+            self.out_channels, self.strides = channels, [float(s) for s in strides]
+        self.size_multiple = self.body.config.size_multiple * (2 if 0.5 in self.scales else 1)
+
+    def forward(self, images: Tensor) -> list[Tensor]:
+        """Images (B, C, H, W), sides multiples of `size_multiple` -> the maps (B, C_l, H / s_l, W / s_l), finest
+        first."""
+        maps = self.body.forward_intermediates(images, self.indices, output_fmt="NCHW", norm=True)
+        if self.pyramid is None:
+            return maps
+        return [layer(maps[s]) for layer, s in zip(self.pyramid, self.sources, strict=True)]
+
+    def feature_sizes(self, img_size: tuple[int, int]) -> list[tuple[int, int]]:
+        """The (h, w) of each map for images of `img_size` (H, W), padded to sides that are multiples of
+        `size_multiple` (`pad_to_multiple`)."""
+        m = self.size_multiple
+        H, W = -(-img_size[0] // m) * m, -(-img_size[1] // m) * m  # padded to whole multiples, as forward's input
+        return [(round(H / s), round(W / s)) for s in self.strides]
+
+    def blocks(self) -> list[nn.Module]:
+        """The body's blocks (what gradient checkpointing wraps)."""
+        return self.body.shard_units()
+
+    def early_layers(self) -> list[nn.Module]:
+        """Nothing a detector keeps frozen (`train_stem` is a ResNet's): a transformer backbone trains whole."""
+        return []
+
+    def reset_parameters(self) -> None:
+        """The body's own initialisation (the classifier's), the pyramid's transposed convolutions as ViTDet's
+        (Kaiming normal, fan out), their norms at one and zero."""
+        self.body.init_weights()
+        if self.pyramid is not None:
+            for module in self.pyramid.modules():
+                if isinstance(module, nn.ConvTranspose2d):
+                    nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+                    nn.init.zeros_(module.bias)
+                elif isinstance(module, nn.LayerNorm):
+                    nn.init.ones_(module.weight)
+                    nn.init.zeros_(module.bias)
+
+
+def backbone_config(model: str, fields: Mapping[str, Any], in_chans: int) -> Any:
+    """The config of the registered model `model` as a detector's backbone: with `fields` replaced, the detector's
+    `in_chans`, any image size, without a head. Its `img_size` stays the classifier's (that of its pretrained
+    position table, which each forward resamples to the detector's images), unless `fields` change it."""
+    fields = {**fields, "num_classes": 0, "in_chans": in_chans, "dynamic_img_size": True}
+    return replace_config(model_entry(model).config, **fields)
+
+
+def backbone_outputs(model: str, fields: Mapping[str, Any]) -> int:
+    """How many outputs the registered Swin or ViT `model` with `fields` gives a detector: its stages, or its
+    blocks."""
+    config = replace_config(model_entry(model).config, **fields)
+    return len(config.depths) if hasattr(config, "depths") else config.depth
+
+
+def pad_to_multiple(images: Tensor, pixel_mask: Tensor | None, multiple: int) -> tuple[Tensor, Tensor | None]:
+    """Images (B, C, H, W) padded with zeros at the bottom and right to sides that are multiples of `multiple`, and
+    their pixel mask (B, H, W) with the padding False (all real before, when None); as they came when they fit."""
+    H, W = images.shape[-2:]
+    pad_h, pad_w = -H % multiple, -W % multiple
+    if not (pad_h or pad_w):
+        return images, pixel_mask
+    if pixel_mask is None:
+        pixel_mask = torch.ones(images.shape[0], H, W, dtype=torch.bool, device=images.device)
+    return F.pad(images, (0, pad_w, 0, pad_h)), F.pad(pixel_mask, (0, pad_w, 0, pad_h), value=False)
+
+
+def check_backbone_outputs(model: str, outs: Sequence[int], scales: Sequence[float], fields: Mapping[str, Any]) -> None:
+    """ValueError for a backbone `model` that is no registered classifier with maps, for `outs` it does not have,
+    or `scales` that do not pair with them."""
+    entry = model_entry(model)
+    fam = family(entry.family)
+    if fam.task != CLASSIFICATION or not hasattr(fam.model_cls, "check_feature_outputs"):
+        raise ValueError(
+            f"backbone {model!r} is a {fam.display_name} model, which gives no maps; a detector's backbone is "
+            "'resnet' or a Swin or ViT variant (vitkit.list_models('swin_*'), 'vit_*')"
+        )
+    count = backbone_outputs(model, fields)
+    unit = "stages" if hasattr(entry.config, "depths") else "blocks"
+    if not outs or list(outs) != sorted(set(outs)) or not all(1 <= o <= count for o in outs):
+        raise ValueError(f"backbone_stages of {model} must be increasing {unit} among 1..{count}, got {tuple(outs)}")
+    if scales:
+        if list(scales) != sorted(set(scales), reverse=True) or not set(scales) <= set(SCALES):
+            raise ValueError(f"backbone_scales must be decreasing, among {SCALES}, got {tuple(scales)}")
+        if len(outs) not in (1, len(scales)):
+            raise ValueError(
+                f"backbone_scales {tuple(scales)} take one output (every scale from it) or one per scale, got "
+                f"{len(outs)} outputs {tuple(outs)}"
+            )
