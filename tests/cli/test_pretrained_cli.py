@@ -9,12 +9,15 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import vitkit
 from vitkit.cli import main
+from vitkit.data import preprocess
 from vitkit.models import registry
 from vitkit.models.registry import published_weights
+from vitkit.weights import download_mb
 from vitkit.weights.hub import label_names
 
 TIMM_REPO = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"
@@ -46,8 +49,13 @@ def test_predict_with_a_classifier_by_name_and_by_repository(hub_cache, timm_vit
     assert by_name == predict_json(capsys, "--model-dir", str(folder), *images)  # the same files from a path
     assert by_name == predict_json(capsys, "--model-dir", f"hf-hub:{TIMM_REPO}", *images)
     names = label_names("imagenet-1k")
-    for row in by_name:
+    theirs = timm_vit[0]
+    for row, path in zip(by_name, photos, strict=True):
         assert len(row["top"]) == 5 and all(top["class"] in names for top in row["top"])  # "tabby", not "281"
+        # the name of timm's own most probable class for the image as predict prepares it (its mean and std 0.5)
+        x = preprocess(Image.open(path), (224, 224), 3, (0.5,) * 3, (0.5,) * 3)
+        with torch.no_grad():
+            assert row["top"][0]["class"] == names[theirs(x[None]).argmax().item()]
     capsys.readouterr()
     assert main(["predict", "--model", "vit_tiny_patch16_224.augreg_in21k_ft_in1k", "--pretrained", images[0]]) == 0
     assert by_name[0]["top"][0]["class"] in capsys.readouterr().out
@@ -91,7 +99,7 @@ def test_models_lists_the_published_weights(capsys):
     ):
         assert line in out
     row = next(r for r in out.splitlines() if r.startswith("vit_tiny_patch16_224.augreg_in21k_ft_in1k "))
-    assert row.split()[1:3] == ["22.9", "Apache-2.0"]
+    assert row.split()[1:3] == [f"{download_mb('vit_tiny_patch16_224'):.1f}", "Apache-2.0"]
 
 
 @pytest.mark.parametrize(
@@ -101,6 +109,7 @@ def test_models_lists_the_published_weights(capsys):
         (["--model-dir", "somewhere", "--pretrained"], "--pretrained goes with --model NAME"),
         (["--model", "vit_tiny_patch16_224.in1k", "--pretrained"], "has no weights tagged 'in1k'"),
         (["--model", "botnet50", "--pretrained"], "no weights are published for botnet50"),
+        (["--model", "detr_resnet50.tv_in1k", "--pretrained"], "fill its backbone alone: its class and box heads"),
     ],
 )
 def test_flag_mistakes_are_refused_before_anything_is_read(argv, message, capsys, photos, hub_cache):
@@ -121,3 +130,17 @@ def test_the_other_commands_read_a_hub_repository(hub_cache, timm_vit, photos, t
     exported = tmp_path / "model.pt"
     argv = ["export", "--model-dir", f"hf-hub:{TIMM_REPO}", "--format", "torchscript", "--out", str(exported)]
     assert main(argv) == 0 and exported.is_file()
+
+
+def test_weights_without_label_names_say_so(hub_cache, timm_vit, photos, capsys, monkeypatch):
+    """Published weights whose head has no names (ImageNet-21k's): predict says the classes are indices (the
+    default tag's table entry is stood in for one without names)."""
+    _, folder = timm_vit
+    hub_cache.put(TIMM_REPO, folder)
+    entry, published = published_weights("vit_tiny_patch16_224")
+    unnamed = dataclasses.replace(published, labels=None)
+    monkeypatch.setitem(registry._MODELS, entry.name, dataclasses.replace(entry, pretrained=(unnamed,)))
+    assert main(["predict", "--model", "vit_tiny_patch16_224", "--pretrained", str(photos[0])]) == 0
+    out, err = capsys.readouterr()
+    assert "vit_tiny_patch16_224's weights come with no label names (none were published)" in err
+    assert out.splitlines()[1].split()[1].isdigit()  # the first class of the first image: an index

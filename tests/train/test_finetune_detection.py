@@ -288,3 +288,12 @@ def test_from_a_hub_repository(hf_deformable_detr, tiny_detector_config, hub_cac
     final = tmp_path / "run" / "final"
     assert vitkit.weights.read_model_info(final).weights == pinned
     assert vitkit.from_pretrained(final).config.num_classes == 10
+    # resumed with the cache gone (offline): the repository is not looked up again, the run's own model stands in
+    import shutil
+
+    shutil.rmtree(hub_cache.hub / "models--SenseTime--deformable-detr")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vitkit.train"):
+        fit(dataclasses.replace(config, epochs=2), resume=True)
+    assert f"{source}, a Hub repository, is not looked up again: its architecture is read from" in caplog.text
+    assert vitkit.weights.read_model_info(final).weights == pinned  # still the commit the run started from

@@ -1,6 +1,6 @@
 """Every entry of the families' tables of published weights can be taken by the model it is declared for: the
-reference library's own record of the weights (timm's pretrained configs, transformers' configs as the repositories
-hold them, torchvision's weights enums) names the same place, licence, head and size, and the reference model's
+reference library's own record of the weights (timm's pretrained configs, transformers' configs as its conversion
+scripts wrote them, torchvision's weights enums) names the same place, licence, head and size, and the reference model's
 state dict, read by the entry's layout, fills the registered variant key for key and shape for shape (on the meta
 device: nothing is allocated, nothing downloaded)."""
 
@@ -67,8 +67,10 @@ def test_timm_entries_are_timm_weights_the_variant_takes(entry, weights):
     assert report.loaded == len(theirs.state_dict()) and not report.head_reset
 
 
-# What transformers' repositories hold in config.json beside transformers' defaults (their model cards: ResNet
-# backbones from timm, DC5 by dilation; Deformable DETR's variants by their flags)
+# What transformers' repositories hold in config.json beside transformers' defaults, as transformers' conversion
+# scripts wrote them (convert_deformable_detr_to_pytorch.py: DeformableDetrConfig() with dilation, with_box_refine,
+# two_stage from its flags and num_labels 91, COCO's id2label; the DETR script likewise, its backbone by name from
+# timm, DC5 by dilation)
 HF_CONFIGS = {
     "facebook/detr-resnet-50": dict(backbone="resnet50"),
     "facebook/detr-resnet-50-dc5": dict(backbone="resnet50", dilation=True),

@@ -183,7 +183,14 @@ def check_model_source(args: argparse.Namespace, untrained: bool = False) -> Non
     if args.model is None:
         return
     if args.pretrained or "." in args.model:
-        published_weights(args.model)  # a model without published weights, or an unknown tag: say so now
+        _, weights = published_weights(args.model)  # a model without published weights, or an unknown tag: say so
+        if args.pretrained and weights.layout == "torchvision" and not untrained:
+            raise ValueError(
+                f"{args.model}'s weights ({weights.data}) fill its backbone alone: its class and box heads would be "
+                "untrained. Predict with weights published for the whole model ('vitkit models --pretrained'), or "
+                f"fine-tune on your data first: vitkit train --data DIR --model {args.model.partition('.')[0]} "
+                f"--init {weights.source}"
+            )
     if not (args.pretrained or untrained):
         raise ValueError(
             f"--model {args.model} has no trained weights of its own: add --pretrained for the weights published for "

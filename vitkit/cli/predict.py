@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from torch import nn
 from tqdm import tqdm
 
 from vitkit.cli.options import (
@@ -39,6 +40,7 @@ from vitkit.infer import (
     write_json,
     write_predictions_csv,
 )
+from vitkit.weights import model_info
 
 HELP = "classify images with a trained or converted model, or find objects with a detector"
 STDOUT = "-"
@@ -108,9 +110,14 @@ def _source(args: argparse.Namespace) -> str:
     return args.model_dir or args.model
 
 
-def _note(args: argparse.Namespace) -> None:
-    """What stands in for what a model directory lacks (nothing for published weights with their names)."""
-    note = missing_info_note(args.model_dir) if args.model_dir is not None else None
+def _note(args: argparse.Namespace, model: nn.Module) -> None:
+    """What stands in for what a model directory lacks, or published weights without label names."""
+    if args.model_dir is not None:
+        note = missing_info_note(args.model_dir)
+    elif model_info(model).classes is None:
+        note = f"{args.model}'s weights come with no label names (none were published): classes are shown as indices"
+    else:
+        note = None
     if note:
         print(f"vitkit predict: note: {note}", file=sys.stderr)
 
@@ -135,7 +142,7 @@ def _run_detector(args: argparse.Namespace) -> int:
     info = inference_info(model)
     postprocessing = detection_reading(model, args.model_dir).one_per_query()  # one box per object, with its best class
     check_inference_memory(model, args)  # one image at a time
-    _note(args)
+    _note(args, model)
     threshold = postprocessing.shown_above(args.threshold)
     found, skipped = detect_paths(model, info, paths, threshold, postprocessing, args.workers, on_unreadable=_warn)
     rows = [item.to_dict() for item in found]
@@ -168,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_source(args).to(resolve_device(args.device))
     info = inference_info(model)
     check_inference_memory(model, args, args.batch_size, "--batch-size")
-    _note(args)
+    _note(args, model)
     found = predict_paths(model, info, paths, args.top_k, args.batch_size, args.workers, on_unreadable=_warn)
     notes = sys.stdout
     if found.predictions:

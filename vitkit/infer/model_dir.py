@@ -35,14 +35,14 @@ from vitkit.models.interface import has_no_object_logit
 from vitkit.models.registry import DETECTION, family, family_of, model_entry
 from vitkit.weights import ModelInfo, model_info, read_model_info
 from vitkit.weights.family import saved_family
-from vitkit.weights.hub import hub_snapshot, is_hub
+from vitkit.weights.hub import hub_config, is_hub
 from vitkit.weights.io import CONFIG_NAME
 
 
 def is_detector_dir(directory: str | os.PathLike) -> bool:
     """Whether a model directory (or Hub repository, "hf-hub:ORG/REPO") holds a detector: its model's registered
     family has task detection (`saved_family`)."""
-    found = saved_family(hub_snapshot(directory).directory if is_hub(directory) else directory)
+    found = saved_family(hub_config(directory).parent if is_hub(directory) else directory)  # the config alone
     return found is not None and found.task == DETECTION
 
 

@@ -37,7 +37,8 @@ def load_for_finetune(
             checkpoint file in any layout `vitkit.load_weights` reads (timm / vitkit, torchvision, Hugging Face,
             facebookresearch/detr, fundamentalvision/Deformable-DETR; `.safetensors`, `.pth`, `.pt`, `.bin`;
             training checkpoints are unwrapped). For a detector, a ResNet classifier's file (torchvision's or
-            timm's) initialises the backbone alone.
+            timm's) initialises its ResNet backbone alone; for a detector built on a Swin or ViT, any checkpoint
+            of that classifier (`vitkit.weights.backbone.load_backbone`) initialises its backbone alone.
         num_classes: the classes to train; a classifier for another number (every class head of a detector, and
             whatever else the family sizes by the classes) is freshly initialised, everything else is loaded.
         model: the registry model to build and load `source` into; None for a directory builds the model saved
@@ -71,7 +72,7 @@ def load_for_finetune(
             lambda reset_head: from_pretrained(source, reset_head=reset_head, num_classes=num_classes, **overrides)
         )
         report = load_report(built)
-    report.source = model_info(built).weights or source
+    report.source = (model_info(built).weights or source) if is_hub(source) else source  # a Hub one at its commit
     fam = family_of(built)
     if prior is not None:
         if fam.task != DETECTION:

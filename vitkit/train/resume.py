@@ -37,8 +37,8 @@ def resolve_run(
     `hints`, when OUT does not hold what `resume` / `force` expect (`vitkit.train.outputs.check_out`), or the
     settings differ from the checkpoint's beyond `RESUME_MAY_CHANGE`."""
     original = given.init
-    if resume and given.init is not None and not is_hub(given.init) and not Path(given.init).exists():
-        given = _init_stand_in(given, env)
+    if resume and given.init is not None and (is_hub(given.init) or not Path(given.init).exists()):
+        given = _init_stand_in(given, env)  # a Hub repository is not looked up again: its commit may have moved
     config = dataclasses.replace(given.resolved(), device=env.device.type)
     if env.is_main:
         for message in given.ignored():
@@ -98,16 +98,19 @@ def _absolute(init: str) -> str:
 
 
 def _init_stand_in(given: TrainConfig, env: DistEnv) -> TrainConfig:
-    """`given` with `init` replaced by the run's own final/ or best/ model when the model it started from is gone:
-    a resumed run takes only the architecture from `init` (the checkpoint holds every weight), and the run's saved
-    models have that architecture. `given` as it is when the run has saved no model yet."""
+    """`given` with `init` replaced by the run's own final/ or best/ model when the model it started from is gone,
+    or is a Hub repository (not downloaded again, nor looked up: its branch may point elsewhere by now): a resumed
+    run takes only the architecture from `init` (the checkpoint holds every weight), and the run's saved models
+    have that architecture, and record the commit the run started from. `given` as it is when the run has saved
+    no model yet."""
     out = Path(given.out)
     stand_in = next((d for d in (out / "final", out / "best") if (d / CONFIG_NAME).is_file()), None)
     if stand_in is None:
         return given
     if env.is_main:
+        why = "a Hub repository, is not looked up again" if is_hub(given.init) else "is gone"
         log.info(
-            f"the model this run started from, {given.init}, is gone: its architecture is read from {stand_in} "
+            f"the model this run started from, {given.init}, {why}: its architecture is read from {stand_in} "
             "instead (the checkpoint holds the weights)"
         )
     return dataclasses.replace(given, init=os.fspath(stand_in))

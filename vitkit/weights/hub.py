@@ -104,7 +104,21 @@ def hub_snapshot(source: str, revision: str | None = None) -> HubSnapshot:
     """The files vitkit reads of the Hub repository `source` ("hf-hub:ORG/REPO[@REVISION]"; `revision`: a branch,
     tag or commit, over the one in `source`), downloaded into huggingface_hub's cache unless there already."""
     repo, named = parse_hub(source)
-    return _snapshot(repo, revision or named, hub_cache(), offline())
+    if revision is not None and named is not None and revision != named:
+        raise ValueError(f"two revisions given: {source} and revision={revision!r}")
+    key = (repo, revision or named, hub_cache(), offline())
+    snapshot = _snapshot(*key)
+    if not (snapshot.directory / CONFIG_NAME).is_file():  # the cache was cleared since (`hf cache delete`)
+        _snapshot.cache_clear()
+        snapshot = _snapshot(*key)
+    return snapshot
+
+
+def hub_config(source: str) -> Path:
+    """The config.json of the Hub repository `source` alone (downloaded unless cached): enough to say what model it
+    holds before its weights are fetched."""
+    repo, revision = parse_hub(source)
+    return Path(_download(repo, CONFIG_NAME, revision))
 
 
 @functools.lru_cache(maxsize=16)
@@ -183,7 +197,8 @@ def _first_present(repo: str, names: tuple[str, ...], commit: str) -> str | None
         return found[0]
     if all(path is not None for path in cached):  # each one known to be absent
         return None
-    raise not_cached(repo, [CONFIG_NAME, names[0]], commit)
+    missing = [name for name, path in zip(names, cached, strict=True) if path is None]  # neither cached nor absent
+    raise not_cached(repo, missing, commit)
 
 
 def _cached(repo: str, filename: str, commit: str) -> Any:
