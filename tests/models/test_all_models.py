@@ -22,7 +22,7 @@ from torch import nn
 import vitkit
 from vitkit.layers import SampledAttention, capture_attention, set_attention_backend, to_2tuple
 from vitkit.models.interface import VitkitDetector, VitkitModel, has_no_object_logit
-from vitkit.models.registry import DETECTION, families, family_of, model_entry
+from vitkit.models.registry import DETECTION, families, family_of, model_entry, replace_config
 
 
 def task_outputs(model: nn.Module) -> object:
@@ -67,6 +67,24 @@ def deformable_detr_no_gradient(c: Any) -> frozenset[str]:
     return frozenset({*first_two, "level_embed", *(["label_embed.weight"] if c.dn_queries else [])})
 
 
+def shrunk_backbone(c: Any) -> dict:
+    """A detector's backbone with one block per stage: a ResNet's depths, or a Swin's or ViT's (`backbone_args`)."""
+    if c.backbone == "resnet":
+        return dict(backbone_depths=(1, 1, 1, 1))
+    config = model_entry(c.backbone).config
+    return dict(backbone_args={**dict(c.backbone_args), **(
+        dict(depths=(1,) * len(config.depths)) if hasattr(config, "depths") else dict(depth=1)
+    )})  # fmt: skip
+
+
+def backbone_blocks(c: Any) -> int:
+    """The blocks of a detector's backbone: a ResNet's residual blocks, a Swin's or ViT's transformer blocks."""
+    if c.backbone == "resnet":
+        return sum(c.backbone_depths)
+    config = replace_config(model_entry(c.backbone).config, **dict(c.backbone_args))
+    return sum(config.depths) if hasattr(config, "depths") else config.depth
+
+
 @dataclasses.dataclass(frozen=True)
 class FamilyRow:
     """How the tests below run the models of one family."""
@@ -103,14 +121,26 @@ FAMILIES = {
     ),
     "deformable_detr": FamilyRow(
         shrink=lambda c: dict(
-            img_size=64, backbone_depths=(1, 1, 1, 1), enc_layers=1, dec_layers=2, num_queries=min(c.num_queries, 16)
+            img_size=64, **shrunk_backbone(c), enc_layers=1, dec_layers=2, num_queries=min(c.num_queries, 16)
         ),  # 64x64: 85 tokens on 4 levels (8x8 .. 1x1), enough for two-stage's 16 proposals
-        blocks=lambda c: sum(c.backbone_depths) + c.enc_layers + c.dec_layers,  # residual blocks, encoder, decoder
+        blocks=lambda c: backbone_blocks(c) + c.enc_layers + c.dec_layers,  # backbone blocks, encoder, decoder
         outputs=deformable_detr_outputs,
         no_gradient_at_init=deformable_detr_no_gradient,
     ),
 }
 DROP_RATES = ("drop_rate", "attn_drop_rate", "drop_path_rate")
+
+
+def without_dropout(name: str) -> dict:
+    """Config fields that turn off every dropout of `name` shrunk (`small_model`), its transformer backbone's too."""
+    config = model_entry(name).config
+    fields = {f.name for f in dataclasses.fields(config)}
+    off = {rate: 0.0 for rate in DROP_RATES if rate in fields}
+    if getattr(config, "backbone", "resnet") != "resnet":
+        body = {f.name for f in dataclasses.fields(model_entry(config.backbone).config)}
+        shrunk = row(name).shrink(config)["backbone_args"]
+        off["backbone_args"] = {**shrunk, **{rate: 0.0 for rate in DROP_RATES if rate in body}}
+    return off
 
 ALL = vitkit.list_models()
 
@@ -277,9 +307,7 @@ def _forward_saving(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, in
 
 @pytest.mark.parametrize("name", ALL)
 def test_grad_checkpointing_keeps_gradients_and_state(name):
-    entry = model_entry(name)
-    fields = {f.name for f in dataclasses.fields(entry.config)}
-    plain = small_model(name, **{rate: 0.0 for rate in DROP_RATES if rate in fields}).train()
+    plain = small_model(name, **without_dropout(name)).train()
     wrapped = copy.deepcopy(plain)
     units = plain.shard_units()
     assert len(units) == row(name).blocks(plain.config)

@@ -55,6 +55,10 @@ def test_variants_cite_the_paper_and_declare_k_logits():
         "deformable_detr_resnet50_box_refine",
         "deformable_detr_resnet50_two_stage",
         "deformable_detr_small",
+        "deformable_detr_swin_tiny",
+        "deformable_detr_vit_base_dinov2",
+        "deformable_detr_vit_small_dinov2",
+        "deformable_detr_vit_tiny",
     ]
     small = model_entry("deformable_detr_small").config  # the digits model, two-stage, denoising, BatchNorm
     digits = model_entry("deformable_detr_digits").config

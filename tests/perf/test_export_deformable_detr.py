@@ -81,3 +81,31 @@ def test_torchscript_keeps_the_batch_dynamic_and_fixes_the_image_size(tmp_path):
     assert report.attn_backend == "sdpa" and 0 <= report.max_abs_diff <= report.atol
     assert all(layer.backend == "auto" for _, layer in attention_layers(model))  # the caller's model is untouched
     assert_matches_pytorch(model, report.path, "torchscript", [SIZE], fixed=True)  # padded batches, the mask read
+
+
+@pytest.mark.parametrize(
+    ("fields", "any_size"),
+    [
+        (dict(backbone="vit_tiny_patch16_224", backbone_args=dict(depth=1), backbone_scales=(2.0, 1.0, 0.5)), True),
+        (dict(backbone="swin_tiny_patch4_window7_224", backbone_args=dict(depths=(1, 1, 1, 1))), False),
+    ],
+    ids=["vit", "swin"],
+)
+def test_onnx_of_a_transformer_backbone(tmp_path, fields, any_size):
+    """A ViT backbone (its maps padded to the pyramid's multiple, upsampled by 2x2 blocks) exports for any image
+    size; a Swin backbone at the size it was traced at (its windows fix it), and the export says so."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model = vitkit.create_model("deformable_detr_digits", **TINY, **fields, enc_layers=1, dec_layers=1).eval()
+    report = export_model(model, tmp_path / "m.onnx", "onnx", img_size=SIZE)
+    assert report.dynamic_img_size == any_size and 0 <= report.max_abs_diff <= report.atol
+    session = ort.InferenceSession(str(report.path), providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].shape == ["batch", 3, *(("height", "width") if any_size else SIZE)]
+    for size in [SIZE, (97, 131)] if any_size else [SIZE]:  # 97x131: no multiple of the backbone's 32
+        for images, mask in batches(size):
+            with torch.no_grad():
+                expected = model(images, mask)
+            got = session.run(None, {"images": images.numpy(), "pixel_mask": mask.numpy()})
+            for name, value in zip(OUTPUTS, got, strict=True):
+                torch.testing.assert_close(torch.from_numpy(value), expected[name], atol=1e-4, rtol=0)

@@ -297,3 +297,43 @@ def test_from_a_hub_repository(hf_deformable_detr, tiny_detector_config, hub_cac
         fit(dataclasses.replace(config, epochs=2), resume=True)
     assert f"{source}, a Hub repository, is not looked up again: its architecture is read from" in caplog.text
     assert vitkit.weights.read_model_info(final).weights == pinned  # still the commit the run started from
+
+
+# deformable_detr_vit_small_dinov2 at the size of the small DINOv2 below: its backbone 2 blocks of width 64
+SMALL_DINOV2 = dict(embed_dim=64, depth=2, num_heads=2)
+
+
+def test_a_dinov2_directory_fills_a_vit_backbone_and_the_detector_trains(tmp_path, tiny_detector_config, caplog):
+    """--init with transformers' DINOv2-with-registers directory and --model deformable_detr_vit_small_dinov2: the
+    backbone takes every tensor of the directory (its tokens equal transformers' model's), the rest starts as
+    initialised, the summary says so, and the run trains and evaluates."""
+    torch.manual_seed(0)
+    config = transformers.Dinov2WithRegistersConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256, image_size=518,
+        patch_size=14, num_register_tokens=4,
+    )  # fmt: skip
+    theirs = randomize(transformers.Dinov2WithRegistersModel(config))
+    theirs.save_pretrained(tmp_path / "dinov2")
+    fields = dict(backbone_args=SMALL_DINOV2, **TINY_DEFORMABLE_DETR)
+    del fields["backbone_width"]
+    model = load_for_finetune(tmp_path / "dinov2", 4, model="deformable_detr_vit_small_dinov2", **fields)
+    report = load_report(model)
+    assert report.loaded == len(vitkit.from_pretrained(tmp_path / "dinov2").state_dict())
+    assert describe_init(report, 4).startswith(f"loaded {report.loaded} tensors (backbone); kept as initialised: ")
+    x = torch.randn(1, 3, 112, 140)
+    with torch.no_grad():
+        ours = model.backbone.body.forward_intermediates(x, [1], norm=True)[0]  # (1, 64, 8, 10)
+        ref = theirs(pixel_values=x).last_hidden_state[:, 5:]  # past the class token and the 4 registers
+    torch.testing.assert_close(ours.flatten(2).transpose(1, 2), ref, atol=1e-4, rtol=1e-4)
+    run = tiny_detector_config(
+        tmp_path / "run", model="deformable_detr_vit_small_dinov2", model_args=fields, init=str(tmp_path / "dinov2"),
+        epochs=1, img_size=112,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="vitkit.train"):
+        result = fit(run)
+    summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))
+    assert "loaded" in summary.splitlines()[1] and "(backbone); kept as initialised" in summary.splitlines()[1]
+    assert result.epochs_done == 1 and result.best_metric == "ap" and math.isfinite(result.last["train_loss"])
+    assert result.last["ap"] is not None  # evaluated on the held-out canvases
+    final = vitkit.from_pretrained(tmp_path / "run" / "final")
+    assert final.config.backbone == "vit_small_patch14_reg4_dinov2" and final.config.num_classes == 10

@@ -90,7 +90,7 @@ DATA_MOVEMENT = {
     "select_scatter", "lift_fresh_copy", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
     "zeros", "zeros_like", "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "arange",
     "scalar_tensor", "upsample_nearest2d", "_unsafe_index", "lift_fresh",
-    "_unsafe_view",
+    "_unsafe_view", "pixel_shuffle",
 }  # fmt: skip
 """Operators that move or make data and compute nothing (clone is tagged `pointwise` by torch)."""
 

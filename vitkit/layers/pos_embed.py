@@ -142,7 +142,9 @@ class SinePositionEmbedding(nn.Module):
         DETR's code, the images' dtype as transformers' Deformable DETR (float64 there in float64)."""
         y = mask.cumsum(1, dtype=dtype)  # (B, h, w): real rows up to here, 1-based
         x = mask.cumsum(2, dtype=dtype)  # (B, h, w): real columns up to here
-        height, width = y[:, -1:, :] + POS_EPS, x[:, :, -1:] + POS_EPS  # each column's real height, row's width
+        # each column's real height, each row's real width: the last row's and column's counts (taken with select,
+        # not a slice, whose symbolic length torch.export cannot reconcile with some map sizes)
+        height, width = y[:, -1].unsqueeze(1) + POS_EPS, x[:, :, -1].unsqueeze(2) + POS_EPS
         if self.offset:
             y, x = y - self.offset, x - self.offset
         y = y / height * POS_SCALE

@@ -39,15 +39,32 @@ class LayerNorm2d(nn.LayerNorm):
         return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # (B, C, H, W) -> (B, H, W, C) and back
 
 
+class Upsample2x(nn.ConvTranspose2d):
+    """A 2x2 stride-2 transposed convolution (its parameters and result), computed as a 1x1 convolution to four
+    times the channels and a pixel shuffle (depth to space): each input pixel becomes a 2x2 block. The same
+    arithmetic as `F.conv_transpose2d`, which torch.export cannot yet give symbolic image sizes (the ONNX export of
+    a detector that takes any size)."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__(in_channels, out_channels, 2, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        c_in, c_out = self.in_channels, self.out_channels
+        # (C_in, C_out, 2, 2) -> (C_out, 2, 2, C_in): output channel o's 2x2 block at rows 4 o + 2 a + b
+        w = self.weight.permute(1, 2, 3, 0).reshape(c_out * 4, c_in, 1, 1)
+        y = F.pixel_shuffle(F.conv2d(x, w), 2)  # (B, 4 C_out, H, W) -> (B, C_out, 2H, 2W): [o, 2i + a, 2j + b]
+        return y + self.bias.view(1, -1, 1, 1)
+
+
 def scale_layer(channels: int, scale: float) -> tuple[nn.Module, int]:
     """ViTDet's layer that takes a map of `channels` to `scale` times its resolution: (the layer, its output
     channels)."""
     if scale == 4.0:
         half, quarter = channels // 2, channels // 4
-        layers = [nn.ConvTranspose2d(channels, half, 2, 2), LayerNorm2d(half), nn.GELU()]
-        return nn.Sequential(*layers, nn.ConvTranspose2d(half, quarter, 2, 2)), quarter
+        layers = [Upsample2x(channels, half), LayerNorm2d(half), nn.GELU()]
+        return nn.Sequential(*layers, Upsample2x(half, quarter)), quarter
     if scale == 2.0:
-        return nn.ConvTranspose2d(channels, channels // 2, 2, 2), channels // 2
+        return Upsample2x(channels, channels // 2), channels // 2
     if scale == 1.0:
         return nn.Identity(), channels
     if scale == 0.5:
@@ -94,11 +111,18 @@ class ClassifierBackbone(nn.Module):
             self.pyramid = nn.ModuleList([layer for layer, _ in pairs])
             self.sources = sources
             self.out_channels = [c for _, c in pairs]
-            self.strides = [strides[s] / scale for s, scale in zip(sources, self.scales, strict=True)]
+            # each map's side is the image's times mul // div (a scale of 0.5 halves the output's side)
+            self.ratios = [
+                (int(scale), strides[s]) if scale >= 1 else (1, 2 * strides[s])
+                for s, scale in zip(sources, self.scales, strict=True)
+            ]
         else:
             self.pyramid = None
-            self.out_channels, self.strides = channels, [float(s) for s in strides]
+            self.out_channels, self.ratios = channels, [(1, s) for s in strides]
+        self.strides = [div / mul for mul, div in self.ratios]  # each map's stride, in pixels
         self.size_multiple = self.body.config.size_multiple * (2 if 0.5 in self.scales else 1)
+        # whether an ONNX export traces any image size (the body says: a ViT does; Swin's windows fix the size)
+        self.exports_any_size = getattr(self.body, "exports_any_size", True)
 
     def forward(self, images: Tensor) -> list[Tensor]:
         """Images (B, C, H, W), sides multiples of `size_multiple` -> the maps (B, C_l, H / s_l, W / s_l), finest
@@ -112,8 +136,8 @@ class ClassifierBackbone(nn.Module):
         """The (h, w) of each map for images of `img_size` (H, W), padded to sides that are multiples of
         `size_multiple` (`pad_to_multiple`)."""
         m = self.size_multiple
-        H, W = -(-img_size[0] // m) * m, -(-img_size[1] // m) * m  # padded to whole multiples, as forward's input
-        return [(round(H / s), round(W / s)) for s in self.strides]
+        H, W = (img_size[0] + m - 1) // m * m, (img_size[1] + m - 1) // m * m  # padded to whole multiples
+        return [(H * mul // div, W * mul // div) for mul, div in self.ratios]  # integers (or traced sizes)
 
     def blocks(self) -> list[nn.Module]:
         """The body's blocks (what gradient checkpointing wraps)."""
@@ -154,13 +178,15 @@ def backbone_outputs(model: str, fields: Mapping[str, Any]) -> int:
 
 def pad_to_multiple(images: Tensor, pixel_mask: Tensor | None, multiple: int) -> tuple[Tensor, Tensor | None]:
     """Images (B, C, H, W) padded with zeros at the bottom and right to sides that are multiples of `multiple`, and
-    their pixel mask (B, H, W) with the padding False (all real before, when None); as they came when they fit."""
-    H, W = images.shape[-2:]
-    pad_h, pad_w = -H % multiple, -W % multiple
-    if not (pad_h or pad_w):
+    their pixel mask (B, H, W) with the padding False (all real before, when None). With `multiple` 1, as they
+    came. The same operations whatever the size (no branch on it), so that an export traced at one size pads at
+    every other."""
+    if multiple == 1:
         return images, pixel_mask
+    H, W = images.shape[-2:]
+    pad_h, pad_w = (multiple - H % multiple) % multiple, (multiple - W % multiple) % multiple
     if pixel_mask is None:
-        pixel_mask = torch.ones(images.shape[0], H, W, dtype=torch.bool, device=images.device)
+        pixel_mask = torch.ones_like(images[:, 0], dtype=torch.bool)  # (B, H, W)
     return F.pad(images, (0, pad_w, 0, pad_h)), F.pad(pixel_mask, (0, pad_w, 0, pad_h), value=False)
 
 

@@ -146,7 +146,8 @@ class DeformableDetrConfig:
     dn_label_noise: float = 0.5  # share of denoising copies whose label is redrawn (DINO: 0.5, half of it at random)
     dn_box_noise: float = 1.0  # scale of the denoising boxes' noise, in half box sides (DINO: 1.0)
     dynamic_img_size: bool = True  # accept any image size (batches of several sizes are padded); False: img_size only
-    attn_backend: str = "auto"  # the decoder self-attention's: "auto", "sdpa" or "math" (the reference formula)
+    attn_backend: str = "auto"  # the decoder self-attention's (and a Swin or ViT backbone's, unless backbone_args
+    # give its own): "auto", "sdpa" or "math" (the reference formula)
     deformable_backend: str = "auto"  # the deformable attentions': "auto", "gather", "levelwise" or "math" (the
     # reference); see vitkit.kernels.policy
 
@@ -270,7 +271,7 @@ class DeformableDETR(CostFromImages, nn.Module):
         if c.backbone == "resnet":
             self.backbone = resnet_backbone(c, [s - 1 for s in c.stages])
         else:
-            fields = dict(c.backbone_args)
+            fields = {"attn_backend": c.attn_backend, **dict(c.backbone_args)}  # the backbone's attention too
             self.backbone = ClassifierBackbone(c.backbone, c.stages, c.backbone_scales, fields, c.in_chans)
         channels = list(self.backbone.out_channels)
         projections = [nn.Sequential(nn.Conv2d(ch, D, 1), nn.GroupNorm(GROUPS, D)) for ch in channels]

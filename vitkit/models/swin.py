@@ -444,6 +444,10 @@ class ClassifierHead(nn.Module):
 class SwinTransformer(CostFromImages, nn.Module):
     """Swin Transformer built from a `SwinConfig`; `forward` returns logits (B, num_classes)."""
 
+    # its exported graph fixes the image size it was traced at (the windows' padding and the shift masks are built
+    # from the size in Python): a detector on it exports at one size (`vitkit.perf.export`)
+    exports_any_size = False
+
     def __init__(self, config: SwinConfig) -> None:
         super().__init__()
         self.config = c = config

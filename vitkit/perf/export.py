@@ -159,6 +159,8 @@ def _signature(model: nn.Module, format: str) -> Signature:
         return Signature((INPUT_NAME,), (OUTPUT_NAME,), False)
     deformable = any(isinstance(layer, MultiScaleDeformableAttention) for _, layer in attention_layers(model))
     dynamic = getattr(model.config, "dynamic_img_size", False) and not (format == "torchscript" and deformable)
+    # a backbone whose graph fixes the size it was traced at (Swin's windows and shift masks) fixes the detector's
+    dynamic = dynamic and getattr(model.backbone, "exports_any_size", True)
     return Signature(DETECTOR_INPUTS, DETECTOR_OUTPUTS, dynamic)
 
 
