@@ -40,6 +40,19 @@ class DispatcherFlops(TorchDispatchMode):
 SHRUNK = {name: {"enc_layers": 2, "dec_layers": 2} for name in vitkit.list_models() if "deformable_detr_resnet" in name}
 
 
+def _short_backbone(name: str) -> dict:
+    """A detector's Swin backbone with a block per stage, or its ViT with two blocks (every kind of row)."""
+    body = model_entry(model_entry(name).config.backbone).config
+    return {"depths": (1,) * len(body.depths)} if hasattr(body, "depths") else {"depth": 2}
+
+
+SHRUNK |= {  # the detectors on Swin and ViT backbones likewise
+    name: {"enc_layers": 2, "dec_layers": 2, "backbone_args": _short_backbone(name)}
+    for name in vitkit.list_models("deformable_detr_*")
+    if model_entry(name).config.backbone != "resnet"
+}
+
+
 @pytest.mark.parametrize("name", vitkit.list_models())
 def test_trace_flops_equal_the_dispatchers_count(name):
     with torch.device("meta"):  # shapes only: the counter counts from shapes

@@ -21,6 +21,19 @@ from vitkit.models.registry import DETECTION, family_of, model_entry
 SHRUNK = {name: {"enc_layers": 2, "dec_layers": 2} for name in vitkit.list_models() if "deformable_detr_resnet" in name}
 
 
+def _short_backbone(name: str) -> dict:
+    """A detector's Swin backbone with a block per stage, or its ViT with two blocks (every kind of row)."""
+    body = model_entry(model_entry(name).config.backbone).config
+    return {"depths": (1,) * len(body.depths)} if hasattr(body, "depths") else {"depth": 2}
+
+
+SHRUNK |= {  # the detectors on Swin and ViT backbones likewise
+    name: {"enc_layers": 2, "dec_layers": 2, "backbone_args": _short_backbone(name)}
+    for name in vitkit.list_models("deformable_detr_*")
+    if model_entry(name).config.backbone != "resnet"
+}
+
+
 def counted_matmul_flops(model: torch.nn.Module, size: tuple[int, int], batch: int = 1) -> int:
     """FlopCounterMode's total for a forward pass with explicit (math) attention, which it counts fully."""
     x = torch.randn(batch, model.config.in_chans, *size, device=next(model.parameters()).device)

@@ -31,12 +31,13 @@ def test_every_field_is_a_train_option():
     assert options["model_args"].option_strings == ["--model-arg"]
     # a task-dependent default names the value of each recipe
     recipes = f"{CLASSIFIER_RECIPE.epochs}; small DETRs {SMALL_DETR_RECIPE.epochs}; DETR {DETR_RECIPE.epochs}"
-    recipes += f"; deformable_detr_digits {SMALL_DEFORMABLE_RECIPE.epochs}; deformable_detr_small from the data"
+    recipes += f"; deformable_detr_digits {SMALL_DEFORMABLE_RECIPE.epochs}"
+    recipes += "; deformable_detr_small, deformable_detr_vit_tiny from the data"
     recipes += f"; Deformable DETR {DEFORMABLE_RECIPE.epochs}"
     assert options["epochs"].help == f"passes over the training data (default: {recipes})"
     assert options["lr"].help.endswith(
-        "(default: 0.002; small DETRs 0.0003; DETR 0.0001; deformable_detr_digits 0.0003; deformable_detr_small "
-        "0.0006; Deformable DETR 0.0002)"
+        "(default: 0.002; small DETRs 0.0003; DETR 0.0001; deformable_detr_digits 0.0003; deformable_detr_small, "
+        "deformable_detr_vit_tiny 0.0006; Deformable DETR 0.0002)"
     )
     assert options["precision"].choices == ("fp32", "bf16")
 

@@ -65,4 +65,4 @@ def test_a_given_side_sizes_the_epochs_and_a_recipe_without_budget_chooses_nothi
 
 @pytest.mark.parametrize("field", ["epochs", "batch_size"])
 def test_help_says_a_budget_sizes_from_the_data(field):
-    assert "deformable_detr_small from the data" in recipe_defaults(field)
+    assert "deformable_detr_small, deformable_detr_vit_tiny from the data" in recipe_defaults(field)

@@ -114,9 +114,12 @@ class VitkitDetector(VitkitModel, Protocol):
       list of such dicts (without `aux_outputs`), one per earlier decoder layer, for the auxiliary losses. A
       detector may add entries of its own for its losses (two-stage Deformable DETR: ``enc_outputs``, the
       encoder's proposals, a dict like a layer's).
-    - ``backbone``: the convolutional feature extractor: its output is the list of feature maps the transformer
-      reads, coarsest last, map i (B, backbone.out_channels[i], h_i, w_i); training may give it a learning rate of
-      its own and read its output.
+    - ``backbone``: the feature extractor (a ResNet, or a Swin or ViT: `vitkit.models.backbone`): its output is the
+      list of feature maps the transformer reads, coarsest last, map i (B, backbone.out_channels[i], h_i, w_i);
+      training may give it a learning rate of its own and read its output. A backbone also says the multiple its
+      images' sides are padded to (`size_multiple`), its maps' sizes (`feature_sizes`), its blocks, what stays
+      frozen by default (`early_layers`), its initialisation (`reset_parameters`) and whether an export traces
+      any image size (`exports_any_size`); nothing in a detector asks what kind it is.
     - optionally ``denoising_settings()``: a `DenoisingSettings` when the detector trains with denoising queries
       (DN-DETR, DINO), None when it does not; such a detector's ``forward(images, pixel_mask, denoising)`` takes
       a `DenoisingQueries` and adds ``dn_outputs`` to its dict (read it with `denoising_settings`).

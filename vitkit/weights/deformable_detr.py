@@ -85,8 +85,8 @@ def read_fields(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     feed-forward width and the two options."""
     fields: dict[str, Any] = {}
     conv1 = state.get("backbone.conv1.weight")
-    if conv1 is not None and conv1.ndim == 4:
-        fields.update(in_chans=conv1.shape[1], backbone_width=conv1.shape[0])
+    if conv1 is not None and conv1.ndim == 4:  # a ResNet's stem (a Swin's or ViT's backbone is `backbone.body`)
+        fields.update(backbone="resnet", in_chans=conv1.shape[1], backbone_width=conv1.shape[0])
     if (depths := tuple(count(state, rf"backbone\.layer{s}\.(\d+)\.") for s in range(1, 5))) and all(depths):
         fields["backbone_depths"] = depths
         fields["backbone_block"] = "bottleneck" if "backbone.layer1.0.conv3.weight" in state else "basic"
