@@ -92,16 +92,11 @@ def test_onnx_of_a_vit_backbone_takes_any_size_and_a_swin_backbone_its_own(tmp_p
     vit = dict(backbone="vit_tiny_patch16_224", backbone_args=dict(depth=1), backbone_scales=(2.0, 1.0, 0.5))
     model = vitkit.create_model("deformable_detr_digits", **TINY, **vit, enc_layers=1, dec_layers=1).eval()
     report = export_model(model, tmp_path / "m.onnx", "onnx", img_size=SIZE)
-    assert report.dynamic_img_size and 0 <= report.max_abs_diff <= report.atol
+    # checked by the export on padded batches at 96x128 and 120x168 (no multiple of the backbone's 32)
+    assert report.dynamic_img_size and report.check_sizes[1] == (120, 168)
+    assert 0 <= report.max_abs_diff <= report.atol
     session = ort.InferenceSession(str(report.path), providers=["CPUExecutionProvider"])
     assert session.get_inputs()[0].shape == ["batch", 3, "height", "width"]
-    for size in [SIZE, (97, 131)]:  # 97x131: no multiple of the backbone's 32
-        for images, mask in batches(size):
-            with torch.no_grad():
-                expected = model(images, mask)
-            got = session.run(None, {"images": images.numpy(), "pixel_mask": mask.numpy()})
-            for name, value in zip(OUTPUTS, got, strict=True):
-                torch.testing.assert_close(torch.from_numpy(value), expected[name], atol=1e-4, rtol=0)
     swin = dict(backbone="swin_tiny_patch4_window7_224", backbone_args=dict(depths=(1, 1, 1, 1)))
     model = vitkit.create_model("deformable_detr_digits", **TINY, **swin, enc_layers=1, dec_layers=1)
     assert not _signature(model, "onnx").dynamic_img_size  # exported at one size (exported and checked there)

@@ -271,7 +271,7 @@ def test_from_a_hub_repository(hf_deformable_detr, tiny_detector_config, hub_cac
     hub_cache.put("SenseTime/deformable-detr", directory, commit="0123456789abcdef0123456789abcdef01234567")
     source = "hf-hub:SenseTime/deformable-detr"
     pinned = f"{source}@0123456789abcdef0123456789abcdef01234567"
-    config = tiny_detector_config(tmp_path / "run", model=None, model_args={}, init=source, epochs=1)
+    config = tiny_detector_config(tmp_path / "run", model=None, model_args={}, init=source, epochs=1, img_size=96)
     assert config.resolved().init == source and config.resolved().detection_loss == "focal"
     models = []
     for init in (source, str(directory)):
