@@ -6,6 +6,7 @@ device: nothing is allocated, nothing downloaded)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -51,6 +52,13 @@ def test_every_model_has_weights_or_says_why_not():
     assert {"augreg2_in21k_ft_in1k", "lvd142m", "webli", "ms_in1k", "c1_in1k", "coco", "tv_in1k"} <= tags
 
 
+@functools.lru_cache
+def timm_state(arch: str, num_classes: int) -> dict[str, torch.Tensor]:
+    """timm's state dict of `arch` with `num_classes` outputs, on the meta device (tags of one head share it)."""
+    with torch.device("meta"):
+        return timm.create_model(arch, pretrained=False, num_classes=num_classes).state_dict()
+
+
 @pytest.mark.parametrize(("entry", "weights"), by_layout("timm"))
 def test_timm_entries_are_timm_weights_the_variant_takes(entry, weights):
     arch = f"{entry.name}.{weights.tag}"
@@ -61,10 +69,9 @@ def test_timm_entries_are_timm_weights_the_variant_takes(entry, weights):
     size = config.img_size if isinstance(config.img_size, tuple) else (config.img_size,) * 2
     assert config.num_classes == cfg.num_classes and tuple(cfg.input_size[1:]) == size
     assert weights.labels == ("imagenet-1k" if cfg.num_classes == 1000 else None)  # 21k heads: no names published
-    with torch.device("meta"):
-        theirs = timm.create_model(arch, pretrained=False)
-    report = load_on_meta(entry.name, weights.fields, theirs.state_dict(), "vitkit")
-    assert report.loaded == len(theirs.state_dict()) and not report.head_reset
+    theirs = timm_state(entry.name, cfg.num_classes)
+    report = load_on_meta(entry.name, weights.fields, theirs, "vitkit")
+    assert report.loaded == len(theirs) and not report.head_reset
 
 
 # What transformers' repositories hold in config.json beside transformers' defaults, as transformers' conversion
