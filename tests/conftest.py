@@ -151,3 +151,21 @@ def hf_deformable(tmp_path_factory):
     processor = {"do_normalize": True, "image_mean": [0.45, 0.46, 0.47], "image_std": [0.2, 0.21, 0.22]}
     (folder / "preprocessor_config.json").write_text(json.dumps(processor))
     return model, folder
+
+
+@pytest.fixture
+def point_table(monkeypatch):
+    """`point_table(name, source, config=None, tag=True)`: the registered model `name` with its published weights
+    `tag` (True: the default) moved to `source` (a small repository or file the test put in its caches) as its
+    only ones and, given, its config replaced by `config` (that repository's), until the test ends."""
+    import dataclasses
+
+    from vitkit.models import registry
+
+    def point(name: str, source: str, config=None, tag: bool | str = True) -> None:
+        entry, published = registry.published_weights(name, tag)
+        moved = dataclasses.replace(published, source=source)
+        changes = {"pretrained": (moved,)} | ({"config": config} if config is not None else {})
+        monkeypatch.setitem(registry._MODELS, entry.name, dataclasses.replace(entry, **changes))
+
+    return point

@@ -61,15 +61,11 @@ def test_predict_with_a_classifier_by_name_and_by_repository(hub_cache, timm_vit
     assert by_name[0]["top"][0]["class"] in capsys.readouterr().out
 
 
-def test_predict_with_a_detector_by_name_and_by_repository(hub_cache, hf_deformable, photos, tmp_path, monkeypatch):
+def test_predict_with_a_detector_by_name_and_by_repository(hub_cache, hf_deformable, photos, tmp_path, point_table):
     """deformable_detr_resnet50 --pretrained loads its table's repository (pointed here at a small one)."""
     _, folder = hf_deformable
     hub_cache.put(DETR_REPO, folder)
-    entry, published = published_weights("deformable_detr_resnet50")
-    small = vitkit.from_pretrained(folder).config
-    monkeypatch.setitem(registry._MODELS, entry.name, dataclasses.replace(
-        entry, config=small, pretrained=(dataclasses.replace(published, source=f"hf-hub:{DETR_REPO}"),)
-    ))  # fmt: skip
+    point_table("deformable_detr_resnet50", f"hf-hub:{DETR_REPO}", vitkit.from_pretrained(folder).config)
     found = {}
     for key, source in (
         ("name", ["--model", "deformable_detr_resnet50", "--pretrained"]),

@@ -112,20 +112,12 @@ def test_from_pretrained_of_a_hub_repository_and_its_revisions(hub_cache, hf_def
         vitkit.from_pretrained(f"hf-hub:{DETR_REPO}")
 
 
-def test_create_model_of_a_detector_from_its_transformers_weights(hub_cache, hf_deformable, monkeypatch):
+def test_create_model_of_a_detector_from_its_transformers_weights(hub_cache, hf_deformable, point_table):
     """The registered model loads a transformers repository, its labels and normalisation with it (a small one
     stands in for SenseTime's: the table's entry is pointed at it)."""
-    import dataclasses
-
-    from vitkit.models import registry
-
     theirs, folder = hf_deformable
     hub_cache.put(DETR_REPO, folder)
-    entry, published = published_weights("deformable_detr_resnet50")
-    small = vitkit.from_pretrained(folder).config
-    monkeypatch.setitem(registry._MODELS, entry.name, dataclasses.replace(
-        entry, config=small, pretrained=(dataclasses.replace(published, source=f"hf-hub:{DETR_REPO}"),)
-    ))  # fmt: skip
+    point_table("deformable_detr_resnet50", f"hf-hub:{DETR_REPO}", vitkit.from_pretrained(folder).config)
     model = vitkit.create_model("deformable_detr_resnet50", pretrained=True).eval()
     x = torch.randn(1, 3, 96, 96)
     with torch.no_grad():
@@ -135,7 +127,7 @@ def test_create_model_of_a_detector_from_its_transformers_weights(hub_cache, hf_
     assert fine.class_embed[0].weight.shape[0] == 3 and load_report(fine).head_reset
 
 
-def test_a_torchvision_backbone_from_the_torch_hub_cache(hub_cache, nudge):
+def test_a_torchvision_backbone_from_the_torch_hub_cache(hub_cache, nudge, point_table):
     torch.manual_seed(0)
     resnet = nudge(torchvision.models.resnet50())
     path = hub_cache.torch_dir / "resnet.pth"
@@ -152,20 +144,12 @@ def test_a_torchvision_backbone_from_the_torch_hub_cache(hub_cache, nudge):
     with pytest.raises(DamagedDownload, match=r"is not the file published at .*: delete .* and download it again"):
         vitkit.create_model("detr_resnet50", pretrained="tv_in1k")
     # the same file under its own hash's name loads (the table's URL pointed at it)
-    from vitkit.models import registry
 
-    entry, _ = published_weights("detr_resnet50")
     own = f"resnet50-{digest}.pth"
     hub_cache.put_torch(own, data)
     url = weights.source.replace(name, own)
-    import dataclasses
-
-    patched = dataclasses.replace(entry, pretrained=(dataclasses.replace(weights, source=url),))
-    registry._MODELS[entry.name], saved = patched, registry._MODELS[entry.name]
-    try:
-        model = vitkit.create_model("detr_resnet50", pretrained="tv_in1k")
-    finally:
-        registry._MODELS[entry.name] = saved
+    point_table("detr_resnet50", url, tag="tv_in1k")
+    model = vitkit.create_model("detr_resnet50", pretrained="tv_in1k")
     assert torch.equal(model.backbone.layer3[2].conv2.weight, resnet.layer3[2].conv2.weight)
     report = load_report(model)
     assert report.source == url and report.uncovered and model_info(model).weights == url
