@@ -26,7 +26,7 @@ from vitkit.layers.pos_embed import (
     resample_abs_pos_embed,
     sincos_2d_pos_embed,
 )
-from vitkit.layers.rel_pos import FactorizedPosEmbed2d, RelPosEmbed2d
+from vitkit.layers.rel_pos import DecomposedRelPos, FactorizedPosEmbed2d, RelPosEmbed2d
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -38,6 +38,7 @@ __all__ = [
     "AttentionPool",
     "BilinearPool",
     "Block",
+    "DecomposedRelPos",
     "DropPath",
     "FactorizedPosEmbed2d",
     "FrozenBatchNorm2d",

@@ -79,7 +79,13 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(
-        self, x: Tensor, bias: Tensor | None = None, *, key: Tensor | None = None, value: Tensor | None = None
+        self,
+        x: Tensor,
+        bias: Tensor | None = None,
+        *,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        pos: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
         """Attend from the queries x (B, Nq, C) over `key` (B, Nk, C) and `value` (B, Nk, C) -> (B, Nq, C).
 
@@ -87,7 +93,8 @@ class Attention(nn.Module):
         DETR's encoder, whose queries and keys carry the positions and whose values do not, is
         ``attn(x + pos, value=x)`` and its cross-attention ``attn(tgt + query_pos, mask, key=memory + pos,
         value=memory)``. `bias` is added to the logits, broadcastable to (B, h, Nq, Nk); a boolean one is a mask
-        (True: may attend).
+        (True: may attend). `pos`, when given, computes a position term from the queries (B, h, Nq, d) that is
+        added to the logits as well (`vitkit.layers.rel_pos`: ViTDet's decomposed relative positions).
         """
         key = x if key is None else key
         value = key if value is None else value
@@ -98,6 +105,9 @@ class Attention(nn.Module):
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (3, B, h, N, d) -> 3 x (B, h, N, d)
         else:
             q, k, v = self.project(x, key, value)  # (B, h, Nq, d), (B, h, Nk, d), (B, h, Nk, d)
+        if pos is not None:
+            term = pos(q)  # (B, h, Nq, Nk)
+            bias = term if bias is None else bias + term
         x = self.attend(q, k, v, bias)  # (B, Nq, hd)
         return self.proj_drop(self.proj(x))
 

@@ -11,7 +11,13 @@ Two forms, both computed from the queries and passed to `Attention.attend` as it
   r_j = rel_h[x'] + rel_w[y'] (per head), and the term ``q_i . r_j``. It knows where the key is but not where
   it is relative to the query: the same key position scores the same for every query with the same content.
 
-Both tables are sized for one feature map (H, W); a map of another size is a ValueError.
+- `DecomposedRelPos`, the decomposed relative positions of MViTv2 (arXiv:2112.01526) as ViTDet
+  (arXiv:2203.16527) and SAM use them: query i at (x, y) and key j at (x', y') get
+  ``q_i . rel_pos_h[x - x'] + q_i . rel_pos_w[y - y']`` (one table per axis, per layer, shared by the heads),
+  indexed by the offset from key to query; its tables are resampled (linearly) for a map of another size.
+
+`RelPosEmbed2d`'s and `FactorizedPosEmbed2d`'s tables are sized for one feature map (H, W); a map of another size
+is a ValueError.
 
 Letters: B batch, h heads, d head dim, H, W feature-map height and width, N = H * W positions.
 """
@@ -19,6 +25,7 @@ Letters: B batch, h heads, d head dim, H, W feature-map height and width, N = H 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vitkit.layers.helpers import to_2tuple
@@ -120,3 +127,51 @@ class FactorizedPosEmbed2d(nn.Module):
 
     def extra_repr(self) -> str:
         return f"feat_size={self.feat_size}, num_heads={self.rel_h.shape[0]}, head_dim={self.head_dim}"
+
+
+def resample_rel_table(table: torch.Tensor, length: int) -> torch.Tensor:
+    """A relative position table (L, d) as one of `length` rows: itself, or linearly resampled (align_corners
+    False), as ViTDet and transformers' `get_rel_pos` resample theirs."""
+    if table.shape[0] == length:
+        return table
+    resized = F.interpolate(table.t()[None], size=length, mode="linear")  # (1, d, L) -> (1, d, length)
+    return resized[0].t()  # (length, d)
+
+
+class DecomposedRelPos(nn.Module):
+    """Decomposed relative position logits (MViTv2, ViTDet): (B, h, N, d) queries over an (H, W) map -> (B, h, N, N).
+
+    ``rel_pos_h`` (2H - 1, d) and ``rel_pos_w`` (2W - 1, d) hold one row per offset; query (x, y) and key (x', y')
+    get ``q . rel_pos_h[x - x' + H - 1] + q . rel_pos_w[y - y' + W - 1]``, unscaled. For a map of another size the
+    tables are resampled linearly to 2H' - 1 and 2W' - 1 rows first. Zero at initialisation (ViTDet's default).
+
+    Args:
+        size: (H, W) the tables are sized for (a window, or the patch grid at the model's image size).
+        head_dim: query channels d per head.
+    """
+
+    def __init__(self, size: int | tuple[int, int], head_dim: int) -> None:
+        super().__init__()
+        self.size = to_2tuple(size)
+        H, W = self.size
+        self.rel_pos_h = nn.Parameter(torch.zeros(2 * H - 1, head_dim))
+        self.rel_pos_w = nn.Parameter(torch.zeros(2 * W - 1, head_dim))
+
+    @staticmethod
+    def offsets(table: torch.Tensor, n: int) -> torch.Tensor:
+        """(n, n, d): entry [x, x'] is the row of `table` (resampled to 2n - 1 rows) for the offset x - x'."""
+        pos = torch.arange(n, device=table.device)
+        return resample_rel_table(table, 2 * n - 1)[pos[:, None] - pos[None, :] + n - 1]
+
+    def forward(self, q: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        _check_tokens(q, grid, type(self).__name__)
+        B, nh, N, d = q.shape
+        H, W = grid
+        q = q.reshape(B, nh, H, W, d)  # query at row x, column y
+        logits_h = torch.einsum("bnxyd,xkd->bnxyk", q, self.offsets(self.rel_pos_h, H))  # (B, h, H, W, H): key row
+        logits_w = torch.einsum("bnxyd,ykd->bnxyk", q, self.offsets(self.rel_pos_w, W))  # (B, h, H, W, W): column
+        logits = logits_h[..., :, None] + logits_w[..., None, :]  # (B, h, H, W, H, W)
+        return logits.reshape(B, nh, N, N)  # query (x, y) row-major, key (x', y') row-major
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}, head_dim={self.rel_pos_h.shape[1]}"

@@ -34,6 +34,7 @@ from vitkit.layers import (
     to_2tuple,
 )
 from vitkit.layers.helpers import take_indices
+from vitkit.layers.window import window_partition, window_reverse
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import (
     TimmTag,
@@ -112,27 +113,6 @@ class SwinConfig:
     def size_multiple(self) -> int:
         """Image sides must be multiples of this: the patch times one halving per stage after the first."""
         return self.patch_size * 2 ** (len(self.depths) - 1)
-
-
-def window_partition(x: torch.Tensor, window_size: tuple[int, int]) -> torch.Tensor:
-    """Cut a map (B, H, W, C) into windows (B * nW, Wh, Ww, C), image-major, windows in row-major order.
-
-    H and W must be multiples of the window sides.
-    """
-    B, H, W, C = x.shape
-    Wh, Ww = window_size
-    x = x.view(B, H // Wh, Wh, W // Ww, Ww, C)  # (B, H/Wh, Wh, W/Ww, Ww, C)
-    x = x.permute(0, 1, 3, 2, 4, 5)  # (B, H/Wh, W/Ww, Wh, Ww, C)
-    return x.reshape(-1, Wh, Ww, C)  # (B * nW, Wh, Ww, C)
-
-
-def window_reverse(windows: torch.Tensor, window_size: tuple[int, int], H: int, W: int) -> torch.Tensor:
-    """Inverse of `window_partition`: windows (B * nW, Wh, Ww, C) -> map (B, H, W, C)."""
-    Wh, Ww = window_size
-    C = windows.shape[-1]
-    x = windows.view(-1, H // Wh, W // Ww, Wh, Ww, C)  # (B, H/Wh, W/Ww, Wh, Ww, C)
-    x = x.permute(0, 1, 3, 2, 4, 5)  # (B, H/Wh, Wh, W/Ww, Ww, C)
-    return x.reshape(-1, H, W, C)  # (B, H, W, C)
 
 
 def relative_position_index(window_size: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:

@@ -19,7 +19,7 @@ Letters: B batch, N patch tokens, P prefix tokens (class, distillation, register
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -39,7 +39,8 @@ from vitkit.layers import (
 )
 from vitkit.layers.helpers import take_indices
 from vitkit.layers.mlp import ACTIVATIONS
-from vitkit.models.interface import CostFromImages, checkpoint_blocks
+from vitkit.layers.window import window_tokens
+from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import (
     TimmTag,
     check_field_types,
@@ -100,6 +101,14 @@ class ViTConfig:
     # after for global_pool="avg", before otherwise (timm's rule)
     pos_antialias: bool = True  # resample the learned position table to other grids with antialiasing (timm, DINOv2
     # with registers); False: plain bicubic (transformers' Dinov2Model)
+    window_size: int = 0  # ViTDet (arXiv:2203.16527): blocks attend within windows of this many patches a side (the
+    # grid zero-padded to whole windows), except `global_blocks`; 0: every block attends over all tokens
+    global_blocks: tuple[int, ...] = ()  # with window_size: the blocks (0-based) that attend over all tokens (ViTDet:
+    # four evenly spaced, (2, 5, 8, 11) of 12)
+    final_norm: bool = True  # a LayerNorm after the blocks (`norm` or `fc_norm`); False: none (ViTDet's backbone,
+    # whose maps are the blocks' outputs, normalised in its feature pyramid)
+    rel_pos: bool = False  # decomposed relative positions in every block (ViTDet, MViTv2): a table per axis and block,
+    # sized for its window, or for the grid at img_size in a global block (resampled for others)
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -133,7 +142,18 @@ class ViTConfig:
             raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
         if self.reg_tokens < 0:
             raise ValueError(f"reg_tokens must be >= 0, got {self.reg_tokens}")
+        if self.window_size < 0:
+            raise ValueError(f"window_size must be >= 0 (0: no windows), got {self.window_size}")
+        outside = [i for i in self.global_blocks if not 0 <= i < self.depth]
+        if outside:
+            raise ValueError(f"global_blocks {list(self.global_blocks)} name blocks outside 0..{self.depth - 1}")
+        if self.global_blocks and not self.window_size:
+            raise ValueError("global_blocks needs window_size > 0 (without windows every block is global)")
         check_backend(self.attn_backend)
+
+    def block_window(self, i: int) -> int:
+        """The window side of block i: window_size, or 0 for a global block."""
+        return 0 if i in self.global_blocks else self.window_size
 
     @property
     def size_multiple(self) -> int:
@@ -190,6 +210,8 @@ class VisionTransformer(CostFromImages, nn.Module):
                     act=c.act,
                     head_dim=c.head_dim,
                     proj_bias=c.proj_bias,
+                    window_size=c.block_window(i),
+                    rel_pos_size=self._rel_pos_size(i) if c.rel_pos else None,
                 )
                 for i in range(c.depth)
             ]
@@ -197,8 +219,8 @@ class VisionTransformer(CostFromImages, nn.Module):
         # As in timm: the final norm sits before pooling for class-token models and after it (fc_norm) for
         # mean pooling, unless `fc_norm` says otherwise. The bilinear pool takes the normalised tokens, and its
         # output is L2-normalised; attention pooling takes all the normalised tokens.
-        self.norm = nn.Identity() if self.use_fc_norm else norm(c.embed_dim)
-        self.fc_norm = norm(c.embed_dim) if self.use_fc_norm else nn.Identity()
+        self.norm = norm(c.embed_dim) if c.final_norm and not self.use_fc_norm else nn.Identity()
+        self.fc_norm = norm(c.embed_dim) if c.final_norm and self.use_fc_norm else nn.Identity()
         self.pool = BilinearPool(c.embed_dim, reduce_dim=c.bilinear_dim) if c.global_pool == "bilinear" else None
         self.attn_pool = (
             AttentionPool(c.embed_dim, c.num_heads, c.mlp_ratio, c.qkv_bias, c.layer_norm_eps, c.act, c.attn_backend)
@@ -215,6 +237,12 @@ class VisionTransformer(CostFromImages, nn.Module):
     @property
     def num_features(self) -> int:
         return self.config.embed_dim
+
+    def _rel_pos_size(self, i: int) -> tuple[int, int]:
+        """What block i's relative position tables are sized for: its window, or the grid at img_size."""
+        window = self.config.block_window(i)
+        return (window, window) if window else self.patch_embed.grid_size
+
 
     @property
     def use_fc_norm(self) -> bool:
@@ -278,9 +306,10 @@ class VisionTransformer(CostFromImages, nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> normalised tokens (B, P + N, D)."""
-        x, _ = self._embed(x)
+        x, grid = self._embed(x)
         x = self.norm_pre(x)  # the embedded tokens are freed before the blocks run
-        x = self.blocks(x)
+        for block in self.blocks:
+            x = block(x, grid, self.num_prefix_tokens)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -314,9 +343,43 @@ class VisionTransformer(CostFromImages, nn.Module):
         checkpointed."""
         return checkpoint_blocks(self.shard_units(), enable)
 
-    def token_grid(self, img_size: tuple[int, int]) -> tuple[int, tuple[int, int]]:
-        """Every block attends over all tokens: the P prefix tokens, then the (H / p, W / p) patch grid."""
+    def token_grid(self, img_size: tuple[int, int]) -> tuple[int, tuple[int, int]] | None:
+        """Every block attends over all tokens: the P prefix tokens, then the (H / p, W / p) patch grid; None with
+        windows (`spatial_attention` lays those on the image)."""
+        if self.config.window_size:
+            return None
         return self.num_prefix_tokens, self.patch_embed.feat_size(img_size)
+
+    def spatial_attention(self, maps: Mapping[str, torch.Tensor], img_size: tuple[int, int]) -> list[SpatialAttention]:
+        """Each captured block's attention laid on the patch grid (`vitkit.models.interface.SpatialAttention`): a
+        windowed block's (B * nW, h, P + M * M, P + M * M) as every patch's row over its window's patches (-1 where
+        the window pads the grid), a global block's (B, h, P + N, P + N) over all patches; the prefix tokens are left
+        out and each row renormalised over the patches, for images of `img_size`."""
+        grid = self.patch_embed.feat_size(img_size)
+        H, W = grid
+        P = self.num_prefix_tokens
+        out = []
+        for i in range(len(self.blocks)):
+            name = f"blocks.{i}.attn"
+            if name not in maps:
+                continue
+            record = maps[name][:, :, P:, P:]  # patches over patches
+            record = record / record.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(record.dtype).tiny)
+            window = self.config.block_window(i)
+            if not window:
+                keys = torch.arange(H * W).expand(H * W, -1)
+                out.append(SpatialAttention(name, grid, keys, record, "all patches"))
+                continue
+            tokens = window_tokens(grid, (window, window))  # (nW, M * M): each window's patches, -1 for padding
+            real = tokens >= 0
+            where = torch.empty(H * W, dtype=torch.long)
+            where[tokens[real]] = torch.arange(tokens.numel()).view_as(tokens)[real]  # each patch's place
+            nW, M2 = tokens.shape
+            h = record.shape[1]
+            rows = record.reshape(-1, nW, h, M2, M2).permute(0, 2, 1, 3, 4).reshape(-1, h, nW * M2, M2)
+            weights = rows[:, :, where]  # (B, h, H * W, M * M): each patch's row in its window
+            out.append(SpatialAttention(name, grid, tokens[where // M2], weights, f"{window}x{window} windows"))
+        return out
 
     def prefix_token_names(self) -> tuple[str, ...]:
         """What each token before the patches is, in token order: "class", "distillation", "register 0", ... (the
@@ -356,7 +419,7 @@ class VisionTransformer(CostFromImages, nn.Module):
                 f"a backbone's outputs must include the ViT's last block {c.depth} (blocks after the last output "
                 f"would run for nothing); for fewer blocks, set its depth (got blocks {[i + 1 for i in indices]})"
             )
-        if c.global_pool in ("map", "bilinear") or self.use_fc_norm or c.distilled:
+        if c.global_pool in ("map", "bilinear") or (self.use_fc_norm and c.final_norm) or c.distilled:
             raise ValueError(
                 f"a ViT with global_pool {c.global_pool!r}{', distilled' if c.distilled else ''} keeps parameters a "
                 "detector's maps do not use (its pooling, or its norm after it); a backbone ViT pools with its class "
@@ -386,7 +449,7 @@ class VisionTransformer(CostFromImages, nn.Module):
         x = self.norm_pre(x)
         outputs = []
         for i, block in enumerate(self.blocks[: max(take) + 1]):
-            x = block(x)
+            x = block(x, (Hp, Wp), self.num_prefix_tokens)
             if i in take:
                 y = (self.norm(x) if norm else x)[:, self.num_prefix_tokens :]  # (B, N, D)
                 if output_fmt == "NCHW":

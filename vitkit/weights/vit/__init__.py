@@ -46,6 +46,7 @@ from vitkit.weights.vit.hf import (
 from vitkit.weights.vit.paddlevit import PADDLEVIT
 from vitkit.weights.vit.torchvision import TORCHVISION
 from vitkit.weights.vit.vit_pytorch import VITPYTORCH
+from vitkit.weights.vit.vitdet import VITDET_RULES, config_from_vitdet, vitdet_to_hf
 
 
 def resample_pos_embed(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
@@ -82,7 +83,9 @@ def read_fields(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 
 
 # transformers' files: import accepts every name of every class's table; export writes one class's names (`to_hf`).
-HF = HfViTLayout(format="hf", rules=VIT_BODY + VIT_HEADS + DINOV2_RULES + CLIP_RULES + SIGLIP_RULES, **HF_COMMON)
+HF = HfViTLayout(
+    format="hf", rules=VIT_BODY + VIT_HEADS + DINOV2_RULES + CLIP_RULES + SIGLIP_RULES + VITDET_RULES, **HF_COMMON
+)
 
 
 def to_hf(config: ViTConfig, state: State) -> tuple[State, dict[str, Any]]:
@@ -92,8 +95,10 @@ def to_hf(config: ViTConfig, state: State) -> tuple[State, dict[str, Any]]:
     mean token: `SiglipForImageClassification`); a LayerNorm before the blocks -> `CLIPVisionModel`; LayerScale ->
     `Dinov2Model` (`Dinov2WithRegistersModel` with registers); else a model with a classifier becomes
     `ViTForImageClassification` (`DeiTForImageClassificationWithTeacher` when distilled), one without `ViTModel`
-    (`DeiTModel`). ValueError, naming the fields, for a model none of them computes.
+    (`DeiTModel`); one without a final norm -> `VitDetModel` (ViTDet: windows, relative positions). ValueError, naming the fields, for a model none of them computes.
     """
+    if not config.final_norm:
+        return vitdet_to_hf(config, state)
     if config.global_pool == "map" or (not config.class_token and not config.pre_norm and config.init_values is None):
         return siglip_to_hf(config, state)
     if config.pre_norm:
@@ -118,6 +123,7 @@ WEIGHTS = FamilyWeights(
         "clip_vision_model": config_from_clip,
         "siglip": config_from_siglip,
         "siglip_vision_model": config_from_siglip,
+        "vitdet": config_from_vitdet,
     },
     hf_export=to_hf,
     hf_image_processor=True,

@@ -20,6 +20,7 @@ from vitkit.weights.hf import act_of, hf_act, labels, num_labels, prefix_encoder
 from vitkit.weights.rename import Layout, Rename, rename
 from vitkit.weights.vit.shared import PLAIN, attention_rules, require, square_size
 
+VITDET_MARKER = "embeddings.projection.weight"  # ViTDet's patch projection (ViT's: embeddings.patch_embeddings...)
 _ON_DISK = "encoder.layer.{i}"  # block prefix in files written by save_pretrained (ViT's, DeiT's and DINOv2's)
 _IN_MEMORY = "layers.{i}"  # block prefix inside transformers 5 models
 _VIT_ATTENTION = attention_rules(
@@ -76,6 +77,7 @@ class HfViTLayout(Layout):
       none). vitkit's (timm's) DINOv2 with registers has no row for any prefix token (`no_embed_class`): the class
       token's row is added to the class token on import, which is exact at every image size (the row is never
       resampled), and exported as a zero row.
+    - ViTDet's table keeps a row for a class token it does not have: dropped on import.
     """
 
     def to_vitkit(
@@ -87,6 +89,8 @@ class HfViTLayout(Layout):
             if qkv is not None:  # rows q | k | v
                 D = qkv.shape[0] // 3
                 out[f"attn_pool.q.{part}"], out[f"attn_pool.kv.{part}"] = qkv[:D], qkv[D:]
+        if "pos_embed" in out and any(self.strip(key) == VITDET_MARKER for key in state):
+            out["pos_embed"] = out["pos_embed"][:, 1:]  # ViTDet's: (1, 1 + N, D), an unused class row first
         if "reg_token" in out and {"cls_token", "pos_embed"} <= set(out):
             pos = out["pos_embed"]
             out["cls_token"] = out["cls_token"] + pos[:, :1]  # (1, 1, D)
@@ -108,7 +112,10 @@ class HfViTLayout(Layout):
 HF_COMMON = dict(  # what every transformers ViT table shares
     family="vit",
     markers=("embeddings.patch_embeddings.projection.weight", "embeddings.position_embeddings"),
-    other_markers=(("embeddings.patch_embedding.weight", "embeddings.position_embedding.weight"),),
+    other_markers=(
+        ("embeddings.patch_embedding.weight", "embeddings.position_embedding.weight"),
+        (VITDET_MARKER, "embeddings.position_embeddings"),
+    ),
     strip_prefixes=("vit.", "deit.", "dinov2.", "vision_model."),
     dropped=(
         "pooler",  # ViTModel / DeiTModel's tanh pooler over the class token: no vitkit counterpart

@@ -28,6 +28,10 @@ PLAIN = dict(
     no_embed_class=False,
     pos_embed="learn",
     fc_norm=None,
+    final_norm=True,
+    window_size=0,
+    global_blocks=(),
+    rel_pos=False,
 )
 
 
