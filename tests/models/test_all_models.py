@@ -68,13 +68,17 @@ def deformable_detr_no_gradient(c: Any) -> frozenset[str]:
 
 
 def shrunk_backbone(c: Any) -> dict:
-    """A detector's backbone with one block per stage: a ResNet's depths, or a Swin's or ViT's (`backbone_args`)."""
+    """A detector's backbone with one block per stage: a ResNet's depths, or a Swin's or ViT's (`backbone_args`); a
+    windowed ViT keeps a windowed block (of 2x2 windows) and a global one."""
     if c.backbone == "resnet":
         return dict(backbone_depths=(1, 1, 1, 1))
+    args = dict(c.backbone_args)
     config = model_entry(c.backbone).config
-    return dict(backbone_args={**dict(c.backbone_args), **(
-        dict(depths=(1,) * len(config.depths)) if hasattr(config, "depths") else dict(depth=1)
-    )})  # fmt: skip
+    if hasattr(config, "depths"):
+        return dict(backbone_args={**args, "depths": (1,) * len(config.depths)})
+    if args.get("window_size"):
+        return dict(backbone_args={**args, "depth": 2, "window_size": 2, "global_blocks": (1,)})
+    return dict(backbone_args={**args, "depth": 1})
 
 
 def backbone_blocks(c: Any) -> int:

@@ -300,7 +300,7 @@ def test_from_a_hub_repository(hf_deformable_detr, tiny_detector_config, hub_cac
 
 
 # deformable_detr_vit_small_dinov2 at the size of the small DINOv2 below: its backbone 2 blocks of width 64
-SMALL_DINOV2 = dict(embed_dim=64, depth=2, num_heads=2)
+SMALL_DINOV2 = dict(embed_dim=64, depth=2, num_heads=2, window_size=4, global_blocks=(1,))
 
 
 def test_a_dinov2_directory_fills_a_vit_backbone_and_the_detector_trains(tmp_path, tiny_detector_config, caplog):
@@ -320,9 +320,16 @@ def test_a_dinov2_directory_fills_a_vit_backbone_and_the_detector_trains(tmp_pat
     report = load_report(model)
     assert report.loaded == len(vitkit.from_pretrained(tmp_path / "dinov2").state_dict())
     assert describe_init(report, 4).startswith(f"loaded {report.loaded} tensors (backbone); kept as initialised: ")
+    directory = vitkit.from_pretrained(tmp_path / "dinov2").state_dict()
+    body = model.backbone.body.state_dict()
+    for key, tensor in directory.items():  # every tensor as the directory's model holds it
+        torch.testing.assert_close(body[key], tensor, rtol=0, atol=0)
+    # without windows, the backbone's tokens are transformers' model's
+    fields_global = dict(fields, backbone_args=dict(SMALL_DINOV2, window_size=0, global_blocks=()))
+    plain = load_for_finetune(tmp_path / "dinov2", 4, model="deformable_detr_vit_small_dinov2", **fields_global)
     x = torch.randn(1, 3, 112, 140)
     with torch.no_grad():
-        ours = model.backbone.body.forward_intermediates(x, [1], norm=True)[0]  # (1, 64, 8, 10)
+        ours = plain.backbone.body.forward_intermediates(x, [1], norm=True)[0]  # (1, 64, 8, 10)
         ref = theirs(pixel_values=x).last_hidden_state[:, 5:]  # past the class token and the 4 registers
     torch.testing.assert_close(ours.flatten(2).transpose(1, 2), ref, atol=1e-4, rtol=1e-4)
     run = tiny_detector_config(

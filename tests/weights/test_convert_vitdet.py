@@ -8,7 +8,7 @@ import torch
 import transformers
 
 import vitkit
-from vitkit.models.vit import ViTConfig, VisionTransformer
+from vitkit.models.vit import VisionTransformer, ViTConfig
 from vitkit.weights import load_weights
 
 BASE = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, patch_size=8, mlp_ratio=2)

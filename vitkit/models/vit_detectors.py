@@ -37,13 +37,21 @@ register_model(
     unpublished=_backbone_weights("swin_tiny_patch4_window7_224"),
 )
 # Deformable DETR on a DINOv2 ViT (with registers) through ViTDet's simple feature pyramid from its last block
-# (strides 7, 14, 28 at patch 14, and a fourth level), at 644 px (a multiple of 28: the pyramid's pooled level).
+# (strides 7, 14, 28 at patch 14, and a fourth level), at 644 px (a multiple of 28: the pyramid's pooled level). The
+# ViT attends as ViTDet's: within 14x14 windows of patches, except four blocks evenly spaced that attend over the
+# whole image (RF-DETR's windowed DINOv2 is this idea too); its prefix tokens join every window.
+VITDET_WINDOWS = {"window_size": 14, "global_blocks": (2, 5, 8, 11)}
 for size, vit in (("small", "vit_small_patch14_reg4_dinov2"), ("base", "vit_base_patch14_reg4_dinov2")):
     register_model(
         f"deformable_detr_vit_{size}_dinov2",
         "deformable_detr",
         DeformableDetrConfig(
-            img_size=(644, 644), backbone=vit, backbone_scales=SIMPLE_PYRAMID, box_refine=True, two_stage=True
+            img_size=(644, 644),
+            backbone=vit,
+            backbone_args=VITDET_WINDOWS,
+            backbone_scales=SIMPLE_PYRAMID,
+            box_refine=True,
+            two_stage=True,
         ),
         VITDET_PAPER,
         unpublished=_backbone_weights(vit),

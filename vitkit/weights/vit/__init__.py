@@ -95,7 +95,8 @@ def to_hf(config: ViTConfig, state: State) -> tuple[State, dict[str, Any]]:
     mean token: `SiglipForImageClassification`); a LayerNorm before the blocks -> `CLIPVisionModel`; LayerScale ->
     `Dinov2Model` (`Dinov2WithRegistersModel` with registers); else a model with a classifier becomes
     `ViTForImageClassification` (`DeiTForImageClassificationWithTeacher` when distilled), one without `ViTModel`
-    (`DeiTModel`); one without a final norm -> `VitDetModel` (ViTDet: windows, relative positions). ValueError, naming the fields, for a model none of them computes.
+    (`DeiTModel`); one without a final norm -> `VitDetModel` (ViTDet: windows, relative positions). ValueError,
+    naming the fields, for a model none of them computes.
     """
     if not config.final_norm:
         return vitdet_to_hf(config, state)
