@@ -91,6 +91,7 @@ def main() -> None:
     parser.add_argument("--default-epochs", type=int, default=None, help="the default detector's (default: --epochs)")
     parser.add_argument("--pretrain-epochs", type=int, default=12)
     parser.add_argument("--pretrain-images", type=int, default=1500)
+    parser.add_argument("--pretrain-only", action="store_true", help="stop after the classifier")
     args = parser.parse_args()
     work = args.work
     if not (work / "shapes").exists():
@@ -107,6 +108,8 @@ def main() -> None:
     if not (classifier / "best").exists():
         vitkit("train", "--model", CLASSIFIER, "--data", str(crops), "--img-size", str(CROP),
                "--epochs", str(args.pretrain_epochs), "--out", str(classifier), "--force")  # fmt: skip
+    if args.pretrain_only:
+        return
     runs = {
         "deformable_detr_vit_tiny, from scratch": ("deformable_detr_vit_tiny", None, args.epochs),
         "deformable_detr_vit_tiny, backbone pre-trained on crops": (

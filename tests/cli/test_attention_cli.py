@@ -281,6 +281,42 @@ def test_the_deformable_detector_figure_draws_sampling_points(deformable, capsys
     assert "head 2 is out of range for 2 heads" in capsys.readouterr().err
 
 
+def test_a_detector_on_a_windowed_vit_draws_its_points_and_lays_its_backbone_attention_on_the_image(
+    detector, capsys, tmp_path
+):
+    """deformable_detr_vit_tiny with a windowed ViT (2x2 windows, the second block global): `vitkit attention` draws
+    its queries' sampling points and `vitkit explore` writes its page, as for a ResNet's; `capture_attention` records
+    the backbone's windowed blocks, which the ViT lays on the image (each patch's row over its window, summing to
+    one)."""
+    torch.manual_seed(0)
+    windows = dict(depth=2, embed_dim=32, num_heads=2, window_size=2, global_blocks=(1,))
+    layout = dict(hidden_dim=32, num_heads=2, dim_feedforward=64, num_queries=5, num_classes=10)
+    model = create_model("deformable_detr_vit_tiny", **layout, backbone_args=windows, enc_layers=1, dec_layers=1)
+    directory = tmp_path / "model"
+    reading = Postprocessing(classification="focal", no_object_logit=False).to_dict()
+    info = ModelInfo(tuple(map(str, range(10))), (0.5,) * 3, (0.25,) * 3, tuple(range(10)), reading)
+    save_pretrained(model, directory, info)
+    canvas = detector[1]
+    figure, page = tmp_path / "points.png", tmp_path / "page.html"
+    common = ["--model-dir", str(directory), str(canvas), "--threshold", "0"]
+    assert main(["attention", *common, "--out", str(figure)]) == 0
+    assert "sampling points of each object's query" in capsys.readouterr().out and Image.open(figure).width > 0
+    assert main(["explore", *common, "--out", str(page)]) == 0
+    assert "detection(s) above 0.00" in capsys.readouterr().out and page.stat().st_size > 0
+
+    x = torch.randn(1, 3, 96, 128)  # a 6x8 grid of patches: 3x4 windows
+    body = model.eval().backbone.body
+    with torch.no_grad(), capture_attention(model) as maps:
+        model(x)
+    assert maps["backbone.body.blocks.0.attn"].shape == (12, 2, 1 + 4, 1 + 4)  # class token + 2x2 patches a window
+    assert maps["backbone.body.blocks.1.attn"].shape == (1, 2, 1 + 48, 1 + 48)
+    laid = body.spatial_attention({k.removeprefix("backbone.body."): v for k, v in maps.items()}, (96, 128))
+    assert [(a.grid, tuple(a.keys.shape)) for a in laid] == [((6, 8), (48, 4)), ((6, 8), (48, 48))]
+    assert laid[0].keys[9].tolist() == [0, 1, 8, 9]  # patch (1, 1) is in the first window
+    for a in laid:
+        torch.testing.assert_close(a.weights.sum(-1), torch.ones(1, 2, 48))
+
+
 @pytest.mark.parametrize("out", ["figure.xyz", "figure"])
 def test_an_out_that_cannot_take_a_picture_is_refused_before_the_model_is_read(tmp_path, capsys, out):
     missing = tmp_path / "no_model_here"  # read after the check: the error is about --out, not the model

@@ -72,17 +72,31 @@ def test_vit_simple_feature_pyramid_has_the_papers_shapes():
     assert taps.out_channels == [32, 64, 64] and [tuple(m.shape) for m in taps(x)][0] == (1, 32, 32, 40)
 
 
+WINDOWED_DINOV2 = dict(depth=2, window_size=3, global_blocks=(1,), rel_pos=True)  # 3x3 windows pad an 8x10 grid
+
+
 @pytest.mark.parametrize(
-    "fields",
+    ("detector", "fields"),
     [
-        dict(backbone="swin_tiny_patch4_window7_224", backbone_args=SMALL_SWIN),
-        dict(backbone="vit_small_patch14_reg4_dinov2", backbone_args=dict(depth=2), backbone_scales=(2.0, 1.0, 0.5)),
+        ("deformable_detr_resnet50", dict(backbone="swin_tiny_patch4_window7_224", backbone_args=SMALL_SWIN)),
+        (
+            "deformable_detr_resnet50",
+            dict(
+                backbone="vit_small_patch14_reg4_dinov2", backbone_args=dict(depth=2), backbone_scales=(2.0, 1.0, 0.5)
+            ),
+        ),
+        (
+            "deformable_detr_resnet50",
+            dict(backbone="vit_small_patch14_reg4_dinov2", backbone_args=WINDOWED_DINOV2, backbone_scales=(1.0, 0.5)),
+        ),
+        ("detr_resnet50", dict(backbone="swin_tiny_patch4_window7_224", backbone_args=SMALL_SWIN)),
+        ("detr_resnet50", dict(backbone="vit_small_patch14_reg4_dinov2", backbone_args=WINDOWED_DINOV2)),
     ],
-    ids=["swin", "vit_dinov2"],
+    ids=["swin", "vit_dinov2", "windowed_vit_dinov2", "detr_swin", "detr_windowed_vit_dinov2"],
 )
-def test_a_detector_pads_images_to_its_backbone_as_a_user_would(fields):
+def test_a_detector_pads_images_to_its_backbone_as_a_user_would(detector, fields):
     torch.manual_seed(0)
-    model = nudge(vitkit.create_model("deformable_detr_resnet50", img_size=128, enc_layers=1, dec_layers=2, **fields))
+    model = nudge(vitkit.create_model(detector, img_size=128, enc_layers=1, dec_layers=2, **fields))
     multiple = model.backbone.size_multiple
     x = torch.randn(2, 3, 100, 130)
     H, W = -(-100 // multiple) * multiple, -(-130 // multiple) * multiple
@@ -93,7 +107,11 @@ def test_a_detector_pads_images_to_its_backbone_as_a_user_would(fields):
         out, expected = model(x), model(padded, mask)
     torch.testing.assert_close(out["pred_logits"], expected["pred_logits"], rtol=0, atol=0)
     assert torch.equal(out["pred_boxes"], expected["pred_boxes"])
-    assert model.level_sizes((100, 130))[:3] == model.backbone.feature_sizes((H, W))
+    if hasattr(model, "level_sizes"):  # Deformable DETR's levels start with the backbone's maps
+        maps = model.backbone.feature_sizes((H, W))
+        assert model.level_sizes((100, 130))[: len(maps)] == maps
+    else:  # DETR reads the last map
+        assert model.feature_grid((H, W)) == model.backbone.feature_sizes((H, W))[-1]
     x.requires_grad_(False)
     model.train()(x)["pred_logits"].sum().backward()  # every backbone parameter takes part
     assert all(p.grad is not None for p in model.backbone.parameters())
@@ -113,3 +131,37 @@ def test_configs_that_cannot_work_are_refused():
     for fields, message in cases:
         with pytest.raises(ValueError, match=re.escape(message)):
             vitkit.create_model("deformable_detr_resnet50", **fields)
+    detr_cases = [
+        (dict(backbone="vit_tiny_patch16_224", backbone_scales=(1.0, 0.5)), "DETR reads one map"),
+        (dict(backbone_args=dict(depth=3)), "a Swin or ViT backbone's; a ResNet's fields are"),
+        (dict(backbone="vit_tiny_patch16_224", backbone_args=dict(global_blocks=(1,))), "needs window_size > 0"),
+    ]
+    for fields, message in detr_cases:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            vitkit.create_model("detr_resnet50", **fields)
+    for export in ("hf", "detr"):
+        with pytest.raises(ValueError, match="keep it in vitkit's layout"):
+            vitkit.export_weights(
+                vitkit.create_model("detr_resnet50", backbone="vit_tiny_patch16_224", backbone_args=dict(depth=1)),
+                "unused", format=export,
+            )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "fields"),
+    [
+        ("vit_small_patch14_reg4_dinov2", dict(img_size=70, dynamic_img_size=True, **WINDOWED_DINOV2)),
+        ("detr_resnet50", dict(img_size=96, backbone="vit_tiny_patch16_224", backbone_args=WINDOWED_DINOV2)),
+    ],
+    ids=["windowed_vit", "detr_windowed_vit"],
+)
+def test_windowed_models_cost_what_the_dispatcher_counts(name, fields):
+    """Windows (padded), relative positions and DETR on a ViT, costed from the forward: their matmul FLOPs are what
+    PyTorch's dispatcher counts, their activation memory what it measures."""
+    from vitkit.analysis import profile
+
+    model = vitkit.create_model(name, **fields, attn_backend="math").eval()
+    size = (fields["img_size"], fields["img_size"] + 14)
+    report = profile(model, size, batch=1, measure=True)
+    assert report.matmul_flops == report.measured_matmul_flops
+    assert report.activation_bytes == pytest.approx(report.measured_activation_bytes, rel=0.01)

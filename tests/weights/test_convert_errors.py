@@ -116,7 +116,8 @@ def test_hf_directories_vitkit_cannot_build(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"model_type 'bert' is not supported; supported: \['clip', 'clip_vision_model', 'deformable_detr', "
-        r"'deit', 'detr', 'dinov2', 'dinov2_with_registers', 'siglip', 'siglip_vision_model', 'swin', 'vit'\]",
+        r"'deit', 'detr', 'dinov2', 'dinov2_with_registers', 'siglip', 'siglip_vision_model', 'swin', 'vit', "
+        r"'vitdet'\]",
     ):
         vitkit.from_pretrained(tmp_path)
 

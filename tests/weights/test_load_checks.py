@@ -67,7 +67,7 @@ def _saved(tmp_path, **overrides):
 
 def test_config_missing_a_field_names_it(tmp_path):
     config = _saved(tmp_path)
-    assert config["format_version"] == FORMAT_VERSION == 6
+    assert config["format_version"] == FORMAT_VERSION == 7
     del config["config"]["embed_dim"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"config.json: config lacks field\(s\) \['embed_dim'\] of ViTConfig"):
@@ -79,10 +79,10 @@ def test_config_missing_a_field_names_it(tmp_path):
 @pytest.mark.parametrize(
     "version,message",
     [
-        (99, r"format_version 99 is not one this vitkit reads \(5, 6\); it was written by a newer vitkit"),
-        (4, r"format_version 4 is not one this vitkit reads \(5, 6\)$"),
-        ("5", r"format_version '5' is not one this vitkit reads \(5, 6\)$"),
-        (None, r"has no 'format_version'; this vitkit reads format_version 6"),
+        (99, r"format_version 99 is not one this vitkit reads \(5, 6, 7\); it was written by a newer vitkit"),
+        (4, r"format_version 4 is not one this vitkit reads \(5, 6, 7\)$"),
+        ("5", r"format_version '5' is not one this vitkit reads \(5, 6, 7\)$"),
+        (None, r"has no 'format_version'; this vitkit reads format_version 7"),
     ],
 )
 def test_unknown_format_version_is_refused(tmp_path, version, message):
@@ -146,23 +146,24 @@ def test_checkpoint_of_another_family_suggests_its_models():
     )
 
 
-def test_version_5_detectors_load_with_the_backbone_fields_added_since(tmp_path):
-    """format_version 6 added a detector's choice of backbone: a version-5 file lacks those fields, and its model
-    (a ResNet's, as every version-5 detector) is built with their defaults."""
+@pytest.mark.parametrize(("name", "version"), [("deformable_detr_digits", 5), ("detr_digits", 6)])
+def test_earlier_detectors_load_with_the_backbone_fields_added_since(tmp_path, name, version):
+    """format_version 6 added Deformable DETR's choice of backbone and 7 DETR's: an earlier file lacks those fields,
+    and its model (a ResNet's, as every detector of those versions) is built with their defaults."""
     torch.manual_seed(0)
-    model = vitkit.create_model("deformable_detr_digits", enc_layers=1, dec_layers=1).eval()
+    model = vitkit.create_model(name, enc_layers=1, dec_layers=1).eval()
     vitkit.save_pretrained(model, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    for name in ("backbone", "backbone_args", "backbone_scales"):
-        del config["config"][name]
-    config["format_version"] = 5
+    for field in ("backbone", "backbone_args", "backbone_scales"):
+        del config["config"][field]
+    config["format_version"] = version
     (tmp_path / "config.json").write_text(json.dumps(config))
     loaded = vitkit.from_pretrained(tmp_path)
     assert loaded.config == model.config
     x = torch.randn(1, 3, 96, 96)
     with torch.no_grad():
         assert torch.equal(loaded(x)["pred_boxes"], model(x)["pred_boxes"])
-    config["format_version"] = 6  # a version-6 file holds every field
+    config["format_version"] = 7  # a version-7 file holds every field
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"lacks field\(s\) \['backbone', 'backbone_args', 'backbone_scales'\]"):
         vitkit.from_pretrained(tmp_path)

@@ -80,10 +80,17 @@ def _release(ops: Sequence[OpCost]) -> dict[Storage, tuple[int, int]]:
     `vitkit.cost.rows`: from its writer to its last reader, to the end of the module it was handed to, to the end
     for the result."""
     path = [tuple(op.module.split(".")) if op.module else () for op in ops]
-    last_under: dict[tuple[str, ...], int] = {}
-    for i, parts in enumerate(path):
-        for n in range(len(parts) + 1):
-            last_under[parts[:n]] = i
+    # call_end[i][n]: the last op of the call of module path[i][:n] that op i runs in (the run of ops under it from
+    # i on): a module called several times (a decoder's shared final norm) lets go of each call's input at that
+    # call's end
+    call_end: list[list[int]] = [[] for _ in ops]
+    for i in range(len(ops) - 1, -1, -1):
+        parts = path[i]
+        after = path[i + 1] if i + 1 < len(ops) else None
+        call_end[i] = [
+            call_end[i + 1][n] if after is not None and after[:n] == parts[:n] and n < len(call_end[i + 1]) else i
+            for n in range(len(parts) + 1)
+        ]
     span: dict[Storage, tuple[int, int]] = {}
     made_in: dict[Storage, tuple[str, ...]] = {}
     for i, op in enumerate(ops):
@@ -94,7 +101,7 @@ def _release(ops: Sequence[OpCost]) -> dict[Storage, tuple[int, int]]:
             common = 0
             while common < min(len(maker), len(reader)) and maker[common] == reader[common]:
                 common += 1
-            end = last_under[reader[: common + 1]] if len(reader) > common else i
+            end = call_end[i][common + 1] if len(reader) > common else i
             span[x.storage] = (span[x.storage][0], max(span[x.storage][1], end))
         out = op.output.storage
         if out not in span and out.nbytes > 0 and op.out_bytes > 0:

@@ -99,9 +99,10 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None, prefix: int = 0) -> torch.Tensor:
         """Tokens x (B, N, C) -> (B, N, C); `grid` (H, W) and `prefix` P say how the N = P + H * W tokens lie, needed
         by a block with windows or relative positions (`needs_grid`)."""
-        y = self.norm1(x)
-        y = self._attention(y, grid, prefix) if self.needs_grid else self.attn(y)
-        x = x + self.drop_path1(self.ls1(y))
+        if self.needs_grid:  # (no name holds norm1's output: it is freed once the attention has projected it)
+            x = x + self.drop_path1(self.ls1(self._attention(self.norm1(x), grid, prefix)))
+        else:
+            x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
 

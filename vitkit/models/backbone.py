@@ -212,3 +212,22 @@ def check_backbone_outputs(model: str, outs: Sequence[int], scales: Sequence[flo
                 f"backbone_scales {tuple(scales)} take one output (every scale from it) or one per scale, got "
                 f"{len(outs)} outputs {tuple(outs)}"
             )
+
+
+def check_backbone_choice(config: Any, outs: Sequence[int]) -> None:
+    """ValueError for a detector config's backbone fields (`backbone`, `backbone_args`, `backbone_scales`) that do not
+    make a backbone with the outputs `outs`: an unknown name, a ResNet given a transformer's fields, outputs or
+    scales the model does not have, fields its config refuses."""
+    if config.backbone == "resnet":
+        if config.backbone_scales or config.backbone_args:
+            raise ValueError(
+                "backbone_scales and backbone_args are a Swin or ViT backbone's; a ResNet's fields are "
+                "backbone_block, backbone_depths, backbone_width, backbone_stages, dilation and backbone_norm"
+            )
+        return
+    try:
+        model_entry(config.backbone)
+    except ValueError as err:
+        raise ValueError(f"backbone must be 'resnet' or a registered Swin or ViT variant: {err}") from None
+    check_backbone_outputs(config.backbone, outs, config.backbone_scales, dict(config.backbone_args))
+    backbone_config(config.backbone, dict(config.backbone_args), config.in_chans)

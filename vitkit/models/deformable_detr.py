@@ -63,9 +63,8 @@ from vitkit.layers import (
 from vitkit.layers.pos_embed import SinePositionEmbedding, nearest_mask
 from vitkit.models.backbone import (
     ClassifierBackbone,
-    backbone_config,
     backbone_outputs,
-    check_backbone_outputs,
+    check_backbone_choice,
     pad_to_multiple,
 )
 from vitkit.models.deformable_transformer import (
@@ -179,17 +178,11 @@ class DeformableDetrConfig:
             except ValueError as err:
                 raise ValueError(f"backbone must be 'resnet' or a registered Swin or ViT variant: {err}") from None
         stages = self.stages
-        if self.backbone == "resnet":
-            if self.backbone_scales or self.backbone_args:
-                raise ValueError(
-                    "backbone_scales and backbone_args are a Swin or ViT backbone's; a ResNet's fields are "
-                    "backbone_block, backbone_depths, backbone_width, backbone_stages, dilation and backbone_norm"
-                )
-            if not stages or list(stages) != sorted(set(stages)) or not all(1 <= s <= 4 for s in stages):
-                raise ValueError(f"backbone_stages must be increasing stages among 1..4 (layer1..layer4), got {stages}")
-        else:
-            check_backbone_outputs(self.backbone, stages, self.backbone_scales, dict(self.backbone_args))
-            backbone_config(self.backbone, dict(self.backbone_args), self.in_chans)
+        check_backbone_choice(self, stages)
+        if self.backbone == "resnet" and (
+            not stages or list(stages) != sorted(set(stages)) or not all(1 <= s <= 4 for s in stages)
+        ):
+            raise ValueError(f"backbone_stages must be increasing stages among 1..4 (layer1..layer4), got {stages}")
         maps = len(self.backbone_scales) or len(stages)
         if maps > self.num_feature_levels:
             what = f"backbone_scales {self.backbone_scales}" if self.backbone_scales else f"backbone_stages {stages}"

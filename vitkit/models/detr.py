@@ -38,9 +38,12 @@ from torch import nn
 
 from vitkit.layers import Attention, check_backend, to_2tuple
 from vitkit.layers.pos_embed import SinePositionEmbedding, nearest_mask
+from vitkit.models.backbone import ClassifierBackbone, backbone_outputs, check_backbone_choice, pad_to_multiple
 from vitkit.models.interface import CostFromImages, SpatialAttention, check_detector_input, checkpoint_blocks
 from vitkit.models.registry import (
+    Fields,
     PublishedWeights,
+    as_fields,
     check_field_types,
     check_positive,
     check_rates,
@@ -72,6 +75,12 @@ class DetrConfig:
     in_chans: int = 3  # image channels
     num_classes: int = 91  # object classes K; the class head has K + 1 outputs, the last "no object" (COCO: 91,
     # the largest category id + 1, as DETR)
+    backbone: str = "resnet"  # "resnet" (the fields below) or a registered Swin or ViT variant whose last stage or
+    # block gives the map (`vitkit.models.backbone.ClassifierBackbone`, with this config's in_chans, no head)
+    backbone_args: Fields = ()  # a Swin or ViT backbone's config fields to replace, e.g. {"window_size": 14} (a dict,
+    # kept as sorted (name, value) pairs)
+    backbone_scales: tuple[float, ...] = ()  # a Swin or ViT backbone's map: () its last output as it is; (s,) that
+    # output at ViTDet's scale s (of 4, 2, 1, 0.5; e.g. 0.5: a patch-16 ViT's map at stride 32)
     backbone_block: str = "bottleneck"  # "bottleneck" (1x1-3x3-1x1: ResNet-50/101) or "basic" (3x3-3x3: ResNet-18/34)
     backbone_depths: tuple[int, ...] = (3, 4, 6, 3)  # blocks of layer1..layer4: ResNet-50 (3, 4, 6, 3), ResNet-101
     # (3, 4, 23, 3), ResNet-18 (2, 2, 2, 2), ResNet-34 (3, 4, 6, 3) with basic blocks
@@ -92,6 +101,7 @@ class DetrConfig:
     attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (the reference formula); see layers.attention
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "backbone_args", as_fields(self.backbone_args))
         check_field_types(self)
         check_positive(
             self, "in_chans", "num_classes", "backbone_width", "hidden_dim", "num_heads", "enc_layers", "dec_layers"
@@ -108,11 +118,21 @@ class DetrConfig:
             raise ValueError(
                 f"backbone_depths needs 4 stages of >= 1 block (layer1..layer4), got {self.backbone_depths}"
             )
+        if len(self.backbone_scales) > 1:
+            raise ValueError(f"DETR reads one map: backbone_scales takes one scale or none, got {self.backbone_scales}")
+        check_backbone_choice(self, self.outputs)
         if self.hidden_dim % self.num_heads != 0:
             raise ValueError(f"hidden_dim {self.hidden_dim} is not divisible by num_heads {self.num_heads}")
         if self.hidden_dim % 4 != 0:
             raise ValueError(f"hidden_dim {self.hidden_dim} must be a multiple of 4 (sine and cosine per axis)")
         check_backend(self.attn_backend)
+
+    @property
+    def outputs(self) -> tuple[int, ...]:
+        """The backbone output that gives the map: a ResNet's layer4, a Swin's last stage or a ViT's last block."""
+        if self.backbone == "resnet":
+            return (4,)
+        return (backbone_outputs(self.backbone, dict(self.backbone_args)),)
 
 
 def check_backbone_norm(norm: str) -> None:
@@ -181,7 +201,11 @@ class DETR(CostFromImages, nn.Module):
     def __init__(self, config: DetrConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.backbone = resnet_backbone(c)
+        if c.backbone == "resnet":
+            self.backbone = resnet_backbone(c)
+        else:
+            fields = {"attn_backend": c.attn_backend, **dict(c.backbone_args)}  # the backbone's attention too
+            self.backbone = ClassifierBackbone(c.backbone, c.outputs, c.backbone_scales, fields, c.in_chans)
         self.input_proj = nn.Conv2d(self.backbone.out_channels[-1], c.hidden_dim, 1)
         self.position_embedding = SinePositionEmbedding(c.hidden_dim // 2)
         self.query_embed = nn.Embedding(c.num_queries, c.hidden_dim)
@@ -198,16 +222,15 @@ class DETR(CostFromImages, nn.Module):
         self.class_embed = nn.Linear(c.hidden_dim, c.num_classes + 1)
         self.bbox_embed = BoxMLP(c.hidden_dim)
         self.init_weights()
-        if not c.train_stem:  # DETR trains layer2..layer4 of the backbone only
-            for module in (self.backbone.conv1, self.backbone.layer1):
+        if not c.train_stem:  # DETR trains layer2..layer4 of a ResNet only
+            for module in self.backbone.early_layers():
                 module.requires_grad_(False)
 
     def init_weights(self) -> None:
-        """DETR's initialisation: backbone convolutions as torchvision's ResNet (normal, fan out), the transformer's
-        matrices Xavier-uniform with zero attention biases (nn.MultiheadAttention's), the rest PyTorch's defaults."""
-        for module in self.backbone.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        """DETR's initialisation: backbone convolutions as torchvision's ResNet (normal, fan out; a Swin or ViT its
+        own), the transformer's matrices Xavier-uniform with zero attention biases (nn.MultiheadAttention's), the
+        rest PyTorch's defaults."""
+        self.backbone.reset_parameters()
         for part in (self.encoder, self.decoder):
             for p in part.parameters():
                 if p.dim() > 1:
@@ -225,6 +248,7 @@ class DETR(CostFromImages, nn.Module):
     def forward_features(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Images (B, C, H, W) and pixel_mask (B, H, W) or None -> the decoder's normalised outputs (L, B, Q, D)."""
         pixel_mask = self.check_input(images, pixel_mask)
+        images, pixel_mask = pad_to_multiple(images, pixel_mask, self.backbone.size_multiple)
         # oneDNN's convolutions run fastest channels-last
         features = self.backbone(images.contiguous(memory_format=torch.channels_last))[-1]  # (B, C5, h, w)
         B, _, h, w = features.shape

@@ -161,6 +161,17 @@ class ViTConfig:
         return self.patch_size
 
 
+class Blocks(nn.Sequential):
+    """The encoder blocks, run in order on tokens (B, P + N, D), each told the patch grid and the number of prefix
+    tokens (which windows and relative positions need); as `nn.Sequential`, it holds its input until the last block
+    has run."""
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int], prefix: int) -> torch.Tensor:
+        for block in self:
+            x = block(x, grid, prefix)
+        return x
+
+
 class VisionTransformer(CostFromImages, nn.Module):
     """ViT / DeiT built from a `ViTConfig`.
 
@@ -194,7 +205,7 @@ class VisionTransformer(CostFromImages, nn.Module):
         self.pos_drop = nn.Dropout(c.drop_rate)
         self.norm_pre = norm(c.embed_dim) if c.pre_norm else nn.Identity()
         dpr = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # linear stochastic-depth rule
-        self.blocks = nn.Sequential(
+        self.blocks = Blocks(
             *[
                 Block(
                     c.embed_dim,
@@ -308,8 +319,7 @@ class VisionTransformer(CostFromImages, nn.Module):
         """Images (B, C, H, W) -> normalised tokens (B, P + N, D)."""
         x, grid = self._embed(x)
         x = self.norm_pre(x)  # the embedded tokens are freed before the blocks run
-        for block in self.blocks:
-            x = block(x, grid, self.num_prefix_tokens)
+        x = self.blocks(x, grid, self.num_prefix_tokens)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

@@ -51,8 +51,8 @@ def read_fields(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """The config fields a DETR state dict fixes: the backbone, width, queries, layers and feed-forward width."""
     fields: dict[str, Any] = {}
     conv1 = state.get("backbone.conv1.weight")
-    if conv1 is not None and conv1.ndim == 4:
-        fields.update(in_chans=conv1.shape[1], backbone_width=conv1.shape[0])
+    if conv1 is not None and conv1.ndim == 4:  # a ResNet's stem (a Swin's or ViT's backbone is `backbone.body`)
+        fields.update(backbone="resnet", in_chans=conv1.shape[1], backbone_width=conv1.shape[0])
     if depths := tuple(count(state, rf"backbone\.layer{s}\.(\d+)\.") for s in range(1, 5)):
         if all(depths):
             fields["backbone_depths"] = depths
@@ -122,6 +122,11 @@ def check_original_export(config: DetrConfig) -> None:
     """ValueError for DETR configurations facebookresearch/detr cannot build: its backbone is
     `torchvision.models.<name>` for a standard ResNet (64 wide, 3 input channels), and torchvision's BasicBlock
     does not dilate."""
+    if config.backbone != "resnet":
+        raise ValueError(
+            f"facebookresearch/detr's backbone is a torchvision ResNet; this model's is {config.backbone}: keep it in "
+            "vitkit's layout (save_pretrained)"
+        )
     problems = []
     name = resnet_name(config)
     if name is None:
@@ -365,6 +370,11 @@ def to_hf(config: DetrConfig, state: State) -> tuple[State, dict[str, Any]]:
     checkpoints are; any other width or depth as transformers' own ResNet, which cannot dilate (no DC5).
     `auxiliary_loss` is written False (see `config_from_hf`), so transformers computes the same outputs.
     """
+    if config.backbone != "resnet":
+        raise ValueError(
+            f"transformers' DETR has a ResNet backbone; this model's is {config.backbone}: keep it in vitkit's layout "
+            "(save_pretrained)"
+        )
     timm_name = resnet_name(config)
     if timm_name is None and config.dilation:
         raise ValueError(

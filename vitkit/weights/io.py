@@ -1,8 +1,8 @@
 """Weight files: vitkit model directories (`config.json` + `model.safetensors`, no pickle anywhere) and safe
 reading of other libraries' checkpoints (safetensors, or `torch.load(weights_only=True)`, which never runs code).
 
-A vitkit `config.json` (format_version 6, the format vitkit writes) holds:
-  - "format_version": 6, "family": the model family, "config": every field of the family's config;
+A vitkit `config.json` (format_version 7, the format vitkit writes) holds:
+  - "format_version": 7, "family": the model family, "config": every field of the family's config;
   - what the model needs to be used without its training data (`ModelInfo`), each entry where known:
     "classes" (the class names in label order, one per class), "mean" and "std" (the per-channel normalisation
     of images scaled to [0, 1] that the model expects), for a detector "category_ids" (its data's category id of
@@ -14,8 +14,9 @@ A vitkit `config.json` (format_version 6, the format vitkit writes) holds:
 `vitkit train` writes every entry; `save_pretrained`, `export_weights` and `vitkit convert` those they are given.
 `read_model_dir` is the one reader: a file of another format_version, lacking a config field, or with an entry
 that is not one of these is refused with a message naming what is wrong. Files of format_version 5 are read too:
-version 6 added the "weights" entry and the config fields in `ADDED_IN_6` (a detector's choice of backbone), which
-a version-5 file lacks and which take their defaults, the values every version-5 model was built with.
+version 6 added the "weights" entry and Deformable DETR's choice of backbone, version 7 DETR's (the config fields in
+`ADDED`), which files of earlier versions lack and which take their defaults, the values those models were built
+with.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ from vitkit.weights.pdparams import is_pdparams, read_pdparams
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-FORMAT_VERSION = 6  # what save_pretrained writes
-READ_VERSIONS = (5, 6)  # the versions read
-ADDED_IN_6 = ("backbone", "backbone_args", "backbone_scales")  # config fields a version-5 file lacks: their defaults
+FORMAT_VERSION = 7  # what save_pretrained writes
+READ_VERSIONS = (5, 6, 7)  # the versions read
+# config fields each version added, which files of earlier versions lack: they take their defaults, the values the
+# earlier models were built with (6: Deformable DETR's choice of backbone; 7: DETR's)
+ADDED = {6: ("backbone", "backbone_args", "backbone_scales"), 7: ("backbone", "backbone_args", "backbone_scales")}
 INFO_ATTRIBUTE = "pretrained_info"  # the `ModelInfo` that from_pretrained sets on a model
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # files written by torch.save
 PDPARAMS_SUFFIX = ".pdparams"  # files written by Paddle's paddle.save (PaddleViT's weights)
@@ -323,8 +326,9 @@ def read_model_dir(
     if unknown:  # the caller's, not the file's: worded as `create_model` words them
         raise ValueError(f"{fam.config_cls.__name__} has no field(s) {unknown}; its fields are {sorted(names)}")
     fields = dict(saved["config"])
-    if version == 5:  # the fields added since take the values version-5 models were built with: their defaults
-        defaults = {f.name: f.default for f in dataclasses.fields(fam.config_cls) if f.name in ADDED_IN_6}
+    added = {name for later, names in ADDED.items() if later > version for name in names}
+    if added:  # the fields added since take the values the file's models were built with: their defaults
+        defaults = {f.name: f.default for f in dataclasses.fields(fam.config_cls) if f.name in added}
         fields = {**defaults, **fields}
     config = _config_from_dict(fam.config_cls, {**fields, **overrides}, str(path))
     info = check_model_info(saved, fields.get("num_classes", 0), str(path), fields.get("in_chans"))
