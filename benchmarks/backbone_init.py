@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=16, help="each detector's epochs (about ten minutes' worth)")
     parser.add_argument("--default-epochs", type=int, default=None, help="the default detector's (default: --epochs)")
     parser.add_argument("--pretrain-epochs", type=int, default=12)
+    parser.add_argument("--pretrain-lr", type=float, default=5e-4)
     parser.add_argument("--pretrain-images", type=int, default=1500)
     parser.add_argument("--pretrain-only", action="store_true", help="stop after the classifier")
     args = parser.parse_args()
@@ -107,7 +108,8 @@ def main() -> None:
     classifier = work / "classifier"
     if not (classifier / "best").exists():
         vitkit("train", "--model", CLASSIFIER, "--data", str(crops), "--img-size", str(CROP),
-               "--epochs", str(args.pretrain_epochs), "--out", str(classifier), "--force")  # fmt: skip
+               "--epochs", str(args.pretrain_epochs), "--lr", str(args.pretrain_lr), "--out", str(classifier),
+               "--force")  # fmt: skip
     if args.pretrain_only:
         return
     runs = {
