@@ -3,11 +3,12 @@ ResNet detector: AP at 5 and 10 minutes on this machine.
 
 The backbone's pre-training is a classifier on crops of other shapes images (`vitkit example-data shapes --seed`,
 never the detector's folder): each box cut square at 1.25x its longer side, and as many crops of background (no
-box inside) as a fifth class, 64 px; `vitkit train` trains `vit_tiny_patch16_224` on them. The detectors then train
-one after another, each alone on the machine, on `vitkit example-data shapes` (its default seed):
-`deformable_detr_vit_tiny` from scratch, the same with `--init` the classifier's best directory, and
-`deformable_detr_small` (the default detector, a half-width ResNet). AP is COCO's on the folder's val/ after each
-epoch; minutes count the epochs' own seconds (metrics.jsonl) from the start of training.
+box inside) as a fifth class, 64 px; `vitkit train` trains `vit_tiny_patch16_224` on them (random crops keep at least
+80% of a crop's area, so the shape stays in view). The detectors then train one after another, each alone on the
+machine, on `vitkit example-data shapes` (its default seed): `deformable_detr_vit_tiny` from scratch, the same with
+`--init` the classifier's best directory, and `deformable_detr_small` (the default detector, a half-width ResNet). AP
+is COCO's on the folder's val/ after each epoch; minutes count the epochs' own seconds (metrics.jsonl) from the start
+of training.
 
     python benchmarks/backbone_init.py --work /tmp/backbone_init
     python benchmarks/backbone_init.py --work /tmp/backbone_init --epochs 16 --pretrain-epochs 12
@@ -89,8 +90,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True, help="a folder for the data and the runs")
     parser.add_argument("--epochs", type=int, default=16, help="each detector's epochs (about ten minutes' worth)")
     parser.add_argument("--default-epochs", type=int, default=None, help="the default detector's (default: --epochs)")
-    parser.add_argument("--pretrain-epochs", type=int, default=12)
-    parser.add_argument("--pretrain-lr", type=float, default=5e-4)
+    parser.add_argument("--pretrain-epochs", type=int, default=16)
+    parser.add_argument("--pretrain-lr", type=float, default=1e-3)
     parser.add_argument("--pretrain-images", type=int, default=1500)
     parser.add_argument("--pretrain-only", action="store_true", help="stop after the classifier")
     args = parser.parse_args()
@@ -108,8 +109,8 @@ def main() -> None:
     classifier = work / "classifier"
     if not (classifier / "best").exists():
         vitkit("train", "--model", CLASSIFIER, "--data", str(crops), "--img-size", str(CROP),
-               "--epochs", str(args.pretrain_epochs), "--lr", str(args.pretrain_lr), "--out", str(classifier),
-               "--force")  # fmt: skip
+               "--epochs", str(args.pretrain_epochs), "--lr", str(args.pretrain_lr), "--min-scale", "0.8",
+               "--out", str(classifier), "--force")  # fmt: skip
     if args.pretrain_only:
         return
     runs = {

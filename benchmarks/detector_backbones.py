@@ -5,6 +5,10 @@ memory from its trace (`vitkit.profile`).
 
     python benchmarks/detector_backbones.py                      # 640 px, fp32 and bf16
     python benchmarks/detector_backbones.py --img-size 1024 --precisions fp32 --rounds 3
+    python benchmarks/detector_backbones.py --img-size 1024 --models deformable_detr_vit_small_dinov2 \
+        deformable_detr_vit_small_dinov2@global                  # windowed against all-global attention
+
+A name ending in "@global" is the variant with its ViT's windows turned off (every block attends over all patches).
 
 The figures behind BENCHMARKS.md's "Transformer backbones for the detectors".
 """
@@ -43,9 +47,11 @@ def main() -> None:
     size = (args.img_size, args.img_size)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, images {size[0]}x{size[1]}")
-    print(f"{'model':36} {'prec':5} {'params':>11} {'GFLOPs':>8} {'infer s':>8} {'train s':>8} {'act MiB':>9}")
+    print(f"{'model':40} {'prec':5} {'params':>11} {'GFLOPs':>8} {'infer s':>8} {'train s':>8} {'act MiB':>9}")
     for name in args.models:
-        model = vitkit.create_model(name, img_size=size)
+        registered, _, option = name.partition("@")
+        fields = {"backbone_args": {}} if option == "global" else {}  # the ViT's own fields: no windows
+        model = vitkit.create_model(registered, img_size=size, **fields)
         report = profile(model, size, batch=1)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         x1, x2 = torch.randn(1, 3, *size), torch.randn(2, 3, *size)
@@ -69,7 +75,7 @@ def main() -> None:
             infer_s, train_s = timed(infer, args.rounds), timed(train, args.rounds)
             peak = profile(model, size, batch=1, dtype=dtype).activation_bytes / 2**20  # inference, from the trace
             print(
-                f"{name:36} {precision:5} {report.params:>11,} {report.flops / 1e9:>8.1f} {infer_s:>8.2f} "
+                f"{name:40} {precision:5} {report.params:>11,} {report.flops / 1e9:>8.1f} {infer_s:>8.2f} "
                 f"{train_s:>8.2f} {peak:>9.0f}"
             )
 
