@@ -19,6 +19,7 @@ from torch import nn
 
 import vitkit
 from vitkit.cli.messages import TRAIN, cli_message
+from vitkit.data.shapes import write_shapes_folder
 from vitkit.detection import FOCAL_PRIOR
 from vitkit.train import fit, load_for_finetune
 from vitkit.train.loop import build_training_model
@@ -304,9 +305,10 @@ SMALL_DINOV2 = dict(embed_dim=64, depth=2, num_heads=2, window_size=4, global_bl
 
 
 def test_a_dinov2_directory_fills_a_vit_backbone_and_the_detector_trains(tmp_path, tiny_detector_config, caplog):
-    """--init with transformers' DINOv2-with-registers directory and --model deformable_detr_vit_small_dinov2: the
-    backbone takes every tensor of the directory (its tokens equal transformers' model's), the rest starts as
-    initialised, the summary says so, and the run trains and evaluates."""
+    """--init with transformers' DINOv2-with-registers directory and --model deformable_detr_vit_small_dinov2 (its
+    windows kept, smaller): the backbone takes every tensor of the directory (without windows its tokens equal
+    transformers' model's), the rest starts as initialised, the summary says so, and the run trains on a shapes
+    folder and evaluates."""
     torch.manual_seed(0)
     config = transformers.Dinov2WithRegistersConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256, image_size=518,
@@ -332,15 +334,16 @@ def test_a_dinov2_directory_fills_a_vit_backbone_and_the_detector_trains(tmp_pat
         ours = plain.backbone.body.forward_intermediates(x, [1], norm=True)[0]  # (1, 64, 8, 10)
         ref = theirs(pixel_values=x).last_hidden_state[:, 5:]  # past the class token and the 4 registers
     torch.testing.assert_close(ours.flatten(2).transpose(1, 2), ref, atol=1e-4, rtol=1e-4)
+    shapes = write_shapes_folder(tmp_path / "shapes", train=16, val=4)  # `vitkit example-data shapes`, smaller
     run = tiny_detector_config(
         tmp_path / "run", model="deformable_detr_vit_small_dinov2", model_args=fields, init=str(tmp_path / "dinov2"),
-        epochs=1, img_size=112,
+        epochs=1, img_size=112, data=str(shapes),
     )  # fmt: skip
     with caplog.at_level(logging.INFO, logger="vitkit.train"):
         result = fit(run)
     summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))
     assert "loaded" in summary.splitlines()[1] and "(backbone); kept as initialised" in summary.splitlines()[1]
     assert result.epochs_done == 1 and result.best_metric == "ap" and math.isfinite(result.last["train_loss"])
-    assert result.last["ap"] is not None  # evaluated on the held-out canvases
+    assert result.last["ap"] is not None  # evaluated on the folder's val/
     final = vitkit.from_pretrained(tmp_path / "run" / "final")
-    assert final.config.backbone == "vit_small_patch14_reg4_dinov2" and final.config.num_classes == 10
+    assert final.config.backbone == "vit_small_patch14_reg4_dinov2" and final.config.num_classes == 4
