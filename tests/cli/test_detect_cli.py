@@ -59,20 +59,30 @@ def test_train_writes_a_detector_run(trained, capsys):
     assert saved.category_ids == tuple(range(10)) and saved.postprocess["nms_iou"] == 0.7 and saved.data is not None
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and set(COCO_METRICS) <= set(lines[-1])
+    assert {k for k in lines[-1] if k.startswith("ap/")} == {f"ap/{d}" for d in range(10)}  # each digit's AP
 
 
-def test_eval_prints_the_map_of_the_final_epoch(trained, capsys):
-    out, _ = trained
+def test_eval_prints_the_map_of_the_final_epoch(trained, capsys, tmp_path):
+    out, data = trained
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert main(["eval", "--model-dir", str(out / "final"), "--json", "--device", "cpu"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["images"] == 4 and report["skipped"] == []
     assert {k: report[k] for k in COCO_METRICS} == pytest.approx({k: last[k] for k in COCO_METRICS}, nan_ok=True)
+    assert [row["class"] for row in report["per_class"]] == [str(d) for d in range(10)]
+    annotations = json.loads((data / "annotations" / "instances_val.json").read_text())["annotations"]
+    assert sum(row["boxes"] for row in report["per_class"]) == len(annotations)
+    for row in report["per_class"]:  # each class as last epoch's ap/NAME, the curve at IoU 0.5 over COCO's recalls
+        assert row["ap"] == pytest.approx(last[f"ap/{row['class']}"], nan_ok=True)
+        assert len(row["precision"]) == len(report["recall"]) == 101
     assert main(["eval", "--model-dir", str(out / "final")]) == 0
     text = capsys.readouterr().out
     assert text.startswith("images 4  ap ") and all(f"  {k} " in text for k in COCO_METRICS)
-    assert main(["eval", "--model-dir", str(out / "final"), "--plot", "x.png"]) == 2
-    assert "a detector has none" in capsys.readouterr().err
+    assert "  class   boxes      AP    AP50  AP_small" in text and "(few boxes)" in text
+    plot = tmp_path / "pr.png"
+    assert main(["eval", "--model-dir", str(out / "final"), "--plot", str(plot)]) == 0
+    assert f"precision-recall curves written to {plot}" in capsys.readouterr().out
+    assert Image.open(plot).size[0] > 600
 
 
 def test_eval_batches_a_detector_as_its_run_validated_it(trained, monkeypatch, tmp_path):

@@ -166,3 +166,37 @@ def test_best_threshold_keeps_the_detections_of_the_best_f1():
     empty = CocoEvaluator(num_classes=2)
     empty.update([{k: v[:0] for k, v in prediction.items()}], [target])
     assert empty.best_threshold() is None
+
+
+def _noisy(targets, seed=1):
+    """Detections near the targets, some shifted off, some with a wrong class, scores spread: a real ranking."""
+    g = torch.Generator().manual_seed(seed)
+    predictions = as_predictions(targets)
+    for p in predictions:
+        n = len(p["boxes"])
+        p["boxes"] = p["boxes"] + torch.randn(n, 4, generator=g) * 12
+        p["scores"] = torch.rand(n, generator=g)
+        flip = torch.rand(n, generator=g) < 0.3
+        p["labels"] = torch.where(flip, (p["labels"] + 1) % K, p["labels"])
+    return predictions
+
+
+def test_per_class_ap_is_the_ap_of_that_class_alone():
+    """Each class's AP, AP50 and AP_small equal COCO's metrics over a copy of the data holding that class only; its
+    box count is its ground-truth boxes; the precision-recall curve at IoU 0.5 averages to its AP50."""
+    targets = scene(images=12)
+    predictions = _noisy(targets)
+    evaluator = CocoEvaluator(K)
+    evaluator.update(predictions, targets)
+    evaluator.compute()
+    rows = evaluator.per_class()
+    recall, precision = evaluator.pr_curves()
+    assert recall.shape == (101,) and precision.shape == (K, 101)
+    for k, row in enumerate(rows):
+        keep_t = [dict(t, boxes=t["boxes"][t["labels"] == k], labels=t["labels"][t["labels"] == k]) for t in targets]
+        keep_p = [{name: v[p["labels"] == k] for name, v in p.items()} for p in predictions]
+        alone = coco_map(keep_p, keep_t, K)
+        assert row["boxes"] == sum(int((t["labels"] == k).sum()) for t in targets)
+        for name in ("ap", "ap50", "ap_small"):
+            assert row[name] == pytest.approx(alone[name], nan_ok=True), (k, name)
+        assert float(torch.tensor(precision[k]).mean()) == pytest.approx(row["ap50"])

@@ -1,5 +1,6 @@
 """`vitkit eval`: a trained classifier's accuracy and loss on held-out data (per class, with a confusion matrix), or
-a trained detector's COCO mAP."""
+a trained detector's COCO mAP (per class, with a precision-recall curve per class, and the score threshold of the
+best F1)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,15 @@ from vitkit.infer import (
     missing_info_note,
     run_config,
 )
-from vitkit.viz import confusion_image
+from vitkit.viz import confusion_image, pr_curves_image
 from vitkit.viz.attention import check_picture_path
 
+RARE_BOXES = 10  # a class with fewer ground-truth boxes than this is marked in the per-class table
 CLASSIFIER_BATCH, DETECTOR_BATCH = 256, 8  # images per batch when neither --batch-size nor the run says
-HELP = "evaluate a trained or converted model: loss, top-1 / top-5 and per-class accuracy, or a detector's mAP"
+HELP = (
+    "evaluate a trained or converted model: loss, top-1 / top-5 and per-class accuracy, or a detector's mAP and its "
+    "AP per class"
+)
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +59,12 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
-    parser.add_argument("--plot", metavar="PNG", default=None, help="write a classifier's confusion matrix to this PNG")
+    parser.add_argument(
+        "--plot",
+        metavar="PNG",
+        default=None,
+        help="write a classifier's confusion matrix, or a detector's precision-recall curve per class, to this PNG",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
@@ -70,8 +80,8 @@ def _skipped(skipped: tuple[Unreadable, ...]) -> None:
 
 
 def _run_detector(args: argparse.Namespace) -> int:
-    if args.plot:
-        raise ValueError("--plot draws a classifier's confusion matrix; a detector has none")
+    if args.plot:  # before the evaluation, not after it
+        check_picture_path(args.plot)
     run = run_config(args.model_dir)
     batch = args.batch_size or run.get("batch_size") or DETECTOR_BATCH
     precision = args.precision or run.get("precision") or "fp32"
@@ -83,8 +93,30 @@ def _run_detector(args: argparse.Namespace) -> int:
     else:
         metrics = "  ".join(f"{k} {'-' if values[k] is None else f'{values[k]:.4f}'}" for k in COCO_METRICS)
         print(f"images {result.count}  {metrics}")
+        for line in per_class_lines(values["per_class"]):
+            print(line)
+        if result.threshold is not None:
+            print(f"best F1 at IoU 0.5 above score {result.threshold:.2f}")
     _skipped(result.skipped)
+    if args.plot:
+        plot = Path(args.plot)
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        pr_curves_image(result.recall, result.precision, result.classes, result.per_class).save(plot)
+        print(f"precision-recall curves written to {plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def per_class_lines(rows: list[dict]) -> list[str]:
+    """A detector's per-class table: class, ground-truth boxes, AP, AP50, AP_small ("-" where there is nothing to
+    score), the classes with fewer than 10 boxes marked: their AP is a few boxes' luck."""
+    width = max([len("class"), *(len(r["class"]) for r in rows)])
+    lines = [f"  {'class':<{width}}  {'boxes':>6}  {'AP':>6}  {'AP50':>6}  {'AP_small':>8}"]
+    for r in rows:
+        columns = (("ap", 6), ("ap50", 6), ("ap_small", 8))
+        cells = [("-" if r[k] is None else f"{r[k]:.4f}").rjust(w) for k, w in columns]
+        rare = "  (few boxes)" if 0 < r["boxes"] < RARE_BOXES else ""
+        lines.append(f"  {r['class']:<{width}}  {r['boxes']:>6}  {'  '.join(cells)}{rare}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

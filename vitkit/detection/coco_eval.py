@@ -214,8 +214,46 @@ class CocoEvaluator:
             evaluation.summarize()
         if verbose:
             print(out.getvalue(), end="")
+        self.evaluation = evaluation  # per_class and pr_curves read its accumulated precision
         stats = evaluation.stats[: len(COCO_METRICS)]
         return {name: float(v) if v >= 0 else math.nan for name, v in zip(COCO_METRICS, stats, strict=True)}
+
+    def _precision(self) -> np.ndarray:
+        """pycocotools' accumulated precision (IoU thresholds T, recall points R, classes K, areas A, max dets M),
+        -1 where undefined; `compute` first."""
+        evaluation = getattr(self, "evaluation", None)
+        if evaluation is None:
+            raise ValueError("call compute() before per_class() or pr_curves()")
+        return evaluation.eval["precision"]
+
+    def per_class(self) -> list[dict[str, float | int]]:
+        """Per class, in class-index order: its ground-truth boxes (`boxes`) and COCO's AP, AP50 and AP_small
+        computed as `compute`'s over that class alone (NaN where it has no ground-truth box to score; AP_small
+        where it has no small one)."""
+        precision = self._precision()  # (T, R, K, A, M): areas all, small, medium, large; max dets 1, 10, 100
+        counts = np.zeros(self.num_classes, dtype=np.int64)
+        for record in self.images.values():
+            counts += np.bincount(record["gt_labels"].astype(np.int64), minlength=self.num_classes)[: self.num_classes]
+
+        def mean(p: np.ndarray) -> float:
+            p = p[p > -1]
+            return float(p.mean()) if p.size else math.nan
+
+        return [
+            {
+                "boxes": int(counts[k]),
+                "ap": mean(precision[:, :, k, 0, -1]),
+                "ap50": mean(precision[0, :, k, 0, -1]),
+                "ap_small": mean(precision[:, :, k, 1, -1]),
+            }
+            for k in range(self.num_classes)
+        ]
+
+    def pr_curves(self) -> tuple[np.ndarray, np.ndarray]:
+        """The precision-recall curve of each class at IoU 0.5, as COCO interpolates it: (recall (R,) from 0 to 1,
+        precision (K, R), NaN for a class without ground truth)."""
+        precision = self._precision()[0, :, :, 0, -1].T  # (K, R)
+        return np.asarray(self.evaluation.params.recThrs), np.where(precision > -1, precision, np.nan)
 
 
 def coco_map(

@@ -88,11 +88,27 @@ class DetectionResult:
     count: int  # images evaluated
     skipped: tuple[Unreadable, ...]  # images that could not be read, with the reason
     threshold: float | None = None  # the score threshold of the best F1 at IoU 0.5 (`CocoEvaluator.best_threshold`)
+    classes: tuple[str, ...] = ()  # the class names, in class-index order
+    per_class: tuple[dict[str, float | int], ...] = ()  # per class: boxes, ap, ap50, ap_small (`CocoEvaluator`)
+    recall: tuple[float, ...] = ()  # the recall points of the precision-recall curves (COCO's 101, 0..1)
+    precision: tuple[tuple[float, ...], ...] = ()  # per class, its precision at each recall point, IoU 0.5 (NaN: none)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values: images, the six COCO metrics (None where NaN), skipped (a list of {image, reason})."""
-        metrics = {k: None if math.isnan(v) else v for k, v in self.metrics.items()}
-        return {"images": self.count, **metrics, "skipped": unreadable_dicts(self.skipped)}
+        """Plain JSON values: images, the six COCO metrics (None where NaN), the best-F1 threshold, per class its
+        boxes, AP, AP50, AP_small and precision-recall curve, skipped (a list of {image, reason})."""
+
+        def plain(v: float | int) -> float | int | None:
+            return None if isinstance(v, float) and math.isnan(v) else v
+
+        metrics = {k: plain(v) for k, v in self.metrics.items()}
+        per_class = [
+            {"class": name, **{k: plain(v) for k, v in row.items()}, "precision": [plain(p) for p in curve]}
+            for name, row, curve in zip(self.classes, self.per_class, self.precision, strict=True)
+        ]
+        return {
+            "images": self.count, **metrics, "threshold": self.threshold, "recall": list(self.recall),
+            "per_class": per_class, "skipped": unreadable_dicts(self.skipped),
+        }  # fmt: skip
 
 
 def _sum_over_processes(values: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -233,7 +249,12 @@ def evaluate_detector(
         evaluator.gather()
     if len(evaluator) == 0:
         raise ValueError("no readable images to evaluate")
-    return DetectionResult(evaluator.compute(), len(evaluator), tuple(skipped), evaluator.best_threshold())
+    metrics = evaluator.compute()
+    recall, precision = evaluator.pr_curves()
+    return DetectionResult(
+        metrics, len(evaluator), tuple(skipped), evaluator.best_threshold(), tuple(info.classes),
+        tuple(evaluator.per_class()), tuple(recall.tolist()), tuple(tuple(row.tolist()) for row in precision),
+    )  # fmt: skip
 
 
 def evaluate_detector_dir(

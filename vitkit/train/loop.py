@@ -6,7 +6,8 @@ OUT (config.out, created if missing) receives:
 - config.json: the resolved configuration;
 - metrics.jsonl: one JSON line per epoch: epoch, train_loss, then for a classifier val_loss, val_acc, for a
   detector the loss parts loss_ce, loss_bbox, loss_giou (last decoder layer) and COCO's ap, ap50, ap75, ap_small,
-  ap_medium, ap_large (null where there is nothing to score); then lr, seconds, images_per_second, skipped;
+  ap_medium, ap_large (null where there is nothing to score) and, for up to 10 classes, each class's AP ("ap/NAME");
+  then lr, seconds, images_per_second, skipped;
 - curves.png: the loss and the validation metric against epoch (`vitkit.viz.write_curves`), redrawn every epoch;
 - checkpoint.pt: model, optimizer, schedule, EMA, every process's RNG states and the position in the run, written
   atomically at the end of every epoch and when the run is interrupted (SIGINT / SIGTERM stop after the current

@@ -398,7 +398,11 @@ class DetectionTask(Task):
         batches = self.val_batches(model)
         result = evaluate_detector(model, batches, self.info, self.postprocessing, distributed, precision)
         self.threshold = result.threshold  # saved with the model evaluated (`saved_info`), for predict
-        return result.metrics, result.skipped
+        metrics = dict(result.metrics)
+        if len(result.classes) <= PER_CLASS_CURVES:  # each class's AP, drawn in curves.png beside the overall
+            rows = zip(result.classes, result.per_class, strict=True)
+            metrics.update({f"ap/{name}": row["ap"] for name, row in rows})
+        return metrics, result.skipped
 
     def idle_forward(self, model: nn.Module) -> None:
         model.predict(torch.zeros(1, *self.image_shape, device=self.env.device))  # as evaluate_detector runs it
@@ -419,6 +423,9 @@ class DetectionTask(Task):
         config = self.config
         top_k, nms_iou = config.detection_top_k or None, config.nms_iou or None
         return Postprocessing(config.detection_loss, top_k, nms_iou, self.no_object_logit, self.threshold)
+
+
+PER_CLASS_CURVES = 10  # a detector of up to this many classes logs each one's AP ("ap/NAME") every epoch
 
 
 def create_task(config: TrainConfig, env: DistEnv) -> Task:

@@ -34,6 +34,12 @@ def curve_series(records: Iterable[Mapping[str, Any]]) -> dict[str, Series]:
             if points:
                 series[key] = ([e for e, _ in points], [v for _, v in points])
         panels[panel] = series
+    per_class: Series = {}  # a detector's AP per class ("ap/NAME"), drawn thin beside the overall
+    for key in dict.fromkeys(k for r in records for k in r if k.startswith("ap/")):
+        points = [(int(r["epoch"]), float(r[key])) for r in records if r.get(key) is not None]
+        if points:
+            per_class[key] = ([e for e, _ in points], [v for _, v in points])
+    panels["per_class"] = per_class
     return panels
 
 
@@ -41,7 +47,8 @@ def write_curves(records: Iterable[Mapping[str, Any]], path: str | os.PathLike) 
     """Draw the training curves of a run's metrics lines (dicts as in metrics.jsonl) to the PNG `path`.
 
     Left: the training loss and, when logged, the validation loss. Right: the validation metric, accuracy for a
-    classifier, COCO AP and AP50 for a detector, on [0, 1], its best epoch marked and named in the title. The file
+    classifier, COCO AP and AP50 for a detector (with each class's AP as a thin line when the run logs it), on
+    [0, 1], its best epoch marked and named in the title. The file
     is replaced atomically, so a reader never sees half a picture. Returns the path.
     """
     try:
@@ -64,6 +71,8 @@ def write_curves(records: Iterable[Mapping[str, Any]], path: str | os.PathLike) 
     metric_series = panels["metric"]
     for key, (epochs, values) in metric_series.items():
         ax_metric.plot(epochs, values, "o-", markersize=marker, label=labels[key])
+    for key, (epochs, values) in panels["per_class"].items():
+        ax_metric.plot(epochs, values, "-", linewidth=1.0, alpha=0.7, label=f"AP {key[3:][:24]}")
     name = "accuracy" if "val_acc" in metric_series else "AP" if metric_series else "metric"
     title = f"validation {name}"
     if metric_series:
@@ -79,8 +88,9 @@ def write_curves(records: Iterable[Mapping[str, Any]], path: str | os.PathLike) 
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlim(0.5, last + 0.5)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="best")
+        handles = ax.get_legend_handles_labels()[0]
+        if handles:
+            ax.legend(loc="best", fontsize=8 if len(handles) > 4 else None)
     fig.suptitle(f"training curves after {last} epoch{'s' if last != 1 else ''}")
     path = Path(path)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))

@@ -202,3 +202,54 @@ def plot_scaling(points: list[ScalePoint], path: str | os.PathLike, title: str) 
     ax_mem.set(xlabel="image side (px)", ylabel="peak activations (MiB)", yscale="log", title="activation memory")
     ax_mem.legend()
     save_picture(figure, path)
+
+
+def pr_curves_figure(
+    recall: Sequence[float],
+    precision: Sequence[Sequence[float]],
+    classes: Sequence[str],
+    per_class: Sequence[dict],
+    title: str | None = None,
+) -> Figure:
+    """A detector's precision-recall curve of each class at IoU 0.5 (COCO's interpolation, `CocoEvaluator.pr_curves`),
+    one line per class labelled with its AP50 and box count; a class without ground truth is named, not drawn. With
+    many classes the legend takes its own column."""
+    from matplotlib import colormaps
+
+    figure = new_figure(9 if len(classes) > 8 else 7, 5, dpi=110)
+    fonts, missing = fonts_for(classes)
+    ax = figure.subplots()
+    colours = colormaps["tab20" if len(classes) > 10 else "tab10"]
+    absent = []
+    for k, (name, curve, row) in enumerate(zip(classes, precision, per_class, strict=True)):
+        shown = spell(name[:MAX_LABEL], missing)
+        if row["boxes"] == 0:
+            absent.append(shown)
+            continue
+        ap50 = row["ap50"]
+        boxes = f"{row['boxes']} box" + ("" if row["boxes"] == 1 else "es")
+        label = f"{shown}  AP50 {ap50:.2f}  ({boxes})" if not math.isnan(ap50) else shown
+        ax.plot(recall, curve, "-", color=colours(k % colours.N), linewidth=1.6, label=label)
+    heading = title or "precision-recall at IoU 0.5, per class"
+    if absent:
+        heading += f"\n(no ground truth: {', '.join(absent)})"
+    ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1.01), ylim=(0, 1.02), title=heading)
+    ax.grid(alpha=0.3)
+    if len(classes) > len(absent):
+        ax.legend(
+            loc="upper left" if len(classes) > 8 else "lower left",
+            bbox_to_anchor=(1.02, 1.0) if len(classes) > 8 else None,
+            prop={"family": fonts, "size": 8},
+        )  # fmt: skip
+    return figure
+
+
+def pr_curves_image(
+    recall: Sequence[float],
+    precision: Sequence[Sequence[float]],
+    classes: Sequence[str],
+    per_class: Sequence[dict],
+    title: str | None = None,
+) -> Image.Image:
+    """`pr_curves_figure` drawn as an RGB PIL image."""
+    return figure_image(pr_curves_figure(recall, precision, classes, per_class, title))
