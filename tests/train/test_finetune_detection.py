@@ -343,6 +343,8 @@ def test_a_dinov2_directory_fills_a_vit_backbone_and_the_detector_trains(tmp_pat
         result = fit(run)
     summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))
     assert "loaded" in summary.splitlines()[1] and "(backbone); kept as initialised" in summary.splitlines()[1]
+    assert "\n  check   train 16 images, " in summary  # `vitkit check-data`'s line, its warnings at the end
+    assert "\n  warning rare classes in train, fewer than 10 boxes: " in summary
     assert result.epochs_done == 1 and result.best_metric == "ap" and math.isfinite(result.last["train_loss"])
     assert result.last["ap"] is not None  # evaluated on the folder's val/
     final = vitkit.from_pretrained(tmp_path / "run" / "final")

@@ -21,6 +21,7 @@ COMMANDS = (
     "convert",
     "export",
     "example-data",
+    "check-data",
     "train",
     "eval",
     "predict",

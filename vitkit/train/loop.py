@@ -57,6 +57,7 @@ from tqdm import tqdm
 from vitkit.analysis.precision import slow_precision
 from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
+from vitkit.data.check import check_detection_folder
 from vitkit.detection import FOCAL_PRIOR
 from vitkit.layers import to_2tuple
 from vitkit.models.registry import create_model
@@ -278,6 +279,10 @@ class Run:
             lines.insert(2, f"  augment {augment}")
         for i, c in enumerate(self.sized):  # what the data chose, one line each, before device and output
             lines.insert(-2, f"  {'sized' if i == 0 else '':8}{c.field.replace('_', ' ')} {c.value}: {c.why}")
+        if task.name != CLASSIFICATION and Path(str(config.data)).is_dir():  # `vitkit check-data`'s line, warnings
+            check = check_detection_folder(config.data)
+            lines.insert(2, f"  check   {check.summary()}")
+            lines += [f"  warning {warning}" for warning in check.warnings]
         slow = slow_precision(config.precision, env.device, self.hints.option)
         if slow is not None:  # last, where it is read
             lines.append(f"  warning {slow}")

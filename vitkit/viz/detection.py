@@ -108,7 +108,7 @@ def draw_detections(
     image: Image.Image,
     boxes: Sequence[Sequence[float]],
     labels: Sequence[str],
-    scores: Sequence[float],
+    scores: Sequence[float] | None,
     classes: Sequence[str] | None = None,
     empty: str = "no detections",
 ) -> Image.Image:
@@ -117,27 +117,54 @@ def draw_detections(
 
     Args:
         boxes: (x0, y0, x1, y1) in pixels of `image`.
-        labels: each box's class name; scores: its probability.
+        labels: each box's class name; scores: its probability (None: ground truth, labels alone).
         classes: all class names, so that a class keeps its colour across images (default: colours by `labels`'
             order of first appearance).
         empty: what the picture says when there is no box (e.g. "no detections above 0.50").
     """
-    if not len(boxes) == len(labels) == len(scores):
-        raise ValueError(f"expected one label and score per box: {len(boxes)}, {len(labels)}, {len(scores)}")
+    if len(boxes) != len(labels) or scores is not None and len(scores) != len(boxes):
+        given = "-" if scores is None else len(scores)
+        raise ValueError(f"expected one label and score per box: {len(boxes)}, {len(labels)}, {given}")
     picture, factor = enlarge(image)
     if not len(boxes):
         _banner(picture, empty)
         return picture
     draw, font = ImageDraw.Draw(picture), _font(picture)
     palette = list(classes) if classes is not None else list(dict.fromkeys(labels))
-    order = sorted(range(len(boxes)), key=lambda i: scores[i])  # the most probable last, on top
+    order = sorted(range(len(boxes)), key=lambda i: scores[i]) if scores is not None else list(range(len(boxes)))
     scaled = [[v * factor for v in box] for box in boxes]
     for i in order:  # every outline first, so that none crosses a label
         draw.rectangle(tuple(scaled[i]), outline=_colour(labels[i], palette), width=max(2, round(font.size / 6)))
     taken: list[Tab] = []
     for i in reversed(order):  # the most probable label first: it takes its place above its box
-        _draw_label(draw, scaled[i], f"{labels[i]} {scores[i]:.2f}", _colour(labels[i], palette), font, taken)
+        text = labels[i] if scores is None else f"{labels[i]} {scores[i]:.2f}"
+        _draw_label(draw, scaled[i], text, _colour(labels[i], palette), font, taken)
     return picture
+
+
+def labelled_grid(
+    panels: Sequence[tuple[str, Image.Image]], columns: int = 4, side: int = 320, title: str = ""
+) -> Image.Image:
+    """Pictures (e.g. `draw_detections` of ground truth) in a grid of `columns`, each fitted in `side` x `side` px
+    under its caption; `title` above the grid."""
+    if not panels:
+        raise ValueError("no pictures to lay out")
+    columns = min(columns, len(panels))
+    rows = -(-len(panels) // columns)
+    caption = 18
+    top = 26 if title else 0
+    grid = Image.new("RGB", (columns * (side + 8) + 8, top + rows * (side + caption + 8) + 8), "white")
+    draw = ImageDraw.Draw(grid)
+    font = ImageFont.load_default(size=13)
+    if title:
+        draw.text((8, 6), title, fill="black", font=font)
+    for n, (name, picture) in enumerate(panels):
+        picture = picture.copy()
+        picture.thumbnail((side, side))
+        x, y = 8 + (n % columns) * (side + 8), top + 8 + (n // columns) * (side + caption + 8)
+        draw.text((x, y), name[:48], fill="black", font=font)
+        grid.paste(picture, (x, y + caption))
+    return grid
 
 
 def _colour(label: str, palette: list[str]) -> tuple[int, int, int]:

@@ -1,0 +1,96 @@
+"""`vitkit check-data`: a clean folder passes without a warning; each pattern behind "mAP stays at 0" (category ids from
+0 with a gap, a rare class, a class in val only, boxes in another image's coordinates, mostly background, a file in
+both splits) gets its warning, counted against the folder as written; --plot draws the training images with their
+boxes (as stored and as augmented), and `vitkit train` prints the check's line and warnings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitkit.cli import main
+from vitkit.data import write_shapes_folder
+from vitkit.data.check import check_detection_folder
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return write_shapes_folder(tmp_path_factory.mktemp("shapes") / "clean", train=40, val=6)
+
+
+def _edit(root: Path, split: str, change) -> None:
+    path = root / "annotations" / f"instances_{split}.json"
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_a_clean_folder_is_described_without_warnings(shapes, capsys):
+    check = check_detection_folder(shapes)
+    assert check.warnings == () and check.duplicates == ()
+    train = json.loads((shapes / "annotations" / "instances_train.json").read_text())
+    (split,) = [s for s in check.splits if s.split == "train"]
+    assert split.stats.images == len(train["images"]) and split.stats.boxes == len(train["annotations"])
+    assert sum(split.sizes) == split.stats.boxes
+    assert split.sizes[0] == sum(a["area"] < 32 * 32 for a in train["annotations"])  # COCO's small, by area
+    assert check.summary() == f"train 40 images, {split.stats.boxes} boxes, val 6 images, " + (
+        f"{check.splits[1].stats.boxes} boxes; 4 classes"
+    )
+    assert main(["check-data", str(shapes)]) == 0
+    out = capsys.readouterr().out
+    assert "categories (file id -> class index, name): 1 -> 0 circle" in out and out.rstrip().endswith("no warnings")
+
+
+def test_each_problem_gets_its_warning(shapes, tmp_path):
+    root = tmp_path / "bad"
+    shutil.copytree(shapes, root)
+
+    def renumber(data):  # ids 0, 1, 3, 4; the last class keeps one box in train
+        old = {c["id"]: new for c, new in zip(data["categories"], (0, 1, 3, 4), strict=True)}
+        for c in data["categories"]:
+            c["id"] = old[c["id"]]
+        for a in data["annotations"]:
+            a["category_id"] = old[a["category_id"]]
+        return old
+
+    def train_edit(data):
+        renumber(data)
+        fours = [a for a in data["annotations"] if a["category_id"] == 4]
+        data["annotations"] = [a for a in data["annotations"] if a["category_id"] != 4] + fours[:1]
+        for a in data["annotations"][:6]:  # boxes in a larger image's coordinates: wholly outside
+            a["bbox"] = [a["bbox"][0] + 500, a["bbox"][1] + 500, a["bbox"][2], a["bbox"][3]]
+
+    def val_edit(data):
+        renumber(data)
+        data["annotations"] = [a for a in data["annotations"] if a["image_id"] == data["images"][0]["id"]]
+
+    _edit(root, "train", train_edit)
+    _edit(root, "val", val_edit)
+    first_val = json.loads((root / "annotations" / "instances_val.json").read_text())["images"][1]["file_name"]
+    shutil.copy(root / "train" / "000003.png", root / "val" / first_val)  # a training image in val too
+    check = check_detection_folder(root)
+    text = "\n".join(check.warnings)
+    assert check.category_ids == (0, 1, 3, 4)
+    assert "category ids [0, 1, 3, 4] start at 0 or skip numbers" in text
+    assert "rare classes in train, fewer than 10 boxes: cross (1)" in text
+    assert "train: 6 of" in text and "6 wholly outside" in text
+    assert "val: 5 of 6 images have no box" in text
+    assert f"1 image of val also in train (000003.png = {first_val})" in text
+    assert "entries left out (6 outside image)" in text
+
+
+@pytest.mark.parametrize("augmented", [False, True], ids=["stored", "augmented"])
+def test_plot_draws_training_images_with_their_boxes(shapes, tmp_path, capsys, augmented):
+    plot = tmp_path / "grid.png"
+    args = ["check-data", str(shapes), "--plot", str(plot)] + (["--augmented"] if augmented else [])
+    assert main(args) == 0
+    assert f"sample images written to {plot}" in capsys.readouterr().out
+    picture = np.asarray(Image.open(plot).convert("RGB"))
+    assert picture.shape[0] > 300 and picture.shape[1] > 1000  # 12 images, 4 a row
+    assert main(["check-data", str(shapes), "--augmented"]) == 2
+    assert "give --plot PNG" in capsys.readouterr().err

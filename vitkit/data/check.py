@@ -1,0 +1,221 @@
+"""A detection folder seen as the model will see it, before training: per split its images, boxes, classes (and the
+rare ones), box sizes in COCO's small / medium / large, objects per image, images without boxes, what loading
+skipped or clipped, the category ids as found and the class each becomes, files shared by train and val; and a
+warning, with its fix, for each pattern behind "mAP stays at 0" (`check_detection_folder`, `vitkit check-data`).
+
+Only the annotations are read, and the bytes of image files of equal size in train and val, for their hashes; no
+image is decoded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from vitkit.data.coco import CocoDetection, load_coco_folder
+from vitkit.data.detection_stats import SMALL_OBJECT, DetectionStats, detection_stats
+from vitkit.util import counted
+
+LARGE_OBJECT = 96  # COCO's large objects: area above 96 * 96 pixels
+RARE = 10  # a class with fewer training boxes than this is rare: its AP is a few boxes' luck
+BACKGROUND_SHARE = 0.5  # more than this share of images without a box is mostly background
+CLIPPED_SHARE = 0.05  # more than this share of boxes clipped or outside their image: boxes in other coordinates?
+
+
+@dataclass(frozen=True)
+class SplitCheck:
+    """What one split holds."""
+
+    split: str  # "train" or "val"
+    path: str  # its instances JSON
+    stats: DetectionStats  # images, boxes per class, objects per image, sides and box sizes
+    sizes: tuple[int, int, int]  # boxes COCO calls small (< 32^2 px), medium, large (> 96^2 px)
+    empty_images: int  # images without a box
+    skipped: dict[str, int]  # entries left out, per reason (`vitkit.data.coco.SKIP_REASONS`)
+    clipped: int  # boxes clipped to their image
+    outside: int  # boxes with no part inside their image (skipped)
+    crowd: int  # crowd annotations, left out
+
+
+@dataclass(frozen=True)
+class DataCheck:
+    """`check_detection_folder`'s findings: each split, the categories, the files both splits hold, the warnings."""
+
+    root: str
+    category_ids: tuple[int, ...]  # the file's category ids, in the order they become classes 0, 1, ...
+    classes: tuple[str, ...]  # their names
+    splits: tuple[SplitCheck, ...]
+    duplicates: tuple[tuple[str, str], ...]  # (train file, val file) pairs of identical content
+    warnings: tuple[str, ...] = field(default=())  # what to look at, each with its fix
+
+    def summary(self) -> str:
+        """One line: images, boxes and classes of each split, and how many warnings."""
+        parts = [f"{s.split} {counted(s.stats.images, 'image')}, {_boxes(s.stats.boxes)}" for s in self.splits]
+        warned = f"; {counted(len(self.warnings), 'warning')} (vitkit check-data)" if self.warnings else ""
+        classes = len(self.classes)
+        return f"{', '.join(parts)}; {classes} class{'' if classes == 1 else 'es'}{warned}"
+
+    def report(self) -> str:
+        """The whole check, as `vitkit check-data` prints it."""
+        mapping = ", ".join(
+            f"{i} -> {k} {name}" for k, (i, name) in enumerate(zip(self.category_ids, self.classes, strict=True))
+        )
+        lines = [f"{self.root}", f"categories (file id -> class index, name): {mapping}"]
+        for s in self.splits:
+            st = s.stats
+            small, medium, large = s.sizes
+            lines.append(f"{s.split} ({s.path}): {counted(st.images, 'image')}, {_boxes(st.boxes)}")
+            width = max(len(name) for name in st.classes)
+            for name, n in zip(st.classes, st.boxes_per_class, strict=True):
+                rare = "  (rare)" if s.split == "train" and n < RARE else ""
+                lines.append(f"    {name:<{width}}  {n:>6}{rare}")
+            lines.append(
+                f"  box sizes: {small} small (< {SMALL_OBJECT} px), {medium} medium, {large} large "
+                f"(> {LARGE_OBJECT} px); median {st.box_size_median:.0f} px"
+            )
+            lines.append(
+                f"  objects per image: median {st.median_objects:g}, at most {st.max_objects}; "
+                f"{counted(s.empty_images, 'image')} without a box"
+            )
+            if s.skipped or s.clipped or s.crowd:
+                left = ", ".join(f"{n} {reason}" for reason, n in s.skipped.items())
+                lines.append(
+                    "  loading: "
+                    + "; ".join(
+                        part
+                        for part in (
+                            f"skipped {left}" if left else "",
+                            f"clipped {_boxes(s.clipped)}" if s.clipped else "",
+                            f"left out {counted(s.crowd, 'crowd annotation')}" if s.crowd else "",
+                        )
+                        if part
+                    )
+                )
+        if self.duplicates:
+            lines.append(f"files in both train and val: {len(self.duplicates)}")
+        lines += [f"warning: {w}" for w in self.warnings] or ["no warnings"]
+        return "\n".join(lines)
+
+
+def _boxes(n: int) -> str:
+    return f"{n} box" + ("" if n == 1 else "es")
+
+
+def _sizes(data: CocoDetection) -> tuple[int, int, int]:
+    """Boxes COCO's evaluation calls small, medium and large, by their annotation's area (as it does)."""
+    area = np.concatenate([s.areas for s in data.samples]) if data.samples else np.zeros(0)
+    small = int((area < SMALL_OBJECT**2).sum())
+    large = int((area > LARGE_OBJECT**2).sum())
+    return small, len(area) - small - large, large
+
+
+def _split(split: str, data: CocoDetection) -> SplitCheck:
+    report = data.report
+    skipped = report.counts()
+    return SplitCheck(
+        split=split,
+        path=report.path,
+        stats=detection_stats(data),
+        sizes=_sizes(data),
+        empty_images=sum(len(s.labels) == 0 for s in data.samples),
+        skipped=skipped,
+        clipped=len(report.clipped),
+        outside=skipped.get("outside image", 0),
+        crowd=report.crowd,
+    )
+
+
+def _duplicates(train: CocoDetection, val: CocoDetection) -> list[tuple[str, str]]:
+    """(train file, val file) pairs of the same bytes: files of equal size are hashed (SHA-1), no other is read."""
+
+    def sizes(data: CocoDetection) -> dict[int, list[Path]]:
+        found: dict[int, list[Path]] = defaultdict(list)
+        for sample in data.samples:
+            try:
+                found[Path(sample.path).stat().st_size].append(Path(sample.path))
+            except OSError:  # a missing file is skipped by loading already
+                continue
+        return found
+
+    def digest(path: Path) -> str:
+        return hashlib.sha1(path.read_bytes()).hexdigest()
+
+    train_sizes, pairs = sizes(train), []
+    for size, paths in sizes(val).items():
+        if size not in train_sizes:
+            continue
+        seen: dict[str, Path] = {}
+        for path in train_sizes[size]:
+            seen.setdefault(digest(path), path)
+        pairs += [(str(seen[d]), str(p)) for p in paths if (d := digest(p)) in seen]
+    return pairs
+
+
+def _warnings(check: DataCheck) -> list[str]:
+    out = []
+    ids = check.category_ids
+    if ids and (min(ids) == 0 or list(ids) != list(range(min(ids), min(ids) + len(ids)))):
+        out.append(
+            f"category ids {list(ids)[:12]}{' ...' if len(ids) > 12 else ''} start at 0 or skip numbers: vitkit maps "
+            "them to classes 0..K-1 in the file's order (above) and writes them back as they were; a tool that reads "
+            "id 0 as background, or ids as class indices, would not: renumber them from 1 for such tools"
+        )
+    by_split = {s.split: s for s in check.splits}
+    train, val = by_split.get("train"), by_split.get("val")
+    if train is not None:
+        rare = [f"{name} ({n})" for name, n in zip(check.classes, train.stats.boxes_per_class, strict=True) if n < RARE]
+        if rare:
+            out.append(
+                f"rare classes in train, fewer than {RARE} boxes: {', '.join(rare)}: the model sees too few to learn "
+                "them and their AP is a few boxes' luck; annotate more, or merge them into a related class"
+            )
+    if train is not None and val is not None:
+        unseen = [
+            name
+            for name, n_train, n_val in zip(
+                check.classes, train.stats.boxes_per_class, val.stats.boxes_per_class, strict=True
+            )
+            if n_train == 0 and n_val > 0
+        ]
+        if unseen:
+            out.append(
+                f"classes with boxes in val but none in train: {', '.join(unseen)}: their AP will be 0; move some of "
+                "their images to train"
+            )
+    for s in check.splits:
+        boxes = s.stats.boxes + s.outside
+        if boxes and (s.clipped + s.outside) / boxes > CLIPPED_SHARE:
+            out.append(
+                f"{s.split}: {s.clipped + s.outside} of {boxes} boxes reach outside their image ({s.clipped} clipped, "
+                f"{s.outside} wholly outside): boxes in another image's coordinates, or [x0, y0, x1, y1] where COCO "
+                "writes [x, y, width, height]? Draw them (--plot) and fix the export"
+            )
+        if s.stats.images and s.empty_images / s.stats.images > BACKGROUND_SHARE:
+            out.append(
+                f"{s.split}: {s.empty_images} of {s.stats.images} images have no box: mostly background teaches "
+                "mostly 'no object'; check that their annotations were exported (image ids must match)"
+            )
+        if s.skipped:
+            reasons = ", ".join(f"{n} {reason}" for reason, n in s.skipped.items())
+            out.append(f"{s.split}: entries left out ({reasons}): `vitkit train` lists each with its id")
+    if check.duplicates:
+        shown = ", ".join(f"{Path(a).name} = {Path(b).name}" for a, b in check.duplicates[:3])
+        out.append(
+            f"{counted(len(check.duplicates), 'image')} of val also in train ({shown}"
+            f"{' ...' if len(check.duplicates) > 3 else ''}): val then scores what the model memorised; remove them "
+            "from one split"
+        )
+    return out
+
+
+def check_detection_folder(root: str | Path) -> DataCheck:
+    """Check a COCO-format detection folder (the layouts `vitkit.data.load_coco_folder` reads): see the module."""
+    train, val, info = load_coco_folder(root, short_side=None)
+    splits = tuple(_split(name, data) for name, data in (("train", train), ("val", val)) if data is not None)
+    duplicates = _duplicates(train, val) if train is not None else []
+    check = DataCheck(str(root), info.category_ids, info.classes, splits, tuple(duplicates))
+    return DataCheck(**{**check.__dict__, "warnings": tuple(_warnings(check))})
