@@ -1,7 +1,8 @@
 """`vitkit check-data`: a clean folder passes without a warning; each pattern behind "mAP stays at 0" (category ids from
 0 with a gap, a rare class, a class in val only, boxes in another image's coordinates, mostly background, a file in
 both splits) gets its warning, counted against the folder as written; --plot draws the training images with their
-boxes (as stored and as augmented), and `vitkit train` prints the check's line and warnings."""
+boxes (as stored and as augmented), and `vitkit train` prints the check's line and warnings. A COCO file without image
+sizes is read with the files' own."""
 
 from __future__ import annotations
 
@@ -94,3 +95,21 @@ def test_plot_draws_training_images_with_their_boxes(shapes, tmp_path, capsys, a
     assert picture.shape[0] > 300 and picture.shape[1] > 1000  # 12 images, 4 a row
     assert main(["check-data", str(shapes), "--augmented"]) == 2
     assert "give --plot PNG" in capsys.readouterr().err
+
+
+def test_a_coco_file_without_image_sizes_reads_them_from_the_files(shapes, tmp_path):
+    """Some exporters leave out `width` and `height`: the sizes come from the files' headers, the boxes are the
+    same, the report says how many were read; a wrong size given is still refused."""
+    from vitkit.data import load_coco_folder
+
+    root = tmp_path / "sizeless"
+    shutil.copytree(shapes, root)
+    _edit(root, "val", lambda data: [e.pop(k) for e in data["images"] for k in ("width", "height")])
+    _, expected, _ = load_coco_folder(shapes, val_only=True, short_side=None)
+    _, val, _ = load_coco_folder(root, val_only=True, short_side=None)
+    assert [s.size for s in val.samples] == [s.size for s in expected.samples]
+    assert all(np.array_equal(a.boxes, b.boxes) for a, b in zip(val.samples, expected.samples, strict=True))
+    assert val.report.sized_from_files == 6 and "read the size of 6 images from the file" in str(val.report)
+    _edit(root, "val", lambda data: data["images"][0].update(width=0))
+    _, val, _ = load_coco_folder(root, val_only=True, short_side=None)
+    assert val.report.counts() == {"bad image entry": 1}

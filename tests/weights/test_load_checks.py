@@ -167,3 +167,16 @@ def test_earlier_detectors_load_with_the_backbone_fields_added_since(tmp_path, n
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"lacks field\(s\) \['backbone', 'backbone_args', 'backbone_scales'\]"):
         vitkit.from_pretrained(tmp_path)
+
+
+def test_a_run_folder_given_for_a_model_names_its_models(tmp_path):
+    """`vitkit train --out RUN` writes RUN/config.json (the run's settings), best/ and final/: given RUN where a model
+    folder is expected, the message names the models it holds, not a missing weights file."""
+    vitkit.save_pretrained(tiny_vit(), tmp_path / "best")
+    (tmp_path / "config.json").write_text(json.dumps({"model": "vit_tiny_patch16_224", "epochs": 1}))
+    message = f"{tmp_path} is a training run's folder, not a model's: give one of its models, {tmp_path / 'best'}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        vitkit.from_pretrained(tmp_path)
+    vitkit.save_pretrained(tiny_vit(), tmp_path / "final")
+    with pytest.raises(ValueError, match=re.escape(f"(the epoch that validated best) or {tmp_path / 'final'}")):
+        vitkit.from_pretrained(tmp_path)

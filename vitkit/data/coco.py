@@ -44,7 +44,7 @@ from vitkit.util import counted
 COCO_AUGMENT = DetectionAugment(hflip=0.5, scale_jitter=0.25, crop=0.5)  # a COCO folder's training split
 
 SKIP_REASONS = (
-    "bad image entry",  # an image without an integer id, a file name, a positive width and height; or a repeated id
+    "bad image entry",  # no integer id or file name, a width or height that is not a positive integer, a repeated id
     "missing file",  # the image file does not exist
     "unreadable file",  # the image file cannot be decoded (found at load with check_images, else when read)
     "bad annotation entry",  # no image_id, category_id or 4-number bbox, or non-finite numbers
@@ -80,6 +80,7 @@ class CocoReport:
     skipped: list[Skipped] = field(default_factory=list)  # images and annotations left out
     clipped: list[Any] = field(default_factory=list)  # ids of annotations whose box was clipped to the image
     crowd: int = 0  # crowd annotations (iscrowd 1), left out of the targets as DETR's training does
+    sized_from_files: int = 0  # images whose entry gives no width and height: read from the file's header
 
     def counts(self) -> dict[str, int]:
         """Number of skipped entries per reason."""
@@ -97,6 +98,9 @@ class CocoReport:
                 lines.append(f"  clipped {len(self.clipped)} boxes to their images: annotations {shown}{more}")
         if self.crowd:
             lines.append(f"  left out {counted(self.crowd, 'crowd annotation')}")
+        if self.sized_from_files:
+            sized = counted(self.sized_from_files, "image")
+            lines.append(f"  read the size of {sized} from the file (the JSON gives none)")
         lines += [f"  {s.kind} {s.id}: {s.reason}" + (f" ({s.detail})" if s.detail else "") for s in self.skipped]
         return "\n".join(lines)
 
@@ -128,10 +132,22 @@ def _image_entry_problem(entry: Any) -> str:
         wrong.append(f"id must be an integer, got {entry.get('id')!r}")
     if not isinstance(entry.get("file_name"), str):
         wrong.append(f"file_name must be a string, got {entry.get('file_name')!r}")
-    for key in ("width", "height"):
-        if not (_is_int(entry.get(key)) and entry[key] > 0):
+    for key in ("width", "height"):  # absent: read from the file (some exporters leave them out)
+        if key in entry and entry[key] is not None and not (_is_int(entry[key]) and entry[key] > 0):
             wrong.append(f"{key} must be a positive integer, got {entry.get(key)!r}")
     return "; ".join(wrong)
+
+
+TURNED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+
+
+def upright_size(path: str | os.PathLike) -> tuple[int, int]:
+    """(height, width) of the image file at `path` upright by its EXIF orientation, from its header (no pixel is
+    decoded); OSError when it cannot be read."""
+    with Image.open(path) as image:
+        width, height = image.size
+        turned = image.getexif().get(0x0112) in TURNED  # the Orientation tag
+    return (width, height) if turned else (height, width)
 
 
 def _annotation_problem(ann: Any) -> str:
@@ -281,13 +297,21 @@ class CocoDetection(Dataset):
             if not file.is_file():
                 self._skip("image", image_id, "missing file", str(file))
                 continue
-            if check:
+            height, width = entry.get("height"), entry.get("width")
+            if height is None or width is None:  # the file says (the annotations are checked against it as always)
                 try:
-                    open_annotated(file, entry["height"], entry["width"]).close()
+                    height, width = upright_size(file)
                 except OSError as err:
                     self._skip("image", image_id, "unreadable file", str(err))
                     continue
-            kept[image_id] = (file, entry["height"], entry["width"])
+                self.report.sized_from_files += 1
+            if check:
+                try:
+                    open_annotated(file, height, width).close()
+                except OSError as err:
+                    self._skip("image", image_id, "unreadable file", str(err))
+                    continue
+            kept[image_id] = (file, height, width)
         return kept, listed
 
     def _read(self, data: dict, folder: Path, check: bool) -> list[CocoImage]:

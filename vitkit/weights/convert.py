@@ -553,9 +553,22 @@ def load_report(model: nn.Module) -> LoadReport | None:
     return report if isinstance(report, LoadReport) else None
 
 
+RUN_MODELS = {"best": "the epoch that validated best", "final": "the last epoch"}  # a training run's model folders
+
+
+def check_not_run_folder(directory: Path) -> None:
+    """ValueError, naming its model folders, when `directory` is a training run's folder (`vitkit train --out`)
+    rather than one of the models it holds."""
+    models = [name for name in RUN_MODELS if (directory / name / CONFIG_NAME).is_file()]
+    if models and not (directory / WEIGHTS_NAME).is_file():
+        choices = " or ".join(f"{directory / name} ({RUN_MODELS[name]})" for name in models)
+        raise ValueError(f"{directory} is a training run's folder, not a model's: give one of its models, {choices}")
+
+
 def _from_directory(
     directory: Path, format: str, reset_head: bool, overrides: dict[str, Any]
 ) -> tuple[nn.Module, LoadReport]:
+    check_not_run_folder(directory)
     saved = _directory_config(directory)
     found = "hf" if is_hf_config(saved) else "timm" if is_timm_config(saved) else "vitkit"
     if format != "auto" and not same_layout(format, found):
