@@ -4,9 +4,12 @@ DETR's file takes images and pixel_mask and returns pred_logits and pred_boxes; 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from vitkit.cli.options import add_out_option, out_path, parse_size
 from vitkit.perf.export import FORMATS, export_model
+from vitkit.viz.attention import check_writable
 from vitkit.weights import from_pretrained
 
 HELP = (
@@ -30,9 +33,30 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     add_out_option(parser, "FILE", "the file to write, e.g. model.onnx or model.pt")
 
 
+SUFFIXES = {"onnx": (".onnx",), "torchscript": (".pt", ".pth", ".ts", ".torchscript")}  # each format's file names
+
+
+def check_out(out: str, format: str) -> Path:
+    """The --out file, checked before any work: a suffix of its format (an ONNX file named .pt would be read as
+    TorchScript), in a folder that can be written."""
+    path = Path(out)
+    suffixes = SUFFIXES[format]
+    if path.suffix.lower() not in suffixes:
+        other = next((f for f, s in SUFFIXES.items() if path.suffix.lower() in s), None)
+        said = f"a {other} file's suffix" if other else "no suffix" if not path.suffix else f"not a {format} suffix"
+        raise ValueError(
+            f"--out {out} ends in {path.suffix or 'nothing'} ({said}); --format {format} writes a {format} file: "
+            f"name it {path.with_suffix(suffixes[0])}"
+        )
+    return check_writable(path)
+
+
 def run(args: argparse.Namespace) -> int:
-    out = out_path(args)
+    out = check_out(out_path(args), args.format)
+    existed = out.is_file()
     model = from_pretrained(args.model_dir)
     report = export_model(model, out, args.format, img_size=args.img_size, atol=args.atol)
     print(report.summary())
+    if existed:
+        print(f"vitkit export: note: replaced the file that was at {out}", file=sys.stderr)
     return 0

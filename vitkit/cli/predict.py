@@ -40,6 +40,7 @@ from vitkit.infer import (
     write_json,
     write_predictions_csv,
 )
+from vitkit.viz.attention import check_writable
 from vitkit.weights import model_info
 
 HELP = "classify images with a trained or converted model, or find objects with a detector"
@@ -104,6 +105,11 @@ def _check(args: argparse.Namespace, detector: bool) -> None:
     for name, value in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if detector:  # every output is checked before any work
+        check_writable(args.out, folder=True)
+    for name in ("json", "csv"):
+        if getattr(args, name, None) not in (None, STDOUT):
+            check_writable(getattr(args, name))
 
 
 def _source(args: argparse.Namespace) -> str:

@@ -270,6 +270,24 @@ def check_picture_path(path: str | os.PathLike, figure: bool = False) -> Path:
     if path.suffix.lower() not in formats:
         common = ".png, .jpg" + (", .pdf, .svg" if figure else "")
         raise ValueError(f"{path}: {path.suffix} is not a picture format vitkit can write; use {common}")
+    return check_writable(path)
+
+
+def check_writable(path: str | os.PathLike, folder: bool = False) -> Path:
+    """`path` when a file (or with `folder`, a folder) can be made there: OSError naming the path and why not (an
+    ancestor that is a file, or a folder this process may not write in). Called before any work is done."""
+    path = Path(path)
+    if not folder and path.is_dir():
+        raise IsADirectoryError(f"cannot write {path}: it is a folder; give a file name")
+    if folder and path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"cannot write into {path}: it is a file; give a folder")
+    ancestor = path if folder and path.is_dir() else path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise NotADirectoryError(f"cannot write {path}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write {path}: this user may not write in {ancestor}")
     return path
 
 
