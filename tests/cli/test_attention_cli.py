@@ -239,6 +239,10 @@ def test_the_detector_figure(detector, capsys, tmp_path):
     assert main([*bare, "--threshold", "0"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith(f"{title}\n") and err.count(NOTE) == 1
+    assert main([*args[:-1], "0.999"]) == 0  # nothing is that sure: the title says so in a whole sentence
+    assert capsys.readouterr().out.startswith(
+        "decoder layer 3 (of 0..3): no object above 1.00, so no query to draw; a lower threshold shows the likeliest"
+    )
 
 
 @pytest.fixture(scope="module")

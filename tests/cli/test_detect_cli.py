@@ -224,7 +224,7 @@ def test_attention_draws_each_detection_with_its_map(trained, capsys, tmp_path):
     objects = f"{len(shown)} object{'' if len(shown) == 1 else 's'} above 0.00"
     assert 1 <= len(shown) <= 6 and objects in capsys.readouterr().out
     # every query left by NMS is shown, one panel each after the picture of them all: the library's figure
-    figure, found = detection_attention_figure(model, info, Image.open(image), 0.0, settings)
+    figure, found, _ = detection_attention_figure(model, info, Image.open(image), 0.0, settings)
     assert found == shown and len(figure.axes) == 1 + len(shown) + 1  # and the colour bar
     assert Image.open(target).size == figure_image(figure).size
     assert main([*args[:-2], "--rollout"]) == 2

@@ -72,7 +72,7 @@ def test_locations_map_to_pixels_of_the_image_through_the_padded_input():
 @pytest.mark.parametrize("layer, head", [(-1, None), (0, 1)])
 def test_each_panel_draws_its_querys_points_at_their_pixels(model, image, layer, head):
     record, queries = captured(model, image, layer)
-    figure, detections = detection_attention_figure(model, INFO, image, 0.0, FOCAL, layer, head)
+    figure, detections, _ = detection_attention_figure(model, INFO, image, 0.0, FOCAL, layer, head)
     assert len(detections) == len(queries) == 5
     view, *panels = figure.axes
     assert view.get_title() == "5 detections" and len(panels) == 5
@@ -108,7 +108,7 @@ def test_sampled_and_dense_attention_are_told_apart(model, image):
     torch.testing.assert_close(samples.weights, record.weights[0, queries].double())
     with pytest.raises(ValueError, match="samples points on several maps, not one dense map: use detection_sampling"):
         detection_attention(model, INFO, image, 0.0, FOCAL)
-    figure, found = detection_attention_figure(model, INFO, image, 0.999, FOCAL)  # nothing so probable
+    figure, found, _ = detection_attention_figure(model, INFO, image, 0.999, FOCAL)  # nothing so probable
     assert found == [] and len(figure.axes) == 1 and figure.axes[0].get_title() == "no detections above 1.00"
     width, _ = figure.get_size_inches()  # the picture alone, and the title wrapped to its width
     assert width == pytest.approx(EMPTY_FIGURE_WIDTH)

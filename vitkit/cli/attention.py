@@ -94,10 +94,10 @@ def _run_detector(args: argparse.Namespace) -> int:
     threshold = postprocessing.shown_above(args.threshold)
     check_inference_memory(model, args, capture=True)
     _note(missing_info_note(args.model_dir))
-    figure, detections = detection_attention_figure(
+    figure, detections, what = detection_attention_figure(
         model, info, open_image(args.image), threshold, postprocessing, layer, head, args.alpha, args.model_dir
     )
-    print(figure.get_suptitle().splitlines()[-1])  # the layer, the heads and the objects, as the figure says
+    print(what)  # the layer, the heads and the objects, as the figure's title says
     for d in detections:
         print(f"  {d.label}  {d.score:.4f}")
     print(f"figure written to {save_picture(figure, args.out)}")

@@ -197,9 +197,10 @@ def detection_attention_figure(
     head: int | None = None,
     alpha: float = 0.6,
     name: str | None = None,
-) -> tuple[Figure, list[Detection]]:
+) -> tuple[Figure, list[Detection], str]:
     """Where each detection's query looked in `image`, with a title naming the model, the layer and the heads;
-    `name` is the model in the title (default: its family). Returns (figure, detections).
+    `name` is the model in the title (default: its family). Returns (figure, detections, the title's line saying
+    what is drawn, unwrapped).
 
     What the layer records picks the drawing: a dense cross-attention (DETR) gives DETR's figure 6, each detection
     beside its query's map over the image (`detection_attention`, `vitkit.viz.object_attention_figure`, one colour
@@ -236,11 +237,13 @@ def detection_attention_figure(
             _level_names(samples),
             info.classes,
             model=f"{name}: {described}" if name else described,
-            what=f"decoder layer {layer % L} (of 0..{L - 1}) sampling points of each object's query, {which}  ·  "
-            f"{above}",
+            what=(what := _what(
+                f"decoder layer {layer % L} (of 0..{L - 1}) sampling points of each object's query, {which}", above,
+                threshold, detections,
+            )),  # fmt: skip
             empty=f"no detections above {threshold:.2f}",
         )
-        return figure, detections
+        return figure, detections, what
     heats = _dense_attention(model, captured, head)
     h = captured.record.shape[1]
     which = f"mean of {h} heads" if head is None else f"head {head % h} of {h}"
@@ -254,7 +257,18 @@ def detection_attention_figure(
         info.classes,
         alpha,
         model=f"{name}: {described}" if name else described,
-        what=f"decoder layer {layer % L} (of 0..{L - 1}) cross-attention of each object's query, {which}  ·  {above}",
+        what=(what := _what(
+            f"decoder layer {layer % L} (of 0..{L - 1}) cross-attention of each object's query, {which}", above,
+            threshold, detections,
+        )),  # fmt: skip
         empty=f"no detections above {threshold:.2f}",
     )
-    return figure, detections
+    return figure, detections, what
+
+
+def _what(drawn: str, above: str, threshold: float, detections: list) -> str:
+    """The figure's line saying what it draws; with no detection, that there is no query to draw and why."""
+    if detections:
+        return f"{drawn}  ·  {above}"
+    layer = drawn.split(")")[0] + ")"
+    return f"{layer}: no object above {threshold:.2f}, so no query to draw; a lower threshold shows the likeliest ones"
