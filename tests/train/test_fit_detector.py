@@ -215,7 +215,7 @@ def test_the_start_summary_says_what_the_data_chose(tmp_path, tiny_detector_conf
         fit(config)
     summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))
     assert "  sized   img size 96: median shorter side 96 px\n" in summary
-    assert "          batch size 2: 24 training images, at least 128 steps an epoch\n" in summary
+    assert "          batch size 2: 24 training images: 12 steps an epoch, more and smaller than" in summary
     assert "  augment flip 0.5, crop 0.5, shorter side 72-120 px\n" in summary  # a COCO folder's default
     assert "  epochs " not in summary.split("  sized")[1]  # given
     assert json.loads((tmp_path / "config.json").read_text())["img_size"] == 96

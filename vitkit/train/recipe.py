@@ -130,7 +130,8 @@ def data_choices(
             "epochs", epochs, f"{stats.images} training images of about {side}x{side * aspect:.0f} px, a budget of "
             f"{recipe.pixel_budget:.2g} pixels",
         ),
-        DataChoice("batch_size", batch, f"{stats.images} training images, at least {STEPS_PER_EPOCH} steps an epoch"
+        DataChoice("batch_size", batch, f"{stats.images} training images: {math.ceil(stats.images / batch)} steps an "
+                   f"epoch, more and smaller than the recipe's batch of {recipe.batch_size} would give"
                    if batch < recipe.batch_size else "the recipe's"),
     ]  # fmt: skip
     queries = QUERIES_PER_OBJECT * stats.max_objects
