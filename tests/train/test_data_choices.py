@@ -66,3 +66,20 @@ def test_a_given_side_sizes_the_epochs_and_a_recipe_without_budget_chooses_nothi
 @pytest.mark.parametrize("field", ["epochs", "batch_size"])
 def test_help_says_a_budget_sizes_from_the_data(field):
     assert "deformable_detr_small, deformable_detr_vit_tiny from the data" in recipe_defaults(field)
+
+
+def test_a_papers_recipe_keeps_small_images_small(tmp_path):
+    """DETR's paper recipe (no budget) on 128-px images: the run trains at the data's side, not the model's 800 (39x
+    the pixels), and says why; at the model's side or above, or with a side given, nothing is chosen."""
+    from vitkit.data import write_shapes_folder
+    from vitkit.train import TrainConfig
+    from vitkit.train.recipe import paper_side_choice
+
+    (choice,) = paper_side_choice(stats(), 800)
+    assert (choice.field, choice.value) == ("img_size", 128)
+    assert choice.why == "median shorter side 128 px; the model's 800 px would train on 39x the pixels"
+    assert paper_side_choice(stats(short=1000, long=1300), 800) == []
+    folder = write_shapes_folder(tmp_path / "shapes", train=4, val=2)  # 120-160 px images
+    config = TrainConfig(data=str(folder), model="detr_resnet50", out=str(tmp_path / "run"))
+    assert config.resolved().img_size == 128 and [c.field for c in config.data_choices()] == ["img_size"]
+    assert TrainConfig(data=str(folder), model="detr_resnet50", img_size=400).resolved().img_size == 400

@@ -27,6 +27,7 @@ from vitkit.data import (
 from vitkit.data.sources import own_split
 from vitkit.detection import DETECTION_LOSSES
 from vitkit.infer.runtime import resolve_device
+from vitkit.layers.helpers import to_2tuple
 from vitkit.models.interface import has_no_object_logit
 from vitkit.models.registry import family, model_entry, replace_config
 from vitkit.train.recipe import (
@@ -36,6 +37,7 @@ from vitkit.train.recipe import (
     Recipe,
     data_choices,
     declared_recipes,
+    paper_side_choice,
     recipe_for,
     resolve_task,
 )
@@ -360,15 +362,19 @@ class TrainConfig:
 
     def data_choices(self) -> list[DataChoice]:
         """The options left unset that a detection run's recipe sizes from its data (`vitkit.train.recipe.data_choices`:
-        image side, epochs, batch, object queries); empty for a recipe without a pixel budget."""
+        image side, epochs, batch, object queries); for a recipe without a pixel budget (a paper's), the image side
+        only, when the data's is smaller than the model's (`paper_side_choice`)."""
         task, model = self._task_and_model()
         if task == CLASSIFICATION:
             return []
         recipe = recipe_for(task, model, self.init)
-        if recipe.pixel_budget is None:
-            return []
-        from_scratch = self.init is None
         model_config = replace_config(model_entry(model).config, **self.model_args) if model is not None else None
+        if recipe.pixel_budget is None:  # a paper's recipe: only a side smaller than the model's, for small images
+            if self.img_size is not None or model_config is None:
+                return []
+            stats = training_stats(absolute_data(self.data), _data_version(self.data))
+            return paper_side_choice(stats, min(to_2tuple(model_config.img_size)))
+        from_scratch = self.init is None
         stats = training_stats(absolute_data(self.data), _data_version(self.data))
         choices = data_choices(stats, recipe, model_config, from_scratch and model_config is not None, self.img_size)
         given = {"epochs": self.epochs, "batch_size": self.batch_size}

@@ -93,6 +93,31 @@ class DataChoice:
     why: str
 
 
+def data_side(stats: Any) -> tuple[int, str]:
+    """The training image side a detection dataset asks for, and why: the median shorter side of its images, enlarged
+    so the smallest tenth of the boxes is at least MIN_BOX_SIDE pixels (at most MAX_UPSCALE times), rounded to
+    SIDE_MULTIPLE and kept within SIDE_RANGE."""
+    short = float(stats.short_side_median)
+    scale = 1.0
+    if stats.boxes and stats.box_size_p10 < MIN_BOX_SIDE:
+        scale = min(MAX_UPSCALE, MIN_BOX_SIDE / max(stats.box_size_p10, 1.0))
+    side = int(min(max(round(short * scale / SIDE_MULTIPLE) * SIDE_MULTIPLE, SIDE_RANGE[0]), SIDE_RANGE[1]))
+    why = f"median shorter side {short:g} px"
+    if scale > 1:
+        why += f", enlarged: the smallest tenth of the boxes ({stats.box_size_p10:.0f} px) to >= {MIN_BOX_SIDE} px"
+    return side, why
+
+
+def paper_side_choice(stats: Any, model_side: int) -> list[DataChoice]:
+    """For a recipe without a pixel budget (a paper's, for COCO-sized photos): the data's side (`data_side`) when it
+    is smaller than the model's `model_side`, which would upscale every image; else nothing (the model's side)."""
+    side, why = data_side(stats)
+    if side >= model_side:
+        return []
+    pixels = (model_side / side) ** 2
+    return [DataChoice("img_size", side, f"{why}; the model's {model_side} px would train on {pixels:.0f}x the pixels")]
+
+
 def data_choices(
     stats: Any, recipe: Recipe, model_config: Any, from_scratch: bool, img_size: int | None = None
 ) -> list[DataChoice]:
@@ -111,14 +136,8 @@ def data_choices(
     if recipe.pixel_budget is None:
         return []
     short = float(stats.short_side_median)
-    scale = 1.0
-    if stats.boxes and stats.box_size_p10 < MIN_BOX_SIDE:
-        scale = min(MAX_UPSCALE, MIN_BOX_SIDE / max(stats.box_size_p10, 1.0))
-    side = int(min(max(round(short * scale / SIDE_MULTIPLE) * SIDE_MULTIPLE, SIDE_RANGE[0]), SIDE_RANGE[1]))
+    side, why_side = data_side(stats)
     side = img_size or side
-    why_side = f"median shorter side {short:g} px"
-    if scale > 1:
-        why_side += f", enlarged: the smallest tenth of the boxes ({stats.box_size_p10:.0f} px) to >= {MIN_BOX_SIDE} px"
     aspect = float(stats.long_side_median) / max(short, 1.0)
     epoch_pixels = stats.images * side * side * aspect
     epochs = int(min(max(round(recipe.pixel_budget / epoch_pixels), MIN_EPOCHS), MAX_EPOCHS))
