@@ -9,6 +9,7 @@ import shlex
 import pytest
 import torch
 
+import vitkit
 from vitkit.cli import build_parser
 from vitkit.data import DEFAULT_VAL_FRACTION
 from vitkit.models.registry import model_entry
@@ -161,3 +162,18 @@ def test_a_learning_rate_below_the_recipes_end_takes_the_end_along(tmp_path, dig
     assert TrainConfig(data=str(digit_folder), lr=1e-3, out=str(tmp_path)).resolved().min_lr == 1e-5
     with pytest.raises(ValueError, match="min_lr 2e-06 is above lr 1e-06: the cosine decay would raise"):
         TrainConfig(data=str(digit_folder), lr=1e-6, min_lr=2e-6, out=str(tmp_path)).resolved()
+
+
+def test_a_classifier_that_fills_the_backbone_keeps_the_variants_recipe(tmp_path):
+    """--init with a whole detector fine-tunes on the family's recipe; with a classifier, which fills the backbone
+    alone while the rest trains from its initialisation, a variant keeps its own (from-scratch) recipe."""
+    small = recipe_for("detection", "deformable_detr_vit_tiny")
+    vit = tmp_path / "vit"
+    vitkit.save_pretrained(vitkit.create_model("vit_tiny_patch16_224", depth=1, num_classes=3), vit)
+    assert recipe_for("detection", "deformable_detr_vit_tiny", str(vit)) == small
+    torch.save(vitkit.create_model("vit_tiny_patch16_224", depth=1, num_classes=3).state_dict(), tmp_path / "vit.pth")
+    assert recipe_for("detection", "deformable_detr_vit_tiny", str(tmp_path / "vit.pth")) == small
+    detector = tmp_path / "detector"
+    vitkit.save_pretrained(vitkit.create_model("deformable_detr_digits", enc_layers=1, dec_layers=1), detector)
+    assert recipe_for("detection", "deformable_detr_small", str(detector)) == DEFORMABLE_RECIPE  # the family's
+    assert small.lr != DEFORMABLE_RECIPE.lr

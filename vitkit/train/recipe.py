@@ -208,14 +208,31 @@ def recipe_for(task: str, model: str | None, init: str | None = None) -> Recipe:
         task: "classification" or "detection".
         model: the registry name of the model trained; None for the model saved in the directory `init`.
         init: what the run fine-tunes from (a model directory or a checkpoint file), None when it trains from
-            scratch: a variant's own recipe is for training from scratch, so a fine-tuned model takes its family's.
+            scratch: a variant's own recipe is for training from scratch, so a fine-tuned model takes its family's;
+            but a classifier's checkpoint that fills only a detector's backbone leaves the rest of the detector to
+            train from its initialisation, and the variant keeps its own recipe.
     """
     if model is not None:
         fam: Family | None = family(model_entry(model).family)
     else:
         fam = saved_family(local_source(init)) if init is not None else None
-    variant = model_entry(model).recipe if model is not None and init is None else {}
+    whole = init is not None and not (model is not None and fills_backbone_only(init, fam))
+    variant = model_entry(model).recipe if model is not None and not whole else {}
     return _recipe(task, fam, variant)
+
+
+def fills_backbone_only(init: str, fam: Family | None) -> bool:
+    """Whether the checkpoint `init` holds a model of another family than the detector family `fam` (a classifier,
+    which fills the detector's backbone alone): a directory says its family; a file is matched against `fam`'s
+    layouts."""
+    if fam is None or fam.task == CLASSIFICATION:
+        return False
+    from vitkit.train.model import _holds_family  # reads the file: only when a detector is fine-tuned
+
+    try:
+        return not _holds_family(local_source(init), fam.name)
+    except (OSError, ValueError):  # unreadable or unknown: the load reports it; take the fine-tuning recipe
+        return False
 
 
 def _recipe(task: str, fam: Family | None, variant: dict[str, Any]) -> Recipe:
