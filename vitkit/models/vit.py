@@ -254,7 +254,6 @@ class VisionTransformer(CostFromImages, nn.Module):
         window = self.config.block_window(i)
         return (window, window) if window else self.patch_embed.grid_size
 
-
     @property
     def use_fc_norm(self) -> bool:
         """Whether the final norm follows the pooling (`fc_norm`) rather than preceding it (`norm`)."""
