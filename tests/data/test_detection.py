@@ -140,7 +140,7 @@ def messy_coco(root: Path) -> Path:
         {"id": 2, "file_name": png(images / "b.png"), "width": 40, "height": 30},
         {"id": 3, "file_name": png(images / "c.png"), "width": 40, "height": 30},  # no annotations
         {"id": 4, "file_name": "gone.png", "width": 40, "height": 30},  # missing file
-        {"id": 5, "file_name": "a.png", "height": 30},  # no width
+        {"id": 5, "file_name": "a.png", "width": "40", "height": 30},  # a width that is no integer
         {"id": 6, "file_name": "broken.png", "width": 40, "height": 30},  # not an image
         {"id": 7, "file_name": png(images / "small.png", (20, 10)), "width": 40, "height": 30},  # wrong size
         {"id": 1, "file_name": "b.png", "width": 40, "height": 30},  # repeated id

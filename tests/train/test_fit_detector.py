@@ -33,6 +33,7 @@ TINY_DEFORMABLE_DETR = {
 }  # fmt: skip
 METRICS = {"epoch", "train_loss", "loss_ce", "loss_bbox", "loss_giou", "loss_box_cls", *COCO_METRICS}
 METRICS |= {"lr", "seconds", "images_per_second", "skipped"}
+PER_CLASS = {f"ap/{digit}" for digit in range(10)}  # each class's AP, logged for up to 10 classes
 
 
 def _explicit_outputs(model_dir: Path, path: Path) -> dict[str, torch.Tensor]:
@@ -92,7 +93,7 @@ def _explicit_map(model_dir: Path, coco_root: Path) -> list[float]:
 def test_fit_trains_a_detector_and_logs_what_pycocotools_finds(tmp_path, tiny_detector_config, digits_coco):
     result = fit(tiny_detector_config(tmp_path))
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [m["epoch"] for m in lines] == [1, 2] and all(set(m) == METRICS for m in lines)
+    assert [m["epoch"] for m in lines] == [1, 2] and all(set(m) == METRICS | PER_CLASS for m in lines)
     assert result.best_metric == "ap" and result.last == lines[-1]
     best = max(lines, key=lambda m: m["ap"])
     assert result.best_value == best["ap"] and result.best_epoch == best["epoch"]
