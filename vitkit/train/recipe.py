@@ -23,7 +23,7 @@ from typing import Any
 from vitkit.data import BUILTIN_PREFIX, DIGITS_DETECT
 from vitkit.models.registry import CLASSIFICATION, DETECTION, Family, families, family, list_models, model_entry
 from vitkit.weights.family import saved_family
-from vitkit.weights.hub import local_source
+from vitkit.weights.hub import is_hub, local_source
 
 DETECTION_BUILTINS = (DIGITS_DETECT,)  # bundled detection datasets (builtin:NAME)
 
@@ -224,8 +224,8 @@ def recipe_for(task: str, model: str | None, init: str | None = None) -> Recipe:
 def fills_backbone_only(init: str, fam: Family | None) -> bool:
     """Whether the checkpoint `init` holds a model of another family than the detector family `fam` (a classifier,
     which fills the detector's backbone alone): a directory says its family; a file is matched against `fam`'s
-    layouts."""
-    if fam is None or fam.task == CLASSIFICATION:
+    layouts. A Hub repository counts as a whole detector (its files are not fetched to resolve a recipe)."""
+    if fam is None or fam.task == CLASSIFICATION or is_hub(init):  # a Hub repository is not fetched for this
         return False
     from vitkit.train.model import _holds_family  # reads the file: only when a detector is fine-tuned
 
