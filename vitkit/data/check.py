@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -218,4 +218,4 @@ def check_detection_folder(root: str | Path) -> DataCheck:
     splits = tuple(_split(name, data) for name, data in (("train", train), ("val", val)) if data is not None)
     duplicates = _duplicates(train, val) if train is not None else []
     check = DataCheck(str(root), info.category_ids, info.classes, splits, tuple(duplicates))
-    return DataCheck(**{**check.__dict__, "warnings": tuple(_warnings(check))})
+    return replace(check, warnings=tuple(_warnings(check)))
