@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from vitkit.cli import main
 from vitkit.data import load_builtin, write_image_folder
 from vitkit.train import loop
 from vitkit.train.checkpoint import save_checkpoint
+from vitkit.train.outputs import LOCK_NAME
 
 TINY = ["--model", "vit_tiny_patch16_224", "--model-arg", "img_size=28", "--model-arg", "patch_size=7"]
 TINY += ["--model-arg", "embed_dim=16", "--model-arg", "depth=1", "--model-arg", "num_heads=2"]
@@ -102,7 +105,7 @@ def test_force_keeps_the_earlier_run_until_the_new_run_has_a_checkpoint(data, tm
         main(_train(data, out, "--force"))
     (aside,) = tmp_path.glob("run.old-*")
     assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == earlier
-    assert f"the earlier run's outputs are in {aside}" in capsys.readouterr().out
+    assert f"{aside} (a complete run of 1 epoch, its final model in {aside / 'final'})" in capsys.readouterr().out
     monkeypatch.undo()
 
     seen = []
@@ -113,9 +116,11 @@ def test_force_keeps_the_earlier_run_until_the_new_run_has_a_checkpoint(data, tm
 
     monkeypatch.setattr("vitkit.train.loop.save_checkpoint", spy)
     assert main(_train(data, out, "--force")) == 0
-    (first,) = seen  # one epoch, one checkpoint: the outputs of the crashed run were still aside when it came
+    (first,) = seen  # one epoch, one checkpoint: the complete run and the crashed one were both still aside
     assert len(first) == 2 and aside.name in first
-    assert [p.name for p in tmp_path.glob("run.old-*")] == [aside.name]  # and are deleted after it
+    said = capsys.readouterr().out  # the second --force names the complete run, not only the crashed one it moved
+    assert f"(kept as well: {aside} (a complete run of 1 epoch, its final model in {aside / 'final'}))" in said
+    assert not list(tmp_path.glob("run.old-*"))  # both deleted once the new run trained its epoch: none orphaned
     assert (out / "notes.txt").read_text() == "mine"
 
 
@@ -153,12 +158,12 @@ def test_a_forced_run_stopped_in_its_first_epoch_keeps_the_earlier_run(data, tmp
     (aside,) = tmp_path.glob("run.old-*")
     assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == earlier
     assert (out / "checkpoint.pt").is_file()
-    assert f"the run ended within its first epoch; the earlier run's outputs are in {aside}" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "the run ended within its first epoch; the earlier run's outputs are kept" in said
+    assert f"{aside} (a complete run of 1 epoch" in said
 
 
-def test_the_run_force_replaced_is_kept_and_named_until_an_epoch_is_done(
-    data, tmp_path, capsys, monkeypatch
-):
+def test_the_run_force_replaced_is_kept_and_named_until_an_epoch_is_done(data, tmp_path, capsys, monkeypatch):
     """--force moves the earlier run aside; the new run stopped in its first epoch (Ctrl-C: a checkpoint within the
     epoch) keeps it, and the refusals name it; a --resume that finishes the epoch deletes it."""
     out = tmp_path / "run"
@@ -170,8 +175,79 @@ def test_the_run_force_replaced_is_kept_and_named_until_an_epoch_is_done(
     aside = list(tmp_path.glob("run.old-*"))
     assert len(aside) == 1 and (aside[0] / "final").is_dir()
     said = capsys.readouterr()
-    assert f"the earlier run's outputs are in {aside[0]}" in said.out + said.err
+    assert f"{aside[0]} (a complete run of 1 epoch" in said.out + said.err
     assert main(_train(data, out)) == 2  # not empty: the refusal names the folder kept aside
-    assert f"the outputs of the run --force replaced there are kept in {aside[0]}" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert f"The outputs of the run --force replaced in {out} are kept until a run there trains an epoch: " in said
+    assert f"{aside[0]} (a complete run of 1 epoch" in said
     assert main(["train", "--out", str(out), "--resume"]) == 0
     assert not aside[0].exists() and "deleted the earlier run's outputs" in capsys.readouterr().out
+
+
+def test_forces_and_kills_in_any_order_always_name_the_complete_run(data, tmp_path, monkeypatch, capsys):
+    """A complete run; --force, killed before its first checkpoint; --force again, stopped in its first epoch: every
+    message names the complete run (and the half runs) until a run in the folder trains an epoch."""
+    out = tmp_path / "run"
+    assert main(_train(data, out)) == 0
+
+    def killed(self, stop):
+        raise KeyboardInterrupt  # as kill -9 in the first step: no checkpoint
+
+    monkeypatch.setattr(loop.Run, "train_epoch", killed)
+    with pytest.raises(KeyboardInterrupt):
+        main(_train(data, out, "--force"))
+    monkeypatch.undo()
+    (complete,) = tmp_path.glob("run.old-*")
+    named = f"{complete} (a complete run of 1 epoch, its final model in {complete / 'final'})"
+    capsys.readouterr()
+    assert main(_train(data, out, "--resume")) == 2  # nothing to resume: the refusal names the complete run
+    assert named in capsys.readouterr().err
+
+    monkeypatch.setattr(loop.Run, "sync_stop", lambda self, stop: True)  # Ctrl-C at the first step
+    assert main(_train(data, out, "--force")) == 130
+    monkeypatch.undo()
+    said = capsys.readouterr()
+    assert named in said.out + said.err
+    assert sorted(tmp_path.glob("run.old-*"))[0] == complete and len(list(tmp_path.glob("run.old-*"))) == 2
+    assert main(_train(data, out)) == 2  # not empty: names both, the complete run first
+    err = capsys.readouterr().err
+    assert named in err and "(a run stopped in its first epoch, with no model)" in err
+    assert main(["train", "--out", str(out), "--resume"]) == 0  # trains its epoch: then neither is kept
+    assert not list(tmp_path.glob("run.old-*"))
+
+
+def test_a_second_run_in_the_same_folder_is_refused_naming_the_first(data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(_train(data, out)) == 0
+    assert not (out / LOCK_NAME).exists()  # a run lets its folder go
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True
+    )  # another run, as far as OUT can tell
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in out.iterdir())
+        for extra in (["--resume", "--epochs", "2"], ["--force"], []):
+            assert main(_train(data, out, *extra)) == 2
+            err = capsys.readouterr().err
+            assert f"{out} is in use by another training run (process {holder.pid} on " in err
+            assert "or train in a new folder: vitkit train" in err
+        assert sorted(p.name for p in out.iterdir()) == before and not list(tmp_path.glob("run.old-*"))
+    finally:
+        holder.kill()  # killed: the system releases its lock
+        holder.wait()
+    assert main(_train(data, out, "--resume", "--epochs", "2")) == 0
+    assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from vitkit.train.config import TrainConfig
+from vitkit.train.distributed import DistEnv
+from vitkit.train.outputs import OutLock, RunHints
+import torch
+lock = OutLock(Path(sys.argv[1]), DistEnv(0, 1, 0, torch.device("cpu"), False), RunHints())
+lock.acquire(TrainConfig(out=sys.argv[1]))
+print("held", flush=True)
+time.sleep(600)
+"""

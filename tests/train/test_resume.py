@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from vitkit.cli import main
-from vitkit.train import TrainConfig, fit
+from vitkit.train import TrainConfig, fit, loop
 from vitkit.weights import read_model_info
 
 
@@ -215,3 +215,42 @@ def test_a_run_from_init_resumes_when_that_model_is_gone(tmp_path, tiny_config, 
         assert ("is gone: its architecture is read from" in caplog.text) == move
         ends.append(_final_weights(out))
     _assert_identical(*ends)
+
+
+def test_a_kill_between_an_epochs_metrics_row_and_its_checkpoint_repeats_no_row(tmp_path, tiny_config, monkeypatch):
+    """The epoch's row is written before its checkpoint: a run killed in between resumes from the epoch before and
+    writes that epoch's row once, as the uninterrupted run does."""
+    config = tiny_config(tmp_path, epochs=3)
+    saving = loop.Run.save
+
+    def killed_at_the_second_checkpoint(self, epoch_end=True):
+        if epoch_end and self.epoch == 2:
+            raise KeyboardInterrupt  # the process dies: no checkpoint of epoch 2
+        saving(self, epoch_end)
+
+    monkeypatch.setattr(loop.Run, "save", killed_at_the_second_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        fit(config)
+    rows = [json.loads(line)["epoch"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [1, 2]  # the row of epoch 2 came before the kill
+    monkeypatch.undo()
+    fit(config, resume=True)
+    rows = [json.loads(line)["epoch"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [1, 2, 3]
+
+
+def test_a_resume_of_a_sharded_run_without_a_checkpoint_names_the_sharded_checkpoint(tmp_path, tiny_config):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"holds no checkpoint \(no sharded checkpoint: checkpoint\.json not found\)"):
+        fit(tiny_config(tmp_path, strategy="fsdp", ema_decay=0.0), resume=True)
+    with pytest.raises(ValueError, match=r"holds no checkpoint \(checkpoint\.pt not found\)"):
+        fit(tiny_config(tmp_path), resume=True)
+
+
+def test_a_stopped_run_names_its_best_model_so_far(tmp_path, tiny_config, monkeypatch, caplog):
+    stopping = loop.Run.sync_stop
+    monkeypatch.setattr(loop.Run, "sync_stop", lambda self, stop: self.epoch == 1 or stopping(self, stop))
+    result = fit(tiny_config(tmp_path))
+    assert result.interrupted
+    best = f"{result.best_value:.4f}"
+    assert f"the best model so far is in {tmp_path / 'best'} (val_acc {best}, epoch 1)" in caplog.text

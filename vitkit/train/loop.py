@@ -25,7 +25,8 @@ from the step reached on: the next step's learning rate is the longer schedule's
 cosine had decayed further the rate rises at once (a finished run goes from min_lr back up to the longer cosine's
 value there) and then decays to min_lr at the new last step. The epochs already run and their metrics stay as they
 were. Starting afresh in a used OUT (`force=True`) moves the earlier run's outputs aside to OUT.old-<time> and
-deletes them only once the new run has finished its first epoch (`vitkit.train.outputs`). Messages name the ways on
+deletes them only once the new run has finished its first epoch (`vitkit.train.outputs`); a run holds OUT while it
+trains (`OutLock`), so a second run into it is refused. Messages name the ways on
 (continue, start afresh, train longer) as Python calls, or as command lines where `vitkit train` gives its `hints`.
 
 Under torchrun every process trains its shard of each batch (DistributedDataParallel); only rank 0 writes and logs.
@@ -67,7 +68,7 @@ from vitkit.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, 
 from vitkit.train.ema import ModelEma
 from vitkit.train.model import describe_init, enable_grad_checkpointing, load_for_finetune
 from vitkit.train.optim import apply_schedule, create_optimizer, warmup_cosine
-from vitkit.train.outputs import CURVES_NAME, METRICS_NAME, RunHints, clear_out, has_final
+from vitkit.train.outputs import CURVES_NAME, METRICS_NAME, OutLock, RunHints, aside_list, clear_out, has_final
 from vitkit.train.recipe import CLASSIFICATION, DataChoice
 from vitkit.train.resume import resolve_run
 from vitkit.train.sharding import full_state_dict, load_sharded, save_sharded, shard
@@ -228,7 +229,7 @@ class Run:
         self.best_value, self.best_epoch = -math.inf, 0  # the best value of task.best_metric, and its epoch
         self.partial = self._fresh_partial()  # this epoch's train statistics so far
         self.skipped: list[Unreadable] = []  # unreadable samples met by this process in this epoch
-        self.replaced: Path | None = None  # an earlier run's outputs moved aside, deleted after the first epoch
+        self.replaced: list[Path] = []  # earlier runs' outputs moved aside, deleted after the first epoch
         self.sized: list[DataChoice] = []  # the options the data chose (`TrainConfig.data_choices`), for the summary
         self.curves = True  # whether curves.png is drawn (off after matplotlib failed once)
 
@@ -307,7 +308,7 @@ class Run:
             "best_epoch": self.best_epoch,
             "partials": gather_objects(dict(self.partial), self.env),  # each process's sums over this epoch so far
             # the earlier run that --force moved aside, kept until this run finishes its first epoch
-            "replaced": None if self.replaced is None else str(self.replaced),
+            "replaced": [str(p) for p in self.replaced],
             "classes": list(self.task.info.classes),  # what the data named; a resume checks its data still does
         }
         if weights:
@@ -328,10 +329,11 @@ class Run:
             if self.env.is_main:
                 save_checkpoint(state, self.out / CHECKPOINT_NAME)
         if self.env.is_main:
-            if epoch_end and self.replaced is not None:  # a whole epoch trained: the earlier run is not needed
-                shutil.rmtree(self.replaced, ignore_errors=True)
-                log.info(f"deleted the earlier run's outputs in {self.replaced}")
-                self.replaced = None
+            if epoch_end and self.replaced:  # a whole epoch trained: the earlier runs are not needed
+                for folder in self.replaced:
+                    shutil.rmtree(folder, ignore_errors=True)
+                log.info(f"deleted the earlier run's outputs in {', '.join(map(str, self.replaced))}")
+                self.replaced = []
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from the checkpoint `state` (`vitkit.train.outputs.check_out`'s): written by this number of
@@ -372,8 +374,9 @@ class Run:
         if env.rank < len(state["rng"]):  # a process added by resharding keeps the seed it started with
             set_rng_state(state["rng"][env.rank])
         self.epoch, self.step = state["epoch"], state["step"]
-        if state.get("replaced") and Path(state["replaced"]).is_dir():  # stopped within its first epoch
-            self.replaced = Path(state["replaced"])
+        replaced = state.get("replaced") or []  # a run stopped within its first epoch keeps them
+        replaced = [replaced] if isinstance(replaced, str) else replaced  # checkpoints that kept one
+        self.replaced = [Path(p) for p in replaced if Path(p).is_dir()]
         self.best_value = state["best_value"]
         self.best_epoch = state["best_epoch"]
         self.partial = self._resumed_partial(state)
@@ -570,20 +573,25 @@ def fit(
     hints = hints or RunHints()
     env = setup(config.device)
     run = None
+    lock = OutLock(Path(config.out), env, hints)
     try:
+        lock.acquire(config, create=False)  # a second run in OUT is refused before anything is read or said
         resolved, state = resolve_run(config, env, resume, force, hints)
         if state is not None and state["epoch"] >= resolved.epochs and has_final(Path(resolved.out)):
             return _complete(resolved, state, env, hints)  # else it is written below from the checkpoint
         run = Run(resolved, env, allow_memory, memory_names, hints)  # data, model, memory: before OUT changes
         run.sized = config.data_choices() if state is None else []
+        lock.acquire(config)  # OUT is created now where it was missing
         _begin(run, state)
         return _train(run)
     finally:
-        if run is not None and run.replaced is not None and env.is_main:
+        if run is not None and run.replaced and env.is_main:
             log.warning(
-                f"the run ended within its first epoch; the earlier run's outputs are in {run.replaced} (deleted once "
-                f"this run, resumed, finishes its first epoch; to go back to the earlier run, move them into {run.out})"
+                f"the run ended within its first epoch; the earlier run's outputs are kept until this run, resumed, "
+                f"finishes its first epoch: {aside_list(run.replaced)}. To go back to one, move its contents into "
+                f"{run.out}"
             )
+        lock.release()
         cleanup(env)
 
 
@@ -625,8 +633,14 @@ def _train(run: Run) -> FitResult:
         while run.epoch < run.config.epochs:
             if not run.train_epoch(stop):
                 torchrun = f" (under torchrun with {env.world_size} processes)" if env.world_size > 1 else ""
+                best = (
+                    f"; the best model so far is in {run.out / 'best'} ({run.task.best_metric} {run.best_value:.4f}, "
+                    f"epoch {run.best_epoch})"
+                    if run.best_epoch > 0
+                    else ""
+                )
                 run.info_line(
-                    f"stopped in epoch {run.epoch + 1} after step {run.step}; checkpoint saved, continue with: "
+                    f"stopped in epoch {run.epoch + 1} after step {run.step}; checkpoint saved{best}. Continue with: "
                     f"{run.hints.resume(run.out)}{torchrun}"
                 )
                 return run.result(last, interrupted=True)

@@ -3,16 +3,25 @@
 fresh run (`clear_out`), and how messages name the ways on (`RunHints`).
 
 A fresh run needs an empty or new OUT, or `force`: the earlier run's outputs (`OUTPUTS`) then move to a sibling
-OUT.old-<time>, deleted once the new run has finished its first epoch; files of the user's own in OUT stay.
+OUT.old-<time>, deleted once the new run has finished its first epoch; files of the user's own in OUT stay. Every
+folder moved aside is kept until then, however many runs `force` replaced before one finished an epoch (a run killed
+in its first epoch, forced again), and messages name each with what it holds (`describe_aside`).
+
+A run holds OUT while it trains (`OutLock`: an advisory lock on OUT/.vitkit-train.lock that the system releases when
+the process ends, even killed): a second run in the same OUT is refused, naming the process that holds it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import logging
 import os
+import shlex
 import shutil
+import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +29,7 @@ from typing import Any
 from vitkit.errors import python_option
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from vitkit.train.config import CONFIG_NAME, TrainConfig
-from vitkit.train.distributed import DistEnv, barrier
+from vitkit.train.distributed import DistEnv, barrier, broadcast_object
 from vitkit.train.sharding import FOLDER_PREFIX, POINTER_NAME, load_trainer_state, sharded_checkpoint
 from vitkit.weights.io import WEIGHTS_NAME
 
@@ -28,8 +37,84 @@ log = logging.getLogger("vitkit.train")
 
 METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
+LOCK_NAME = ".vitkit-train.lock"
 # what a fresh run replaces, with the folders of sharded checkpoints (checkpoint-K, named by POINTER_NAME)
 OUTPUTS = (CONFIG_NAME, METRICS_NAME, CURVES_NAME, CHECKPOINT_NAME, POINTER_NAME, "best", "final")
+
+try:  # POSIX; elsewhere runs are not locked
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+
+class OutLock:
+    """OUT held by one training run. Rank 0 takes an advisory lock (flock) on OUT/.vitkit-train.lock and writes who
+    holds it there; the system releases it when the process ends, so a crashed run leaves nothing that blocks the
+    next. `acquire` raises ValueError in every process of the run when another run holds OUT."""
+
+    def __init__(self, out: Path, env: DistEnv, hints: RunHints) -> None:
+        self.out, self.env, self.hints = out, env, hints
+        self.handle = None
+        self.held = False
+
+    def acquire(self, given: TrainConfig, create: bool = True) -> None:
+        """Hold OUT unless held already: when it is missing, create it (`create`) or leave it (then nothing is
+        held). ValueError, naming the process that holds it and the ways on (`given`: the run as the user gave it),
+        when another run does."""
+        if self.held:
+            return
+        outcome = None
+        if self.env.is_main:
+            if create:
+                self.out.mkdir(parents=True, exist_ok=True)
+            outcome = self._take(given) if self.out.is_dir() else "missing"
+        outcome = broadcast_object(outcome, self.env)
+        if outcome not in (None, "missing"):
+            raise ValueError(outcome)
+        self.held = outcome is None
+
+    def _take(self, given: TrainConfig) -> str | None:
+        if fcntl is None:
+            return None
+        path = self.out / LOCK_NAME
+        handle = open(path, "a+")  # noqa: SIM115 (held open while the run trains)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            text = handle.read()
+            handle.close()
+            try:
+                holder = json.loads(text)
+                who = f"process {holder['pid']} on {holder['host']}, started {holder['started']}: {holder['command']}"
+            except (ValueError, KeyError, TypeError):
+                who = "another process"
+            new = self.hints.start(dataclasses.replace(given.minimal(), out=os.fspath(new_folder(self.out))))
+            return (
+                f"{self.out} is in use by another training run ({who}); two runs in one folder would write over each "
+                f"other's checkpoints and metrics. Wait for it to end, or stop it, then run this again; or train in "
+                f"a new folder: {new}"
+            )
+        handle.seek(0)
+        handle.truncate()
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": shlex.join([os.path.basename(sys.argv[0]) or "python", *sys.argv[1:]]),
+        }
+        handle.write(json.dumps(holder) + "\n")
+        handle.flush()
+        self.handle = handle
+        return None
+
+    def release(self) -> None:
+        """Let OUT go (the lock file is removed)."""
+        if self.handle is not None:
+            (self.out / LOCK_NAME).unlink(missing_ok=True)
+            self.handle.close()
+            self.handle = None
+        self.held = False
 
 
 class RunHints:
@@ -77,15 +162,20 @@ def check_out(out: Path, resume: bool, force: bool, given: TrainConfig, hints: R
             f"{hints.option('resume', True)} continues the run in {out} and {force_option} replaces it: pass one. "
             f"Continue: {hints.resume(out)}  or start over: {hints.start(given.minimal(), force=True)}"
         )
-    used = out.is_dir() and any(out.iterdir())
+    used = out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir())
     if resume:
         if sharded is not None and (not checkpoint.is_file() or _newer(out / POINTER_NAME, checkpoint)):
             return {**load_trainer_state(sharded), "sharded": sharded}
         if checkpoint.is_file():
             return load_checkpoint(checkpoint)
         where = "does not exist" if not out.exists() else "holds no checkpoint" if used else "is empty"
+        looked = (
+            f"no sharded checkpoint: {POINTER_NAME} not found"
+            if given.strategy == "fsdp"
+            else f"{checkpoint.name} not found"
+        )
         raise ValueError(
-            f"nothing to resume: {out} {where} ({checkpoint.name} not found); start a new run with: "
+            f"nothing to resume: {out} {where} ({looked}); start a new run with: "
             f"{hints.start(given.minimal(), force=used)}" + moved_aside_note(out, hints)
         )
     if used and not force:
@@ -95,10 +185,9 @@ def check_out(out: Path, resume: bool, force: bool, given: TrainConfig, hints: R
         else:
             ways = f"start there anyway with: {hints.start(given, force=True)}"
         new = hints.start(dataclasses.replace(given, out=os.fspath(new_folder(out))))
-        ways += moved_aside_note(out, hints)
         raise ValueError(
-            f"{out} is not empty: {ways}  ({force_option} moves vitkit's earlier outputs aside until the new run's "
-            f"first checkpoint), or use a new folder: {new}"
+            f"{out} is not empty: {ways}  or use a new folder: {new}  With {force_option}, vitkit's earlier outputs "
+            f"there are moved aside and kept until the new run has trained an epoch." + moved_aside_note(out, hints)
         )
     return None
 
@@ -110,15 +199,33 @@ def moved_aside(out: Path) -> list[Path]:
     return sorted(p for p in out.parent.glob(f"{glob.escape(out.name)}.old-*") if p.is_dir())
 
 
+def describe_aside(folder: Path) -> str:
+    """What a folder of outputs moved aside holds, for messages: a complete run, a run stopped after some epochs,
+    or one stopped in its first epoch."""
+    path = folder / METRICS_NAME
+    rows = [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    epochs = f"{len(rows)} epoch{'s' if len(rows) != 1 else ''}"
+    if has_final(folder):
+        return f"a complete run of {epochs}, its final model in {folder / 'final'}"
+    if rows and (folder / "best").is_dir():
+        return f"a run stopped after {epochs}, its best model in {folder / 'best'}"
+    return "a run stopped in its first epoch, with no model"
+
+
+def aside_list(folders: list[Path]) -> str:
+    """`folders` moved aside, each with what it holds."""
+    return "; ".join(f"{folder} ({describe_aside(folder)})" for folder in folders)
+
+
 def moved_aside_note(out: Path, hints: RunHints) -> str:
-    """For a message about OUT: where the outputs of the run `force` replaced are, while they are kept."""
+    """For a message about OUT: where the outputs of the runs `force` replaced are, while they are kept, and what
+    each holds."""
     aside = moved_aside(out)
     if not aside:
         return ""
     return (
-        f" (the outputs of the run {hints.option('force', True)} replaced there are kept in "
-        f"{', '.join(map(str, aside))} until a run in {out} finishes its first epoch; to go back to that run, move "
-        f"them into {out})"
+        f" The outputs of the run{'s' if len(aside) > 1 else ''} {hints.option('force', True)} replaced in {out} are "
+        f"kept until a run there trains an epoch: {aside_list(aside)}. To go back to one, move its contents into {out}."
     )
 
 
@@ -126,9 +233,11 @@ def _newer(a: Path, b: Path) -> bool:
     return a.stat().st_mtime > b.stat().st_mtime
 
 
-def clear_out(out: Path, env: DistEnv) -> Path | None:
+def clear_out(out: Path, env: DistEnv) -> list[Path]:
     """Make OUT ready for a fresh run: created, with an earlier run's outputs (`OUTPUTS`) moved to a sibling
-    OUT.old-<time>, which is returned (None when there was nothing to move). Other files in OUT stay."""
+    OUT.old-<time>. Returns every folder moved aside from OUT that is still kept (this one and those of earlier runs
+    `force` replaced that never trained an epoch), oldest first: the new run deletes them once it has trained an
+    epoch. Other files in OUT stay."""
     barrier(env)  # every process has looked at OUT before rank 0 changes it
     aside = None
     if env.is_main:
@@ -143,11 +252,14 @@ def clear_out(out: Path, env: DistEnv) -> Path | None:
             aside.mkdir()
             for path in found:
                 shutil.move(path, aside / path.name)
+            kept = [p for p in moved_aside(out) if p != aside.resolve()]
+            also = f" (kept as well: {aside_list(kept)})" if kept else ""
             log.info(
-                f"moved the earlier run's outputs in {out} to {aside}; deleted once this run finishes its first epoch"
+                f"moved the earlier run's outputs in {out} to {aside} ({describe_aside(aside)}); deleted once this run "
+                f"finishes its first epoch{also}"
             )
         out.mkdir(parents=True, exist_ok=True)
-    return aside
+    return moved_aside(out) if env.is_main else []
 
 
 def has_final(out: Path) -> bool:
