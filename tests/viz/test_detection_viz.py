@@ -12,8 +12,11 @@ from vitkit.viz.attention import COLORMAP, EMPTY_FIGURE_WIDTH, figure_image
 from vitkit.viz.detection import (
     BOX_COLOURS,
     DOT_AREA,
+    MAX_LABELS,
     POINT_COLOURS,
+    labels_fit,
     object_attention_maps,
+    place_labels,
     sampled_attention_figure,
     tab_place,
 )
@@ -134,4 +137,110 @@ def test_labels_are_placed_clear_of_each_other():
     boxes = [(20, 40, 120, 140), (20, 40, 110, 130)]
     picture = np.asarray(draw_detections(image, boxes, ["a", "b"], [0.9, 0.8], ["a", "b"])).astype(int)
     assert (picture[38, 21] == BOX_COLOURS[0]).all()  # a's tab above the box
-    assert (picture[41, 21] == BOX_COLOURS[1]).all()  # b's tab inside it, over a's outline (not crossed by it)
+    assert (picture[38, 100] == BOX_COLOURS[1]).all()  # b's above its top-right corner: clear of a's, over no box
+    assert (picture[41, 21] == BOX_COLOURS[0]).all()  # inside: a's outline alone
+
+
+def test_a_label_avoids_covering_another_box_where_it_can():
+    """Above the top-left corner would lie over the box above; inside the corner covers nothing else."""
+    below, above = (20, 60, 120, 140), (10, 10, 80, 55)
+    assert tab_place(below, 50, 14, (300, 200), [], [above]) == (20, 60, 70, 74)
+    assert tab_place(below, 50, 14, (300, 200), []) == (20, 46, 70, 60)  # without the other box: above
+
+
+@pytest.mark.parametrize(
+    ("box", "expected"),
+    [
+        ((280, 50, 310, 80), (250, 36, 300, 50)),  # past the right edge: above, moved left onto the picture
+        ((270, 190, 320, 230), (250, 176, 300, 190)),  # past the bottom-right corner: the same
+        ((-10, -10, 20, 20), (0, 0, 50, 14)),  # past the top-left corner: down and right
+        ((290, 0, 300, 200), (250, 0, 300, 14)),  # a sliver along the right edge, as high as the picture
+    ],
+)
+def test_a_label_at_the_edge_is_moved_onto_the_picture(box, expected):
+    assert tab_place(box, 50, 14, (300, 200), []) == expected
+
+
+def test_a_label_at_the_right_edge_is_drawn_whole():
+    """The same label drawn for a box across the right edge and for one in the middle: as many columns of white
+    text in both (none cut off), all of them on the picture."""
+    image = Image.new("RGB", (300, 240))
+
+    def text_columns(box):
+        pixels = np.asarray(draw_detections(image, [box], ["square"], [0.52], ["square"]))
+        return np.flatnonzero((pixels > 200).all(-1).any(0))  # the columns with white (text) pixels
+
+    edge, middle = text_columns((270, 100, 320, 150)), text_columns((120, 100, 170, 150))
+    assert len(edge) == len(middle) > 20 and edge.max() < 300
+
+
+def test_crowded_labels_are_placed_apart_on_the_picture():
+    """Ten boxes nested in each other: each label goes to a place of its own around its box, whole on the
+    picture."""
+    boxes = [(100 + 3 * k, 60 + 2 * k, 200 - 2 * k, 160 - 3 * k) for k in range(10)]
+    sizes = [(50 + k, 14) for k in range(10)]
+    tabs = place_labels(boxes, sizes, (300, 200))
+    assert [(t[2] - t[0], t[3] - t[1]) for t in tabs] == sizes  # each its label's size
+    assert all(0 <= t[0] and 0 <= t[1] and t[2] <= 300 and t[3] <= 200 for t in tabs)
+    for n, a in enumerate(tabs):
+        for b in tabs[n + 1 :]:
+            assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (a, b)
+    assert labels_fit(tabs, (300, 200))
+    assert tabs[0] == (100, 46, 150, 60)  # the first: above its top-left corner
+    for tab, (x0, y0, x1, y1) in zip(tabs, boxes, strict=True):  # each touches its box, inside or out
+        assert tab[0] <= x1 and x0 <= tab[2] and tab[1] <= y1 and y0 <= tab[3]
+
+
+def test_labels_fit_only_few_apart_on_the_picture():
+    tab = (0.0, 0.0, 10.0, 10.0)
+    assert labels_fit([tab, (10, 0, 20, 10)], (100, 100))  # touching is apart
+    assert not labels_fit([tab, (9, 0, 19, 10)], (100, 100))  # one covers the other
+    assert not labels_fit([(95, 0, 105, 10)], (100, 100))  # past the right edge
+    assert not labels_fit([(0, 0, 60, 50)], (100, 100))  # over a quarter of the picture
+    many = [(10 * k, 0, 10 * k + 8, 8) for k in range(MAX_LABELS + 1)]
+    assert labels_fit(many[:-1], (1000, 1000)) and not labels_fit(many, (1000, 1000))
+
+
+def _legend_tabs(picture: np.ndarray, width: int, height: int) -> list[tuple[int, ...]]:
+    """The colours of the number tabs of the legend beside or under the `width` x `height` picture, in reading order
+    (down each column): each tab's top row is a run of its colour under white rows."""
+    legend = (picture[:, width:] if picture.shape[1] > width else picture[height:]).astype(int)
+    white = (legend == 255).all(-1)
+    tops = []
+    for colour in BOX_COLOURS:
+        top = (legend == colour).all(-1)[3:] & white[2:-1] & white[1:-2] & white[:-3]  # (h - 3, w)
+        tops += [(x, y, colour) for y, x in zip(*np.nonzero(top), strict=True) if top[y, x : x + 6].all()]
+    firsts = {(x, y) for x, y, _ in tops} - {(x + 1, y) for x, y, _ in tops}  # where each run begins
+    return [colour for x, y, colour in sorted(tops) if (x, y) in firsts]
+
+
+def test_many_boxes_are_numbered_with_a_legend():
+    """Sixty boxes: a number on each, and beside or under the picture a legend of the numbers in order of score,
+    each on a tab in its class colour."""
+    image = Image.new("RGB", (300, 240), (90, 90, 90))
+    g = np.random.default_rng(0)
+    corners = g.uniform((0, 0), (260, 200), size=(60, 2))
+    boxes = np.concatenate([corners, corners + g.uniform(10, 120, size=(60, 2))], 1).tolist()
+    labels = [("a", "b", "c")[k % 3] for k in range(60)]
+    scores = g.uniform(0.05, 0.4, size=60).tolist()
+    picture = np.asarray(draw_detections(image, boxes, labels, scores, ["a", "b", "c"]))
+    assert picture.shape[0] > 240 or picture.shape[1] > 300  # the legend makes it larger
+    assert (picture[:240, :300] != 90).any(-1).mean() < 0.5  # thin outlines and small numbers leave most of it
+    by_score = sorted(range(60), key=lambda i: -scores[i])
+    colours = _legend_tabs(picture, 300, 240)
+    assert len(colours) > 5
+    assert colours == [BOX_COLOURS["abc".index(labels[i])] for i in by_score[: len(colours)]]
+    truth = np.asarray(draw_detections(image, boxes, labels, None, ["a", "b", "c"]))  # ground truth: numbered too
+    assert _legend_tabs(truth, 300, 240) == [BOX_COLOURS[k % 3] for k in range(len(colours))]
+
+
+def test_labels_that_cannot_be_placed_apart_are_numbered():
+    """Boxes over the whole picture leave room for four labels inside its corners: a fifth box is numbered, all
+    of them with it, in a legend."""
+    image = Image.new("RGB", (300, 240))
+    boxes, labels = [(0, 0, 300, 240)] * 5, ["a", "b", "c", "d", "e"]
+    four = draw_detections(image, boxes[:4], labels[:4], [0.9, 0.8, 0.7, 0.6])
+    assert four.size == (300, 240)
+    five = draw_detections(image, boxes, labels, [0.9, 0.8, 0.7, 0.6, 0.5])
+    assert five.size != (300, 240)
+    assert _legend_tabs(np.asarray(five), 300, 240) == list(BOX_COLOURS[:5])

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
@@ -43,6 +44,8 @@ def _font(image: Image.Image) -> ImageFont.ImageFont:
 
 
 Tab = tuple[float, float, float, float]  # a label's filled tab (x0, y0, x1, y1)
+MAX_LABELS = 20  # more boxes than this are numbered, with a legend beside or under the picture, not labelled
+LABEL_SHARE = 0.25  # ... as are boxes whose labels would cover more than this share of the picture together
 
 
 def _draw_box(
@@ -51,48 +54,77 @@ def _draw_box(
     text: str,
     colour: tuple[int, int, int],
     font: ImageFont.ImageFont,
-    taken: list[Tab] | None = None,
 ) -> None:
-    """A rectangle and its label on a filled tab: above its top-left corner (inside when there is no room), or,
-    where that would cover a tab in `taken` (the labels drawn before, to which this one is added), the first of
-    the other corners, above or below the box, that covers none."""
+    """A rectangle and its label on a filled tab, placed by `tab_place`."""
     draw.rectangle(tuple(box), outline=colour, width=max(2, round(font.size / 6)))
-    _draw_label(draw, box, text, colour, font, taken)
+    tab = tab_place(tuple(box), *_tab_size(draw, text, font), draw.im.size, [])
+    _draw_tab(draw, tab, text, colour, font)
 
 
-def _draw_label(
-    draw: ImageDraw.ImageDraw,
-    box: Sequence[float],
-    text: str,
-    colour: tuple[int, int, int],
-    font: ImageFont.ImageFont,
-    taken: list[Tab] | None = None,
-) -> None:
-    """`box`'s label on a filled tab, placed by `tab_place` clear of the tabs in `taken` (then added to them)."""
+def _tab_size(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.ImageFont) -> tuple[float, float]:
+    """(width, height) of the filled tab that holds `text`: the text with a margin of 3 px across and 2 px down."""
     left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
-    tab_w, tab_h = right - left + 6, bottom - top + 4
-    tab = tab_place(tuple(box), tab_w, tab_h, draw.im.size, taken or [])
-    if taken is not None:
-        taken.append(tab)
+    return right - left + 6, bottom - top + 4
+
+
+def _draw_tab(
+    draw: ImageDraw.ImageDraw, tab: Tab, text: str, colour: tuple[int, int, int], font: ImageFont.ImageFont
+) -> None:
+    """`text` in white on `tab` filled with `colour`."""
+    top = draw.textbbox((0, 0), text, font=font)[1]
     draw.rectangle(tab, fill=colour)
     draw.text((tab[0] + 3, tab[1] + 2 - top), text, fill="white", font=font)
 
 
-def tab_place(box: Tab, tab_w: float, tab_h: float, size: tuple[int, int], taken: list[Tab]) -> Tab:
-    """Where a label tab of `tab_w` x `tab_h` goes for `box` on a picture of `size` (W, H): the first of above the
-    top-left corner, inside it, below the bottom-left corner, inside it, and the same on the right, that lies on
-    the picture and covers no tab of `taken`; the first on the picture when each covers one."""
+def _overlaps(tabs: Sequence[Tab], rects: Sequence[Sequence[float]]) -> np.ndarray:
+    """(len(tabs), len(rects)): the area each of `tabs` shares with each of `rects` (0 where they only touch)."""
+    a, b = np.asarray(tabs, dtype=float).reshape(-1, 1, 4), np.asarray(rects, dtype=float).reshape(1, -1, 4)
+    across = np.minimum(a[..., 2], b[..., 2]) - np.maximum(a[..., 0], b[..., 0])
+    down = np.minimum(a[..., 3], b[..., 3]) - np.maximum(a[..., 1], b[..., 1])
+    return across.clip(min=0) * down.clip(min=0)
+
+
+def tab_place(
+    box: Tab, tab_w: float, tab_h: float, size: tuple[int, int], taken: Sequence[Tab], others: Sequence[Tab] = ()
+) -> Tab:
+    """Where a label tab of `tab_w` x `tab_h` goes for `box` on a picture of `size` (W, H), among: above the top-left
+    corner, inside it, below the bottom-left corner, inside it, the same on the right, then beside the box (left
+    and right of its top and bottom edges); each moved onto the picture where it sticks out, after those of its
+    kind that lie on it. The first that covers no tab of `taken` (the labels placed before) and the fewest of
+    `others` (the other boxes, so that a label hides no object it can avoid); when each covers a tab, the one
+    covering the least area of them. A tab larger than the picture goes to its top or left edge."""
     x0, y0, x1, y1 = box
     W, H = size
-    candidates = []
-    for x in (x0, x1 - tab_w):
-        for y in (y0 - tab_h, y0, y1, y1 - tab_h):
-            candidates.append((x, y, x + tab_w, y + tab_h))
-    on_picture = [t for t in candidates if t[0] >= 0 and t[1] >= 0 and t[2] <= W and t[3] <= H] or candidates[1:2]
-    for tab in on_picture:
-        if not any(tab[0] < o[2] and o[0] < tab[2] and tab[1] < o[3] and o[1] < tab[3] for o in taken):
-            return tab
-    return on_picture[0]
+    around = [(x, y) for x in (x0, x1 - tab_w) for y in (y0 - tab_h, y0, y1, y1 - tab_h)]
+    beside = [(x, y) for y in (y0, y1 - tab_h) for x in (x0 - tab_w, x1)]
+    spots = []
+    for kind in (around, beside):
+        spots += [(x, y) for x, y in kind if 0 <= x <= W - tab_w and 0 <= y <= H - tab_h]
+        spots += [(min(max(x, 0), max(W - tab_w, 0)), min(max(y, 0), max(H - tab_h, 0))) for x, y in kind]
+    candidates = [(x, y, x + tab_w, y + tab_h) for x, y in dict.fromkeys(spots)]
+    covered = _overlaps(candidates, taken).sum(1)  # the area of the tabs before that each would cover
+    hidden = (_overlaps(candidates, others) > 0).sum(1)  # the other boxes it would lie over
+    return candidates[np.lexsort((np.arange(len(candidates)), hidden, covered))[0]]
+
+
+def place_labels(boxes: Sequence[Tab], sizes: Sequence[tuple[float, float]], size: tuple[int, int]) -> list[Tab]:
+    """The tab of each box's label (`tab_place`), in the order given: each placed clear of those before it where its
+    box leaves room, so the first boxes get the first choice."""
+    tabs: list[Tab] = []
+    for n, (box, (tab_w, tab_h)) in enumerate(zip(boxes, sizes, strict=True)):
+        tabs.append(tab_place(box, tab_w, tab_h, size, tabs, [*boxes[:n], *boxes[n + 1 :]]))
+    return tabs
+
+
+def labels_fit(tabs: Sequence[Tab], size: tuple[int, int]) -> bool:
+    """Whether label tabs (`place_labels`) keep a picture of `size` (W, H) readable: at most MAX_LABELS of them, all
+    on the picture, none covering another, together covering at most LABEL_SHARE of it."""
+    W, H = size
+    if len(tabs) > MAX_LABELS or sum((t[2] - t[0]) * (t[3] - t[1]) for t in tabs) > LABEL_SHARE * W * H:
+        return False
+    if any(t[0] < 0 or t[1] < 0 or t[2] > W or t[3] > H for t in tabs):
+        return False
+    return not np.triu(_overlaps(tabs, tabs), 1).any()
 
 
 def _banner(picture: Image.Image, text: str) -> None:
@@ -104,6 +136,38 @@ def _banner(picture: Image.Image, text: str) -> None:
     draw.text(((picture.width - (right - left)) / 2, 5 - top), text, fill="white", font=font)
 
 
+def _legend(
+    picture: Image.Image, entries: Sequence[tuple[str, str, tuple[int, int, int]]], font: ImageFont.ImageFont
+) -> Image.Image:
+    """`picture` with a white legend of `entries` (number, what it stands for, colour) beside it, or under it where
+    that keeps the whole closer to a square: each number on its tab, as on the picture, then the text, in columns
+    read down one after the other."""
+    measure = ImageDraw.Draw(picture)
+    tabs = [_tab_size(measure, number, font) for number, _, _ in entries]
+    texts = [measure.textbbox((0, 0), text, font=font) for _, text, _ in entries]
+    gap = max(4, font.size // 3)
+    cell_w = max(w + gap + right for (w, _), (_, _, right, _) in zip(tabs, texts, strict=True)) + 2 * gap
+    cell_h = max(h for _, h in tabs) + gap
+    n, W, H = len(entries), picture.width, picture.height
+    columns = max(1, min(n, (W - gap) // cell_w))  # under the picture, as many columns as its width holds
+    under = (max(W, columns * cell_w + gap), H + -(-n // columns) * cell_h + 2 * gap)
+    rows = max(1, min(n, (H - gap) // cell_h))  # beside it, as many rows as its height holds
+    side = (W + -(-n // rows) * cell_w + gap, max(H, rows * cell_h + gap))
+    beside = max(side) / min(side) < max(under) / min(under)
+    if not beside:
+        rows = -(-n // columns)
+    legend = Image.new("RGB", side if beside else under, "white")
+    legend.paste(picture, (0, 0))
+    draw = ImageDraw.Draw(legend)
+    left, top = (W + gap, gap) if beside else (gap, H + gap)
+    for k, ((number, text, colour), (tab_w, tab_h), box) in enumerate(zip(entries, tabs, texts, strict=True)):
+        x, y = left + (k // rows) * cell_w, top + (k % rows) * cell_h
+        _draw_tab(draw, (x, y, x + tab_w, y + tab_h), number, colour, font)
+        middle = y + tab_h / 2 - (box[1] + box[3]) / 2  # the text's middle level with the number's
+        draw.text((x + tab_w + gap, middle), text, fill="black", font=font)
+    return legend
+
+
 def draw_detections(
     image: Image.Image,
     boxes: Sequence[Sequence[float]],
@@ -112,8 +176,14 @@ def draw_detections(
     classes: Sequence[str] | None = None,
     empty: str = "no detections",
 ) -> Image.Image:
-    """`image` (enlarged if small) with each box outlined and labelled "label score", the labels placed so that none
-    covers another where the boxes leave room (`tab_place`); without boxes, `empty` written across its top.
+    """`image` (enlarged if small) with each box outlined and labelled "label score", the most probable first, each
+    label whole on the picture and clear of the others and of other boxes where it can be (`place_labels`);
+    without boxes, `empty` written across its top.
+
+    When the labels would not keep the picture readable (`labels_fit`: more than MAX_LABELS, covering more than
+    LABEL_SHARE of it, or some that cannot be placed apart), each box gets a small number instead (1 the most
+    probable; for ground truth, the order given), its outline thinner, and a legend of the numbers' labels goes
+    beside the picture or under it: the picture returned is then larger than the image.
 
     Args:
         boxes: (x0, y0, x1, y1) in pixels of `image`.
@@ -131,14 +201,26 @@ def draw_detections(
         return picture
     draw, font = ImageDraw.Draw(picture), _font(picture)
     palette = list(classes) if classes is not None else list(dict.fromkeys(labels))
-    order = sorted(range(len(boxes)), key=lambda i: scores[i]) if scores is not None else list(range(len(boxes)))
-    scaled = [[v * factor for v in box] for box in boxes]
-    for i in order:  # every outline first, so that none crosses a label
-        draw.rectangle(tuple(scaled[i]), outline=_colour(labels[i], palette), width=max(2, round(font.size / 6)))
-    taken: list[Tab] = []
-    for i in reversed(order):  # the most probable label first: it takes its place above its box
-        text = labels[i] if scores is None else f"{labels[i]} {scores[i]:.2f}"
-        _draw_label(draw, scaled[i], text, _colour(labels[i], palette), font, taken)
+    order = sorted(range(len(boxes)), key=lambda i: -scores[i]) if scores is not None else list(range(len(boxes)))
+    scaled = [tuple(v * factor for v in boxes[i]) for i in order]  # the most probable first: its label goes first
+    texts = [labels[i] if scores is None else f"{labels[i]} {scores[i]:.2f}" for i in order]
+    colours = [_colour(labels[i], palette) for i in order]
+    width = max(2, round(font.size / 6))  # of the outlines
+    numbered = len(order) > MAX_LABELS
+    if not numbered:
+        tabs = place_labels(scaled, [_tab_size(draw, text, font) for text in texts], picture.size)
+        numbered = not labels_fit(tabs, picture.size)
+    shown = texts
+    if numbered:  # too many labels to read: numbers on the boxes (thinner), a legend beside or under
+        font, width = ImageFont.load_default(size=max(11, round(font.size * 0.6))), max(1, width // 2)
+        shown = [str(n + 1) for n in range(len(order))]
+        tabs = place_labels(scaled, [_tab_size(draw, number, font) for number in shown], picture.size)
+    for box, colour in zip(reversed(scaled), reversed(colours), strict=True):  # every outline first, so that none
+        draw.rectangle(box, outline=colour, width=width)  # crosses a label; the most probable on top
+    for tab, text, colour in reversed(list(zip(tabs, shown, colours, strict=True))):  # where numbers could not be
+        _draw_tab(draw, tab, text, colour, font)  # placed apart, the most probable on top
+    if numbered:
+        return _legend(picture, list(zip(shown, texts, colours, strict=True)), font)
     return picture
 
 
