@@ -200,3 +200,26 @@ def test_per_class_ap_is_the_ap_of_that_class_alone():
         for name in ("ap", "ap50", "ap_small"):
             assert row[name] == pytest.approx(alone[name], nan_ok=True), (k, name)
         assert float(torch.tensor(precision[k]).mean()) == pytest.approx(row["ap50"])
+
+
+def test_an_image_with_more_objects_than_coco_scores_needs_more_detections():
+    """COCO scores 100 detections of a class an image: an image of 150 objects of one class found perfectly scores
+    AP 1 only when the evaluator scores more (a large image in tiles); every metric, AP included, at that number."""
+    height, width = 1000, 1500
+    corners = torch.stack(torch.meshgrid(torch.arange(10) * 100.0, torch.arange(15) * 100.0, indexing="ij"), -1)
+    xyxy = torch.cat([corners.flip(-1).reshape(-1, 2), corners.flip(-1).reshape(-1, 2) + 40], dim=1)  # (150, 4)
+    target = {
+        "boxes": box_convert(xyxy, "xyxy", "cxcywh") / torch.tensor([width, height, width, height]),
+        "labels": torch.zeros(150, dtype=torch.int64),
+        "image_id": torch.tensor(1),
+        "orig_size": torch.tensor([height, width]),
+    }
+    prediction = {"boxes": xyxy, "scores": torch.linspace(0.99, 0.5, 150), "labels": target["labels"]}
+    capped, full = CocoEvaluator(K), CocoEvaluator(K, max_detections=300)
+    for evaluator in (capped, full):
+        evaluator.update([prediction], [target])
+    capped, full = capped.compute(), full.compute()
+    assert capped["ap"] < 0.8 and capped["ap50"] < 0.8
+    assert full["ap"] == pytest.approx(1.0) and full["ap50"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="at least COCO's 100"):
+        CocoEvaluator(K, max_detections=50)

@@ -61,6 +61,9 @@ def to_coco_results(
     return results
 
 
+COCO_MAX_DETECTIONS = 100  # COCO scores an image's 100 most probable detections
+
+
 class CocoEvaluator:
     """Collects detections and ground truth image by image, then computes COCO mAP with pycocotools.
 
@@ -68,10 +71,14 @@ class CocoEvaluator:
     torch.distributed, then `compute()`.
     """
 
-    def __init__(self, num_classes: int) -> None:
+    def __init__(self, num_classes: int, max_detections: int = COCO_MAX_DETECTIONS) -> None:
+        """`max_detections`: the most detections of an image scored, most probable first (COCO's 100; an image with
+        more objects, a large image in tiles, needs more)."""
         if num_classes <= 0:
             raise ValueError(f"num_classes must be positive, got {num_classes}")
-        self.num_classes = num_classes
+        if max_detections < COCO_MAX_DETECTIONS:
+            raise ValueError(f"max_detections must be at least COCO's {COCO_MAX_DETECTIONS}, got {max_detections}")
+        self.num_classes, self.max_detections = num_classes, max_detections
         self.images: dict[int, dict[str, np.ndarray | tuple[int, int]]] = {}  # image id -> its boxes
 
     def __len__(self) -> int:
@@ -209,13 +216,17 @@ class CocoEvaluator:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             evaluation = COCOeval(ground_truth, results, iouType="bbox")
+            evaluation.params.maxDets = [1, 10, self.max_detections]  # the AP and AR summaries read the last
             evaluation.evaluate()
             evaluation.accumulate()
             evaluation.summarize()
         if verbose:
             print(out.getvalue(), end="")
         self.evaluation = evaluation  # per_class and pr_curves read its accumulated precision
-        stats = evaluation.stats[: len(COCO_METRICS)]
+        stats = list(evaluation.stats[: len(COCO_METRICS)])
+        if self.max_detections != COCO_MAX_DETECTIONS:  # pycocotools' summary reads AP at 100 detections
+            precision = evaluation.eval["precision"][:, :, :, 0, -1]  # (T, R, K) at every area, the most detections
+            stats[0] = float(precision[precision > -1].mean()) if (precision > -1).any() else -1.0
         return {name: float(v) if v >= 0 else math.nan for name, v in zip(COCO_METRICS, stats, strict=True)}
 
     def _precision(self) -> np.ndarray:
@@ -230,7 +241,7 @@ class CocoEvaluator:
         """Per class, in class-index order: its ground-truth boxes (`boxes`) and COCO's AP, AP50 and AP_small
         computed as `compute`'s over that class alone (NaN where it has no ground-truth box to score; AP_small
         where it has no small one)."""
-        precision = self._precision()  # (T, R, K, A, M): areas all, small, medium, large; max dets 1, 10, 100
+        precision = self._precision()  # (T, R, K, A, M): areas all, small, medium, large; max dets 1, 10, N
         counts = np.zeros(self.num_classes, dtype=np.int64)
         for record in self.images.values():
             counts += np.bincount(record["gt_labels"].astype(np.int64), minlength=self.num_classes)[: self.num_classes]

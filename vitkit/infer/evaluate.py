@@ -32,11 +32,16 @@ from vitkit.data import (
     make_loader,
     normalize,
 )
+from vitkit.data.coco import CocoDetection, open_annotated
+from vitkit.data.detection import detection_target
 from vitkit.detection import CocoEvaluator, Postprocessing, collate_detection
+from vitkit.detection.coco_eval import COCO_MAX_DETECTIONS
 from vitkit.errors import OptionError
 from vitkit.infer.detect import detector_outputs, reading
+from vitkit.infer.files import progress_bar
 from vitkit.infer.model_dir import detection_reading, inference_info
 from vitkit.infer.runtime import autocast, resolve_device
+from vitkit.infer.tiles import DEFAULT_NMS_IOU, DEFAULT_OVERLAP, detect_tiled, tile_grid
 from vitkit.layers import to_2tuple
 from vitkit.models.interface import VitkitDetector
 from vitkit.weights import ModelInfo, from_pretrained, model_info
@@ -247,6 +252,10 @@ def evaluate_detector(
         evaluator.update(read(outputs, sizes, 0.0), batch.targets)
     if distributed:
         evaluator.gather()
+    return _detection_result(evaluator, skipped, info)
+
+
+def _detection_result(evaluator: CocoEvaluator, skipped: list[Unreadable], info: ModelInfo) -> DetectionResult:
     if len(evaluator) == 0:
         raise ValueError("no readable images to evaluate")
     metrics = evaluator.compute()
@@ -257,6 +266,47 @@ def evaluate_detector(
     )  # fmt: skip
 
 
+@torch.no_grad()
+def evaluate_detector_tiled(
+    model: VitkitDetector,
+    data: CocoDetection,
+    info: ModelInfo,
+    tile: int,
+    overlap: float = DEFAULT_OVERLAP,
+    postprocessing: Postprocessing | None = None,
+    nms_iou: float | None = DEFAULT_NMS_IOU,
+    progress: bool | None = None,
+) -> DetectionResult:
+    """COCO mAP of `model` on the whole images of `data` (a COCO split at its stored size), each detected in tiles
+    and merged (`vitkit.infer.tiles.detect_tiled`, every query scored) and scored against all its boxes. An image
+    is scored on as many detections as its tiles give (COCO's 100 would cap an image of many objects)."""
+    model.eval()
+    if data.short_side is not None:
+        raise ValueError("tiled evaluation reads the images at their stored size: load the data with short_side=None")
+    tiles = max(len(tile_grid(*s.size, tile, overlap)) for s in data.samples)
+    evaluator = CocoEvaluator(len(info.classes), max(COCO_MAX_DETECTIONS, tiles * model.config.num_queries))
+    index = {name: k for k, name in enumerate(info.classes)}
+    skipped: list[Unreadable] = []
+    total = sum(len(tile_grid(*s.size, tile, overlap)) for s in data.samples)
+    with progress_bar(total, progress) as bar:
+        for i, sample in enumerate(data.samples):
+            try:
+                image = open_annotated(sample.path, *sample.size)
+            except OSError as err:
+                skipped.append(Unreadable(data.describe(i), str(err)))
+                continue
+            found = detect_tiled(model, info, image, tile, overlap, 0.0, postprocessing, nms_iou, bar=bar)
+            prediction = {
+                "boxes": torch.tensor([d.box for d in found], dtype=torch.float64).reshape(-1, 4),
+                "scores": torch.tensor([d.score for d in found], dtype=torch.float64),
+                "labels": torch.tensor([index[d.label] for d in found], dtype=torch.int64),
+            }
+            size = sample.size
+            target = detection_target(sample.boxes, sample.labels, sample.areas, sample.image_id, size, size)
+            evaluator.update([prediction], [target])
+    return _detection_result(evaluator, skipped, info)
+
+
 def evaluate_detector_dir(
     model_dir: str,
     data: str | None = None,
@@ -264,10 +314,14 @@ def evaluate_detector_dir(
     device: str | None = None,
     workers: int = 0,
     precision: str = "fp32",
+    tile: int | None = None,
+    overlap: float = DEFAULT_OVERLAP,
+    progress: bool | None = None,
 ) -> tuple[DetectionResult, ModelInfo]:
     """COCO mAP of the detector in `model_dir` on the validation split of `data` (builtin:digits-detect or a
     COCO-format folder; by default the data it was trained on, which only a directory written by vitkit train
-    knows), in `precision` ("bf16": under bfloat16 autocast, as a bf16 run validates).
+    knows), in `precision` ("bf16": under bfloat16 autocast, as a bf16 run validates). With `tile`, each image of
+    a COCO folder at its stored size, in tiles of that side sharing `overlap` (`evaluate_detector_tiled`).
 
     A directory whose config.json names no training data needs `data`; when it names no classes either, the data's
     classes and category ids are taken, in class-index order, as the model's (`vitkit.infer.missing_info_note`
@@ -283,13 +337,19 @@ def evaluate_detector_dir(
             )
         )
     side = min(to_2tuple(model.config.img_size))
-    _, val, found = load_detection(data or saved.data, channels=model.config.in_chans, img_size=side, val_only=True)
+    source = data or saved.data
+    if tile is not None and source.startswith("builtin:"):
+        raise ValueError(f"{source} is of small canvases: tiles are for large images, in a COCO-format folder")
+    options = {"short_side": None, "max_size": None} if tile is not None else {"img_size": side}
+    _, val, found = load_detection(source, channels=model.config.in_chans, val_only=True, **options)
     if saved.data is None and saved.classes is None:
         if len(found.classes) != len(info.classes):
             raise ValueError(f"{data} has {len(found.classes)} classes, the model has {len(info.classes)}")
         info = replace(info, classes=found.classes, category_ids=found.category_ids)
     if found.classes != info.classes:
         raise ValueError(f"{data} has classes {list(found.classes)}, the model knows {list(info.classes)}")
+    if tile is not None:
+        return evaluate_detector_tiled(model, val, info, tile, overlap, postprocessing, progress=progress), info
     sampler = detection_sampler(val, batch_size)  # batches of one orientation
     loader = DataLoader(val, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate_detection)
     return evaluate_detector(model, loader, info, postprocessing, precision=precision), info

@@ -1,0 +1,125 @@
+"""Detection on images larger than a detector sees at once (aerial, satellite, microscope and document images, with
+objects of a few dozen pixels): the image cut into overlapping tiles, each tile detected at its own resolution, every
+box mapped back to the image, and the tiles' detections merged into one list (`detect_tiled`).
+
+Merging, in two steps:
+- ownership: each tile owns the part of the image nearer its centre than any other tile's (its side of the middle
+  of each overlap), and keeps the detections whose box centre lies there. An object no larger than the overlap and
+  centred in a tile's own part lies wholly inside that tile, so it is found once, by a tile that saw all of it; the
+  cut copy a neighbouring tile may see of it has its centre in the overlap's other half, and is dropped. A tiled
+  detection of such objects equals one pass over the whole image, for a model that sees them alike.
+- per-class non-maximum suppression (`torchvision.ops.batched_nms`, IoU `nms_iou`): what ownership leaves twice, as
+  objects larger than the overlap that two tiles each saw part of. NMS keeps the most probable box as it is; weighted
+  box fusion would average it with the cut copies, which are not other views of the object but wrong boxes.
+
+The tile is the side the detector takes (`detection_input`): a tile of the detector's training side runs at full
+resolution; a larger one is shrunk, as a whole image would be.
+
+Letters: n detections, H, W image size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+from torchvision.ops import batched_nms
+
+from vitkit.detection import Postprocessing
+from vitkit.infer.detect import Detection, detect
+from vitkit.models.interface import VitkitDetector
+from vitkit.weights import ModelInfo
+
+DEFAULT_OVERLAP = 0.25  # of the tile's side: objects up to this size are found whole by one tile
+DEFAULT_NMS_IOU = 0.5
+TILE_BATCH = 4  # tiles run together
+
+
+@dataclass(frozen=True)
+class Tile:
+    box: tuple[int, int, int, int]  # (x0, y0, x1, y1) in pixels of the image
+    own: tuple[float, float, float, float]  # the part of the image this tile keeps detections in, same layout
+
+
+def tile_starts(length: int, tile: int, overlap: float) -> list[int]:
+    """Where tiles of side `tile` start along a side of `length` pixels so that neighbours share at least
+    `overlap` of a tile and the last ends at the border; one tile when the side is no longer than it."""
+    if tile >= length:
+        return [0]
+    stride = max(1, round(tile * (1 - overlap)))
+    starts = list(range(0, length - tile, stride))
+    return [*starts, length - tile]
+
+
+def _owned(starts: list[int], tile: int, length: int) -> list[tuple[float, float]]:
+    """Each tile's own interval: from the middle of its overlap with the tile before to that with the tile after."""
+    ends = [min(s + tile, length) for s in starts]
+    middles = [(starts[i + 1] + ends[i]) / 2 for i in range(len(starts) - 1)]
+    return list(zip([0.0, *middles], [*middles, float(length)], strict=True))
+
+
+def tile_grid(height: int, width: int, tile: int, overlap: float = DEFAULT_OVERLAP) -> list[Tile]:
+    """The tiles of an image of (height, width), row by row: side `tile` (the image's side where it is shorter),
+    neighbours sharing `overlap` of it or more (the last tile of a row or column ends at the border)."""
+    if tile <= 0:
+        raise ValueError(f"the tile side must be a positive number of pixels, got {tile}")
+    if not 0.0 <= overlap < 1.0:
+        raise ValueError(f"the overlap is a fraction of the tile's side in [0, 1), got {overlap}")
+    xs, ys = tile_starts(width, tile, overlap), tile_starts(height, tile, overlap)
+    own_x, own_y = _owned(xs, tile, width), _owned(ys, tile, height)
+    return [
+        Tile((x, y, min(x + tile, width), min(y + tile, height)), (ox0, oy0, ox1, oy1))
+        for y, (oy0, oy1) in zip(ys, own_y, strict=True)
+        for x, (ox0, ox1) in zip(xs, own_x, strict=True)
+    ]
+
+
+def merge_tiles(
+    found: Sequence[tuple[Tile, list[Detection]]], nms_iou: float | None = DEFAULT_NMS_IOU
+) -> list[Detection]:
+    """The detections of every tile (boxes in pixels of the tile) as one list for the image, most probable first:
+    boxes moved into the image, kept where their centre lies in their tile's own part, then per-class NMS at
+    `nms_iou` (None: none)."""
+    kept: list[Detection] = []
+    for tile, detections in found:
+        x0, y0 = tile.box[:2]
+        ox0, oy0, ox1, oy1 = tile.own
+        for d in detections:
+            box = (d.box[0] + x0, d.box[1] + y0, d.box[2] + x0, d.box[3] + y0)
+            cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+            if ox0 <= cx < ox1 and oy0 <= cy < oy1:
+                kept.append(Detection(d.label, d.category_id, d.score, box))
+    if nms_iou is not None and kept:
+        boxes = torch.tensor([d.box for d in kept], dtype=torch.float64)
+        scores = torch.tensor([d.score for d in kept], dtype=torch.float64)
+        labels = torch.tensor([d.category_id for d in kept])
+        kept = [kept[i] for i in batched_nms(boxes, scores, labels, nms_iou).tolist()]
+    return sorted(kept, key=lambda d: -d.score)
+
+
+@torch.no_grad()
+def detect_tiled(
+    model: VitkitDetector,
+    info: ModelInfo,
+    image: Image.Image,
+    tile: int,
+    overlap: float = DEFAULT_OVERLAP,
+    threshold: float = 0.5,
+    postprocessing: Postprocessing | None = None,
+    nms_iou: float | None = DEFAULT_NMS_IOU,
+    batch_size: int = TILE_BATCH,
+    bar: object | None = None,
+) -> list[Detection]:
+    """The objects a detector finds in `image`, tile by tile (`tile_grid`), `batch_size` tiles at a time, merged
+    (`merge_tiles`): boxes in pixels of the image, most probable first. `bar`, a tqdm bar, advances by a tile."""
+    tiles = tile_grid(image.height, image.width, tile, overlap)
+    found: list[tuple[Tile, list[Detection]]] = []
+    for start in range(0, len(tiles), batch_size):
+        chunk = tiles[start : start + batch_size]
+        crops = [image.crop(t.box) for t in chunk]
+        found += zip(chunk, detect(model, info, crops, threshold, postprocessing), strict=True)
+        if bar is not None:
+            bar.update(len(chunk))
+    return merge_tiles(found, nms_iou)
