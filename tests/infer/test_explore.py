@@ -22,12 +22,22 @@ from vitkit.viz.explorer import explorer_page
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 CHROMIUM = os.environ.get("VITKIT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
+# The main canvas as the page's load event finds it, in window.atLoad (an init script, run before the page's own)
+AT_LOAD = """window.addEventListener("load", () => {
+  const c = document.getElementById("image"), p = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+  let opaque = 0;
+  for (let k = 3; k < p.length; k += 4) opaque += p[k] === 255;
+  window.atLoad = { width: c.width, height: c.height, opaque: opaque / (c.width * c.height),
+                    title: document.getElementById("title").textContent };
+});"""
+
 
 @contextmanager
-def browser_page(path: Path, **page_options):
+def browser_page(path: Path, ready: bool = True, init_script: str | None = None, **page_options):
     """The explorer page at `path` open in headless Chromium (Debian's browser, driven by Playwright), its first map
     drawn: yields (page, errors, requests), the console and page errors and every URL requested. Skips the test
-    where Chromium or Playwright's Python package is missing."""
+    where Chromium or Playwright's Python package is missing. Without `ready`, yields as soon as the page's load
+    event has fired, not waiting for the first map; `init_script` runs in the page before its own scripts."""
     if CHROMIUM is None:
         pytest.skip("no Chromium on this machine (apt-get install chromium, or set VITKIT_CHROMIUM)")
     playwright = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
@@ -39,9 +49,12 @@ def browser_page(path: Path, **page_options):
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("request", lambda r: requests.append(r.url))
-            page.goto(Path(path).as_uri())
+            if init_script is not None:
+                page.add_init_script(init_script)
+            page.goto(Path(path).as_uri(), wait_until="load")
             # the first map drawn (the page's own policy forbids eval, which Playwright's wait_for_function needs)
-            page.evaluate("window.vitkitExplorer.ready")
+            if ready:
+                page.evaluate("window.vitkitExplorer.ready")
             yield page, errors, requests
         finally:
             browser.close()

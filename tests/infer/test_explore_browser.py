@@ -1,12 +1,16 @@
 """The explorer page in a real browser (headless Chromium, Debian's `chromium`, driven by Playwright with the system
 browser; `make test` installs it where it can): it loads from disk with no console error and no network request;
 clicking a patch draws the map of that patch's captured attention row (to the 8-bit quantisation); the layer, the
-head, a register and rollout change the map to theirs."""
+head, a register and rollout change the map to theirs. The page's own inflate reads what zlib writes."""
+
+import base64
+import zlib
 
 import numpy as np
 import pytest
 import torch
-from test_explore import MEAN, STD, browser_page, picture, registers_model
+from test_explore import AT_LOAD, MEAN, STD, browser_page, picture, registers_model
+from test_explore_grid import swin
 
 import vitkit
 from vitkit.infer.attention import rollout_matrix
@@ -26,6 +30,19 @@ def explorer(tmp_path_factory):
     captured = [m[0].double() for m in maps.values()]  # (h, N, N) per layer
     with browser_page(path, viewport={"width": 1200, "height": 900}) as (page, errors, requests):
         yield page, captured, errors, requests
+
+
+@pytest.mark.parametrize("kind", ["tokens", "grid"])
+def test_the_first_map_is_drawn_by_the_time_the_page_has_loaded(kind, tmp_path):
+    """A ViT's page and a Swin's draw their first map before the page's load event: a screenshot then shows it."""
+    model, image = (registers_model(), picture()) if kind == "tokens" else (swin(), picture().resize((64, 64)))
+    path = tmp_path / "explorer.html"
+    path.write_text(explorer_page(explorer_data(model, [("a.png", image)], MEAN, STD)), encoding="utf-8")
+    with browser_page(path, ready=False, init_script=AT_LOAD) as (page, errors, _):
+        at_load = page.evaluate("window.atLoad")
+        assert at_load["width"] >= 224 and at_load["opaque"] == 1.0 and at_load["title"]
+        assert page.evaluate("window.vitkitExplorer.data.kind") == kind
+    assert errors == []
 
 
 def fresh(page) -> None:
@@ -90,3 +107,23 @@ def test_a_register_and_rollout(explorer):
     page.keyboard.press("r")
     close(shown(page), rollout_matrix([c[None] for c in captured[: layer + 1]], None)[0, 3])
     assert page.locator("#rollout").is_checked()
+
+
+@pytest.mark.parametrize("level", [0, 1, 9])  # stored blocks; fixed and dynamic Huffman codes
+def test_the_pages_inflate_reads_what_zlib_writes(explorer, level):
+    """The page inflates its data itself, in one call as it loads: every kind of deflate block zlib writes, short
+    and long, repetitive and not, comes back byte for byte."""
+    page = explorer[0]
+    rng = np.random.default_rng(level)
+    texts = [
+        b"",
+        b"abcabcabc",
+        rng.integers(0, 256, 70_000, dtype=np.uint8).tobytes(),  # incompressible: stored blocks past 64 KiB
+        rng.random(50_000).astype(np.float32).tobytes(),
+        (rng.random(300_000) ** 8 * 255).astype(np.uint8).tobytes(),  # like the quantised weights: mostly small
+        bytes(100_000) + b"xy" * 40_000,  # long runs: the longest matches
+    ]
+    for text in texts:
+        packed = base64.b64encode(zlib.compress(text, level)).decode("ascii")
+        inflated = page.evaluate("b64 => btoa(Array.from(inflate(b64), b => String.fromCharCode(b)).join(''))", packed)
+        assert base64.b64decode(inflated) == text

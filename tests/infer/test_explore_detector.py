@@ -1,18 +1,24 @@
 """A detector's explorer: each detection's query, in every decoder layer, with what it attended to: DETR's dense
 cross-attention (quantised to 8 bits per row) and Deformable DETR's sampling points, equal to what
-`capture_attention` records; and in the browser, clicking a detection draws its query's map or points."""
+`capture_attention` records; and in the browser, clicking a detection draws its query's map or points. The page is
+drawn by the time it has loaded; its points are drawn as `vitkit attention`'s figure draws them (its level colours,
+over the image in grey); its costs are those of the size each image ran at."""
+
+import base64
+import io
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_explore import browser_page, unpack
+from test_explore import AT_LOAD, browser_page, unpack
 
 import vitkit
 from vitkit.infer.detect import detector_inputs
 from vitkit.infer.explore import dequantise, detector_explorer_data
 from vitkit.infer.object_attention import sampled_points
 from vitkit.layers import capture_attention
+from vitkit.viz.detection import POINT_COLOURS
 from vitkit.viz.explorer import explorer_page
 from vitkit.weights import ModelInfo
 
@@ -195,3 +201,124 @@ def test_explore_takes_a_registered_detector(tmp_path, capsys):
     args = ["explore", "--model", "vit_tiny_patch16_224", str(tmp_path / "a.png"), "--out", str(out)]
     assert main([*args, "--threshold", "0.5"]) == 2
     assert "this is a classifier" in capsys.readouterr().err
+
+
+QUADRANTS = ((220, 40, 40), (40, 200, 60), (40, 80, 230), (240, 220, 30))  # top left, top right, then bottom
+
+
+def quadrants() -> Image.Image:
+    """A 96 x 128 picture of four flat colours, so that the colour drawn inside each is known."""
+    pixels = np.zeros((96, 128, 3), dtype=np.uint8)
+    for k, colour in enumerate(QUADRANTS):
+        pixels[48 * (k // 2) : 48 * (k // 2 + 1), 64 * (k % 2) : 64 * (k % 2 + 1)] = colour
+    return Image.fromarray(pixels)
+
+
+@pytest.fixture(scope="module")
+def deformable_page(tmp_path_factory):
+    """A Deformable DETR's page of two pictures of different shapes: (model, data, path)."""
+    model = detector("deformable_detr_small")
+    wide = Image.fromarray(np.random.default_rng(1).integers(0, 255, (48, 160, 3), dtype=np.uint8))
+    data = detector_explorer_data(model, INFO, [("a.png", quadrants()), ("b.png", wide)], threshold=0.0)
+    path = tmp_path_factory.mktemp("deformable") / "page.html"
+    path.write_text(explorer_page(data), encoding="utf-8")
+    return model, data, path
+
+
+def canvas_pixels(page, selector: str = "#image") -> np.ndarray:
+    """The canvas's pixels as drawn (H, W, 4), RGBA."""
+    url = page.evaluate(f"document.querySelector({selector!r}).toDataURL('image/png')")
+    with Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) as picture:
+        return np.asarray(picture.convert("RGBA")).astype(int)
+
+
+def most_common(pixels: np.ndarray) -> tuple[int, ...]:
+    colours, counts = np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0, return_counts=True)
+    return tuple(int(v) for v in colours[counts.argmax()])
+
+
+@pytest.mark.parametrize("name", ["detr_tiny", "deformable_detr_small"])
+def test_the_first_view_is_drawn_by_the_time_the_page_has_loaded(name, tmp_path):
+    """A screenshot taken as soon as the page has loaded (as `chromium --headless --screenshot` takes it) shows the
+    first detection's view: the canvas is the picture's size and fully drawn at the load event, and the screenshot
+    right after it shows what the canvas holds."""
+    model = detector(name)
+    data = detector_explorer_data(model, INFO, [("a.png", quadrants())], threshold=0.0)
+    (tmp_path / "page.html").write_text(explorer_page(data), encoding="utf-8")
+    with browser_page(tmp_path / "page.html", ready=False, init_script=AT_LOAD) as (page, errors, _):
+        shot = page.locator("#image").screenshot()  # before anything else is waited for
+        at_load = page.evaluate("window.atLoad")
+        assert (at_load["width"], at_load["height"]) == (4 * 128, 4 * 96)  # the picture, enlarged 4 times
+        assert at_load["opaque"] == 1.0  # every pixel drawn: the picture covers the canvas
+        assert data["images"][0]["detections"][0]["label"] in at_load["title"]
+        with Image.open(io.BytesIO(shot)) as picture:
+            shown = np.asarray(picture.convert("RGB")).astype(int)
+        drawn = canvas_pixels(page)[..., :3]
+        H, W = drawn.shape[:2]  # the element's box may start and end inside a pixel: one more row, column shot
+        offsets = [(dy, dx) for dy in range(shown.shape[0] - H + 1) for dx in range(shown.shape[1] - W + 1)]
+        assert min(np.abs(shown[dy : dy + H, dx : dx + W] - drawn).mean() for dy, dx in offsets) < 1
+        assert shown.std() > 10 and (shown < 250).any(axis=-1).mean() > 0.5  # not blank, not white
+        assert page.locator("#grey").is_checked() == (name != "detr_tiny")  # as each one's figure draws it
+    assert errors == []
+
+
+def test_the_points_take_the_level_colours_of_the_figure(deformable_page, tmp_path):
+    """The page's data holds `vitkit attention`'s level colours, its legend shows them in order, and the dots are
+    drawn in the colours the data holds."""
+    _, data, path = deformable_page
+    assert data["level_colours"] == list(POINT_COLOURS)
+    levels = data["images"][0]["layers"][0]["levels"]
+    rgb = [f"rgb({int(c[1:3], 16)}, {int(c[3:5], 16)}, {int(c[5:7], 16)})" for c in POINT_COLOURS[: len(levels)]]
+    with browser_page(path) as (page, errors, _):
+        legend = page.locator("#levels .dot").evaluate_all("dots => dots.map(d => getComputedStyle(d).backgroundColor)")
+        assert legend == rgb
+        assert page.locator("#levels").inner_text().count("stride") == len(levels)
+    assert errors == []
+
+    green = {**data, "level_colours": ["#00ff00"] * len(POINT_COLOURS)}  # drawn from the data, not from the page
+    (tmp_path / "green.html").write_text(explorer_page(green), encoding="utf-8")
+    for page_path, expected in ((path, False), (tmp_path / "green.html", True)):
+        with browser_page(page_path) as (page, _, _):
+            pixels = canvas_pixels(page)
+            dots = (pixels[..., 1] > 200) & (pixels[..., 0] < 60) & (pixels[..., 2] < 60)
+            assert (dots.sum() > 20) == expected
+
+
+def test_the_image_is_grey_under_the_points_as_in_the_figure(deformable_page):
+    """On by default, as `vitkit attention`'s figure draws the points: the picture in PIL's grey (`convert("L")`)
+    at 0.75 over white; the toggle shows it in colour."""
+    _, _, path = deformable_page
+    with browser_page(path) as (page, errors, _):
+        assert page.locator("#grey").is_checked()
+        for grey in (True, False):
+            pixels = canvas_pixels(page)[..., :3]
+            H, W = pixels.shape[:2]
+            for k, colour in enumerate(QUADRANTS):
+                quadrant = pixels[H // 2 * (k // 2) : H // 2 * (k // 2 + 1), W // 2 * (k % 2) : W // 2 * (k % 2 + 1)]
+                luma = Image.new("RGB", (1, 1), colour).convert("L").getpixel((0, 0))
+                expected = (0.75 * luma + 0.25 * 255,) * 3 if grey else colour
+                np.testing.assert_allclose(most_common(quadrant), expected, atol=1)
+            page.locator("#grey").uncheck()
+        assert not page.evaluate("window.vitkitExplorer.state.grey")
+    assert errors == []
+
+
+def test_the_costs_are_those_of_the_size_each_image_ran_at(deformable_page):
+    """Each image's costs are the model's at the size the image was resized to (not the model's `img_size`, which
+    the panel gives besides), as `vitkit.profile` counts them; the panel shows the picture's."""
+    model, data, path = deformable_page
+    assert data["costs"]["input"] == [96, 96]  # the model's own size
+    assert [one["padded"] for one in data["images"]] == [[96, 128], [96, 320]]  # short side 96, as the model resizes
+    for one in data["images"]:
+        report = vitkit.profile(model, tuple(one["padded"]))
+        assert one["costs"]["input"] == one["padded"]
+        assert one["costs"]["gflops"] == pytest.approx(report.flops / 1e9)
+        assert one["costs"]["activation_mib"] == pytest.approx(report.activation_bytes / 2**20)
+        assert one["costs"]["gflops"] > data["costs"]["gflops"]
+    with browser_page(path) as (page, errors, _):
+        for index in (0, 1, 0):
+            page.select_option("#picture", index=index)
+            costs, text = data["images"][index]["costs"], page.locator("#totals").inner_text()
+            assert f"{costs['input'][0]}x{costs['input'][1]}" in text and f"{costs['gflops']:.2f} GFLOPs" in text
+            assert f"own size 96x96: {data['costs']['gflops']:.2f} GFLOPs" in text
+    assert errors == []

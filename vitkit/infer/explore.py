@@ -8,11 +8,12 @@
 - "detector" (DETR, Deformable DETR): the detections, and in every decoder layer what each one's query attended to
   (a dense map, or sampling points); the encoder at any point (DETR's self-attention, Deformable DETR's points).
 
-Every page carries the model's costs (`vitkit.profile`).
+Every page carries the model's costs (`vitkit.profile`) at the size its images run at: a classifier's at its
+`img_size`, a detector's for each image at the size that image was resized to (and at the model's `img_size` besides).
 
 Size: the weights are quantised to 8 bits per row (each row's largest weight is 255, the row's scale kept as a
-float32), then deflated; the page inflates them with the browser's own `DecompressionStream`. A value is read back as
-q / 255 * scale, within scale / 510 of the captured weight.
+float32), then deflated (zlib's format); the page inflates them itself as it loads, so that its first view is drawn by
+the time the page has loaded. A value is read back as q / 255 * scale, within scale / 510 of the captured weight.
 
 Letters: L layers, h heads, N tokens (P prefix tokens, then the Hp x Wp patch grid), K classes.
 """
@@ -46,6 +47,7 @@ from vitkit.models.interface import VitkitDetector
 from vitkit.models.registry import family_of
 from vitkit.util import counted
 from vitkit.viz.attention import COLORMAP, model_view
+from vitkit.viz.detection import POINT_COLOURS
 from vitkit.weights import ModelInfo
 
 TOP = 5  # classes listed with the prediction
@@ -65,7 +67,7 @@ def dequantise(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
 
 
 def _packed(array: np.ndarray) -> str:
-    """An array's bytes deflated (zlib's format, which `DecompressionStream("deflate")` reads), as base64."""
+    """An array's bytes deflated (zlib's format, which the page inflates), as base64."""
     return base64.b64encode(zlib.compress(np.ascontiguousarray(array).tobytes(), 9)).decode("ascii")
 
 
@@ -123,9 +125,11 @@ def image_data(
     }
 
 
-def costs(model: nn.Module) -> dict[str, Any]:
-    """The costs panel: totals, each block's FLOPs, attention share and activations written, the shape flow."""
-    report = profile(model, to_2tuple(model.config.img_size), batch=1)
+def costs(model: nn.Module, img_size: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The costs panel of one image of `img_size` (H, W) (default: the model's `img_size`): the input size, totals,
+    each block's FLOPs, attention share and activations written, the shape flow."""
+    img_size = to_2tuple(model.config.img_size) if img_size is None else (int(img_size[0]), int(img_size[1]))
+    report = profile(model, img_size, batch=1)
     attention: dict[str, int] = {}
     for op in report.ops:
         if category(op.module, report.parts) == "attention":
@@ -136,6 +140,7 @@ def costs(model: nn.Module) -> dict[str, Any]:
         for row in grouped(report, "block")
     ]
     return {
+        "input": list(img_size),
         "params": report.params,
         "gflops": report.flops / 1e9,
         "attention_share": shares(report).get("attention", 0.0),
@@ -249,7 +254,8 @@ def detector_image_data(
     """One image's part of a detector's page: the image, its detections above `threshold` (each query its best
     class, as `vitkit attention` reads them), and for every decoder layer what each detection's query attended to:
     a dense cross-attention's maps over the feature map (DETR; quantised, each head), or a deformable one's sampling
-    points in pixels of the image, with their weights (Deformable DETR)."""
+    points in pixels of the image, with their weights (Deformable DETR); the model's costs at the size the image
+    was resized to (`padded`), which is the model's `img_size` only for an image of its shape."""
     names = model.object_attention_layers()
     lays_out = callable(getattr(model, "spatial_attention", None))  # DETR's encoder: its figure 3
     pixels, mask, sizes = detector_inputs(model, info, [image])
@@ -310,6 +316,7 @@ def detector_image_data(
             for d, q in zip(detections, queries, strict=True)
         ],
         "layers": layers,
+        "costs": costs(model, padded),
     }
 
 
@@ -354,12 +361,14 @@ def detector_explorer_data(
     name: str = "",
 ) -> dict[str, Any]:
     """Everything a detector's explorer page shows: each image's detections and, for the one clicked, what its
-    query attended to in every decoder layer (`detector_image_data`); the model's costs."""
+    query attended to in every decoder layer, and the model's costs at that image's size (`detector_image_data`);
+    the model's costs at its own `img_size`; the colours of the feature levels, as `vitkit attention`'s figure
+    colours them (`vitkit.viz.detection.POINT_COLOURS`)."""
     if not images:
         raise ValueError("the explorer needs at least one image")
     pages = [detector_image_data(model, info, image, threshold, postprocessing, label) for label, image in images]
     layers = counted(len(model.object_attention_layers()), "decoder layer")
-    return _page("detector", model, name, layers, threshold=threshold, images=pages)
+    return _page("detector", model, name, layers, threshold=threshold, images=pages, level_colours=list(POINT_COLOURS))
 
 
 def _top(model: nn.Module, output: torch.Tensor, class_names: Sequence[str] | None) -> list[list[Any]]:
