@@ -145,6 +145,7 @@ def test_detection_stats_of_a_hand_written_file(tmp_path):
         box_size_median=12.0,  # of 6, 10, 14, 34.6
         box_size_p10=pytest.approx(7.2),  # 6 + 0.3 * (10 - 6)
         small_share=0.75,
+        box_size_p90=pytest.approx(28.45, abs=0.01),  # 14 + 0.7 * (34.64 - 14)
     )
     assert stats.summary().splitlines() == [
         "4 images (shorter side 20-80 px, longer 40-100 px)",

@@ -5,18 +5,18 @@ import pytest
 from vitkit.data import DetectionStats
 from vitkit.models.registry import model_entry
 from vitkit.train.config import recipe_defaults
-from vitkit.train.recipe import data_choices, recipe_for
+from vitkit.train.recipe import data_choices, recipe_for, tile_choice
 
 RECIPE = recipe_for("detection", "deformable_detr_small")  # batch 16, budget 1.8e8 pixels
 MODEL = model_entry("deformable_detr_small").config  # 20 queries
 
 
-def stats(images=300, short=128.0, long=160.0, p10=20.0, max_objects=5) -> DetectionStats:
+def stats(images=300, short=128.0, long=160.0, p10=20.0, max_objects=5, p90=60.0) -> DetectionStats:
     return DetectionStats(
         images=images, boxes=3 * images, classes=("a", "b"), boxes_per_class=(2 * images, images),
         max_objects=max_objects, median_objects=3.0, short_side_median=short, short_side_min=int(short),
         short_side_max=int(short), long_side_median=long, long_side_min=int(long), long_side_max=int(long),
-        box_size_median=40.0, box_size_p10=p10, small_share=0.3,
+        box_size_median=40.0, box_size_p10=p10, small_share=0.3, box_size_p90=p90,
     )  # fmt: skip
 
 
@@ -83,3 +83,14 @@ def test_a_papers_recipe_keeps_small_images_small(tmp_path):
     config = TrainConfig(data=str(folder), model="detr_resnet50", out=str(tmp_path / "run"))
     assert config.resolved().img_size == 128 and [c.field for c in config.data_choices()] == ["img_size"]
     assert TrainConfig(data=str(folder), model="detr_resnet50", img_size=400).resolved().img_size == 400
+
+
+def test_tiles_for_large_images_of_objects_that_shrinking_would_lose():
+    # 1200 px images: at 800 px the smallest tenth of the boxes, 15 px, would be 10 px, below 12: tiles, whose
+    # overlap (a quarter) holds the 90th percentile of the box sizes, 38 px -> 152 px, at least 384
+    choice = tile_choice(stats(short=1200.0, long=1600.0, p10=15.0, p90=38.0))
+    assert choice.field == "tile" and choice.value == 384 and "would shrink to 10 px at 800 px" in choice.why
+    assert tile_choice(stats(short=1200.0, long=1600.0, p10=15.0, p90=150.0)).value == 608  # 600 -> a multiple of 16
+    assert tile_choice(stats(short=1200.0, long=1600.0, p10=15.0, p90=400.0)).value == 800  # at most 800
+    assert tile_choice(stats(short=1200.0, long=1600.0, p10=20.0)) is None  # 13 px at 800: whole images
+    assert tile_choice(stats(short=800.0, long=1000.0, p10=5.0)) is None  # not shrunk: whole images, enlarged

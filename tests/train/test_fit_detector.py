@@ -222,6 +222,22 @@ def test_the_start_summary_says_what_the_data_chose(tmp_path, tiny_detector_conf
     assert json.loads((tmp_path / "config.json").read_text())["img_size"] == 96
 
 
+def test_a_run_in_tiles_trains_on_tiles_and_validates_whole_images_in_tiles(tmp_path, tiny_detector_config, caplog):
+    """96 px canvases in tiles of 64: four tiles a canvas an epoch; the validation's AP is that of `vitkit eval` on
+    the whole images in the model's tiles, which the saved model records."""
+    config = tiny_detector_config(tmp_path, tile=64, epochs=1)
+    with caplog.at_level(logging.INFO, logger="vitkit.train"):
+        fit(config)
+    summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))
+    assert "96 train tiles of 64 px an epoch, from 24 images / 8 val images (whole, in tiles)" in summary
+    (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert read_model_info(tmp_path / "final").tile == 64
+    result, _ = evaluate_detector_dir(str(tmp_path / "final"), device="cpu")
+    assert result.count == 8 and result.metrics["ap"] == pytest.approx(row["ap"], abs=1e-9)
+    whole, _ = evaluate_detector_dir(str(tmp_path / "final"), device="cpu", tile=0)  # whole images in one pass
+    assert whole.count == 8
+
+
 def test_a_model_that_does_not_fit_the_data_is_a_clear_error(digits_coco, digit_folder):
     with pytest.raises(ValueError, match="vit_digits_patch7_28.* is a classification model but builtin:digits-detect"):
         TrainConfig(data="builtin:digits-detect", model="vit_digits_patch7_28").resolved()

@@ -403,9 +403,16 @@ class CocoDetection(Dataset):
             image = open_annotated(sample.path, height, width)
         except OSError as err:
             return Unreadable(self.describe(index), str(err))
+        return self.transformed(image, sample, key)
+
+    def transformed(
+        self, image: Image.Image, sample: CocoImage, key: int | tuple[int, ...]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """`image` with the annotations of `sample` as the model takes them: augmented under a training key's seeds,
+        else resized (`model_size`)."""
         if self.transform is not None and isinstance(key, tuple):
             return self._augmented(image, sample, int(key[1]), int(key[-1]))
-        size = self.model_size(height, width)
+        size = self.model_size(*sample.size)
         tensor = _to_model_input(resized(image, (size[1], size[0])), self.channels, self.mean, self.std)
         return tensor, detection_target(sample.boxes, sample.labels, sample.areas, sample.image_id, sample.size, size)
 

@@ -36,6 +36,7 @@ class DetectionStats:
     box_size_median: float  # median box size sqrt(w * h)
     box_size_p10: float  # 10th percentile of box sizes (linear interpolation, numpy's default)
     small_share: float  # share of boxes of size below SMALL_OBJECT
+    box_size_p90: float = float("nan")  # 90th percentile of box sizes
 
     def summary(self) -> str:
         """Three lines: images and their sides; boxes per class; objects per image and box sizes."""
@@ -98,4 +99,5 @@ def detection_stats(dataset: CocoDetection | DigitsDetection) -> DetectionStats:
         box_size_median=float(np.median(sizes)) if len(sizes) else nan,
         box_size_p10=float(np.percentile(sizes, 10)) if len(sizes) else nan,
         small_share=float(np.mean(sizes < SMALL_OBJECT)) if len(sizes) else nan,
+        box_size_p90=float(np.percentile(sizes, 90)) if len(sizes) else nan,
     )

@@ -37,7 +37,8 @@ from vitkit.data.sources import load_builtin
 from vitkit.errors import OptionFileExistsError
 
 SHAPES = "shapes"
-EXAMPLE_DATA = (SHAPES, DIGITS_DETECT)  # the datasets `write_example_data` (`vitkit example-data`) writes
+SHAPES_LARGE = "shapes-large"  # the same objects, many and small, on large images: for training in tiles
+EXAMPLE_DATA = (SHAPES, SHAPES_LARGE, DIGITS_DETECT)  # the datasets `write_example_data` (`vitkit example-data`) writes
 CLASSES = ("circle", "triangle", "square", "cross")  # category ids 1 to 4, in this order
 IMAGE_SIZES = ((128, 128), (160, 120), (144, 128), (120, 160))  # (width, height) of the images, drawn uniformly
 MAX_OBJECTS = 5  # objects tried per image: 1 to this many, uniformly
@@ -56,6 +57,22 @@ STRIPES_SHARE = 0.35  # share of backgrounds with stripes
 CLUTTER_SHARE = 0.5  # share of backgrounds with a few thin lines
 NOISE_SIGMA = (2.0, 7.0)  # range of the sensor noise's standard deviation, per image, in 0..255 levels
 SPLIT_CODES = {"train": 0, "val": 1}  # the second number of an image's seed
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The images of a shapes dataset: their sizes (width, height), drawn uniformly, the objects tried per image
+    (uniformly in a range) and the range of their sizes (drawn as `SIZE_POWER` says)."""
+
+    image_sizes: tuple[tuple[int, int], ...] = IMAGE_SIZES
+    objects: tuple[int, int] = (1, MAX_OBJECTS)
+    size_range: tuple[int, int] = SIZE_RANGE
+
+
+# shapes-large: aerial-like images of 1.5 to 2.5 megapixels, each of 120 to 240 objects of 10 to 40 pixels, which
+# shrunk to a detector's few hundred pixels would be a few pixels each
+LAYOUTS = {SHAPES: Layout(), SHAPES_LARGE: Layout(((1600, 1200), (1200, 1600), (1792, 1344)), (120, 240), (10, 40))}
+EXAMPLE_SIZES = {SHAPES: (300, 100), SHAPES_LARGE: (24, 6), DIGITS_DETECT: (300, 100)}  # default (train, val) images
 
 # Object colours, chosen whatever the class.
 PALETTE = {
@@ -215,27 +232,30 @@ def _colour(rng: np.random.Generator, beneath: np.ndarray) -> tuple[str, np.ndar
     return name, rgb
 
 
-def draw_shapes_image(index: int, split: str = "train", seed: int = 0) -> tuple[np.ndarray, list[Shape]]:
+def draw_shapes_image(
+    index: int, split: str = "train", seed: int = 0, layout: Layout = LAYOUTS[SHAPES]
+) -> tuple[np.ndarray, list[Shape]]:
     """Image `index` of a `shapes` split: (H, W, 3) uint8 RGB and its objects, in drawing order.
 
     Args:
         index: the image's number in its split (0 and up).
         split: "train" or "val"; the splits draw different images.
         seed: the seed of the whole dataset.
+        layout: the images' sizes and objects (`LAYOUTS`).
     """
     if split not in SPLIT_CODES:
         raise ValueError(f"split must be one of {list(SPLIT_CODES)}, got {split!r}")
     if index < 0:
         raise ValueError(f"index must be 0 or more, got {index}")
     rng = np.random.default_rng((seed, SPLIT_CODES[split], index))
-    width, height = IMAGE_SIZES[int(rng.integers(len(IMAGE_SIZES)))]
+    width, height = layout.image_sizes[int(rng.integers(len(layout.image_sizes)))]
     image = _background(rng, width, height)
     taken = np.zeros(
         (height + 2 * GAP, width + 2 * GAP), dtype=bool
     )  # pixels drawn: pixel (y, x) at [y + GAP, x + GAP]
     shapes: list[Shape] = []
-    low, high = SIZE_RANGE
-    for _ in range(int(rng.integers(1, MAX_OBJECTS + 1))):
+    low, high = layout.size_range
+    for _ in range(int(rng.integers(layout.objects[0], layout.objects[1] + 1))):
         label = int(rng.integers(len(CLASSES)))
         filled = bool(rng.random() < FILLED_SHARE)
         coverage = _draw_coverage(label, low + (high - low) * rng.random() ** SIZE_POWER, filled, rng)
@@ -265,14 +285,14 @@ def draw_shapes_image(index: int, split: str = "train", seed: int = 0) -> tuple[
     return np.clip(np.rint(image), 0, 255).astype(np.uint8), shapes
 
 
-def _write_split(root: Path, split: str, count: int, seed: int) -> Path:
+def _write_split(root: Path, split: str, count: int, seed: int, layout: Layout = LAYOUTS[SHAPES]) -> Path:
     """Images 0..count-1 of a `shapes` split as root/<split>/<NNNNNN>.png and root/annotations/instances_<split>.json
     (image ids and annotation ids from 1, category ids 1 to len(CLASSES)); returns the JSON's path."""
     (root / split).mkdir(parents=True, exist_ok=True)
     (root / "annotations").mkdir(parents=True, exist_ok=True)
     images, annotations = [], []
     for index in range(count):
-        pixels, shapes = draw_shapes_image(index, split, seed)
+        pixels, shapes = draw_shapes_image(index, split, seed, layout)
         file_name = f"{index:06d}.png"
         Image.fromarray(pixels).save(root / split / file_name)
         height, width = pixels.shape[:2]
@@ -295,7 +315,9 @@ def _write_split(root: Path, split: str, count: int, seed: int) -> Path:
     return path
 
 
-def write_shapes_folder(root: str | os.PathLike, train: int = 300, val: int = 100, seed: int = 0) -> Path:
+def write_shapes_folder(
+    root: str | os.PathLike, train: int = 300, val: int = 100, seed: int = 0, layout: Layout = LAYOUTS[SHAPES]
+) -> Path:
     """Write a `shapes` dataset as a COCO-format folder, the layout `load_coco_folder` reads: root/train/*.png,
     root/val/*.png, root/annotations/instances_train.json and instances_val.json. Files already there with the
     same names are replaced. Returns `root`.
@@ -304,34 +326,43 @@ def write_shapes_folder(root: str | os.PathLike, train: int = 300, val: int = 10
         root: the folder to write (created if missing).
         train, val: images of each split (at least 1).
         seed: the seed of all images; the same seed writes the same bytes.
+        layout: the images' sizes and objects (`LAYOUTS`: shapes' small photos, or shapes-large's).
     """
     if train < 1 or val < 1:
         raise ValueError(f"expected at least 1 train and 1 val image, got train={train} and val={val}")
     root = Path(root)
-    _write_split(root, "train", train, seed)
-    _write_split(root, "val", val, seed)
+    _write_split(root, "train", train, seed, layout)
+    _write_split(root, "val", val, seed, layout)
     return root
 
 
 def write_example_data(
-    name: str, root: str | os.PathLike, train: int = 300, val: int = 100, seed: int = 0, force: bool = False
+    name: str,
+    root: str | os.PathLike,
+    train: int | None = None,
+    val: int | None = None,
+    seed: int = 0,
+    force: bool = False,
 ) -> Path:
     """Write an example detection dataset as a COCO-format folder that `vitkit train --data root` trains on;
     returns `root`.
 
-    `name` is "shapes" (`write_shapes_folder`) or "digits-detect": canvases of `builtin:digits-detect` written by
+    `name` is "shapes" or "shapes-large" (`write_shapes_folder` with its `LAYOUTS` entry) or "digits-detect":
+    canvases of `builtin:digits-detect` written by
     `write_coco_folder`, the training ones drawn with `seed` (those of its first epoch), the validation ones those
     of the builtin set (its fixed seed; the first 500 are its validation canvases).
 
     Args:
         name: one of EXAMPLE_DATA.
         root: the folder to write; it must be new or empty unless `force`.
-        train, val: images of each split (at least 1).
+        train, val: images of each split (at least 1); None: the dataset's `EXAMPLE_SIZES`.
         seed: the seed of the images (digits-detect: of its training canvases).
         force: write into a folder that holds files already (files of the same names are replaced, others kept).
     """
     if name not in EXAMPLE_DATA:
         raise ValueError(f"unknown example dataset {name!r}: expected one of {', '.join(EXAMPLE_DATA)}")
+    train = EXAMPLE_SIZES[name][0] if train is None else train
+    val = EXAMPLE_SIZES[name][1] if val is None else val
     if train < 1 or val < 1:
         raise ValueError(f"expected at least 1 train and 1 val image, got train={train} and val={val}")
     root = Path(root)
@@ -344,8 +375,8 @@ def write_example_data(
                 f"{name('force', True)}, which replaces files of the same names and keeps the others"
             )
         )
-    if name == SHAPES:
-        return write_shapes_folder(root, train, val, seed)
+    if name in LAYOUTS:
+        return write_shapes_folder(root, train, val, seed, LAYOUTS[name])
     train_digits, test_digits, _ = load_builtin("mnist5k")
     train_set = DigitsDetection(train_digits.images, train_digits.labels, train, seed, False, channels=1)
     val_set = DigitsDetection(test_digits.images, test_digits.labels, val, VAL_SEED, False, channels=1)

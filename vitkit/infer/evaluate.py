@@ -321,7 +321,8 @@ def evaluate_detector_dir(
     """COCO mAP of the detector in `model_dir` on the validation split of `data` (builtin:digits-detect or a
     COCO-format folder; by default the data it was trained on, which only a directory written by vitkit train
     knows), in `precision` ("bf16": under bfloat16 autocast, as a bf16 run validates). With `tile`, each image of
-    a COCO folder at its stored size, in tiles of that side sharing `overlap` (`evaluate_detector_tiled`).
+    a COCO folder at its stored size, in tiles of that side sharing `overlap` (`evaluate_detector_tiled`); None: in
+    the tiles the model was trained on (`ModelInfo.tile`), if any; 0: whole images.
 
     A directory whose config.json names no training data needs `data`; when it names no classes either, the data's
     classes and category ids are taken, in class-index order, as the model's (`vitkit.infer.missing_info_note`
@@ -338,6 +339,7 @@ def evaluate_detector_dir(
         )
     side = min(to_2tuple(model.config.img_size))
     source = data or saved.data
+    tile = (saved.tile if tile is None else tile) or None
     if tile is not None and source.startswith("builtin:"):
         raise ValueError(f"{source} is of small canvases: tiles are for large images, in a COCO-format folder")
     options = {"short_side": None, "max_size": None} if tile is not None else {"img_size": side}

@@ -21,59 +21,19 @@ Letters: n detections, H, W image size.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from PIL import Image
 from torchvision.ops import batched_nms
 
+from vitkit.data.tiles import DEFAULT_OVERLAP, Tile, tile_grid
 from vitkit.detection import Postprocessing
 from vitkit.infer.detect import Detection, detect
 from vitkit.models.interface import VitkitDetector
 from vitkit.weights import ModelInfo
 
-DEFAULT_OVERLAP = 0.25  # of the tile's side: objects up to this size are found whole by one tile
 DEFAULT_NMS_IOU = 0.5
 TILE_BATCH = 4  # tiles run together
-
-
-@dataclass(frozen=True)
-class Tile:
-    box: tuple[int, int, int, int]  # (x0, y0, x1, y1) in pixels of the image
-    own: tuple[float, float, float, float]  # the part of the image this tile keeps detections in, same layout
-
-
-def tile_starts(length: int, tile: int, overlap: float) -> list[int]:
-    """Where tiles of side `tile` start along a side of `length` pixels so that neighbours share at least
-    `overlap` of a tile and the last ends at the border; one tile when the side is no longer than it."""
-    if tile >= length:
-        return [0]
-    stride = max(1, round(tile * (1 - overlap)))
-    starts = list(range(0, length - tile, stride))
-    return [*starts, length - tile]
-
-
-def _owned(starts: list[int], tile: int, length: int) -> list[tuple[float, float]]:
-    """Each tile's own interval: from the middle of its overlap with the tile before to that with the tile after."""
-    ends = [min(s + tile, length) for s in starts]
-    middles = [(starts[i + 1] + ends[i]) / 2 for i in range(len(starts) - 1)]
-    return list(zip([0.0, *middles], [*middles, float(length)], strict=True))
-
-
-def tile_grid(height: int, width: int, tile: int, overlap: float = DEFAULT_OVERLAP) -> list[Tile]:
-    """The tiles of an image of (height, width), row by row: side `tile` (the image's side where it is shorter),
-    neighbours sharing `overlap` of it or more (the last tile of a row or column ends at the border)."""
-    if tile <= 0:
-        raise ValueError(f"the tile side must be a positive number of pixels, got {tile}")
-    if not 0.0 <= overlap < 1.0:
-        raise ValueError(f"the overlap is a fraction of the tile's side in [0, 1), got {overlap}")
-    xs, ys = tile_starts(width, tile, overlap), tile_starts(height, tile, overlap)
-    own_x, own_y = _owned(xs, tile, width), _owned(ys, tile, height)
-    return [
-        Tile((x, y, min(x + tile, width), min(y + tile, height)), (ox0, oy0, ox1, oy1))
-        for y, (oy0, oy1) in zip(ys, own_y, strict=True)
-        for x, (ox0, ox1) in zip(xs, own_x, strict=True)
-    ]
 
 
 def merge_tiles(

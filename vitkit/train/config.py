@@ -25,6 +25,7 @@ from vitkit.data import (
     load_detection,
 )
 from vitkit.data.sources import own_split
+from vitkit.data.tiles import tiled_stats
 from vitkit.detection import DETECTION_LOSSES
 from vitkit.infer.runtime import resolve_device
 from vitkit.layers.helpers import to_2tuple
@@ -40,6 +41,7 @@ from vitkit.train.recipe import (
     paper_side_choice,
     recipe_for,
     resolve_task,
+    tile_choice,
 )
 from vitkit.weights.family import saved_family
 from vitkit.weights.hub import is_hub, local_source
@@ -48,7 +50,9 @@ from vitkit.weights.io import read_json
 CONFIG_NAME = "config.json"
 DEFAULT_OUT = "runs/train"
 CLASSIFICATION_ONLY = ("label_smoothing", "mixup", "cutmix", "randaugment", "min_scale")
-DETECTION_ONLY = ("backbone_lr", "detection_loss", "box_cls_loss", "detection_top_k", "nms_iou", "scale_jitter", "crop")
+DETECTION_ONLY = (
+    "backbone_lr", "detection_loss", "box_cls_loss", "detection_top_k", "nms_iou", "scale_jitter", "crop", "tile"
+)  # fmt: skip
 
 
 def recipe_defaults(name: str) -> str:
@@ -196,6 +200,12 @@ class TrainConfig:
     ema_decay: float = option(0.0, help="keep an EMA of the weights with this decay, e.g. 0.999 (0: off)")
     # a detector's digits-detect canvas side, or the shorter side of its COCO images
     img_size: int | None = option(None, help="training image side (default: the model's)")
+    # a detector's: train on tiles of this side drawn from large images, validate on whole images in tiles
+    # (`vitkit.data.tiles`); None: whole images, or the tiles the recipe picks (`vitkit.train.recipe.tile_choice`)
+    tile: int | None = option(
+        None, help="train on tiles of this side (px) drawn from large images, and validate on whole images in tiles "
+        "(default: whole images, or tiles the recipe picks for large images of small objects)"
+    )  # fmt: skip
     # bf16: bfloat16 autocast of the forward pass
     precision: str = option("fp32", help="fp32, or bf16 autocast", choices=tuple(PRECISIONS))
     device: str | None = option(None, help="cpu or cuda (default: cuda when available)", choices=("cpu", "cuda"))
@@ -272,6 +282,10 @@ class TrainConfig:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.img_size is not None and self.img_size <= 0:
             raise ValueError(f"img_size must be positive, got {self.img_size}")
+        if self.tile is not None and self.tile <= 0:
+            raise ValueError(f"tile must be a positive number of pixels, got {self.tile}")
+        if self.tile is not None and str(self.data).startswith(BUILTIN_PREFIX):
+            raise ValueError(f"{self.data} is of small images: tiles are for large images, in a COCO-format folder")
         for name in ("hflip", "crop"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
@@ -369,14 +383,22 @@ class TrainConfig:
             return []
         recipe = recipe_for(task, model, self.init)
         model_config = replace_config(model_entry(model).config, **self.model_args) if model is not None else None
+        data, version = absolute_data(self.data), _data_version(self.data)
         if recipe.pixel_budget is None:  # a paper's recipe: only a side smaller than the model's, for small images
             if self.img_size is not None or model_config is None:
                 return []
-            stats = training_stats(absolute_data(self.data), _data_version(self.data))
+            stats = training_stats(data, version, self.tile)
             return paper_side_choice(stats, min(to_2tuple(model_config.img_size)))
         from_scratch = self.init is None
-        stats = training_stats(absolute_data(self.data), _data_version(self.data))
-        choices = data_choices(stats, recipe, model_config, from_scratch and model_config is not None, self.img_size)
+        choices, tile = [], self.tile
+        if tile is None and not data.startswith(BUILTIN_PREFIX):
+            picked = tile_choice(training_stats(data, version))
+            if picked is not None:
+                choices, tile = [picked], picked.value
+        stats = training_stats(data, version, tile)
+        samples = "training images" if tile is None else f"training tiles of {tile} px"
+        scratch = from_scratch and model_config is not None
+        choices += data_choices(stats, recipe, model_config, scratch, self.img_size, samples)
         given = {"epochs": self.epochs, "batch_size": self.batch_size}
         given["num_queries"] = self.model_args.get("num_queries")
         return [c for c in choices if given.get(c.field) is None]
@@ -479,11 +501,12 @@ def _assigned_word(value: Any) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def training_stats(data: str, version: float) -> DetectionStats:
+def training_stats(data: str, version: float, tile: int | None = None) -> DetectionStats:
     """The `vitkit.data.DetectionStats` of the training split of detection data `data` (read once per `version`,
-    the annotations' modification time)."""
+    the annotations' modification time), as its training tiles see it with `tile` (`vitkit.data.tiles.tiled_stats`)."""
     train, _, _ = load_detection(data)
-    return detection_stats(train)
+    stats = detection_stats(train)
+    return stats if tile is None else tiled_stats(stats, train, tile)
 
 
 def _data_version(data: str) -> float:

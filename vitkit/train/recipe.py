@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.data import BUILTIN_PREFIX, DIGITS_DETECT
+from vitkit.data.tiles import DEFAULT_OVERLAP
 from vitkit.models.registry import CLASSIFICATION, DETECTION, Family, families, family, list_models, model_entry
 from vitkit.weights.family import saved_family
 from vitkit.weights.hub import is_hub, local_source
@@ -79,6 +80,8 @@ MIN_EPOCHS, MAX_EPOCHS = 3, 200
 STEPS_PER_EPOCH = 128  # the batch is at most the training images over this: a small dataset learns from more
 # steps of smaller batches (300 shapes images, 16 epochs: AP 0.17 in batches of 8, 0.30 of 4, more of 2;
 # BENCHMARKS.md, "Detection from scratch")
+TILE_RANGE = (384, 800)  # a tile the recipe picks: its side, within this and a multiple of SIDE_MULTIPLE, makes
+# the tiles' overlap (`vitkit.data.tiles.DEFAULT_OVERLAP`) at least the 90th percentile of the box sizes
 QUERIES_PER_OBJECT = 2  # object queries per object of the fullest image, when the model has fewer
 SIZED_FROM_DATA = ("epochs", "batch_size")  # the Recipe fields a pixel budget replaces
 
@@ -108,6 +111,27 @@ def data_side(stats: Any) -> tuple[int, str]:
     return side, why
 
 
+def tile_choice(stats: Any) -> DataChoice | None:
+    """Tiles for images too large to train whole: when their median shorter side is above SIDE_RANGE's largest and
+    shrinking them to it leaves the smallest tenth of the boxes below MIN_BOX_SIDE, a tile side (within TILE_RANGE)
+    whose overlap holds the 90th percentile of the box sizes; else None (the images are trained whole)."""
+    short = float(stats.short_side_median)
+    if not stats.boxes or short <= SIDE_RANGE[1]:
+        return None
+    shrunk = stats.box_size_p10 * SIDE_RANGE[1] / short
+    if shrunk >= MIN_BOX_SIDE:
+        return None
+    wanted = stats.box_size_p90 / DEFAULT_OVERLAP if math.isfinite(stats.box_size_p90) else TILE_RANGE[0]
+    side = int(min(max(math.ceil(wanted / SIDE_MULTIPLE) * SIDE_MULTIPLE, TILE_RANGE[0]), TILE_RANGE[1]))
+    why = (
+        f"images of median shorter side {short:g} px, whose smallest tenth of boxes ({stats.box_size_p10:.0f} px) "
+        f"would shrink to {shrunk:.0f} px at {SIDE_RANGE[1]} px: trained in tiles at full resolution, overlapping "
+        f"by {DEFAULT_OVERLAP:g} of a tile ({side * DEFAULT_OVERLAP:.0f} px, 90% of the boxes are at most "
+        f"{stats.box_size_p90:.0f} px)"
+    )
+    return DataChoice("tile", side, why)
+
+
 def paper_side_choice(stats: Any, model_side: int) -> list[DataChoice]:
     """For a recipe without a pixel budget (a paper's, for COCO-sized photos): the data's side (`data_side`) when it
     is smaller than the model's `model_side`, which would upscale every image; else nothing (the model's side)."""
@@ -119,7 +143,12 @@ def paper_side_choice(stats: Any, model_side: int) -> list[DataChoice]:
 
 
 def data_choices(
-    stats: Any, recipe: Recipe, model_config: Any, from_scratch: bool, img_size: int | None = None
+    stats: Any,
+    recipe: Recipe,
+    model_config: Any,
+    from_scratch: bool,
+    img_size: int | None = None,
+    samples: str = "training images",
 ) -> list[DataChoice]:
     """The image side, epochs, batch and (for a model trained from scratch) object queries of a detection run whose
     recipe declares a `pixel_budget`, from a `vitkit.data.DetectionStats` of its training data:
@@ -132,6 +161,7 @@ def data_choices(
     - num_queries: QUERIES_PER_OBJECT per object of the fullest image, when the model has fewer.
 
     An empty list when the recipe has no budget. A given `img_size` is kept (not a choice) and sizes the epochs.
+    `samples` names what `stats` counts as images (the training tiles of `vitkit.data.tiles.tiled_stats`).
     """
     if recipe.pixel_budget is None:
         return []
@@ -146,10 +176,10 @@ def data_choices(
     choices = [DataChoice("img_size", side, why_side)] if img_size is None else []
     choices += [
         DataChoice(
-            "epochs", epochs, f"{stats.images} training images of about {side}x{side * aspect:.0f} px, a budget of "
+            "epochs", epochs, f"{stats.images} {samples} of about {side}x{side * aspect:.0f} px, a budget of "
             f"{recipe.pixel_budget:.2g} pixels",
         ),
-        DataChoice("batch_size", batch, f"{stats.images} training images: {math.ceil(stats.images / batch)} steps an "
+        DataChoice("batch_size", batch, f"{stats.images} {samples}: {math.ceil(stats.images / batch)} steps an "
                    f"epoch, more and smaller than the recipe's batch of {recipe.batch_size} would give"
                    if batch < recipe.batch_size else "the recipe's"),
     ]  # fmt: skip

@@ -37,6 +37,7 @@ from vitkit.data import (
     normalize,
     train_transform,
 )
+from vitkit.data.tiles import TiledDetection
 from vitkit.detection import (
     FOCAL_PRIOR,
     BoxClassification,
@@ -47,6 +48,7 @@ from vitkit.detection import (
     make_denoising,
 )
 from vitkit.infer import autocast, evaluate, evaluate_detector
+from vitkit.infer.evaluate import evaluate_detector_tiled
 from vitkit.layers import to_2tuple
 from vitkit.models.interface import denoising_settings, has_no_object_logit, require_model
 from vitkit.models.registry import model_entry, replace_config
@@ -54,6 +56,7 @@ from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import DistEnv
 from vitkit.train.recipe import CLASSIFICATION, DETECTION
 from vitkit.train.sharding import Lockstep, is_sharded, most_batches
+from vitkit.util import counted
 from vitkit.weights import ModelInfo, saved_config
 
 log = logging.getLogger("vitkit.train")
@@ -137,6 +140,10 @@ class Task:
     def augmentation(self) -> str:
         """How training images are augmented, for the run's summary ("" when they are not)."""
         return ""
+
+    def splits(self) -> str:
+        """The training and validation samples, for the run's summary."""
+        return f"{len(self.train_loader.dataset)} train / {len(self.val_loader.dataset)} val images"
 
     def train_loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
         """(loss to minimise, {"train_loss": loss, and each of `loss_parts`}, images it averages over)."""
@@ -288,10 +295,19 @@ class DetectionTask(Task):
         model_config = _detector_config(config)
         side = config.img_size or min(to_2tuple(model_config.img_size))
         augment = DetectionAugment(config.hflip or 0.0, config.scale_jitter or 0.0, config.crop or 0.0)
+        channels, tile = model_config.in_chans, config.tile
+        whole = {} if tile is None else {"max_size": None}  # a tile is resized to the side, however long
         self.train_set, self.val_set, data = load_detection(
-            config.data, seed=config.seed, channels=model_config.in_chans, img_size=side, augment=augment
+            config.data, seed=config.seed, channels=channels, img_size=side, augment=augment, **whole
         )
-        self.info = ModelInfo(data.classes, data.mean, data.std, category_ids=data.category_ids, data=data.source)
+        if tile is not None:  # training tiles drawn from the images; validation on whole images, in tiles
+            self.train_set = TiledDetection(self.train_set, tile)
+            _, self.val_set, _ = load_detection(
+                config.data, channels=channels, val_only=True, short_side=None, max_size=None
+            )
+        self.info = ModelInfo(
+            data.classes, data.mean, data.std, category_ids=data.category_ids, data=data.source, tile=tile
+        )
         self.num_classes = len(self.info.classes)
         self.loss_parts = ("loss_ce", "loss_bbox", "loss_giou") + (("loss_box_cls",) if config.box_cls_loss else ())
         for split in (self.train_set, self.val_set):
@@ -334,11 +350,21 @@ class DetectionTask(Task):
         if self.boxes is not None:
             self.boxes.head.load_state_dict(state["box_head"])
 
+    def splits(self) -> str:
+        if self.config.tile is None:
+            return super().splits()
+        tiles, images = len(self.train_set), len(self.train_set.data)
+        return (
+            f"{tiles} train tiles of {self.config.tile} px an epoch, from {counted(images, 'image')} / "
+            f"{len(self.val_set)} val images (whole, in tiles)"
+        )
+
     def augmentation(self) -> str:
         config, transform = self.config, getattr(self.train_set, "transform", None)
         if transform is None:
-            return ""
-        parts = [f"flip {config.hflip:g}"] if config.hflip else []
+            return "random tiles" if config.tile is not None else ""
+        parts = [f"random tiles of {config.tile} px"] if config.tile is not None else []
+        parts += [f"flip {config.hflip:g}"] if config.hflip else []
         if config.crop:
             parts.append(f"crop {config.crop:g}")
         if config.scale_jitter:
@@ -395,8 +421,13 @@ class DetectionTask(Task):
 
     def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[Unreadable, ...]]:
         distributed, precision = self.env.world_size > 1, self.config.precision
-        batches = self.val_batches(model)
-        result = evaluate_detector(model, batches, self.info, self.postprocessing, distributed, precision)
+        if self.config.tile is not None:  # every process evaluates every image: the same passes in each
+            result = evaluate_detector_tiled(
+                model, self.val_set, self.info, self.config.tile, postprocessing=self.postprocessing, progress=False
+            )
+        else:
+            batches = self.val_batches(model)
+            result = evaluate_detector(model, batches, self.info, self.postprocessing, distributed, precision)
         self.threshold = result.threshold  # saved with the model evaluated (`saved_info`), for predict
         metrics = dict(result.metrics)
         if len(result.classes) <= PER_CLASS_CURVES:  # each class's AP, drawn in curves.png beside the overall

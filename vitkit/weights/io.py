@@ -84,6 +84,8 @@ class ModelInfo:
     split_seed: int | None = None  # a classifier's: the seed of that held-out split
     weights: str | None = None  # the published weights it was loaded or fine-tuned from, where it was:
     # "hf-hub:ORG/REPO@COMMIT" or a torchvision file's URL (`vitkit.weights.hub`)
+    tile: int | None = None  # a detector's: the side of the tiles it was trained on, cut from larger images
+    # (`vitkit.data.tiles`); predict and eval cut larger images into such tiles. None: trained on whole images
 
     def to_json(self) -> dict[str, Any]:
         """The known entries, as config.json stores them (tuples as lists)."""
@@ -129,6 +131,7 @@ _ENTRY_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "val_fraction": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
     "split_seed": (_integer, "an integer"),
     "weights": (lambda v: isinstance(v, str) and bool(v), "where the weights came from (a string)"),
+    "tile": (lambda v: _integer(v) and v > 0, "a positive number of pixels"),
 }
 
 
