@@ -15,7 +15,7 @@ from scipy import ndimage
 from torch import nn
 
 from vitkit.data.coco import CocoDetection
-from vitkit.infer.detect import detect
+from vitkit.infer.detect import detect, detect_paths
 from vitkit.infer.evaluate import evaluate_detector_tiled
 from vitkit.infer.tiles import detect_tiled, merge_tiles, tile_grid
 from vitkit.weights import ModelInfo
@@ -162,3 +162,15 @@ def test_tiled_evaluation_scores_the_whole_images(tmp_path):
     result = evaluate_detector_tiled(Squares(256, queries=60), data, INFO, tile=256, overlap=0.25, progress=False)
     assert result.count == 2 and result.metrics["ap"] == pytest.approx(1.0) and result.metrics["ap50"] == 1.0
     assert [row["ap"] for row in result.per_class] == pytest.approx([1.0, 1.0])
+
+
+def test_detecting_files_in_tiles_tiles_the_large_ones_only(tmp_path):
+    image, _ = scene(700, 1000, 256, 0.25, seed=2)
+    image.save(tmp_path / "big.png")
+    small = image.crop((0, 0, 256, 200))
+    small.save(tmp_path / "small.png")
+    model = Squares(256)
+    found, skipped = detect_paths(model, INFO, [tmp_path / "big.png", tmp_path / "small.png"], tile=256, progress=False)
+    assert not skipped and [f.size for f in found] == [(700, 1000), (200, 256)]
+    assert found[0].detections == detect_tiled(model, INFO, image, 256)
+    assert found[1].detections == detect(model, INFO, [small])[0]  # no larger than a tile: whole

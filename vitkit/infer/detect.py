@@ -168,6 +168,8 @@ def detect_paths(
     workers: int = 0,
     progress: bool | None = None,
     on_unreadable: Callable[[Unreadable], None] | None = None,
+    tile: int | None = None,
+    overlap: float | None = None,
 ) -> tuple[list[ImageDetections], list[Unreadable]]:
     """`detect_files` for many image files, decoded by a DataLoader (`workers` processes): files that cannot be
     read are skipped, not raised. Each image still runs alone at its own size, so its detections are those of
@@ -176,20 +178,32 @@ def detect_paths(
 
     Args:
         progress: a progress bar on stderr (a terminal only); None shows one for more than
-            `vitkit.infer.files.PROGRESS_MIN_IMAGES` images.
+            `vitkit.infer.files.PROGRESS_MIN_IMAGES` images, or, in tiles, always.
         on_unreadable: called with each unreadable file as it is met (e.g. to warn).
+        tile, overlap: an image larger than `tile` on a side is detected in tiles of that side sharing `overlap`
+            of it (`vitkit.infer.tiles.detect_tiled`); None: whole images.
     """
+    from vitkit.infer.tiles import DEFAULT_OVERLAP, detect_tiled, tile_grid  # tiles build on this module
+
+    overlap = DEFAULT_OVERLAP if overlap is None else overlap
     found: list[ImageDetections] = []
     skipped: list[Unreadable] = []
-    with progress_bar(len(paths), progress) as bar:
+    show = True if tile is not None and progress is None else progress
+    with progress_bar(len(paths), show, unit="image" if tile is None else "tile") as bar:
         for sample in image_loader(paths, None, batch_size=None, workers=workers):
             if isinstance(sample, Unreadable):
                 skipped.append(sample)
                 if on_unreadable is not None:
                     on_unreadable(sample)
+                bar.update()
+                continue
+            image, index = sample
+            if tile is not None and max(image.width / tile, image.height / tile) > 1:
+                bar.total += len(tile_grid(image.height, image.width, tile, overlap)) - 1  # this image's tiles
+                bar.refresh()
+                detections = detect_tiled(model, info, image, tile, overlap, threshold, postprocessing, bar=bar)
             else:
-                image, index = sample
                 (detections,) = detect(model, info, [image], threshold, postprocessing)
-                found.append(ImageDetections(os.fspath(paths[index]), (image.height, image.width), detections))
-            bar.update()
+                bar.update()
+            found.append(ImageDetections(os.fspath(paths[index]), (image.height, image.width), detections))
     return found, skipped
