@@ -41,13 +41,19 @@ def test_by_op_and_math_backend(capsys):
     assert "attention backend math" in out
 
 
-def test_plot_writes_a_png(tmp_path, capsys):
+def test_plot_writes_a_png(tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
     path, expected = tmp_path / "scaling.png", tmp_path / "expected.png"
+    swept = []  # the sweep the command asked for, and its points
+    monkeypatch.setattr(
+        "vitkit.cli.profile.scaling", lambda *args: swept.append((args, scaling(*args))) or swept[-1][1]
+    )
     assert main(["profile", "vit_small_patch16_224", "--plot", str(path)]) == 0
     assert "attention's N^2 terms dominate from" in capsys.readouterr().out
     # the library's figure of the same sweep (64 to 2048 px), pixel for pixel
-    plot_scaling(scaling("vit_small_patch16_224", list(range(64, 2048 + 1, 64))), expected, "vit_small_patch16_224")
+    ((args, points),) = swept
+    assert args[:2] == ("vit_small_patch16_224", list(range(64, 2048 + 1, 64)))
+    plot_scaling(points, expected, "vit_small_patch16_224")
     ours, theirs = np.asarray(Image.open(path)), np.asarray(Image.open(expected))
     assert ours.shape == theirs.shape and np.array_equal(ours, theirs)
     assert ours[..., :3].std() > 10  # lines and text, not a blank page

@@ -217,7 +217,7 @@ def test_fsdp_resumes_bit_identically_after_a_rank_is_killed(runs):
     assert [line["val_acc"] for line in ours] == [line["val_acc"] for line in theirs]
 
 
-@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (2, 3)])
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (2, 3)])  # fewer processes, and more by an uneven share
 def test_fsdp_resumes_on_another_number_of_processes(runs, before, after):
     out = runs.killed(before, copy=f"moved{before}to{after}")
     if after == 1:
