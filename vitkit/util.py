@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -48,3 +48,9 @@ def nearest_multiples(size: int, multiple: int) -> str:
     """The multiples of `multiple` around `size`, for a message: "28 or 35" (32, 7), "7" (3, 7)."""
     below, above = size // multiple * multiple, (size // multiple + 1) * multiple
     return f"{below} or {above}" if below > 0 else str(above)
+
+
+def listed(names: Sequence[str], last: str = "and") -> str:
+    """Names in a sentence: "a, b and c" ("a, b or c" with `last` "or"), "a", "" for none."""
+    names = list(names)
+    return ", ".join(names[:-1]) + f" {last} {names[-1]}" if len(names) > 1 else "".join(names)

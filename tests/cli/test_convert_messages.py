@@ -8,6 +8,7 @@ import torch
 
 import vitkit
 from vitkit.cli import main
+from vitkit.weights.convert import convert
 
 SMALL_AT_32 = ["--model-arg", "img_size=32", "--model-arg", "num_classes=5"]
 
@@ -111,3 +112,27 @@ def test_a_misspelt_layout_gets_the_closest_name(tmp_path, capsys, flag, given, 
         main(["convert", "a.pth", "--out", str(tmp_path / "out"), flag, given])
     assert done.value.code == 2
     assert f"unknown layout {given!r}: did you mean {meant}? (known: " in capsys.readouterr().err
+
+
+def test_a_head_count_kept_from_the_named_model_is_said(tmp_path, capsys):
+    """A ViT-Tiny file read into ViT-Small with only its width set: no tensor says the heads, so the 6 of ViT-Small
+    are kept; the report says so, with the flag to give the file's. Given, or with nothing resized, no note."""
+    path = _tiny_checkpoint(tmp_path)
+    args = ["convert", str(path), "--model", "vit_small_patch16_224", *SMALL_AT_32, "--model-arg", "embed_dim=192"]
+    assert main([*args, "--out", str(tmp_path / "six")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  note: num_heads 6 was assumed (vit_small_patch16_224's, kept when embed_dim changed): no tensor of the "
+        "checkpoint says it (the registered models of its size, deit_tiny_patch16_224, vit_tiny_patch16_224, have "
+        "3); if its model has another, give --model-arg num_heads=N\n"
+    ) in out
+    assert json.loads((tmp_path / "six" / "config.json").read_text())["config"]["num_heads"] == 6
+    assert main([*args, "--model-arg", "num_heads=3", "--out", str(tmp_path / "three")]) == 0
+    assert "note:" not in capsys.readouterr().out
+    tiny = ["convert", str(path), "--model", "vit_tiny_patch16_224", *SMALL_AT_32, "--out", str(tmp_path / "tiny")]
+    assert main(tiny) == 0
+    assert "note:" not in capsys.readouterr().out
+    # the library's report says the same in its arguments
+    fields = {"img_size": 32, "num_classes": 5, "embed_dim": 192}
+    report, _ = convert(path, tmp_path / "lib", model_name="vit_small_patch16_224", overrides=fields)
+    assert list(report.kept) == ["num_heads"] and report.summary().endswith("give num_heads=N")

@@ -136,6 +136,20 @@ def test_a_plot_path_that_cannot_take_a_picture_is_refused_before_evaluating(
     assert str(tmp_path / plot) in err and ".png" in err
 
 
+def test_the_plot_is_written_in_every_format_its_help_and_errors_name(model, data, capsys, tmp_path):
+    """The confusion matrix is a figure: vector formats too, and the refusal of an unknown suffix names them."""
+    directory = save_pretrained(model, tmp_path / "run", ModelInfo(CLASSES, MEAN, STD))
+    args = ["eval", "--model-dir", str(directory), "--data", str(data), "--plot"]
+    assert main([*args, str(tmp_path / "confusion.xyz")]) == 2
+    err = capsys.readouterr().err
+    assert "confusion.xyz: .xyz is not a picture format vitkit can write; use .png, .jpg, .pdf, .svg" in err
+    for suffix, start in ((".svg", b"<?xml"), (".pdf", b"%PDF")):
+        plot = tmp_path / f"confusion{suffix}"
+        assert main([*args, str(plot)]) == 0
+        assert capsys.readouterr().out.splitlines()[-1] == f"confusion matrix written to {plot}"
+        assert plot.read_bytes().startswith(start)
+
+
 def test_a_zero_std_is_refused_when_written_and_when_read(tmp_path, capsys):
     """A zero std would divide every image by zero: refused by save_pretrained, and in a config.json by every command
     that reads it (predict, eval, attention), naming the file."""

@@ -130,6 +130,37 @@ def test_mistakes_are_errors_naming_what_is_wrong(model_dir, images, capsys, tmp
         assert message in capsys.readouterr().err
 
 
+def test_an_image_of_which_the_model_sees_little_gets_a_note(model_dir, capsys, tmp_path):
+    """The classifier sees the centre crop of the image resized to cover its 28x28: below half of the image's area
+    (`MIN_KEPT`), a note says how much and how to have all of it seen; a 2:1 image (half) gets none."""
+    sizes = {"strip.png": (4000, 20), "half.png": (56, 28), "more.png": (57, 28), "tall.png": (28, 2000)}
+    for name, size in sizes.items():
+        Image.new("RGB", size, (200, 30, 30)).save(tmp_path / name)
+    assert main(["predict", "--model-dir", str(model_dir), str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert len(json.loads(captured.out)) == 4  # classified all the same: a note, not an error
+    notes = captured.err.splitlines()
+    how = "as it resizes an image to cover 28x28 and crops the centre; to classify all of it, crop the part that "
+    assert notes == [
+        f"vitkit predict: note: {tmp_path / 'more.png'}: the model saw 49.1% of it, the centre 28x28 of its 57x28 "
+        f"pixels (width x height), {how}matters or pad the image to a square",
+        f"vitkit predict: note: {tmp_path / 'strip.png'}: the model saw 0.5% of it, the centre 20x20 of its 4000x20 "
+        f"pixels (width x height), {how}matters or pad the image to a square",
+        f"vitkit predict: note: {tmp_path / 'tall.png'}: the model saw 1.4% of it, the centre 28x28 of its 28x2000 "
+        f"pixels (width x height), {how}matters or pad the image to a square",
+    ]
+
+
+def test_a_checkpoint_file_names_the_command_that_makes_it_a_model(model, images, capsys, tmp_path):
+    torch.save(model.state_dict(), tmp_path / "weights.pth")
+    assert main(["predict", "--model-dir", str(tmp_path / "weights.pth"), str(images / "6.png")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"vitkit predict: error: {tmp_path / 'weights.pth'} is a checkpoint file without a config: make it a model "
+        f"directory with the registered model it fits, vitkit convert {tmp_path / 'weights.pth'} --model NAME --out "
+        "DIR (see `vitkit models`), and give that directory"
+    )
+
+
 def test_a_directory_without_its_datas_description(model, images, capsys, tmp_path):
     named = save_pretrained(model, tmp_path / "named", ModelInfo(CLASSES, MEAN, STD))
     assert main(["predict", "--model-dir", str(named), str(images / "b"), "--json"]) == 0

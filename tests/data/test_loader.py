@@ -15,6 +15,7 @@ from vitkit.data import (
     ImageFiles,
     TransformedImages,
     Unreadable,
+    center_crop_share,
     collate,
     eval_transform,
     make_loader,
@@ -180,6 +181,31 @@ def test_eval_transform_resizes_the_shorter_side_and_crops_the_centre():
     out = eval_transform((10, 10), 3)(wide)
     reference = v2.PILToTensor()(wide.resize((20, 10), Image.Resampling.BILINEAR).crop((5, 0, 15, 10)))
     assert torch.equal(out, reference)
+    assert center_crop_share((20, 40), (10, 10)) == 0.5  # the 10x10 crop of the 10x20 resized image
+
+
+@pytest.mark.parametrize(
+    ("image", "model", "share"),
+    [((20, 4000), (224, 224), 20 / 4000), ((4000, 20), (224, 224), 20 / 4000), ((30, 30), (224, 224), 1.0)]
+    + [((100, 100), (224, 448), 0.5), ((50, 100), (224, 448), 1.0), ((40, 100), (224, 448), 0.8)],
+)
+def test_center_crop_share_is_the_area_the_crop_keeps(image, model, share):
+    """Against the crop measured in the image's own pixels: the model's box scaled by the cover factor."""
+    assert center_crop_share(image, model) == pytest.approx(share)
+    (h, w), (H, W) = image, model
+    factor = max(H / h, W / w)
+    assert center_crop_share(image, model) == pytest.approx((H / factor) * (W / factor) / (h * w))
+
+
+def test_samples_can_carry_the_size_of_the_image_as_read(tmp_path):
+    paths = [tmp_path / "wide.png", tmp_path / "tall.png"]
+    Image.new("RGB", (40, 8)).save(paths[0])
+    Image.new("RGB", (6, 30)).save(paths[1])
+    sized = TransformedImages(ImageFiles(paths, [0, 1]), eval_transform((8, 8), 3), sizes=True)
+    batch = collate([sized[(0, 0)], sized[(1, 0)]])
+    assert batch.images.shape == (2, 3, 8, 8) and batch.sizes.tolist() == [[8, 40], [30, 6]]
+    plain = TransformedImages(ImageFiles(paths, [0, 1]), eval_transform((8, 8), 3))
+    assert collate([plain[(0, 0)]]).sizes is None
 
 
 def test_transform_arguments_are_checked():

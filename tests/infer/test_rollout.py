@@ -87,14 +87,32 @@ def test_attention_map_of_a_model_uses_its_layers_in_order():
 
 def test_windowed_attention_is_refused_with_a_reason():
     model = create_model("swin_tiny_patch4_window7_224", img_size=56, depths=(1, 1), num_heads=(1, 2), embed_dim=16)
-    with pytest.raises(ValueError, match="Swin has no one map of the image to draw: its attention layers attend"):
+    with pytest.raises(ValueError) as caught:
         attention_map(model, torch.randn(1, 3, 56, 56))
+    assert str(caught.value) == (
+        "Swin has no one map of the image to draw: its blocks attend within 7x7 windows of each stage's feature map "
+        "(shifted every other block). vitkit attention draws models whose every layer attends over one grid of "
+        "patches of the whole image (ViT, DeiT) and detectors' objects; vitkit explore draws Swin's attention layer "
+        "by layer, each on the map it attends over (vitkit explore --model-dir DIR IMAGE --out page.html)"
+    )
+    sizes = dict(img_size=32, patch_size=8, embed_dim=16, depth=3, num_heads=2)
+    vitdet = create_model("vit_tiny_patch16_224", **sizes, window_size=2, global_blocks=(1,))
+    windows = "its blocks but 1 attend within 2x2-patch windows, not over the whole image"
+    with pytest.raises(ValueError, match=rf"ViT has no one map of the image to draw: {windows}\..*vitkit explore"):
+        attention_map(vitdet, torch.randn(1, 3, 32, 32))
 
 
 def test_models_without_one_token_grid_are_refused():
+    """Each family says why in its own words (BoTNet has no windows), and points to the explorer, which draws it."""
     botnet = create_model("botnet26t_256", img_size=64, stem_chs=16, widths=(32, 64, 128, 256))
-    with pytest.raises(ValueError, match=r"BoTNet has no one map of the image to draw.*capture_attention\(model\)"):
+    with pytest.raises(ValueError) as caught:
         attention_map(botnet, torch.randn(1, 3, 64, 64))
+    message = str(caught.value)
+    assert message.startswith(
+        "BoTNet has no one map of the image to draw: each BoT block attends over a whole feature map, but the maps "
+        "differ from block to block (4x4 then 2x2) and convolutions mix positions before them."
+    )
+    assert "window" not in message and "vitkit explore draws BoTNet's attention layer by layer" in message
     with pytest.raises(ValueError, match="attention maps needs a vitkit model .* Conv2d lacks config"):
         attention_map(torch.nn.Conv2d(3, 4, 2), torch.randn(1, 3, 4, 4))
 

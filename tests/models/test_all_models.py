@@ -254,6 +254,8 @@ def test_model_provides_the_interface(name):
     grid = model.token_grid(tuple(x.shape[-2:]))
     if grid is None:
         assert len(shapes) > 1 or next(iter(shapes))[0] != 2
+        if family_of(model).task != DETECTION:  # a classifier says why, in its family's words, for `vitkit attention`
+            assert isinstance(model.attention_layout(), str) and model.attention_layout().startswith(("its", "each"))
     else:
         prefix, (Hp, Wp) = grid
         T = prefix + Hp * Wp

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.models.registry import family, model_entry, register_family
+from vitkit.models.registry import closest_models, family, model_entry, published_weights, register_family
 
 
 def test_required_variants_are_registered():
@@ -32,6 +32,21 @@ def test_list_models_pattern():
 def test_unknown_name_lists_closest():
     with pytest.raises(ValueError, match=r"unknown model 'vit_smal_patch16_224'; closest: vit_small_patch16_224"):
         vitkit.create_model("vit_smal_patch16_224")
+    # names holding what was typed first, those starting with it before the others
+    assert closest_models("swin_tiny")[:2] == ["swin_tiny_patch4_window7_224", "deformable_detr_swin_tiny"]
+    assert closest_models("vit_smal")[:2] == ["vit_small_patch16_224", "vit_small_patch16_384"]
+    assert closest_models("qqqq") == []
+
+
+def test_where_messages_send_people_for_the_lists_names_the_command_and_the_function():
+    """The same message reaches people at the command line and in Python: it names both ways to the list."""
+    count = len(vitkit.list_models())
+    with pytest.raises(ValueError) as caught:
+        vitkit.create_model("qqqq")
+    assert str(caught.value) == f"unknown model 'qqqq'; see `vitkit models` / vitkit.list_models() ({count} models)"
+    with pytest.raises(ValueError) as caught:
+        published_weights("botnet50")
+    assert str(caught.value).endswith("(`vitkit models --pretrained` / vitkit.list_pretrained() list those that are)")
 
 
 def test_overrides_replace_config_fields():

@@ -219,7 +219,7 @@ def test_detector_against_transformers(capsys, small_gemms):
 
 
 def test_detector_comparison_errors(capsys):
-    with pytest.raises(ValueError, match="compare='transformers' covers the detectors"):
+    with pytest.raises(ValueError, match=r"transformers. covers the detectors \(DETR and Deformable DETR\); compare"):
         bench("vit_tiny_patch16_224", compare="transformers")
     with pytest.raises(ValueError, match="detr_tiny is a detector: compare it with transformers"):
         bench("detr_tiny", compare="timm")

@@ -161,3 +161,15 @@ def test_fields_that_would_not_make_the_model_fit_say_so(tmp_path):
     with pytest.raises(vitkit.weights.CheckpointMismatch) as err:
         vitkit.load_weights(vitkit.create_model("vit_small_patch16_224", depth=2), tiny)
     assert "alone would leave" not in str(err.value) and err.value.fields["embed_dim"] == 192
+
+
+def test_a_file_without_a_config_names_both_lists_of_models(tmp_path):
+    """Read from Python or reached from a command, the message names both ways to the registered models."""
+    torch.save(tiny_vit().state_dict(), tmp_path / "w.pth")
+    with pytest.raises(ValueError) as caught:
+        vitkit.from_pretrained(tmp_path / "w.pth")
+    assert str(caught.value) == (
+        f"{tmp_path / 'w.pth'} is a checkpoint file without a config: build the registered model it fits and load "
+        "the file into it (vitkit.create_model(name), vitkit.load_weights(model, path); see `vitkit models` / "
+        "vitkit.list_models())"
+    )

@@ -21,7 +21,7 @@ from vitkit.infer import (
     resolve_device,
 )
 from vitkit.infer.attention import prefix_table
-from vitkit.viz.attention import check_picture_path, save_picture
+from vitkit.viz.attention import check_picture_path, picture_formats, save_picture
 from vitkit.weights import from_pretrained
 
 HELP = (
@@ -48,7 +48,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         "--out",
         required=True,
         metavar="PNG",
-        help="where to write the figure (.png, .jpg, .pdf, .svg); folders are made",
+        help=f"where to write the figure ({picture_formats(figure=True)}); folders are made",
     )
     parser.add_argument(
         "--layer",

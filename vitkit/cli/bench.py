@@ -9,7 +9,7 @@ import sys
 from vitkit.analysis.precision import PRECISIONS, slow_precision
 from vitkit.cli.messages import cli_option
 from vitkit.cli.options import add_memory_option, add_renamed_option, memory_flags, parse_size
-from vitkit.perf.bench import COMPARE, Report, bench
+from vitkit.perf.bench import COMPARE, Report, bench, compared_detectors
 from vitkit.train import create_optimizer
 from vitkit.util import counted
 
@@ -31,8 +31,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         "--compare",
         choices=tuple(c for c in COMPARE if c is not None),
         default=None,
-        help="run timm's model of the same name too (transformers' DetrForObjectDetection or "
-        "DeformableDetrForObjectDetection for the detectors)",
+        help="also run another library's model: timm's of the same name for a classifier, or for a detector "
+        f"({compared_detectors()}) the transformers class its exported weights load into (e.g. "
+        "DeformableDetrForObjectDetection)",
     )
     parser.add_argument("--rounds", type=int, default=10, help="timed steps per candidate (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per candidate first (default 2)")

@@ -9,20 +9,22 @@ from typing import Any
 
 from vitkit.cli.messages import CONVERT, STRUCTURED, cli_message
 from vitkit.cli.options import add_out_option, add_renamed_option, out_path, parse_assignment
-from vitkit.weights.convert import convert, formats
+from vitkit.util import listed
+from vitkit.weights.convert import DIRECTORY_FORMATS, config_less_formats, convert, format_sources, formats
+from vitkit.weights.io import PDPARAMS_SUFFIX, PICKLE_SUFFIXES
 
-HELP = (
-    "convert weights between the layouts of vitkit, timm, torchvision, Hugging Face, vit-pytorch, PaddleViT and the "
-    "DETR and Deformable DETR repositories"
-)
+HELP = f"convert weights between the layouts of {listed(format_sources())}"
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     known = formats()
-    parser.add_argument(
-        "src", help="a model directory (vitkit or Hugging Face) or a checkpoint file (.safetensors, .pth, .pt, .bin)"
+    files = ", ".join((".safetensors", *PICKLE_SUFFIXES, PDPARAMS_SUFFIX))
+    parser.add_argument("src", help=f"a model directory (vitkit, Hugging Face or timm) or a checkpoint file ({files})")
+    add_out_option(
+        parser,
+        "DST",
+        f"where to write: a directory for {' / '.join(DIRECTORY_FORMATS)}, a file ({files}) for the others",
     )
-    add_out_option(parser, "DST", "where to write: a directory for vitkit / hf, a file for timm / torchvision / detr")
     sources = ("auto", *known)
     parser.add_argument(
         "--from",
@@ -43,7 +45,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         help="registered model to load a checkpoint file into (see `vitkit models`); not for directories, nor for "
-        "vit-pytorch files, whose model is built from their shapes and --model-arg num_heads=H",
+        f"{listed(config_less_formats(), 'or')} files, whose model is built from their shapes and --model-arg "
+        "num_heads=H",
     )
     add_renamed_option(
         parser,
@@ -100,6 +103,6 @@ def run(args: argparse.Namespace) -> int:
         )
     except STRUCTURED as err:  # the ways out in this command's flags, not the library's arguments
         raise ValueError(cli_message(err, CONVERT)) from None
-    print(report.summary())
+    print(report.summary(lambda name: f"{CONVERT.field} {name}=N"))
     print(f"wrote {args.dst_format} weights to {written}")
     return 0

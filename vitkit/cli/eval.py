@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.detection import COCO_METRICS
@@ -18,8 +17,8 @@ from vitkit.infer import (
     missing_info_note,
     run_config,
 )
-from vitkit.viz import confusion_image, pr_curves_image
-from vitkit.viz.attention import check_picture_path
+from vitkit.viz.attention import check_picture_path, picture_formats, save_picture
+from vitkit.viz.plots import confusion_figure, pr_curves_figure
 
 RARE_BOXES = 10  # a class with fewer ground-truth boxes than this is marked in the per-class table
 CLASSIFIER_BATCH, DETECTOR_BATCH = 256, 8  # images per batch when neither --batch-size nor the run says
@@ -63,7 +62,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         "--plot",
         metavar="PNG",
         default=None,
-        help="write a classifier's confusion matrix, or a detector's precision-recall curve per class, to this PNG",
+        help="write a classifier's confusion matrix, or a detector's precision-recall curve per class, to this "
+        f"picture ({picture_formats(figure=True)}); folders are made",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
@@ -81,7 +81,7 @@ def _skipped(skipped: tuple[Unreadable, ...]) -> None:
 
 def _run_detector(args: argparse.Namespace) -> int:
     if args.plot:  # before the evaluation, not after it
-        check_picture_path(args.plot)
+        check_picture_path(args.plot, figure=True)
     run = run_config(args.model_dir)
     batch = args.batch_size or run.get("batch_size") or DETECTOR_BATCH
     precision = args.precision or run.get("precision") or "fp32"
@@ -99,9 +99,9 @@ def _run_detector(args: argparse.Namespace) -> int:
             print(f"best F1 at IoU 0.5 above score {result.threshold:.2f}")
     _skipped(result.skipped)
     if args.plot:
-        plot = Path(args.plot)
-        plot.parent.mkdir(parents=True, exist_ok=True)
-        pr_curves_image(result.recall, result.precision, result.classes, result.per_class).save(plot)
+        plot = save_picture(
+            pr_curves_figure(result.recall, result.precision, result.classes, result.per_class), args.plot
+        )
         print(f"precision-recall curves written to {plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if is_detector_dir(args.model_dir):
         return _run_detector(args)
     if args.plot:  # before the evaluation, not after it
-        check_picture_path(args.plot)
+        check_picture_path(args.plot, figure=True)
     precision = args.precision or run_config(args.model_dir).get("precision") or "fp32"
     batch = args.batch_size or CLASSIFIER_BATCH
     result, info = evaluate_model_dir(args.model_dir, args.data, batch, args.device, args.workers, precision)
@@ -139,8 +139,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {name:<{width}}  {'-' if acc is None else f'{acc:.4f}'}")
     _skipped(result.skipped)
     if args.plot:
-        plot = Path(args.plot)
-        plot.parent.mkdir(parents=True, exist_ok=True)
-        confusion_image(result.confusion, info.classes).save(plot)
+        plot = save_picture(confusion_figure(result.confusion, info.classes), args.plot)
         print(f"confusion matrix written to {plot}", file=sys.stderr if args.json else sys.stdout)
     return 0

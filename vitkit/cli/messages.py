@@ -64,6 +64,11 @@ def cli_message(err: Exception, flags: Flags | None = None) -> str:
     error's with `flags` (`str(err)` for any other error)."""
     if isinstance(err, OptionMessage):
         return err.message(cli_option)
+    if isinstance(err, ModelNeeded) and flags is None:  # a command that reads models, not checkpoint files
+        return (
+            f"{err.problem}: make it a model directory with the registered model it fits, vitkit convert "
+            f"{err.path} --model NAME --out DIR (see `vitkit models`), and give that directory"
+        )
     if flags is None:
         return str(err)
     if isinstance(err, CheckpointMismatch):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from vitkit.analysis.profile import profile
-from vitkit.models.registry import list_models, list_pretrained, model_entry, published_weights
+from vitkit.models.registry import closest_models, list_models, list_pretrained, model_entry, published_weights
 from vitkit.weights.pretrained import download_mb
 
 HELP = (
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         return _list_pretrained(args.pattern)
     names = list_models(args.pattern)
     if not names:
-        raise ValueError(f"no model matches {args.pattern!r}; run 'vitkit models' for the full list")
+        raise ValueError(_no_match(args.pattern, "vitkit models"))
     width = max(len(n) for n in names)
     print(f"{'model':<{width}}  {'params':>12}  {'img_size':>9}  {'GFLOPs':>8}")
     for name in names:
@@ -46,7 +46,7 @@ def _list_pretrained(pattern: str) -> int:
     names = list_pretrained(pattern)
     without = [n for n in list_models(pattern) if not model_entry(n).pretrained]
     if not names and not without:
-        raise ValueError(f"no model matches {pattern!r}; run 'vitkit models --pretrained' for the full list")
+        raise ValueError(_no_match(pattern, "vitkit models --pretrained"))
     if names:
         width = max(len(n) for n in names)
         print(f"{'weights (model.tag)':<{width}}  {'MB':>7}  {'licence':<12}  trained on; source")
@@ -61,3 +61,17 @@ def _list_pretrained(pattern: str) -> int:
         for name in without:
             print(f"  {name}: {model_entry(name).unpublished or 'none published'}")
     return 0
+
+
+GLOB = "*?["  # the characters that make a shell-style pattern of a name
+
+
+def _no_match(pattern: str, command: str) -> str:
+    """Why `command PATTERN` lists nothing, with the registered names closest to the pattern and, for a name
+    without wildcards, the pattern of every name that holds it."""
+    close = closest_models(pattern)
+    holding = f"*{pattern}*"
+    wider = not any(c in pattern for c in GLOB) and len(list_models(holding)) > len(close)
+    hint = f"; closest: {', '.join(close)}" if close else ""
+    hint += f" (every name holding it: {command} '{holding}')" if wider else ""
+    return f"no model matches {pattern!r}{hint}; run '{command}' for the full list"

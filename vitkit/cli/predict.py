@@ -28,6 +28,7 @@ from vitkit.cli.options import (
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.sources import IMAGE_EXTENSIONS
 from vitkit.infer import (
+    crop_note,
     detect_paths,
     detection_reading,
     format_predictions,
@@ -40,6 +41,7 @@ from vitkit.infer import (
     write_json,
     write_predictions_csv,
 )
+from vitkit.layers import to_2tuple
 from vitkit.viz.attention import check_writable
 from vitkit.weights import model_info
 
@@ -194,4 +196,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"CSV written to {write_predictions_csv(found.predictions, args.csv)}", file=notes)
         if args.json not in (None, STDOUT):
             print(f"JSON written to {write_json(found.to_dicts(), args.json)}", file=notes)
+    img_size = to_2tuple(model.config.img_size)
+    for note in filter(None, (crop_note(p, img_size) for p in found.predictions)):
+        print(f"vitkit predict: note: {note}", file=sys.stderr)
     return _finish(found.skipped, len(paths), len(found.predictions))

@@ -40,6 +40,7 @@ from vitkit.data.sources import (
 )
 from vitkit.data.transforms import (
     ImageModeError,
+    center_crop_share,
     channel_stats,
     convert_image,
     detection_train_transform,
@@ -75,6 +76,7 @@ __all__ = [
     "Unreadable",
     "UnreadableImageError",
     "augment_defaults",
+    "center_crop_share",
     "channel_stats",
     "collate",
     "convert_image",

@@ -137,21 +137,26 @@ def summarize_unreadable(skipped: Iterable[Unreadable], limit: int = 5) -> str:
 
 
 class TransformedImages(Dataset):
-    """A source's samples as (uint8 image (C, H, W), label), transformed with a per-sample seed.
+    """A source's samples as (uint8 image (C, H, W), label), transformed with a per-sample seed; with `sizes`, as
+    (image, label, (height, width) of the image as read, before the transform), which `collate` gathers in
+    `Batch.sizes`.
 
     Indexed by the (index, seed) pairs of `EpochSampler`; the transform runs under `torch.manual_seed(seed)` in a
     forked RNG, so augmentation does not depend on which worker runs it and leaves the global RNG untouched.
     An image that cannot be decoded gives an `Unreadable` instead of raising.
     """
 
-    def __init__(self, source: ImageSource, transform: Callable[[Image.Image], torch.Tensor]) -> None:
+    def __init__(
+        self, source: ImageSource, transform: Callable[[Image.Image], torch.Tensor], sizes: bool = False
+    ) -> None:
         self.source = source
         self.transform = transform
+        self.sizes = sizes
 
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int] | Unreadable:
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int] | Sized | Unreadable:
         index, seed = key
         try:
             image = self.source.load(index)
@@ -159,7 +164,11 @@ class TransformedImages(Dataset):
             return Unreadable(self.source.describe(index), getattr(err, "reason", None) or str(err))
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)  # the CPU generator only: torch.manual_seed costs far more
-            return self.transform(image), self.source.labels[index]
+            sample = self.transform(image), self.source.labels[index]
+        return (*sample, (image.height, image.width)) if self.sizes else sample
+
+
+Sized = tuple[torch.Tensor, int, tuple[int, int]]  # a sample of `TransformedImages(sizes=True)`
 
 
 @dataclass
@@ -167,20 +176,24 @@ class Batch:
     images: torch.Tensor  # (B, C, H, W) uint8; B may be 0 when every image failed
     labels: torch.Tensor  # (B,) int64
     skipped: list[Unreadable]  # samples of this batch that could not be read
+    sizes: torch.Tensor | None = None  # (B, 2) int64: each image's (height, width) as read, before the transform,
+    # from `TransformedImages(sizes=True)`; None otherwise
 
     def pin_memory(self) -> Batch:
         """Called by DataLoader(pin_memory=True): page-locked tensors copy to the GPU asynchronously."""
-        return Batch(self.images.pin_memory(), self.labels.pin_memory(), self.skipped)
+        return Batch(self.images.pin_memory(), self.labels.pin_memory(), self.skipped, self.sizes)
 
 
-def collate(samples: list[tuple[torch.Tensor, int] | Unreadable]) -> Batch:
-    """Stack the readable samples; report the unreadable ones in `Batch.skipped`."""
+def collate(samples: list[tuple[torch.Tensor, int] | Sized | Unreadable]) -> Batch:
+    """Stack the readable samples (and their sizes, when they carry them); report the unreadable ones in
+    `Batch.skipped`."""
     good = [s for s in samples if not isinstance(s, Unreadable)]
     skipped = [s for s in samples if isinstance(s, Unreadable)]
     if not good:
         return Batch(torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.long), skipped)
-    images = torch.stack([image for image, _ in good])  # (B, C, H, W)
-    return Batch(images, torch.tensor([label for _, label in good]), skipped)
+    images = torch.stack([sample[0] for sample in good])  # (B, C, H, W)
+    sizes = torch.tensor([sample[2] for sample in good]) if len(good[0]) == 3 else None  # (B, 2)
+    return Batch(images, torch.tensor([sample[1] for sample in good]), skipped, sizes)
 
 
 def ignore_stop_signals(worker_id: int) -> None:

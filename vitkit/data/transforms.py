@@ -152,6 +152,15 @@ class ResizeToCover:
         return v2.functional.resize(image, list(size), antialias=True)
 
 
+def center_crop_share(image_size: tuple[int, int], img_size: tuple[int, int]) -> float:
+    """The share of an image of `image_size` (height, width) that `eval_transform` keeps for a model of `img_size`
+    (H, W): the centre crop's area over the area of the image resized to cover it (`ResizeToCover`); 1.0 for an
+    image of the model's shape, 0.5 for a 2:1 one under a square model."""
+    (h, w), (H, W) = image_size, img_size
+    factor = max(H / h, W / w)  # the cover resize's scale
+    return min(1.0, H * W / (h * factor * w * factor))
+
+
 def eval_transform(img_size: tuple[int, int], channels: int) -> v2.Compose:
     """PIL image -> uint8 (C, H, W): the model's channels (`convert_image`), resized to cover `img_size` (the
     shorter side to its side, for a square model), centre crop of `img_size`."""

@@ -12,7 +12,7 @@ from vitkit.infer.attention import (
     prefix_attention,
     prefix_token_names,
 )
-from vitkit.infer.classify import Prediction, Predictions, predict, predict_files, predict_paths
+from vitkit.infer.classify import MIN_KEPT, Prediction, Predictions, crop_note, predict, predict_files, predict_paths
 from vitkit.infer.detect import Detection, ImageDetections, detect, detect_files, detect_paths, detection_input
 from vitkit.infer.evaluate import (
     DetectionResult,
@@ -41,6 +41,7 @@ from vitkit.infer.output import format_predictions, write_detections, write_json
 from vitkit.infer.runtime import autocast, resolve_device
 
 __all__ = [
+    "MIN_KEPT",
     "Detection",
     "DetectionResult",
     "EvalResult",
@@ -55,6 +56,7 @@ __all__ = [
     "attention_rollout",
     "autocast",
     "cls_attention",
+    "crop_note",
     "prefix_attention",
     "prefix_token_names",
     "detect",

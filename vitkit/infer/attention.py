@@ -175,6 +175,26 @@ def _check_index(index: int, count: int, name: str, owner: str) -> int:
     return index % count
 
 
+def no_token_grid_message(model: nn.Module) -> str:
+    """Why `model`'s attention is no one map over the image (`token_grid` None), in the words its family gives
+    (`attention_layout()`), and what draws it instead: `vitkit explore`, for a model that lays its attention on the
+    image (`spatial_attention`), else `vitkit.capture_attention`."""
+    name = family_of(model).display_name
+    layout = getattr(model, "attention_layout", None)
+    why = layout() if callable(layout) else "its attention layers do not all attend over one grid of the image"
+    if callable(getattr(model, "spatial_attention", None)):
+        instead = (
+            f"vitkit explore draws {name}'s attention layer by layer, each on the map it attends over (vitkit explore "
+            "--model-dir DIR IMAGE --out page.html)"
+        )
+    else:
+        instead = f"for {name}, read each layer's attention weights from Python with vitkit.capture_attention(model)"
+    return (
+        f"{name} has no one map of the image to draw: {why}. vitkit attention draws models whose every layer attends "
+        f"over one grid of patches of the whole image (ViT, DeiT) and detectors' objects; {instead}"
+    )
+
+
 def capture_layers(
     model: nn.Module, images: torch.Tensor
 ) -> tuple[torch.Tensor, list[torch.Tensor], tuple[str, ...], tuple[int, int]]:
@@ -184,13 +204,7 @@ def capture_layers(
     tokens, (B, h, 1, N)) are no layer of the maps and are left out."""
     tokens = require_model(model, "attention maps").token_grid(tuple(images.shape[-2:]))
     if tokens is None:
-        name = family_of(model).display_name
-        raise ValueError(
-            f"{name} has no one map of the image to draw: its attention layers attend within windows or over feature "
-            "maps that change size from layer to layer. vitkit attention draws models whose every layer attends over "
-            "one grid of patches of the whole image (ViT, DeiT) and detectors' objects; for "
-            f"{name}, read each layer's attention weights from Python with vitkit.capture_attention(model)"
-        )
+        raise ValueError(no_token_grid_message(model))
     _, grid = tokens
     names = prefix_token_names(model)
     was_training = model.training

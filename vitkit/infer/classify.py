@@ -15,16 +15,21 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vitkit.data import Unreadable, eval_transform, normalize, open_image, preprocess
+from vitkit.data import Unreadable, center_crop_share, eval_transform, normalize, open_image, preprocess
 from vitkit.infer.files import image_loader, progress_bar
 from vitkit.layers import to_2tuple
 from vitkit.weights import ModelInfo
+
+# An image of which the model sees less than this share (its centre crop, `eval_transform`: a 2:1 image under a
+# square model keeps a half) gets a note (`crop_note`): what it classified may lie outside what it saw
+MIN_KEPT = 0.5
 
 
 @dataclass(frozen=True)
 class Prediction:
     image: str  # the image file
     top: list[tuple[str, float]]  # (class name, probability), most probable first
+    size: tuple[int, int] | None = None  # the image's (height, width) as read (upright), None when not known
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values: image, top (a list of {class, probability})."""
@@ -83,8 +88,12 @@ def predict_files(
 ) -> list[Prediction]:
     """`predict` for image files: each file's `top_k` classes with its name, in the order given. An unreadable
     file raises `vitkit.data.UnreadableImageError`; `predict_paths` skips it instead."""
-    results = predict(model, info, [open_image(path) for path in paths], top_k)
-    return [Prediction(os.fspath(path), top) for path, top in zip(paths, results, strict=True)]
+    images = [open_image(path) for path in paths]
+    results = predict(model, info, images, top_k)
+    return [
+        Prediction(os.fspath(path), top, (image.height, image.width))
+        for path, image, top in zip(paths, images, results, strict=True)
+    ]
 
 
 @torch.no_grad()
@@ -111,7 +120,7 @@ def predict_paths(
     _check_classes(model, info.classes, top_k)
     config = model.config
     transform = eval_transform(to_2tuple(config.img_size), config.in_chans)
-    loader = image_loader(paths, transform, batch_size, workers)
+    loader = image_loader(paths, transform, batch_size, workers, sizes=True)
     device = next(model.parameters()).device
     model.eval()
     predictions: list[Prediction] = []
@@ -125,7 +134,28 @@ def predict_paths(
             if len(batch.labels) > 0:
                 images = normalize(batch.images.to(device), info.mean, info.std)  # (B, C, H, W)
                 probs = model(images).float().softmax(dim=-1)  # (B, K)
-                for index, top in zip(batch.labels.tolist(), _top(probs, info.classes, top_k), strict=True):
-                    predictions.append(Prediction(os.fspath(paths[index]), top))
+                tops = _top(probs, info.classes, top_k)
+                for index, size, top in zip(batch.labels.tolist(), batch.sizes.tolist(), tops, strict=True):
+                    predictions.append(Prediction(os.fspath(paths[index]), top, tuple(size)))
             bar.update(len(batch.labels) + len(batch.skipped))
     return Predictions(predictions, skipped)
+
+
+def crop_note(prediction: Prediction, img_size: tuple[int, int]) -> str | None:
+    """A note for an image of which a classifier of `img_size` (H, W) saw less than `MIN_KEPT` of the area (its
+    centre crop, `eval_transform`): the share and the pixels it saw, and how to have all of it seen; None for
+    any other image, and for one of unknown size."""
+    if prediction.size is None:
+        return None
+    share = center_crop_share(prediction.size, img_size)
+    if share >= MIN_KEPT:
+        return None
+    (h, w), (H, W) = prediction.size, img_size
+    factor = max(H / h, W / w)  # the cover resize's scale
+    seen = f"{round(W / factor)}x{round(H / factor)}"  # the crop in the image's pixels, width x height
+    shape = "a square" if H == W else f"the model's {W}:{H} (width:height)"
+    return (
+        f"{prediction.image}: the model saw {share:.1%} of it, the centre {seen} of its {w}x{h} pixels (width x "
+        f"height), as it resizes an image to cover {W}x{H} and crops the centre; to classify all of it, crop the part "
+        f"that matters or pad the image to {shape}"
+    )

@@ -72,16 +72,19 @@ def image_loader(
     transform: Callable[[Image.Image], Any] | None,
     batch_size: int | None,
     workers: int = 0,
+    sizes: bool = False,
 ) -> DataLoader:
     """A DataLoader over image files in the order given, each sample (transform(image), its index in `paths`) or,
     for a file that cannot be read, a `vitkit.data.Unreadable` (file and reason), which does not stop the rest.
 
-    Batches are `vitkit.data.Batch`es (the indices as labels, the unreadable files in `skipped`); `batch_size`
-    None gives the samples one by one, unbatched (with `transform` None, the PIL images themselves).
+    Batches are `vitkit.data.Batch`es (the indices as labels, the unreadable files in `skipped`; with `sizes`, each
+    image's (height, width) before the transform in `sizes`); `batch_size` None gives the samples one by one,
+    unbatched (with `transform` None, the PIL images themselves).
     """
     if not paths:
         raise ValueError("no image files given")
-    images = TransformedImages(ImageFiles([Path(p) for p in paths], list(range(len(paths)))), transform or _as_is)
+    files = ImageFiles([Path(p) for p in paths], list(range(len(paths))))
+    images = TransformedImages(files, transform or _as_is, sizes)
     sampler = EpochSampler(len(paths), shuffle=False, pad=False)
     if batch_size is not None:
         return make_loader(images, sampler, batch_size, workers)

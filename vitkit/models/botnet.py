@@ -317,6 +317,15 @@ class BotNet(CostFromImages, ResNet):
         convolutional blocks mix positions), so no one token grid serves every attention layer."""
         return None
 
+    def attention_layout(self) -> str:
+        """Why `token_grid` is None, in words (`vitkit.models.interface.VitkitModel`)."""
+        sizes = dict.fromkeys(m.feat_size for m in self.modules() if isinstance(m, BottleneckAttn))
+        maps = " then ".join(f"{H}x{W}" for H, W in sizes)
+        return (
+            f"each BoT block attends over a whole feature map, but the maps differ from block to block ({maps}) "
+            "and convolutions mix positions before them"
+        )
+
     def no_weight_decay(self) -> set[str]:
         """None besides the parameters of ndim <= 1: the relative position tables decay, as in timm."""
         return set()

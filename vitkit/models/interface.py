@@ -38,7 +38,8 @@ class VitkitModel(Protocol):
     - ``token_grid(img_size)``: how attention tokens map to the image, for attention maps; a model whose grid has
       prefix tokens may also name them (``prefix_token_names()``: "class", "distillation", "register 0", ...); a
       model without one token grid may lay its captured attention on the image instead
-      (``spatial_attention(maps, img_size)``: a `SpatialAttention` per layer; Swin, BoTNet).
+      (``spatial_attention(maps, img_size)``: a `SpatialAttention` per layer; Swin, BoTNet), and say why it has
+      none (``attention_layout()``: a clause for messages, "its blocks attend within 7x7 windows ...").
     - ``no_weight_decay()``: parameters that take no weight decay besides every one of ndim <= 1 (timm's
       convention: learned tokens, position tables).
 

@@ -51,6 +51,10 @@ normalisation); "hf", a transformers model directory (config.json with its label
 torch file of a ResNet classifier, a detector's backbone only."""
 
 
+# Where messages send people for the registered models and the published weights: the command and the function
+MODELS_LISTED = "`vitkit models` / vitkit.list_models()"
+PRETRAINED_LISTED = "`vitkit models --pretrained` / vitkit.list_pretrained()"
+
 LABEL_SETS = ("imagenet-1k",)  # label names a table of published weights may cite (`vitkit.weights.hub.label_names`)
 
 
@@ -217,7 +221,7 @@ def published_weights(name: str, pretrained: bool | str = True) -> tuple[ModelEn
     tags = [w.tag for w in entry.pretrained]
     if not tags:
         why = f": {entry.unpublished}" if entry.unpublished else ""
-        raise ValueError(f"no weights are published for {name}{why} (vitkit.list_pretrained() lists those that are)")
+        raise ValueError(f"no weights are published for {name}{why} ({PRETRAINED_LISTED} list those that are)")
     if not tag:
         return entry, entry.pretrained[0]
     if tag not in tags:
@@ -235,11 +239,26 @@ def weights_at(source: str) -> tuple[ModelEntry, PublishedWeights] | None:
     return None
 
 
+def closest_models(text: str, n: int = 5) -> list[str]:
+    """The registered model names closest to `text` (a misspelt or partial name, or a pattern that matches none:
+    "vit_smal", "swin_tiny"), at most `n`: those holding it first (those starting with it before the others), then
+    the most alike by difflib, each most alike first; none when nothing is close."""
+    alike = difflib.SequenceMatcher(b=text)
+
+    def order(name: str) -> tuple[bool, float]:
+        alike.set_seq1(name)  # difflib compares changing first sequences with a fixed second one
+        return not name.startswith(text), -alike.ratio()
+
+    holding = sorted(list_models(f"*{text}*"), key=order)
+    close = difflib.get_close_matches(text, list(_MODELS), n=n, cutoff=0.5)
+    return list(dict.fromkeys(holding + close))[:n]
+
+
 def model_entry(name: str) -> ModelEntry:
     """The registry entry for `name`; ValueError naming the closest registered names if there is none."""
     if name not in _MODELS:
-        close = difflib.get_close_matches(name, list(_MODELS), n=5, cutoff=0.5)
-        hint = f"; closest: {', '.join(close)}" if close else f"; see list_models() ({len(_MODELS)} models)"
+        close = closest_models(name)
+        hint = f"; closest: {', '.join(close)}" if close else f"; see {MODELS_LISTED} ({len(_MODELS)} models)"
         raise ValueError(f"unknown model {name!r}{hint}")
     return _MODELS[name]
 

@@ -528,6 +528,11 @@ class SwinTransformer(CostFromImages, nn.Module):
         """None: each block attends within (shifted) windows of its stage's map, never over the whole image."""
         return None
 
+    def attention_layout(self) -> str:
+        """Why `token_grid` is None, in words (`vitkit.models.interface.VitkitModel`)."""
+        M = self.config.window_size
+        return f"its blocks attend within {M}x{M} windows of each stage's feature map (shifted every other block)"
+
     def spatial_attention(self, maps: Mapping[str, torch.Tensor], img_size: tuple[int, int]) -> list[SpatialAttention]:
         """Each captured block's window attention (B * nW, h, N, N) laid on its stage's map: every token's row over
         the tokens of its (shifted) window (`vitkit.models.interface.SpatialAttention`), for images of `img_size`."""

@@ -49,6 +49,7 @@ from vitkit.models.registry import (
     register_family,
     register_model,
 )
+from vitkit.util import listed
 
 GLOBAL_POOLS = ("token", "avg", "bilinear", "map")
 POS_EMBEDS = ("learn", "sincos", "sincos_big_vision")
@@ -358,6 +359,12 @@ class VisionTransformer(CostFromImages, nn.Module):
         if self.config.window_size:
             return None
         return self.num_prefix_tokens, self.patch_embed.feat_size(img_size)
+
+    def attention_layout(self) -> str:
+        """Why `token_grid` is None (windows), in words (`vitkit.models.interface.VitkitModel`)."""
+        c = self.config
+        windowed = f"its blocks but {listed([str(i) for i in c.global_blocks])}" if c.global_blocks else "its blocks"
+        return f"{windowed} attend within {c.window_size}x{c.window_size}-patch windows, not over the whole image"
 
     def spatial_attention(self, maps: Mapping[str, torch.Tensor], img_size: tuple[int, int]) -> list[SpatialAttention]:
         """Each captured block's attention laid on the patch grid (`vitkit.models.interface.SpatialAttention`): a

@@ -29,11 +29,13 @@ from vitkit.analysis.preflight import SettingNames, enforce
 from vitkit.analysis.profile import profile
 from vitkit.errors import OptionError
 from vitkit.layers.helpers import to_2tuple
-from vitkit.models.registry import DETECTION, create_model, family, model_entry
+from vitkit.models.registry import DETECTION, create_model, families, family, model_entry
 from vitkit.perf.optimize import optimize
+from vitkit.util import listed
 from vitkit.weights.convert import export_weights
 
-COMPARE = (None, "timm", "transformers")  # what a model can be benchmarked against
+COMPARE = (None, "timm", "transformers")  # what a model can be benchmarked against: timm's model of the same name
+# (a classifier), transformers' class of the same weights (a detector: `compared_detectors`)
 DETECTION_BOXES = 8  # ground-truth boxes per image in a timed detection training step
 # How a refusal of `bench` for memory names its settings (`vitkit bench` passes its flags).
 MEMORY_NAMES = SettingNames(
@@ -361,6 +363,11 @@ def adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=device in ("cpu", "cuda"))
 
 
+def compared_detectors() -> str:
+    """The registered detector families, which `compare="transformers"` covers, in words: "DETR and Deformable DETR"."""
+    return listed([fam.display_name for fam in families() if fam.task == DETECTION])
+
+
 def _check_setting(model_name: str, train: bool, compare: str | None) -> bool:
     """Refuse what `bench` cannot time for this model; whether it is a detector."""
     detector = family(model_entry(model_name).family).task == DETECTION
@@ -371,7 +378,7 @@ def _check_setting(model_name: str, train: bool, compare: str | None) -> bool:
     if compare == "transformers" and not detector:
         raise OptionError(
             lambda name: (
-                f"{name('compare', 'transformers')} covers the detectors (DETR, Deformable DETR); compare "
+                f"{name('compare', 'transformers')} covers the detectors ({compared_detectors()}); compare "
                 f"{model_name} with timm"
             )
         )

@@ -253,23 +253,42 @@ def figure_image(figure: Figure) -> Image.Image:
         return image.convert("RGB")
 
 
-def check_picture_path(path: str | os.PathLike, figure: bool = False) -> Path:
-    """`path` as a Path when a picture can be written there, else IsADirectoryError / ValueError saying what is
-    expected: a file name whose suffix names a format PIL writes (.png, .jpg, ...; for a matplotlib `figure` also
-    matplotlib's: .pdf, .svg, ...). Commands call it before their work, so a wrong name costs nothing."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder: expected a file name such as {path / 'picture.png'}")
-    if not path.suffix:
-        raise ValueError(f"{path} has no suffix to tell the picture's format: expected a name such as {path}.png")
+# The picture formats help texts and errors name: a few of those PIL writes, and those a matplotlib figure adds
+COMMON_IMAGE_FORMATS = (".png", ".jpg")
+COMMON_FIGURE_FORMATS = (".pdf", ".svg")
+
+
+def picture_formats(figure: bool = False) -> str:
+    """The common picture formats a picture (with `figure`, a matplotlib figure) is written in, for help texts and
+    errors: ".png, .jpg" (".png, .jpg, .pdf, .svg"); `check_picture_path` takes these and every other that PIL (and
+    matplotlib) write."""
+    return ", ".join(COMMON_IMAGE_FORMATS + (COMMON_FIGURE_FORMATS if figure else ()))
+
+
+def writable_suffixes(figure: bool = False) -> set[str]:
+    """The file suffixes a picture can be written under: every format PIL writes, and with `figure` matplotlib's."""
     formats = set(Image.registered_extensions())
     if figure:
         from matplotlib.backend_bases import FigureCanvasBase
 
         formats |= {f".{kind}" for kind in FigureCanvasBase.get_supported_filetypes()}
-    if path.suffix.lower() not in formats:
-        common = ".png, .jpg" + (", .pdf, .svg" if figure else "")
-        raise ValueError(f"{path}: {path.suffix} is not a picture format vitkit can write; use {common}")
+    return formats
+
+
+def check_picture_path(path: str | os.PathLike, figure: bool = False) -> Path:
+    """`path` as a Path when a picture can be written there, else IsADirectoryError / ValueError saying what is
+    expected: a file name whose suffix names a format PIL writes (.png, .jpg, ...; for a matplotlib `figure` also
+    matplotlib's: .pdf, .svg, ...: `writable_suffixes`). Commands call it before their work, so a wrong name costs
+    nothing."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: expected a file name such as {path / 'picture.png'}")
+    if not path.suffix:
+        raise ValueError(f"{path} has no suffix to tell the picture's format: expected a name such as {path}.png")
+    if path.suffix.lower() not in writable_suffixes(figure):
+        raise ValueError(
+            f"{path}: {path.suffix} is not a picture format vitkit can write; use {picture_formats(figure)}"
+        )
     return check_writable(path)
 
 

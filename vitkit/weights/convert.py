@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +31,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vitkit.models.registry import build_model, create_model, family_of, model_entry, replace_config
-from vitkit.util import atomic_write
+from vitkit.util import atomic_write, listed
 from vitkit.weights import hf, shapes
-from vitkit.weights.errors import CheckpointMismatch, LayoutMismatch, ModelNeeded, ModelNotNeeded
+from vitkit.weights.errors import CheckpointMismatch, LayoutMismatch, ModelNeeded, ModelNotNeeded, shown_models
 from vitkit.weights.family import FamilyWeights, family_weights, hf_model_types, registered_weights, source_formats
 from vitkit.weights.hub import HUB_PREFIX, HubSnapshot, hub_snapshot, is_hub, published_labels
 from vitkit.weights.io import (
@@ -88,14 +88,19 @@ class LoadReport:
     mismatched: list[str] = field(default_factory=list)  # keys skipped for their shape (strict=False only)
     assumed: list[str] = field(default_factory=list)  # what a model built from a config-less file's shapes assumed
     # that neither the shapes nor the fields given said (`from_pretrained` of such a file), in words
+    kept: dict[str, str] = field(default_factory=dict)  # config fields no tensor says (`FamilyWeights.unread_fields`)
+    # that a model named for the checkpoint kept from its registered config though fields the shapes do say were set
+    # to fit the checkpoint (`convert`: a ViT's num_heads when embed_dim was set): field -> its value and why it is
+    # in doubt, in words
 
     @property
     def adapted(self) -> bool:
         """Whether the model differs from the checkpoint beyond renaming: tensors resampled, reset or not in it."""
         return bool(self.resampled or self.reset or self.uncovered)
 
-    def summary(self) -> str:
-        """A few lines for people: format, counts and everything that was adapted or skipped."""
+    def summary(self, set_field: Callable[[str], str] = lambda name: f"{name}=N") -> str:
+        """A few lines for people: format, counts and everything that was adapted, skipped or assumed. `set_field`
+        words how the reader sets a config field (``num_heads=N``; a command: its flag, ``--model-arg num_heads=N``)."""
         lines = [f"{self.source}: {self.format} layout, {self.loaded} tensors loaded"]
         for label, items in (
             ("unwrapped", self.unwrapped),
@@ -110,6 +115,8 @@ class LoadReport:
         ):
             if items:
                 lines.append(f"  {label}: {', '.join(items[:5])}{' ...' if len(items) > 5 else ''}")
+        for name, why in self.kept.items():
+            lines.append(f"  note: {why}; if its model has another, give {set_field(name)}")
         if self.head_reset:
             lines.append("  classifier: the checkpoint's head was skipped; the model keeps its own")
         return "\n".join(lines)
@@ -119,6 +126,30 @@ def formats() -> tuple[str, ...]:
     """The format names weights are read and written in: "vitkit", "timm" (the same names) and every format a
     registered family has a rename table for, e.g. ("vitkit", "timm", "torchvision", "hf", ...)."""
     return ("vitkit", "timm", *source_formats())
+
+
+# Whose files a format's are, in words, where people name them otherwise than the format (help texts)
+FORMAT_SOURCES = {
+    "hf": "Hugging Face",
+    "detr": "DETR's repository (facebookresearch/detr)",
+    "deformable_detr": "Deformable DETR's repository (fundamentalvision/Deformable-DETR)",
+    "vit-pytorch": "vit-pytorch",
+    "paddlevit": "PaddleViT",
+}
+DIRECTORY_FORMATS = ("vitkit", "hf")  # the formats `export_weights` writes as a directory; the others as one file
+
+
+def format_sources() -> list[str]:
+    """Whose files each format of `formats()` reads and writes, in words, in that order (a format without words in
+    `FORMAT_SOURCES` by its name): what `vitkit convert --help` lists."""
+    return [FORMAT_SOURCES.get(name, name) for name in formats()]
+
+
+def config_less_formats() -> tuple[str, ...]:
+    """The formats whose files carry no config, so that the model is built from their shapes
+    (`Layout.read_config`: vit-pytorch's, PaddleViT's), in the order of `formats()`."""
+    built = {layout.format for w in registered_weights().values() for layout in w.layouts if layout.read_config}
+    return tuple(name for name in formats() if name in built)
 
 
 def unwrap_state_dict(obj: Mapping[str, Any], source: str) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -719,7 +750,38 @@ def convert(
         except ValueError as err:
             _builds_own_model(src, src_format, err)
             raise
+        report.kept = kept_fields(model, model_name, overrides)
     return report, export_weights(model.eval(), dst, dst_format, model_info(model))
+
+
+def kept_fields(model: nn.Module, name: str, overrides: Mapping[str, Any]) -> dict[str, str]:
+    """What `model`, the registered model `name` with `overrides`, into which a checkpoint loaded, took from its
+    registered config that no tensor says (`FamilyWeights.unread_fields`: a ViT's num_heads), when the overrides
+    changed fields the tensors do say (embed_dim): field -> its value and why it is in doubt, in words, with the
+    value of the registered models of the model's size where they agree on one. Empty when no such field was
+    changed: the checkpoint is then of the model named, heads and all (the caller's choice)."""
+    fam = family_of(model).name
+    weights = family_weights(fam)
+    registered = model_entry(name).config
+    fixed = weights.read_fields(model.state_dict())  # the model's fields its tensors say: the checkpoint's
+    changed = [k for k in overrides if k in fixed and not shapes.same(overrides[k], getattr(registered, k, None))]
+    if not changed:
+        return {}
+    sized = shapes.models_with(fam, fixed)
+    kept = {}
+    for key in weights.unread_fields:
+        if key in overrides:
+            continue
+        value = getattr(model.config, key)
+        why = (
+            f"{key} {shapes.show_value(value)} was assumed ({name}'s, kept when {listed(changed)} changed): no tensor "
+            "of the checkpoint says it"
+        )
+        theirs = {shapes.show_value(getattr(model_entry(m).config, key)) for m in sized}
+        if len(theirs) == 1 and theirs != {shapes.show_value(value)}:
+            why += f" (the registered models of its size, {shown_models(sized)}, have {theirs.pop()})"
+        kept[key] = why
+    return kept
 
 
 def _builds_own_model(path: Path, format: str, err: ValueError) -> None:
@@ -764,11 +826,8 @@ def _from_file(path: Path, format: str, reset_head: bool, fields: dict[str, Any]
         return model.eval(), report
     if readable:  # in a config-less layout, but not the one named
         raise LayoutMismatch(str(path), format, readable[0][1].format)
-    config_less = {
-        layout.format for weights in registered_weights().values() for layout in weights.layouts if layout.read_config
-    }
     named = ""
-    if format in config_less:  # a format whose files build their own model, named for a file in another
+    if format in config_less_formats():  # a format whose files build their own model, named for a file in another
         others, _ = _lookalikes(state)
         seen = f"; it looks like a {' or '.join(others)} checkpoint" if others else ""
         named = f", and not in the {format} layout{seen}"

@@ -535,6 +535,8 @@ WEIGHTS = FamilyWeights(
     extra_outputs=0,  # K sigmoid logits, no "no object"
     layouts=(TORCHVISION, HF, ORIGINAL),  # torchvision first, as the classifiers list it: one order of formats
     read_fields=read_fields,
+    unread_fields=("num_heads", "enc_points", "dec_points"),  # the sampling offsets' rows fix only their
+    # product, heads x levels x points x 2
     hf_model_types={"deformable_detr": config_from_hf},
     hf_export=to_hf,
 )

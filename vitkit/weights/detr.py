@@ -438,6 +438,7 @@ WEIGHTS = FamilyWeights(
     extra_outputs=1,  # "no object"
     layouts=(TORCHVISION, HF, ORIGINAL),  # torchvision first, as the classifiers list it: one order of formats
     read_fields=read_fields,
+    unread_fields=("num_heads",),  # every attention's projections are (D, D) for any head count
     hf_model_types={"detr": config_from_hf},
     hf_export=to_hf,
 )

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vitkit.models.registry import MODELS_LISTED
+
 
 def shown_models(models: Sequence[str]) -> str:
     """The first few registered model names of a list, for a message: "a, b, c, d, e, ..."."""
@@ -64,7 +66,7 @@ class ModelNeeded(ValueError):
         self.detail = detail  # what else was found, e.g. ", and not in the vit-pytorch layout; it looks like ..."
         super().__init__(
             f"{self.problem}: build the registered model it fits and load the file into it "
-            "(vitkit.create_model(name), vitkit.load_weights(model, path); see vitkit.list_models())"
+            f"(vitkit.create_model(name), vitkit.load_weights(model, path); see {MODELS_LISTED})"
         )
 
     @property

@@ -57,6 +57,9 @@ class FamilyWeights:
     # family lists its formats
     read_fields: Callable[[Mapping[str, torch.Tensor]], dict[str, Any]] = no_fields  # the config fields that a state
     # dict's shapes and key counts fix (vitkit's names; see vitkit.weights.shapes)
+    unread_fields: tuple[str, ...] = ()  # architecture fields that neither the shapes nor the key-by-key check fix
+    # (a ViT's num_heads: any count that divides the width loads): a model named for a checkpoint whose other fields
+    # were set to fit it keeps these from its registered config, and the load report says so
     hf_model_types: Mapping[str, ConfigReader] = field(default_factory=dict)  # transformers model_type -> the
     # reader of its config.json
     hf_export: HfExporter | None = None  # writes a model as transformers' save_pretrained does; None: no such class

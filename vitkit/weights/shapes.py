@@ -40,7 +40,8 @@ def conv_fields(weight: torch.Tensor | None, width: str) -> dict[str, Any]:
     return {width: weight.shape[0], "in_chans": weight.shape[1], "patch_size": weight.shape[-1]}
 
 
-def _same(a: Any, b: Any) -> bool:
+def same(a: Any, b: Any) -> bool:
+    """Whether two field values are equal (floats within a relative 1e-6)."""
     if isinstance(a, float) or isinstance(b, float):
         return isinstance(a, int | float) and isinstance(b, int | float) and math.isclose(a, b, rel_tol=1e-6)
     return a == b
@@ -48,7 +49,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def differences(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """Fields both sides fix that differ: name -> (theirs, ours), in `theirs`'s order."""
-    return {k: (v, ours[k]) for k, v in theirs.items() if k in ours and not _same(v, ours[k])}
+    return {k: (v, ours[k]) for k, v in theirs.items() if k in ours and not same(v, ours[k])}
 
 
 def models_with(family_name: str, fields: Mapping[str, Any]) -> list[str]:
@@ -58,7 +59,7 @@ def models_with(family_name: str, fields: Mapping[str, Any]) -> list[str]:
         entry = model_entry(name)
         config = entry.config
         if entry.family == family_name and all(
-            k == "num_classes" or (hasattr(config, k) and _same(v, getattr(config, k))) for k, v in fields.items()
+            k == "num_classes" or (hasattr(config, k) and same(v, getattr(config, k))) for k, v in fields.items()
         ):
             names.append(name)
     return names
@@ -74,4 +75,4 @@ def show_value(value: Any) -> str:
     return str(tuple(value)) if isinstance(value, list | tuple) else str(value)
 
 
-__all__ = ["conv_fields", "count", "describe", "differences", "models_with", "per_stage", "show_value"]
+__all__ = ["conv_fields", "count", "describe", "differences", "models_with", "per_stage", "same", "show_value"]

@@ -115,6 +115,7 @@ WEIGHTS = FamilyWeights(
     adapt=resample_pos_embed,
     layouts=(TORCHVISION, HF, VITPYTORCH, PADDLEVIT),
     read_fields=read_fields,
+    unread_fields=("num_heads",),  # qkv is (3D, D) for any head count that divides D
     hf_model_types={
         "vit": config_from_hf,
         "deit": config_from_hf,
