@@ -19,8 +19,10 @@ from vitkit.infer import (
     detection_attention,
     detection_attention_figure,
     detection_reading,
+    evaluate_detector_dir,
     inference_info,
 )
+from vitkit.infer.tiles import detect_tiled
 from vitkit.train import TrainConfig
 from vitkit.util import counted
 from vitkit.viz import enlarge
@@ -93,9 +95,9 @@ def test_eval_batches_a_detector_as_its_run_validated_it(trained, monkeypatch, t
 
     seen, real = [], eval_cli.evaluate_detector_dir
 
-    def recorded(directory, data, batch_size, device, workers, precision):
+    def recorded(directory, data, batch_size, device, workers, precision, *tiles):
         seen.append((batch_size, precision))
-        return real(directory, data, batch_size, device, workers, precision)
+        return real(directory, data, batch_size, device, workers, precision, *tiles)
 
     monkeypatch.setattr(eval_cli, "evaluate_detector_dir", recorded)
     out, _ = trained
@@ -107,6 +109,38 @@ def test_eval_batches_a_detector_as_its_run_validated_it(trained, monkeypatch, t
     for directory, extra in ((run / "final", []), (tmp_path / "alone", []), (run / "final", ["--batch-size", "5"])):
         assert main(["eval", "--model-dir", str(directory), "--device", "cpu", *extra]) == 0
     assert seen == [(3, "bf16"), (8, "fp32"), (5, "bf16")]
+
+
+def test_predict_and_eval_in_tiles(trained, capsys, tmp_path):
+    """`--tile`: predict merges the tiles' detections of an image larger than a tile as `detect_tiled` does, eval
+    scores whole images in tiles as `evaluate_detector_dir` does; each says so. --overlap needs tiles, and an image
+    above Pillow's pixel limit (--max-pixels) is refused before any work."""
+    out, data = trained
+    canvases = sorted((data / "val").glob("*.png"))
+    big = Image.new("RGB", (192, 192))
+    for k, path in enumerate(canvases[:4]):
+        big.paste(Image.open(path).convert("RGB"), (96 * (k % 2), 96 * (k // 2)))
+    big.save(tmp_path / "big.png")
+    model, info, reading = _loaded(out / "final")
+    assert main(["predict", "--model-dir", str(out / "final"), str(tmp_path / "big.png"), "--tile", "96",
+                 "--out", str(tmp_path / "found"), "--threshold", "0.01", "--device", "cpu"]) == 0  # fmt: skip
+    said = capsys.readouterr()
+    assert "images larger than 96 px a side in tiles of 96 px, sharing 0.25 of a side" in said.err
+    (listed,) = json.loads((tmp_path / "found" / "detections.json").read_text())
+    expected = detect_tiled(model, info, big, 96, 0.25, 0.01, reading.one_per_query())
+    assert [d["box"] for d in listed["detections"]] == [list(d.box) for d in expected] and expected
+    assert main(["eval", "--model-dir", str(out / "final"), "--tile", "64", "--json", "--device", "cpu"]) == 0
+    said = capsys.readouterr()
+    assert "whole images in tiles of 64 px, sharing 0.25 of a side" in said.err
+    result, _ = evaluate_detector_dir(str(out / "final"), device="cpu", tile=64)
+    assert json.loads(said.out)["ap"] == pytest.approx(result.metrics["ap"], abs=1e-12)
+    assert main(["predict", "--model-dir", str(out / "final"), str(tmp_path / "big.png"), "--overlap", "0.3"]) == 2
+    assert "--overlap applies to tiles: give --tile PX too" in capsys.readouterr().err
+    assert main(["predict", "--model-dir", str(out / "final"), str(tmp_path / "big.png"), "--max-pixels", "1000",
+                 "--out", str(tmp_path / "again")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "is 192x192, 36,864 pixels: more than twice Pillow's limit of 1,000" in err and "--max-pixels 36864" in err
+    assert not (tmp_path / "again").exists()
 
 
 def test_predict_draws_and_lists_the_detections_of_a_folder(trained, capsys, tmp_path):
@@ -243,3 +277,15 @@ def test_train_alone_on_detection_data_trains_the_default_detector(monkeypatch, 
     assert seen["config"].model == "deformable_detr_small" and seen["config"].task == "detection"
     args = ["train", "--data", "builtin:digits-detect", "--model", "vit_digits_patch7_28", "--out", str(tmp_path)]
     assert main(args) == 2
+
+
+def test_an_image_that_would_not_fit_in_memory_is_refused_before_any_work(trained, capsys, tmp_path, monkeypatch):
+    out, data = trained
+    monkeypatch.setattr("vitkit.cli.options.available_memory", lambda device: 50_000)  # 96x96 takes about 83 kB
+    path = sorted((data / "val").glob("*.png"))[0]
+    args = ["predict", "--model-dir", str(out / "final"), str(path), "--out", str(tmp_path / "found")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{path} is 96x96: reading it takes about 0.1 MiB and 0.0 MiB of memory is available" in err
+    assert "--ignore-memory-check" in err and not (tmp_path / "found").exists()
+    assert main([*args, "--ignore-memory-check"]) == 0

@@ -12,7 +12,9 @@ from vitkit.viz.attention import COLORMAP, EMPTY_FIGURE_WIDTH, figure_image
 from vitkit.viz.detection import (
     BOX_COLOURS,
     DOT_AREA,
+    MAX_FONT,
     MAX_LABELS,
+    MAX_NUMBERED,
     POINT_COLOURS,
     labels_fit,
     object_attention_maps,
@@ -232,6 +234,35 @@ def test_many_boxes_are_numbered_with_a_legend():
     assert colours == [BOX_COLOURS["abc".index(labels[i])] for i in by_score[: len(colours)]]
     truth = np.asarray(draw_detections(image, boxes, labels, None, ["a", "b", "c"]))  # ground truth: numbered too
     assert _legend_tabs(truth, 300, 240) == [BOX_COLOURS[k % 3] for k in range(len(colours))]
+
+
+def test_hundreds_of_boxes_are_outlined_with_a_key_of_the_classes():
+    """A large image in tiles: more boxes than MAX_NUMBERED get no numbers, and the legend is a key of the classes
+    (a swatch each, in the order they first come by score), with their counts; the image keeps most of its pixels."""
+    image = Image.new("RGB", (1600, 1200), (90, 90, 90))
+    g = np.random.default_rng(1)
+    n = MAX_NUMBERED + 140
+    corners = g.uniform((0, 0), (1560, 1160), size=(n, 2))
+    boxes = np.concatenate([corners, corners + g.uniform(10, 40, size=(n, 2))], 1).tolist()
+    labels = [("a", "b", "c")[k % 3] for k in range(n)]
+    scores = g.uniform(0.05, 0.9, size=n).tolist()
+    picture = np.asarray(draw_detections(image, boxes, labels, scores, ["a", "b", "c"]))
+    assert picture.shape[0] > 1200 or picture.shape[1] > 1600  # the key beside or under the picture
+    first = sorted(range(n), key=lambda i: -scores[i])
+    order = list(dict.fromkeys(labels[i] for i in first))
+    assert _legend_tabs(picture, 1600, 1200) == [BOX_COLOURS["abc".index(name)] for name in order]
+    assert (picture[:1200, :1600] != 90).any(-1).mean() < 0.25  # outlines only
+
+
+def test_a_large_images_labels_keep_a_readable_size():
+    """The labels' font grows with a small image, and stops at MAX_FONT on a large one."""
+    tall = []
+    for side in (300, 4000):
+        image = Image.new("RGB", (side, side), (90, 90, 90))
+        picture = np.asarray(draw_detections(image, [[10, 40, 60, 90]], ["a"], [0.9], ["a"]))
+        rows = np.flatnonzero((picture[:, :, :] == BOX_COLOURS[0]).all(-1).sum(1) > 30)  # the tab's filled rows
+        tall.append(len(rows))
+    assert tall[0] < tall[1] <= MAX_FONT + 8
 
 
 def test_labels_that_cannot_be_placed_apart_are_numbered():

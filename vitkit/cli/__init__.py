@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from PIL import Image
+
 from vitkit.cli.messages import cli_message
 from vitkit.cli.options import take_positional_out
 
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    limit = Image.MAX_IMAGE_PIXELS  # --max-pixels changes it for one command
     try:
         return args.run(args) or 0
     except BrokenPipeError:  # the reader went away (`vitkit profile --json | head`): nothing left to say
@@ -62,3 +65,5 @@ def main(argv: list[str] | None = None) -> int:
         message = cli_message(err)  # the library's ways out as flags
         print(f"vitkit {args.command}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit

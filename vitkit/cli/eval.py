@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from vitkit.cli.options import add_tile_options, set_max_pixels, tiling
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.detection import COCO_METRICS
 from vitkit.infer import (
@@ -19,6 +21,7 @@ from vitkit.infer import (
 )
 from vitkit.viz.attention import check_picture_path, picture_formats, save_picture
 from vitkit.viz.plots import confusion_figure, pr_curves_figure
+from vitkit.weights import read_model_info
 
 RARE_BOXES = 10  # a class with fewer ground-truth boxes than this is marked in the per-class table
 CLASSIFIER_BATCH, DETECTOR_BATCH = 256, 8  # images per batch when neither --batch-size nor the run says
@@ -66,6 +69,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         f"picture ({picture_formats(figure=True)}); folders are made",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_tile_options(parser)
 
 
 def _note(args: argparse.Namespace) -> None:
@@ -85,7 +89,14 @@ def _run_detector(args: argparse.Namespace) -> int:
     run = run_config(args.model_dir)
     batch = args.batch_size or run.get("batch_size") or DETECTOR_BATCH
     precision = args.precision or run.get("precision") or "fp32"
-    result, _ = evaluate_detector_dir(args.model_dir, args.data, batch, args.device, args.workers, precision)
+    saved = read_model_info(args.model_dir).tile if Path(args.model_dir).is_dir() else None
+    tile, overlap = tiling(args, saved)
+    if tile is not None:
+        mine = " (the model's)" if args.tile is None else ""
+        print(f"vitkit eval: whole images in tiles of {tile} px{mine}, sharing {overlap:g} of a side", file=sys.stderr)
+    result, _ = evaluate_detector_dir(
+        args.model_dir, args.data, batch, args.device, args.workers, precision, tile or 0, overlap
+    )
     _note(args)
     values = result.to_dict()
     if args.json:
@@ -122,6 +133,9 @@ def per_class_lines(rows: list[dict]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if is_detector_dir(args.model_dir):
         return _run_detector(args)
+    if args.tile is not None or args.overlap is not None:
+        raise ValueError(f"--tile and --overlap apply to a detector; {args.model_dir} holds a classifier")
+    set_max_pixels(args)
     if args.plot:  # before the evaluation, not after it
         check_picture_path(args.plot, figure=True)
     precision = args.precision or run_config(args.model_dir).get("precision") or "fp32"

@@ -9,9 +9,12 @@ import types
 import typing
 from typing import Any
 
+from PIL import Image
 from torch import nn
 
+from vitkit.analysis.available import available_memory
 from vitkit.analysis.preflight import SettingNames, check_memory
+from vitkit.data.tiles import DEFAULT_OVERLAP
 from vitkit.detection.postprocess import DEFAULT_THRESHOLD
 from vitkit.infer import is_detector_dir, is_detector_name
 from vitkit.models.registry import published_weights
@@ -153,6 +156,94 @@ def add_threshold_option(parser: argparse.ArgumentParser, kept: str = "shown") -
         help=f"a detector's smallest class probability {kept} (default: the one vitkit train chose on the validation "
         f"split, saved in the model's config.json; {DEFAULT_THRESHOLD} without)",
     )
+
+
+def add_tile_options(parser: argparse.ArgumentParser) -> None:
+    """--tile (dest `tile`, default None: the tiles the model was trained on, if any) and --overlap (dest
+    `overlap`): a detector's images larger than a tile detected in tiles (`vitkit.infer.tiles`); and --max-pixels
+    (dest `max_pixels`): Pillow's limit on an image's pixels (`PIL.Image.MAX_IMAGE_PIXELS`) for this command."""
+    parser.add_argument(
+        "--tile",
+        type=int,
+        default=None,
+        metavar="PX",
+        help="a detector's: detect images larger than PX a side in overlapping tiles of PX, merged into one list "
+        "(default: the tiles the model was trained on with vitkit train --tile, else whole images; 0: whole images)",
+    )
+    parser.add_argument(
+        "--overlap",
+        type=float,
+        default=None,
+        help=f"the share of a tile's side its neighbours share (default: {DEFAULT_OVERLAP}); objects up to this "
+        "size are found whole by one tile",
+    )
+    parser.add_argument(
+        "--max-pixels",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"read images of up to N pixels (default: Pillow's limit, {Image.MAX_IMAGE_PIXELS:,}, which guards "
+        "against decompression bombs: images above it are refused, up to twice it with a warning)",
+    )
+
+
+def set_max_pixels(args: argparse.Namespace) -> None:
+    """Pillow's limit on an image's pixels from --max-pixels, for this command."""
+    if args.max_pixels is not None:
+        if args.max_pixels <= 0:
+            raise ValueError(f"--max-pixels must be a positive number of pixels, got {args.max_pixels}")
+        Image.MAX_IMAGE_PIXELS = args.max_pixels
+
+
+DECODE_BYTES_PER_PIXEL = 9  # an RGB image decoded (3 bytes a pixel), converted and cropped: about three copies
+
+
+def check_image_sizes(paths: list, ignore_memory: bool = False) -> None:
+    """Before any work, from the files' headers: ValueError for an image above Pillow's pixel limit (naming
+    --max-pixels) or one whose decoding would not fit in the memory available (unless `ignore_memory`). Files whose
+    header cannot be read are left to the reading, which reports them."""
+    limit, free = Image.MAX_IMAGE_PIXELS, available_memory("cpu")
+    for path in paths:
+        Image.MAX_IMAGE_PIXELS = None  # the header only: the limit is compared below, with what to do
+        try:
+            with Image.open(path) as image:
+                width, height = image.size
+        except Exception:  # unreadable: reported when read, with the rest
+            continue
+        finally:
+            Image.MAX_IMAGE_PIXELS = limit
+        pixels = width * height
+        if limit is not None and pixels > 2 * limit:
+            raise ValueError(
+                f"{path} is {width}x{height}, {pixels:,} pixels: more than twice Pillow's limit of {limit:,} "
+                f"(PIL.Image.MAX_IMAGE_PIXELS, a guard against decompression bombs); if you trust the file, allow it "
+                f"with --max-pixels {pixels}"
+            )
+        needed = pixels * DECODE_BYTES_PER_PIXEL
+        if free is not None and needed > free and not ignore_memory:
+            raise ValueError(
+                f"{path} is {width}x{height}: reading it takes about {_size(needed)} and {_size(free)} of memory is "
+                f"available; cut it into parts first, or run anyway with {IGNORE_MEMORY_CHECK}"
+            )
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def tiling(args: argparse.Namespace, saved_tile: int | None) -> tuple[int | None, float]:
+    """(tile side or None for whole images, overlap) from --tile / --overlap and the model's own tile; Pillow's
+    pixel limit set from --max-pixels. ValueError for a tile or overlap out of range."""
+    set_max_pixels(args)
+    tile = saved_tile if args.tile is None else args.tile
+    if tile is not None and tile < 0:
+        raise ValueError(f"--tile must be a side in pixels (0: whole images), got {tile}")
+    overlap = DEFAULT_OVERLAP if args.overlap is None else args.overlap
+    if not 0.0 <= overlap < 1.0:
+        raise ValueError(f"--overlap is a share of the tile's side in [0, 1), got {overlap}")
+    if args.overlap is not None and not tile:
+        raise ValueError("--overlap applies to tiles: give --tile PX too (the model was not trained on tiles)")
+    return tile or None, overlap
 
 
 MODEL_DIR_HELP = (

@@ -20,10 +20,14 @@ from vitkit.cli.options import (
     add_memory_option,
     add_model_source,
     add_threshold_option,
+    add_tile_options,
+    check_image_sizes,
     check_inference_memory,
     check_model_source,
     load_source,
+    set_max_pixels,
     source_is_detector,
+    tiling,
 )
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.sources import IMAGE_EXTENSIONS
@@ -49,7 +53,7 @@ HELP = "classify images with a trained or converted model, or find objects with 
 STDOUT = "-"
 DEFAULTS = {"top_k": 5, "batch_size": 32, "out": "runs/predict"}  # a detector's threshold: the one saved with it
 CLASSIFIER_ONLY = ("top_k", "batch_size", "csv")
-DETECTOR_ONLY = ("threshold", "out")
+DETECTOR_ONLY = ("threshold", "out", "tile", "overlap")
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +88,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         help="where a detector writes each image with its boxes (PNG) and detections.json "
         f"(default: {DEFAULTS['out']})",
     )
+    add_tile_options(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     add_memory_option(parser)
 
@@ -150,9 +155,22 @@ def _run_detector(args: argparse.Namespace) -> int:
     info = inference_info(model)
     postprocessing = detection_reading(model, args.model_dir).one_per_query()  # one box per object, with its best class
     check_inference_memory(model, args)  # one image at a time
+    tile, overlap = tiling(args, model_info(model).tile)
+    check_image_sizes(paths, args.ignore_memory_check)
     _note(args, model)
+    if tile is not None:
+        side = min(to_2tuple(model.config.img_size))
+        mine = " (the model's)" if args.tile is None else ""
+        scale = f"; the model takes {side} px, so each tile is resized by {side / tile:.2g}" if side != tile else ""
+        print(
+            f"vitkit predict: images larger than {tile} px a side in tiles of {tile} px{mine}, sharing {overlap:g} "
+            f"of a side, merged by ownership and per-class NMS{scale}",
+            file=sys.stderr,
+        )
     threshold = postprocessing.shown_above(args.threshold)
-    found, skipped = detect_paths(model, info, paths, threshold, postprocessing, args.workers, on_unreadable=_warn)
+    found, skipped = detect_paths(
+        model, info, paths, threshold, postprocessing, args.workers, on_unreadable=_warn, tile=tile, overlap=overlap
+    )
     rows = [item.to_dict() for item in found]
     notes = sys.stdout
     if found:
@@ -180,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
     if detector:
         return _run_detector(args)
     paths = image_paths(args.images)
+    set_max_pixels(args)
+    check_image_sizes(paths, args.ignore_memory_check)
     model = load_source(args).to(resolve_device(args.device))
     info = inference_info(model)
     check_inference_memory(model, args, args.batch_size, "--batch-size")

@@ -8,6 +8,7 @@ labels stay readable.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -39,13 +40,18 @@ def enlarge(image: Image.Image, min_side: int = MIN_SIDE) -> tuple[Image.Image, 
     return image.convert("RGB").resize(size, Image.Resampling.NEAREST), factor
 
 
+MAX_FONT = 32  # pixels: a large image's labels stay the size of a small one's, not of its objects' surroundings
+
+
 def _font(image: Image.Image) -> ImageFont.ImageFont:
-    return ImageFont.load_default(size=max(12, min(image.size) // 18))
+    return ImageFont.load_default(size=max(12, min(min(image.size) // 18, MAX_FONT)))
 
 
 Tab = tuple[float, float, float, float]  # a label's filled tab (x0, y0, x1, y1)
 MAX_LABELS = 20  # more boxes than this are numbered, with a legend beside or under the picture, not labelled
 LABEL_SHARE = 0.25  # ... as are boxes whose labels would cover more than this share of the picture together
+MAX_NUMBERED = 60  # more boxes than this (a large image in tiles) are outlined in their class's colour, with a key of
+# the classes and their counts beside the picture: detections.json lists each
 
 
 def _draw_box(
@@ -143,11 +149,12 @@ def _legend(
     that keeps the whole closer to a square: each number on its tab, as on the picture, then the text, in columns
     read down one after the other."""
     measure = ImageDraw.Draw(picture)
-    tabs = [_tab_size(measure, number, font) for number, _, _ in entries]
+    size = font.size  # a number's tab, or a colour's swatch (blank) as tall as the text
+    tabs = [(w, max(h, size)) for w, h in (_tab_size(measure, number, font) for number, _, _ in entries)]
     texts = [measure.textbbox((0, 0), text, font=font) for _, text, _ in entries]
     gap = max(4, font.size // 3)
     cell_w = max(w + gap + right for (w, _), (_, _, right, _) in zip(tabs, texts, strict=True)) + 2 * gap
-    cell_h = max(h for _, h in tabs) + gap
+    cell_h = max(max(h for _, h in tabs), max(b[3] - b[1] for b in texts)) + gap
     n, W, H = len(entries), picture.width, picture.height
     columns = max(1, min(n, (W - gap) // cell_w))  # under the picture, as many columns as its width holds
     under = (max(W, columns * cell_w + gap), H + -(-n // columns) * cell_h + 2 * gap)
@@ -183,7 +190,9 @@ def draw_detections(
     When the labels would not keep the picture readable (`labels_fit`: more than MAX_LABELS, covering more than
     LABEL_SHARE of it, or some that cannot be placed apart), each box gets a small number instead (1 the most
     probable; for ground truth, the order given), its outline thinner, and a legend of the numbers' labels goes
-    beside the picture or under it: the picture returned is then larger than the image.
+    beside the picture or under it: the picture returned is then larger than the image. Past MAX_NUMBERED boxes
+    (a large image of many objects), the boxes are outlined in their class's colour with no number, and the legend
+    is a key of the classes with their counts.
 
     Args:
         boxes: (x0, y0, x1, y1) in pixels of `image`.
@@ -211,6 +220,13 @@ def draw_detections(
         tabs = place_labels(scaled, [_tab_size(draw, text, font) for text in texts], picture.size)
         numbered = not labels_fit(tabs, picture.size)
     shown = texts
+    if len(order) > MAX_NUMBERED:  # too many even to number: outlines in the classes' colours, a key of the classes
+        width = max(1, width // 2)
+        for box, colour in zip(reversed(scaled), reversed(colours), strict=True):
+            draw.rectangle(box, outline=colour, width=width)
+        counts = Counter(labels[i] for i in order)
+        key = [(name, _colour(name, palette)) for name in dict.fromkeys(labels[i] for i in order)]
+        return _legend(picture, [("  ", f"{name} ({counts[name]})", colour) for name, colour in key], font)
     if numbered:  # too many labels to read: numbers on the boxes (thinner), a legend beside or under
         font, width = ImageFont.load_default(size=max(11, round(font.size * 0.6))), max(1, width // 2)
         shown = [str(n + 1) for n in range(len(order))]
