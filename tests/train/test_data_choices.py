@@ -1,9 +1,13 @@
 """How a recipe with a pixel budget sizes a detection run from its data (`vitkit.train.recipe.data_choices`)."""
 
+import json
+
 import pytest
+from PIL import Image
 
 from vitkit.data import DetectionStats
 from vitkit.models.registry import model_entry
+from vitkit.train import TrainConfig
 from vitkit.train.config import recipe_defaults
 from vitkit.train.recipe import data_choices, recipe_for, tile_choice
 
@@ -94,3 +98,29 @@ def test_tiles_for_large_images_of_objects_that_shrinking_would_lose():
     assert tile_choice(stats(short=1200.0, long=1600.0, p10=15.0, p90=400.0)).value == 800  # at most 800
     assert tile_choice(stats(short=1200.0, long=1600.0, p10=20.0)) is None  # 13 px at 800: whole images
     assert tile_choice(stats(short=800.0, long=1000.0, p10=5.0)) is None  # not shrunk: whole images, enlarged
+
+
+def test_a_run_in_tiles_is_sized_from_its_tiles_and_tile_0_keeps_whole_images(tmp_path):
+    """A COCO folder of 1200x1600 images of 12-20 px boxes: the recipe picks tiles, says so first, and sizes the
+    epochs and batch from the tiles; `tile=0` trains on the images resized, with no tiles picked."""
+    for split, count in (("train", 3), ("val", 1)):
+        (tmp_path / split).mkdir()
+        images, annotations = [], []
+        for i in range(count):
+            Image.new("RGB", (1200, 1600)).save(tmp_path / split / f"{i}.png")
+            images.append({"id": i + 1, "file_name": f"{i}.png", "height": 1600, "width": 1200})
+            for k in range(40):
+                side = 12 + k % 9
+                box = [30.0 * (k % 8) + 100 * i, 38.0 * (k // 8) + 200, side, side]
+                annotations.append({"id": len(annotations) + 1, "image_id": i + 1, "category_id": 1, "bbox": box,
+                                    "area": side * side, "iscrowd": 0})  # fmt: skip
+        document = {"images": images, "annotations": annotations, "categories": [{"id": 1, "name": "dot"}]}
+        (tmp_path / split / "annotations.json").write_text(json.dumps(document))
+    choices = TrainConfig(data=str(tmp_path)).data_choices()
+    assert [c.field for c in choices][:2] == ["tile", "img_size"] and choices[0].value == 384
+    assert choices[1].value == 384  # the tiles at full resolution
+    epochs = next(c for c in choices if c.field == "epochs")
+    assert epochs.why.startswith("72 training tiles of about 384x384 px")  # 3 images of 4 x 6 tiles
+    whole = {c.field: c.value for c in TrainConfig(data=str(tmp_path), tile=0).data_choices()}
+    assert "tile" not in whole and whole["img_size"] == 800
+    assert TrainConfig(data=str(tmp_path), tile=0).resolved().tile_side is None

@@ -204,7 +204,7 @@ class TrainConfig:
     # (`vitkit.data.tiles`); None: whole images, or the tiles the recipe picks (`vitkit.train.recipe.tile_choice`)
     tile: int | None = option(
         None, help="train on tiles of this side (px) drawn from large images, and validate on whole images in tiles "
-        "(default: whole images, or tiles the recipe picks for large images of small objects)"
+        "(default: whole images, or tiles the recipe picks for large images of small objects; 0: whole images)"
     )  # fmt: skip
     # bf16: bfloat16 autocast of the forward pass
     precision: str = option("fp32", help="fp32, or bf16 autocast", choices=tuple(PRECISIONS))
@@ -282,9 +282,9 @@ class TrainConfig:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.img_size is not None and self.img_size <= 0:
             raise ValueError(f"img_size must be positive, got {self.img_size}")
-        if self.tile is not None and self.tile <= 0:
-            raise ValueError(f"tile must be a positive number of pixels, got {self.tile}")
-        if self.tile is not None and str(self.data).startswith(BUILTIN_PREFIX):
+        if self.tile is not None and self.tile < 0:
+            raise ValueError(f"tile must be a number of pixels (0: whole images), got {self.tile}")
+        if self.tile and str(self.data).startswith(BUILTIN_PREFIX):
             raise ValueError(f"{self.data} is of small images: tiles are for large images, in a COCO-format folder")
         for name in ("hflip", "crop"):
             value = getattr(self, name)
@@ -292,6 +292,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
         if self.scale_jitter is not None and not 0.0 <= self.scale_jitter < 1.0:
             raise ValueError(f"scale_jitter must be in [0, 1) (0 is off), got {self.scale_jitter}")
+
+    @property
+    def tile_side(self) -> int | None:
+        """The side of the training tiles; None: whole images (`tile` None or 0)."""
+        return self.tile or None
 
     @property
     def init_is_file(self) -> bool:
@@ -387,16 +392,16 @@ class TrainConfig:
         if recipe.pixel_budget is None:  # a paper's recipe: only a side smaller than the model's, for small images
             if self.img_size is not None or model_config is None:
                 return []
-            stats = training_stats(data, version, self.tile)
+            stats = training_stats(data, version, self.tile_side)
             return paper_side_choice(stats, min(to_2tuple(model_config.img_size)))
         from_scratch = self.init is None
-        choices, tile = [], self.tile
-        if tile is None and not data.startswith(BUILTIN_PREFIX):
+        choices, tile = [], self.tile_side
+        if self.tile is None and not data.startswith(BUILTIN_PREFIX):  # 0: whole images, as asked
             picked = tile_choice(training_stats(data, version))
             if picked is not None:
                 choices, tile = [picked], picked.value
         stats = training_stats(data, version, tile)
-        samples = "training images" if tile is None else f"training tiles of {tile} px"
+        samples = "training images" if tile is None else "training tiles"
         scratch = from_scratch and model_config is not None
         choices += data_choices(stats, recipe, model_config, scratch, self.img_size, samples)
         given = {"epochs": self.epochs, "batch_size": self.batch_size}

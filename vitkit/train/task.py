@@ -295,7 +295,7 @@ class DetectionTask(Task):
         model_config = _detector_config(config)
         side = config.img_size or min(to_2tuple(model_config.img_size))
         augment = DetectionAugment(config.hflip or 0.0, config.scale_jitter or 0.0, config.crop or 0.0)
-        channels, tile = model_config.in_chans, config.tile
+        channels, tile = model_config.in_chans, config.tile_side
         whole = {} if tile is None else {"max_size": None}  # a tile is resized to the side, however long
         self.train_set, self.val_set, data = load_detection(
             config.data, seed=config.seed, channels=channels, img_size=side, augment=augment, **whole
@@ -351,19 +351,19 @@ class DetectionTask(Task):
             self.boxes.head.load_state_dict(state["box_head"])
 
     def splits(self) -> str:
-        if self.config.tile is None:
+        if self.config.tile_side is None:
             return super().splits()
         tiles, images = len(self.train_set), len(self.train_set.data)
         return (
-            f"{tiles} train tiles of {self.config.tile} px an epoch, from {counted(images, 'image')} / "
+            f"{tiles} train tiles of {self.config.tile_side} px an epoch, from {counted(images, 'image')} / "
             f"{len(self.val_set)} val images (whole, in tiles)"
         )
 
     def augmentation(self) -> str:
         config, transform = self.config, getattr(self.train_set, "transform", None)
         if transform is None:
-            return "random tiles" if config.tile is not None else ""
-        parts = [f"random tiles of {config.tile} px"] if config.tile is not None else []
+            return "random tiles" if config.tile_side is not None else ""
+        parts = [f"random tiles of {config.tile_side} px"] if config.tile_side is not None else []
         parts += [f"flip {config.hflip:g}"] if config.hflip else []
         if config.crop:
             parts.append(f"crop {config.crop:g}")
@@ -421,9 +421,10 @@ class DetectionTask(Task):
 
     def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[Unreadable, ...]]:
         distributed, precision = self.env.world_size > 1, self.config.precision
-        if self.config.tile is not None:  # every process evaluates every image: the same passes in each
+        if self.config.tile_side is not None:  # every process evaluates every image: the same passes in each
+            tile, reading = self.config.tile_side, self.postprocessing
             result = evaluate_detector_tiled(
-                model, self.val_set, self.info, self.config.tile, postprocessing=self.postprocessing, progress=False
+                model, self.val_set, self.info, tile, postprocessing=reading, progress=False
             )
         else:
             batches = self.val_batches(model)
