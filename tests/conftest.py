@@ -13,6 +13,15 @@ def one_thread_per_worker():
     yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def own_cache(tmp_path_factory):
+    """What vitkit measures about the machine (`vitkit.analysis.precision.cache_dir`) goes to a folder of the
+    run's: the user's cache is neither read nor written."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VITKIT_CACHE", str(tmp_path_factory.mktemp("vitkit_cache")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def hub_offline():
     """No Hub look-ups while a module builds transformers models offline (its tests use this fixture through

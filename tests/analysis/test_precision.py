@@ -1,38 +1,84 @@
-"""Whether bf16 pays on this device: `slow_precision` says so before a run, on CPUs that emulate bf16."""
+"""Whether bf16 pays on this device, measured, not assumed from the CPU's flags: `slow_precision` says so before
+a run, `auto` picks the faster precision; the probe is cached per machine."""
+
+import json
 
 import pytest
 import torch
 
 import vitkit
 from vitkit.analysis import precision
-from vitkit.analysis.precision import MatmulRates, cpu_matmul_rates, slow_precision
+from vitkit.analysis.precision import (
+    FASTER_BY,
+    MatmulRates,
+    auto_precision,
+    choose_precision,
+    cpu_matmul_rates,
+    probe_key,
+    resolve_precision,
+    slow_precision,
+)
 from vitkit.cli.messages import cli_option
+from vitkit.train import TrainConfig
 
 
-def test_rates_are_measured_once_and_positive():
+def test_rates_are_measured_once_and_cached_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path))
+    cpu_matmul_rates.cache_clear()
     rates = cpu_matmul_rates()
     assert rates.fp32 > 0 and rates.bf16 > 0 and rates is cpu_matmul_rates()
     assert rates.bf16_speedup == pytest.approx(rates.bf16 / rates.fp32)
+    cached = json.loads((tmp_path / "matmul_rates.json").read_text())
+    assert cached == {probe_key(): {"fp32": rates.fp32, "bf16": rates.bf16}}
+    cached[probe_key()] = {"fp32": 1e9, "bf16": 5e9}  # another process reads the machine's figures, not measuring
+    (tmp_path / "matmul_rates.json").write_text(json.dumps(cached))
+    cpu_matmul_rates.cache_clear()
+    monkeypatch.setattr(precision, "_rate", lambda *args: pytest.fail("measured again"))
+    assert cpu_matmul_rates() == MatmulRates(fp32=1e9, bf16=5e9)
+    cpu_matmul_rates.cache_clear()
 
 
-def test_emulated_bf16_is_named_with_its_rates(monkeypatch):
-    monkeypatch.setattr(precision, "native_cpu_bf16", lambda: False)
-    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=110e9, bf16=14e9))
-    message = slow_precision("bf16", "cpu")
-    assert "bf16 is slower than fp32 on this CPU" in message
-    assert "14.0 GFLOP/s in bf16 against 110.0 in fp32 (7.9x slower); use fp32 (precision='fp32')" in message
-    assert slow_precision("bf16", "cpu", cli_option).endswith("use fp32 (--precision fp32)")  # as commands say it
+def test_auto_takes_bf16_only_where_it_measures_faster(monkeypatch):
+    """The decision on fake timings: the flags say nothing, the rates decide, with a margin."""
+    assert choose_precision(MatmulRates(fp32=255e9, bf16=162e9)) == "fp32"  # a Xeon with AVX512-BF16, no AMX
+    assert choose_precision(MatmulRates(fp32=110e9, bf16=14e9)) == "fp32"  # emulated (Zen 3)
+    assert choose_precision(MatmulRates(fp32=100e9, bf16=100e9 * FASTER_BY * 0.99)) == "fp32"  # within the margin
+    assert choose_precision(MatmulRates(fp32=100e9, bf16=220e9)) == "bf16"  # Zen 4
+    assert choose_precision(MatmulRates(fp32=100e9, bf16=650e9)) == "bf16"  # AMX
+    monkeypatch.setattr(precision, "native_cpu_bf16", lambda: True)  # the flags say bf16, the probe says slower
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=255e9, bf16=162e9))
+    assert auto_precision("cpu") == ("fp32", "measured on this CPU: bf16 0.16 TFLOP/s, fp32 0.26")
+    assert resolve_precision("auto", "cpu") == "fp32" and resolve_precision("bf16", "cpu") == "bf16"
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=220e9))
+    assert auto_precision("cpu")[0] == "bf16"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        resolve_precision("fp16", "cpu")
+
+
+def test_a_slower_bf16_is_named_with_its_rates_even_where_the_cpu_has_the_instructions(monkeypatch):
+    for native in (False, True):
+        monkeypatch.setattr(precision, "native_cpu_bf16", lambda native=native: native)
+        monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=110e9, bf16=14e9))
+        message = slow_precision("bf16", "cpu")
+        assert "bf16 is slower than fp32 on this CPU" in message
+        assert "14.0 GFLOP/s in bf16 against 110.0 in fp32 (7.9x slower); use fp32 (precision='fp32')" in message
+        assert "or the faster of the two (precision='auto')" in message
+        assert slow_precision("bf16", "cpu", cli_option).endswith("(--precision auto)")  # as commands say it
     assert slow_precision("fp32", "cpu") is None
     with pytest.warns(UserWarning, match=r'7.9x slower\); use fp32 \(optimize\(model, "fp32"\)\)'):
         vitkit.optimize(vitkit.create_model("vit_tiny_patch16_224", depth=1), "bf16")
-    # emulated but not slower (a CPU whose emulation keeps up): nothing to say
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=120e9))
-    assert slow_precision("bf16", "cpu") is None
-
-
-def test_native_bf16_is_not_measured(monkeypatch):
-    monkeypatch.setattr(precision, "native_cpu_bf16", lambda: True)
-    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: pytest.fail("measured on a native bf16 CPU"))
-    assert slow_precision("bf16", torch.device("cpu")) is None
+    assert slow_precision("bf16", "cpu") is None  # not slower: nothing to say
     with pytest.raises(ValueError, match="precision must be one of"):
-        slow_precision("fp16", "cpu")
+        slow_precision("fp16", torch.device("cpu"))
+
+
+def test_auto_in_a_training_run_and_in_optimize_resolves_to_the_measured_faster(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=255e9, bf16=162e9))
+    assert TrainConfig(precision="auto", device="cpu").resolved().precision == "fp32"
+    assert vitkit.optimize(vitkit.create_model("vit_tiny_patch16_224", depth=1), "auto").precision == "fp32"
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=220e9))
+    assert TrainConfig(precision="auto", device="cpu").resolved().precision == "bf16"
+    assert vitkit.optimize(vitkit.create_model("vit_tiny_patch16_224", depth=1), "auto").precision == "bf16"
+    with pytest.raises(ValueError, match="precision must be 'fp32', 'bf16', 'auto'"):
+        TrainConfig(precision="fp16")

@@ -5,16 +5,22 @@ faster than fp32 at all (`slow_precision`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import math
+import os
+import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from vitkit.errors import Namer, python_option
 from vitkit.kernels.policy import cpu_amx, native_cpu_bf16
+from vitkit.util import atomic_write
 
 PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -26,38 +32,120 @@ def precision_dtype(precision: str) -> torch.dtype:
     return PRECISIONS[precision]
 
 
+AUTO = "auto"  # the faster of fp32 and bf16 on the device at hand (`auto_precision`)
+# the products the probe times: a square one, and ViT-S's MLP on 8 images of 197 tokens, (M x K) @ (K x N)
+PROBE_SHAPES = ((1024, 1024, 1024), (1576, 384, 1536))
+FASTER_BY = 1.1  # `auto` takes bf16 when the probe measures it at least this much faster than fp32
+RATES_FILE = "matmul_rates.json"  # the probe's results per machine, in `cache_dir()`
+
+
 @dataclass(frozen=True)
 class MatmulRates:
-    """A device's matrix-product rate in each precision (FLOP/s), measured on a (512 x 512) x (512 x 512) linear."""
+    """A device's matrix-product rate in each precision (FLOP/s), measured on PROBE_SHAPES."""
 
     fp32: float
     bf16: float
 
     @property
     def bf16_speedup(self) -> float:
-        """bf16's rate over fp32's: about 2-4 on CPUs with AVX512-BF16 or AMX, under 1 on CPUs without them."""
+        """bf16's rate over fp32's: 2-7 on CPUs with AMX or AVX512-BF16 that use it well, under 1 where bf16 is
+        emulated, and between where the instructions exist but run slowly (0.6-0.8 on some Xeons without AMX)."""
         return self.bf16 / self.fp32
 
+    def describe(self) -> str:
+        """ "bf16 0.52 TFLOP/s, fp32 0.24" """
+        return f"bf16 {self.bf16 / 1e12:.2f} TFLOP/s, fp32 {self.fp32 / 1e12:.2f}"
 
-def _linear_rate(dtype: torch.dtype, device: torch.device, n: int = 512, repeats: int = 3) -> float:
-    x = torch.randn(n, n, dtype=dtype, device=device)
-    w = torch.randn(n, n, dtype=dtype, device=device)
-    F.linear(x, w)  # the first call sets oneDNN's kernel up
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+def _rate(dtype: torch.dtype, device: torch.device, repeats: int = 3) -> float:
+    """FLOP/s of PROBE_SHAPES' products in `dtype`: each timed `repeats` times after a first call (which sets
+    oneDNN's kernel up), its best time counted."""
+    flops, seconds = 0, 0.0
+    for m, k, n in PROBE_SHAPES:
+        x = torch.randn(m, k, dtype=dtype, device=device)
+        w = torch.randn(n, k, dtype=dtype, device=device)
         F.linear(x, w)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+        best = math.inf
+        for _ in range(repeats):
+            start = time.perf_counter()
+            F.linear(x, w)
+            best = min(best, time.perf_counter() - start)
+        flops, seconds = flops + 2 * m * k * n, seconds + best
+    return flops / seconds
+
+
+def cache_dir() -> Path:
+    """Where vitkit keeps what it measured about this machine: $VITKIT_CACHE, else $XDG_CACHE_HOME/vitkit, else
+    ~/.cache/vitkit."""
+    if os.environ.get("VITKIT_CACHE"):
+        return Path(os.environ["VITKIT_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitkit"
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it (else the platform's processor name)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def probe_key() -> str:
+    """What the probe's figures hold for: the CPU model, torch's version and the threads it runs on."""
+    return f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
 @functools.cache
 def cpu_matmul_rates() -> MatmulRates:
-    """This CPU's `MatmulRates` under torch's current thread count, measured once per process (about 10 ms where
-    bf16 is native, up to about 100 ms where it is emulated)."""
+    """This CPU's `MatmulRates` under torch's current thread count: read from the cache (`cache_dir()`) when this
+    machine's were measured before (`probe_key`), else measured (a few tenths of a second) and cached."""
+    path, key = cache_dir() / RATES_FILE, probe_key()
+    try:
+        known = json.loads(path.read_text())
+        return MatmulRates(**known[key])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     cpu = torch.device("cpu")
     with torch.inference_mode():
-        return MatmulRates(fp32=_linear_rate(torch.float32, cpu), bf16=_linear_rate(torch.bfloat16, cpu))
+        rates = MatmulRates(fp32=_rate(torch.float32, cpu), bf16=_rate(torch.bfloat16, cpu))
+    try:
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        known = known if isinstance(known, dict) else {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({**known, key: dataclasses.asdict(rates)}, indent=1)
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    except (OSError, ValueError):  # a read-only home: measured again next time
+        pass
+    return rates
+
+
+def choose_precision(rates: MatmulRates) -> str:
+    """bf16 when `rates` measure it at least FASTER_BY times fp32's rate, else fp32."""
+    return "bf16" if rates.bf16 >= FASTER_BY * rates.fp32 else "fp32"
+
+
+def auto_precision(device: torch.device | str) -> tuple[str, str]:
+    """(the faster of fp32 and bf16 on `device`, why): on a CPU, as the probe measures them (`cpu_matmul_rates`);
+    on a GPU, bf16 where it has bf16 matrix units."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return "bf16", f"{torch.cuda.get_device_name(device)} has bf16 matrix units"
+        return "fp32", f"{torch.cuda.get_device_name(device)} has no bf16 matrix units"
+    rates = cpu_matmul_rates()
+    chosen = choose_precision(rates)
+    return chosen, f"measured on this CPU: {rates.describe()}"
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """`precision` ("fp32", "bf16" or "auto") as it runs on `device`: "auto" resolved by `auto_precision`."""
+    if precision == AUTO:
+        return auto_precision(device)[0]
+    precision_dtype(precision)  # ValueError for any other
+    return precision
 
 
 def cpu_features() -> str:
@@ -70,9 +158,10 @@ def cpu_features() -> str:
 
 
 def slow_precision(precision: str, device: torch.device | str, name: Namer = python_option) -> str | None:
-    """Why `precision` would run slower than fp32 on `device`, or None: on CPUs without bf16 instructions torch
-    emulates bf16 products, several times slower than fp32 (a Zen 3 core: 14 GFLOP/s against 110 in `F.linear`);
-    on GPUs without bf16 (before Ampere) as well. `name` words the way out (`vitkit.errors.Namer`)."""
+    """Why `precision` would run slower than fp32 on `device`, or None: on a CPU, when the probe measures bf16's
+    products slower (`cpu_matmul_rates`): emulated where the CPU lacks bf16 instructions (a Zen 3 core: 14 GFLOP/s
+    against 110), and slower on some CPUs that have them (a Xeon without AMX: 0.6-0.8x); on GPUs without bf16
+    (before Ampere). `name` words the way out (`vitkit.errors.Namer`)."""
     if precision_dtype(precision) != torch.bfloat16:
         return None
     device = torch.device(device)
@@ -80,13 +169,14 @@ def slow_precision(precision: str, device: torch.device | str, name: Namer = pyt
         if torch.cuda.is_bf16_supported(including_emulation=False):
             return None
         return f"{torch.cuda.get_device_name(device)} has no bf16 matrix units: bf16 runs slower than fp32 there"
-    if device.type != "cpu" or native_cpu_bf16():
+    if device.type != "cpu":
         return None
-    rates = cpu_matmul_rates()
+    rates = cpu_matmul_rates()  # measured: the instructions being there does not make them fast
     if rates.bf16_speedup >= 1:
         return None
     return (
         f"bf16 is slower than fp32 on this CPU ({cpu_features()}): matrix products run at "
         f"{rates.bf16 / 1e9:.1f} GFLOP/s in bf16 against {rates.fp32 / 1e9:.1f} in fp32 "
-        f"({1 / rates.bf16_speedup:.1f}x slower); use fp32 ({name('precision', 'fp32')})"
+        f"({1 / rates.bf16_speedup:.1f}x slower); use fp32 ({name('precision', 'fp32')}) or the faster of the two "
+        f"({name('precision', AUTO)})"
     )

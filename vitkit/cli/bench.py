@@ -6,7 +6,12 @@ import argparse
 import json
 import sys
 
-from vitkit.analysis.precision import PRECISIONS, slow_precision
+from vitkit.analysis.precision import (
+    AUTO,
+    PRECISIONS,
+    auto_precision,
+    slow_precision,
+)
 from vitkit.cli.messages import cli_option
 from vitkit.cli.options import add_memory_option, add_renamed_option, memory_flags, parse_size
 from vitkit.perf.bench import COMPARE, Report, bench, compared_detectors
@@ -20,7 +25,12 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="registered model name (see `vitkit models`)")
     add_renamed_option(parser, "--batch-size", "--batch", type=int, default=16, help="images per step (default 16)")
     parser.add_argument("--img-size", type=parse_size, default=None, help="224 or HxW (default: the model's size)")
-    parser.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32", help="GEMM precision")
+    parser.add_argument(
+        "--precision",
+        choices=(*PRECISIONS, AUTO),
+        default="fp32",
+        help="fp32, bf16, or auto: the one whose matrix products measure faster on this device (default fp32)",
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile the vitkit model")
     parser.add_argument(
         "--train",
@@ -43,6 +53,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.precision == AUTO:
+        args.precision, why = auto_precision(args.device)
+        print(f"precision {args.precision} (auto: {why})", file=sys.stderr)
     slow = slow_precision(args.precision, args.device, cli_option)
     if slow is not None:
         print(f"warning: {slow}", file=sys.stderr)
@@ -61,14 +74,16 @@ def run(args: argparse.Namespace) -> int:
         allow_memory=args.ignore_memory_check,
         memory_names=memory_flags(batch="--batch-size", grad_checkpointing=None, strategy=None),
     )
+    auto = auto_precision(args.device)  # measured once per machine (cached): both rates, and the faster
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps({**report.to_dict(), "auto_precision": {"precision": auto[0], "why": auto[1]}}, indent=2))
     else:
-        print_report(report)
+        print_report(report, auto)
     return 0
 
 
-def print_report(report: Report) -> None:
+def print_report(report: Report, auto: tuple[str, str] | None = None) -> None:
+    """The report as a table; `auto`: what --precision auto takes on the device, and why."""
     H, W = report.img_size
     rates = ", ".join(f"{p} {r / 1e12:.2f} TFLOP/s" for p, r in report.gemm_flops_per_second.items())
     print(
@@ -77,6 +92,8 @@ def print_report(report: Report) -> None:
         f"  {report.flops_per_step / report.batch / 1e9:.2f} matmul GFLOPs per image"
     )
     print(f"measured GEMM rate: {rates}" + (f" ({report.processor})" if report.processor else ""))
+    if auto is not None:
+        print(f"precision auto takes {auto[0]} ({auto[1]})")
     baseline = next((r for r in report.results if r.name.split()[0] != "vitkit" and r.precision == "fp32"), None)
     reference = baseline.name.split()[0] if baseline else ""
     width = max(len(r.name) for r in report.results)

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from vitkit.analysis.precision import AUTO, resolve_precision
 from vitkit.cli.options import add_tile_options, set_max_pixels, tiling
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.detection import COCO_METRICS
@@ -17,6 +18,7 @@ from vitkit.infer import (
     evaluate_model_dir,
     is_detector_dir,
     missing_info_note,
+    resolve_device,
     run_config,
 )
 from vitkit.viz.attention import check_picture_path, picture_formats, save_picture
@@ -54,10 +56,10 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--precision",
-        choices=("fp32", "bf16"),
+        choices=("fp32", "bf16", AUTO),
         default=None,
-        help="bf16: under bfloat16 autocast (default: the precision of the run that wrote the model, as it was "
-        "validated, else fp32)",
+        help="bf16: under bfloat16 autocast; auto: the one whose matrix products measure faster on this device "
+        "(default: the precision of the run that wrote the model, as it was validated, else fp32)",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
@@ -88,7 +90,7 @@ def _run_detector(args: argparse.Namespace) -> int:
         check_picture_path(args.plot, figure=True)
     run = run_config(args.model_dir)
     batch = args.batch_size or run.get("batch_size") or DETECTOR_BATCH
-    precision = args.precision or run.get("precision") or "fp32"
+    precision = resolve_precision(args.precision or run.get("precision") or "fp32", resolve_device(args.device))
     saved = read_model_info(args.model_dir).tile if Path(args.model_dir).is_dir() else None
     tile, overlap = tiling(args, saved)
     if tile is not None:
@@ -139,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:  # before the evaluation, not after it
         check_picture_path(args.plot, figure=True)
     precision = args.precision or run_config(args.model_dir).get("precision") or "fp32"
+    precision = resolve_precision(precision, resolve_device(args.device))
     batch = args.batch_size or CLASSIFIER_BATCH
     result, info = evaluate_model_dir(args.model_dir, args.data, batch, args.device, args.workers, precision)
     _note(args)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.analysis.precision import precision_dtype, slow_precision
+from vitkit.analysis.precision import precision_dtype, resolve_precision, slow_precision
 from vitkit.cost.rows import GELU_FLOPS, CostContext, OpCost, Value, linear_op, numel
 from vitkit.cost.tracer import linear_row
 from vitkit.kernels.policy import native_cpu_bf16
@@ -200,13 +200,15 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False) -
     Args:
         model: a vitkit model (any module whose attention is vitkit's `Attention`), on the device it will run on.
         precision: "bf16" (weights cast once; norms in fp32; on CPU, reordered weights with fused bias and GELU
-            where `packed_linear_supported()`) or "fp32". In both, a model's frozen convolution norms (a
+            where `packed_linear_supported()`), "fp32", or "auto": the one that measures faster on the model's device
+            (`vitkit.analysis.precision.auto_precision`). In both, a model's frozen convolution norms (a
             detector's backbone, `fold_norms`) are folded into the convolutions first, in fp32.
         compile: wrap the forward in `torch.compile` with weight freezing (the first call compiles, about half a
             minute for ViT-S on 2 cores; needs a C++ compiler on CPU). Inductor then does its own weight packing.
     """
-    dtype = precision_dtype(precision)
     device = next(iter(model.parameters()), torch.empty(0)).device
+    precision = resolve_precision(precision, device)  # "auto": the faster of the two here
+    dtype = precision_dtype(precision)
     slow = slow_precision(precision, device, name=lambda option, value: f'optimize(model, "{value}")')
     if slow is not None:
         warnings.warn(slow, stacklevel=2)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.analysis.estimate import STRATEGIES
-from vitkit.analysis.precision import PRECISIONS
+from vitkit.analysis.precision import AUTO, PRECISIONS, resolve_precision
 from vitkit.data import (
     BUILTIN_PREFIX,
     DEFAULT_DATA,
@@ -207,7 +207,12 @@ class TrainConfig:
         "(default: whole images, or tiles the recipe picks for large images of small objects; 0: whole images)"
     )  # fmt: skip
     # bf16: bfloat16 autocast of the forward pass
-    precision: str = option("fp32", help="fp32, or bf16 autocast", choices=tuple(PRECISIONS))
+    precision: str = option(
+        "fp32",
+        help="fp32, bf16 autocast, or auto: the one whose matrix products measure faster on the device (said at the "
+        "start)",
+        choices=(*PRECISIONS, AUTO),
+    )
     device: str | None = option(None, help="cpu or cuda (default: cuda when available)", choices=("cpu", "cuda"))
     # `vitkit.train.sharding`; a single process trains the whole model either way, but with fsdp writes sharded
     # checkpoints, which resume on any number of processes
@@ -265,8 +270,8 @@ class TrainConfig:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1) (0 is off), got {self.ema_decay}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be {' or '.join(map(repr, PRECISIONS))}, got {self.precision!r}")
+        if self.precision not in (*PRECISIONS, AUTO):
+            raise ValueError(f"precision must be {', '.join(map(repr, (*PRECISIONS, AUTO)))}, got {self.precision!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be {' or '.join(map(repr, STRATEGIES))}, got {self.strategy!r}")
         if self.strategy == "fsdp" and self.ema_decay > 0:
@@ -366,6 +371,8 @@ class TrainConfig:
                     "min_lr of at most lr"
                 )
             fill["min_lr"] = lr * recipe.min_lr / recipe.lr  # the recipe's end, as a share of the rate given
+        if self.precision == AUTO:  # the faster of the two on the run's device, as measured
+            fill["precision"] = resolve_precision(AUTO, resolve_device(self.device))
         if self._own_split(task) is not None:
             fill["val_fraction"] = None
         elif self.val_fraction is None:

@@ -55,7 +55,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from vitkit.analysis.precision import slow_precision
+from vitkit.analysis.precision import AUTO, auto_precision, slow_precision
 from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.check import check_detection_folder
@@ -232,6 +232,7 @@ class Run:
         self.replaced: list[Path] = []  # earlier runs' outputs moved aside, deleted after the first epoch
         self.sized: list[DataChoice] = []  # the options the data chose (`TrainConfig.data_choices`), for the summary
         self.curves = True  # whether curves.png is drawn (off after matplotlib failed once)
+        self.precision_why = ""  # for the summary: why `auto` took the precision it took
 
     def _fresh_partial(self) -> dict[str, float]:
         """Sums over this epoch's steps so far: of train_loss (`loss_sum`) and of each loss part, per image."""
@@ -270,7 +271,8 @@ class Run:
             f"  run     {counted(config.epochs, 'epoch')} of {counted(self.steps_per_epoch, 'step')}, batch "
             f"{config.batch_size}"
             f"{processes}, lr {config.lr:g}",
-            f"  device  {env.device}, {config.precision}, {counted(torch.get_num_threads(), 'thread')}, "
+            f"  device  {env.device}, {config.precision}{self.precision_why}, "
+            f"{counted(torch.get_num_threads(), 'thread')}, "
             f"{counted(config.workers, 'loader worker')}",
             f"  output  {self.out.resolve()}",
         ]
@@ -580,6 +582,8 @@ def fit(
             return _complete(resolved, state, env, hints)  # else it is written below from the checkpoint
         run = Run(resolved, env, allow_memory, memory_names, hints)  # data, model, memory: before OUT changes
         run.sized = config.data_choices() if state is None else []
+        if config.precision == AUTO:
+            run.precision_why = f" (auto: {auto_precision(env.device)[1]})"
         lock.acquire(config)  # OUT is created now where it was missing
         _begin(run, state)
         return _train(run)
