@@ -251,3 +251,18 @@ lock.acquire(TrainConfig(out=sys.argv[1]))
 print("held", flush=True)
 time.sleep(600)
 """
+
+
+def test_a_folder_of_the_users_named_like_an_aside_is_neither_named_nor_deleted(data, tmp_path, capsys):
+    """Only folders vitkit moved aside (marked so) are kept, named and deleted after an epoch: a user's own
+    run.old-baseline stays as it is."""
+    mine = tmp_path / "run.old-baseline"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    out = tmp_path / "run"
+    assert main(_train(data, out)) == 0
+    assert main(_train(data, out, "--force")) == 0
+    said = capsys.readouterr()
+    assert "run.old-baseline" not in said.out + said.err
+    assert (mine / "notes.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("run.old")] == ["run.old-baseline"]

@@ -4,6 +4,7 @@ held-out fraction, absolute paths, checkpoint files, the command line of hints."
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 
 import pytest
@@ -15,6 +16,7 @@ from vitkit.data import DEFAULT_VAL_FRACTION
 from vitkit.models.registry import model_entry
 from vitkit.train import DEFAULT_DETECTOR, DEFAULT_MODEL, TrainConfig
 from vitkit.train.recipe import recipe_for
+from vitkit.train.resume import _comparable
 
 # The recipes --help names: the classifiers', the small DETRs' (their registry entries' own), DETR's, and for
 # Deformable DETR its two small variants' (deformable_detr_small's sized from the data) and the family's.
@@ -177,3 +179,17 @@ def test_a_classifier_that_fills_the_backbone_keeps_the_variants_recipe(tmp_path
     vitkit.save_pretrained(vitkit.create_model("deformable_detr_digits", enc_layers=1, dec_layers=1), detector)
     assert recipe_for("detection", "deformable_detr_small", str(detector)) == DEFORMABLE_RECIPE  # the family's
     assert small.lr != DEFORMABLE_RECIPE.lr
+
+
+def test_a_detector_run_saved_before_tiles_resumes_on_whole_images(tmp_path):
+    """A config.json without `tile` is a detector's from before tiles: it trained whole images, whatever the recipe
+    would pick now, and a resume compares 0 and None alike."""
+    saved = dataclasses.replace(TrainConfig(out=str(tmp_path)), detection_loss="focal").to_dict()
+    del saved["tile"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert TrainConfig.load(tmp_path).tile == 0
+    classifier = TrainConfig(out=str(tmp_path)).to_dict()
+    del classifier["tile"]
+    (tmp_path / "config.json").write_text(json.dumps(classifier))
+    assert TrainConfig.load(tmp_path).tile is None  # a classifier has no tiles
+    assert _comparable({"tile": 0})["tile"] == _comparable({})["tile"] is None

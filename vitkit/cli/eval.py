@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from vitkit.analysis.precision import AUTO, resolve_precision
 from vitkit.cli.options import add_tile_options, set_max_pixels, tiling
@@ -91,7 +90,7 @@ def _run_detector(args: argparse.Namespace) -> int:
     run = run_config(args.model_dir)
     batch = args.batch_size or run.get("batch_size") or DETECTOR_BATCH
     precision = resolve_precision(args.precision or run.get("precision") or "fp32", resolve_device(args.device))
-    saved = read_model_info(args.model_dir).tile if Path(args.model_dir).is_dir() else None
+    saved = read_model_info(args.model_dir).tile
     tile, overlap = tiling(args, saved)
     if tile is not None:
         mine = " (the model's)" if args.tile is None else ""

@@ -242,7 +242,8 @@ def tiling(args: argparse.Namespace, saved_tile: int | None) -> tuple[int | None
     if not 0.0 <= overlap < 1.0:
         raise ValueError(f"--overlap is a share of the tile's side in [0, 1), got {overlap}")
     if args.overlap is not None and not tile:
-        raise ValueError("--overlap applies to tiles: give --tile PX too (the model was not trained on tiles)")
+        why = "--tile 0 asks for whole images" if args.tile == 0 else "the model was not trained on tiles"
+        raise ValueError(f"--overlap applies to tiles: give --tile PX too ({why})")
     return tile or None, overlap
 
 

@@ -125,16 +125,17 @@ def detect(
     images: Sequence[Image.Image],
     threshold: float = 0.5,
     postprocessing: Postprocessing | None = None,
+    precision: str = "fp32",
 ) -> list[list[Detection]]:
     """The objects a detector finds in each image: its queries whose class probability is above `threshold`,
     boxes in pixels of the image given, clipped to it (a DETR box may reach past the border; evaluation scores them
     unclipped, as DETR's), most probable first; its outputs read as `postprocessing` says (None: the model's
-    default, `reading`)."""
+    default, `reading`); the forward under `precision` ("bf16": bfloat16 autocast)."""
     read = reading(model, postprocessing)  # before any work: a reading for the other class logits is refused
     if not images:
         return []
     pixels, mask, sizes = detector_inputs(model, info, images)
-    outputs = detector_outputs(model.eval(), pixels, mask)
+    outputs = detector_outputs(model.eval(), pixels, mask, precision)
     results = read(outputs, sizes, threshold)
     for result, (height, width) in zip(results, sizes.tolist(), strict=True):
         result["boxes"] = clip_boxes_to_image(result["boxes"], (height, width))

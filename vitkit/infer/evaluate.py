@@ -276,26 +276,32 @@ def evaluate_detector_tiled(
     postprocessing: Postprocessing | None = None,
     nms_iou: float | None = DEFAULT_NMS_IOU,
     progress: bool | None = None,
+    precision: str = "fp32",
 ) -> DetectionResult:
     """COCO mAP of `model` on the whole images of `data` (a COCO split at its stored size), each detected in tiles
-    and merged (`vitkit.infer.tiles.detect_tiled`, every query scored) and scored against all its boxes. An image
-    is scored on as many detections as its tiles give (COCO's 100 would cap an image of many objects)."""
+    and merged (`vitkit.infer.tiles.detect_tiled`, every query scored, the forward under `precision`) and scored
+    against all its boxes. An image is scored on as many detections as its tiles give (COCO's 100 would cap an
+    image of many objects)."""
     model.eval()
     if data.short_side is not None:
         raise ValueError("tiled evaluation reads the images at their stored size: load the data with short_side=None")
     tiles = max(len(tile_grid(*s.size, tile, overlap)) for s in data.samples)
-    evaluator = CocoEvaluator(len(info.classes), max(COCO_MAX_DETECTIONS, tiles * model.config.num_queries))
+    per_tile = max(model.config.num_queries, reading(model, postprocessing).top_k or 0)  # top-k pairs may be more
+    evaluator = CocoEvaluator(len(info.classes), max(COCO_MAX_DETECTIONS, tiles * per_tile))
     index = {name: k for k, name in enumerate(info.classes)}
     skipped: list[Unreadable] = []
     total = sum(len(tile_grid(*s.size, tile, overlap)) for s in data.samples)
-    with progress_bar(total, progress) as bar:
+    with progress_bar(total, progress, unit="tile") as bar:
         for i, sample in enumerate(data.samples):
             try:
                 image = open_annotated(sample.path, *sample.size)
             except OSError as err:
                 skipped.append(Unreadable(data.describe(i), str(err)))
+                bar.update(len(tile_grid(*sample.size, tile, overlap)))
                 continue
-            found = detect_tiled(model, info, image, tile, overlap, 0.0, postprocessing, nms_iou, bar=bar)
+            found = detect_tiled(
+                model, info, image, tile, overlap, 0.0, postprocessing, nms_iou, bar=bar, precision=precision
+            )
             prediction = {
                 "boxes": torch.tensor([d.box for d in found], dtype=torch.float64).reshape(-1, 4),
                 "scores": torch.tensor([d.score for d in found], dtype=torch.float64),
@@ -341,7 +347,12 @@ def evaluate_detector_dir(
     source = data or saved.data
     tile = (saved.tile if tile is None else tile) or None
     if tile is not None and source.startswith("builtin:"):
-        raise ValueError(f"{source} is of small canvases: tiles are for large images, in a COCO-format folder")
+        raise OptionError(
+            lambda name: (
+                f"{source} is of small canvases: tiles are for large images, in a COCO-format folder; evaluate the "
+                f"whole canvases with {name('tile', 0)}"
+            )
+        )
     options = {"short_side": None, "max_size": None} if tile is not None else {"img_size": side}
     _, val, found = load_detection(source, channels=model.config.in_chans, val_only=True, **options)
     if saved.data is None and saved.classes is None:
@@ -351,7 +362,10 @@ def evaluate_detector_dir(
     if found.classes != info.classes:
         raise ValueError(f"{data} has classes {list(found.classes)}, the model knows {list(info.classes)}")
     if tile is not None:
-        return evaluate_detector_tiled(model, val, info, tile, overlap, postprocessing, progress=progress), info
+        result = evaluate_detector_tiled(
+            model, val, info, tile, overlap, postprocessing, progress=progress, precision=precision
+        )
+        return result, info
     sampler = detection_sampler(val, batch_size)  # batches of one orientation
     loader = DataLoader(val, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate_detection)
     return evaluate_detector(model, loader, info, postprocessing, precision=precision), info

@@ -71,15 +71,17 @@ def detect_tiled(
     nms_iou: float | None = DEFAULT_NMS_IOU,
     batch_size: int = TILE_BATCH,
     bar: object | None = None,
+    precision: str = "fp32",
 ) -> list[Detection]:
     """The objects a detector finds in `image`, tile by tile (`tile_grid`), `batch_size` tiles at a time, merged
-    (`merge_tiles`): boxes in pixels of the image, most probable first. `bar`, a tqdm bar, advances by a tile."""
+    (`merge_tiles`): boxes in pixels of the image, most probable first. `bar`, a tqdm bar, advances by a tile;
+    `precision`: the forward's (`detect`)."""
     tiles = tile_grid(image.height, image.width, tile, overlap)
     found: list[tuple[Tile, list[Detection]]] = []
     for start in range(0, len(tiles), batch_size):
         chunk = tiles[start : start + batch_size]
         crops = [image.crop(t.box) for t in chunk]
-        found += zip(chunk, detect(model, info, crops, threshold, postprocessing), strict=True)
+        found += zip(chunk, detect(model, info, crops, threshold, postprocessing, precision), strict=True)
         if bar is not None:
             bar.update(len(chunk))
     return merge_tiles(found, nms_iou)

@@ -467,6 +467,8 @@ class TrainConfig:
         unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ValueError(f"{path}: unknown training option(s) {unknown}")
+        if "tile" not in values and values.get("detection_loss") is not None:  # a detector's, from before tiles:
+            values["tile"] = 0  # it trained on whole images, whatever the recipe would pick now
         return cls(**values)
 
     @classmethod

@@ -582,7 +582,7 @@ def fit(
             return _complete(resolved, state, env, hints)  # else it is written below from the checkpoint
         run = Run(resolved, env, allow_memory, memory_names, hints)  # data, model, memory: before OUT changes
         run.sized = config.data_choices() if state is None else []
-        if config.precision == AUTO:
+        if config.precision == AUTO and env.is_main:  # what rank 0 measured and chose (`resolve_run`)
             run.precision_why = f" (auto: {auto_precision(env.device)[1]})"
         lock.acquire(config)  # OUT is created now where it was missing
         _begin(run, state)

@@ -14,6 +14,7 @@ the process ends, even killed): a second run in the same OUT is refused, naming 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import glob
 import json
 import logging
@@ -38,6 +39,7 @@ log = logging.getLogger("vitkit.train")
 METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
 LOCK_NAME = ".vitkit-train.lock"
+ASIDE_MARK = ".vitkit-moved-aside"  # in a folder of outputs `force` moved aside: vitkit made it, and may delete it
 # what a fresh run replaces, with the folders of sharded checkpoints (checkpoint-K, named by POINTER_NAME)
 OUTPUTS = (CONFIG_NAME, METRICS_NAME, CURVES_NAME, CHECKPOINT_NAME, POINTER_NAME, "best", "final")
 
@@ -45,6 +47,14 @@ try:  # POSIX; elsewhere runs are not locked
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None
+
+
+def _same_file(handle: Any, path: Path) -> bool:
+    """Whether the open `handle` is the file at `path` (not one unlinked since it was opened)."""
+    try:
+        return os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
 
 
 class OutLock:
@@ -65,9 +75,12 @@ class OutLock:
             return
         outcome = None
         if self.env.is_main:
-            if create:
-                self.out.mkdir(parents=True, exist_ok=True)
-            outcome = self._take(given) if self.out.is_dir() else "missing"
+            try:
+                if create:
+                    self.out.mkdir(parents=True, exist_ok=True)
+                outcome = self._take(given) if self.out.is_dir() else "missing"
+            except OSError as err:  # said in every process, not left for the others to wait on
+                outcome = f"cannot use {self.out} as the output folder: {err}"
         outcome = broadcast_object(outcome, self.env)
         if outcome not in (None, "missing"):
             raise ValueError(outcome)
@@ -80,7 +93,14 @@ class OutLock:
         handle = open(path, "a+")  # noqa: SIM115 (held open while the run trains)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+            if not _same_file(handle, path):  # unlinked by a run that ended just now: lock the new one
+                handle.close()
+                return self._take(given)
+        except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):  # no locks on this file system
+                handle.close()
+                log.warning(f"{self.out} cannot be locked ({err}): a second run into it would not be refused")
+                return None
             handle.seek(0)
             text = handle.read()
             handle.close()
@@ -193,10 +213,12 @@ def check_out(out: Path, resume: bool, force: bool, given: TrainConfig, hints: R
 
 
 def moved_aside(out: Path) -> list[Path]:
-    """Earlier runs' outputs that `force` moved aside from OUT and that are still there (OUT.old-<time>), oldest
-    first: a run that replaced them ended before finishing its first epoch."""
+    """Earlier runs' outputs that `force` moved aside from OUT and that are still there (OUT.old-<time>, marked by
+    `ASIDE_MARK` as vitkit's: a folder of the user's of such a name is not one), oldest first: a run that replaced
+    them ended before finishing its first epoch."""
     out = out.resolve()
-    return sorted(p for p in out.parent.glob(f"{glob.escape(out.name)}.old-*") if p.is_dir())
+    found = out.parent.glob(f"{glob.escape(out.name)}.old-*")
+    return sorted(p for p in found if p.is_dir() and (p / ASIDE_MARK).is_file())
 
 
 def describe_aside(folder: Path) -> str:
@@ -250,6 +272,7 @@ def clear_out(out: Path, env: DistEnv) -> list[Path]:
             while aside.exists():
                 aside, n = aside.with_name(f"{out.resolve().name}.old-{stamp}-{n}"), n + 1
             aside.mkdir()
+            (aside / ASIDE_MARK).write_text(f"vitkit moved the outputs of a run in {out.resolve()} here\n")
             for path in found:
                 shutil.move(path, aside / path.name)
             kept = [p for p in moved_aside(out) if p != aside.resolve()]

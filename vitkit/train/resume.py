@@ -15,8 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vitkit.analysis.precision import AUTO, resolve_precision
 from vitkit.train.config import CONFIG_NAME, TrainConfig, absolute_data
-from vitkit.train.distributed import DistEnv
+from vitkit.train.distributed import DistEnv, broadcast_object
 from vitkit.train.outputs import RunHints, check_out, new_folder
 from vitkit.train.sharding import resharded_batch
 from vitkit.weights.hub import is_hub
@@ -37,6 +38,9 @@ def resolve_run(
     `hints`, when OUT does not hold what `resume` / `force` expect (`vitkit.train.outputs.check_out`), or the
     settings differ from the checkpoint's beyond `RESUME_MAY_CHANGE`."""
     original = given.init
+    if given.precision == AUTO:  # measured by rank 0 only: every process must run the same precision
+        chosen = resolve_precision(AUTO, env.device) if env.is_main else None
+        given = dataclasses.replace(given, precision=broadcast_object(chosen, env))
     if resume and given.init is not None and (is_hub(given.init) or not Path(given.init).exists()):
         given = _init_stand_in(given, env)  # a Hub repository is not looked up again: its commit may have moved
     config = dataclasses.replace(given.resolved(), device=env.device.type)
@@ -85,6 +89,7 @@ def check_resume(saved: dict[str, Any], config: TrainConfig, given: TrainConfig,
 def _comparable(values: dict[str, Any]) -> dict[str, Any]:
     """Resolved settings as a resumed run compares them: a data or init path made absolute."""
     values = dict(values)
+    values["tile"] = values.get("tile") or None  # 0 and None both train on whole images
     if isinstance(values.get("data"), str):
         values["data"] = absolute_data(values["data"])
     if isinstance(values.get("init"), str):

@@ -424,7 +424,7 @@ class DetectionTask(Task):
         if self.config.tile_side is not None:  # every process evaluates every image: the same passes in each
             tile, reading = self.config.tile_side, self.postprocessing
             result = evaluate_detector_tiled(
-                model, self.val_set, self.info, tile, postprocessing=reading, progress=False
+                model, self.val_set, self.info, tile, postprocessing=reading, progress=False, precision=precision
             )
         else:
             batches = self.val_batches(model)
