@@ -19,7 +19,7 @@ from vitkit.cli import main
 from vitkit.data import load_builtin, write_image_folder
 from vitkit.train import loop
 from vitkit.train.checkpoint import save_checkpoint
-from vitkit.train.outputs import LOCK_NAME
+from vitkit.train.outputs import ASIDE_MARK, LOCK_NAME
 
 TINY = ["--model", "vit_tiny_patch16_224", "--model-arg", "img_size=28", "--model-arg", "patch_size=7"]
 TINY += ["--model-arg", "embed_dim=16", "--model-arg", "depth=1", "--model-arg", "num_heads=2"]
@@ -36,6 +36,11 @@ def _train(data: Path, out: Path, *extra: str) -> list[str]:
     """The arguments (after `vitkit`) of a short training run."""
     args = ["train", *TINY, "--data", str(data), "--val-fraction", "0.25", "--batch-size", "8", "--device", "cpu"]
     return [*args, "--epochs", "1", "--out", str(out), *extra]
+
+
+def _files(aside: Path) -> dict[Path, bytes]:
+    """The outputs in a folder --force moved aside, without vitkit's mark."""
+    return {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file() and p.name != ASIDE_MARK}
 
 
 def _hint(text: str, after: str) -> list[str]:
@@ -104,7 +109,7 @@ def test_force_keeps_the_earlier_run_until_the_new_run_has_a_checkpoint(data, tm
     with pytest.raises(RuntimeError):
         main(_train(data, out, "--force"))
     (aside,) = tmp_path.glob("run.old-*")
-    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == earlier
+    assert _files(aside) == earlier
     assert f"{aside} (a complete run of 1 epoch, its final model in {aside / 'final'})" in capsys.readouterr().out
     monkeypatch.undo()
 
@@ -156,7 +161,7 @@ def test_a_forced_run_stopped_in_its_first_epoch_keeps_the_earlier_run(data, tmp
     monkeypatch.setattr("vitkit.train.loop.Run.sync_stop", lambda self, stop: True)  # Ctrl-C at the first step
     assert main(_train(data, out, "--force")) == 130
     (aside,) = tmp_path.glob("run.old-*")
-    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == earlier
+    assert _files(aside) == earlier
     assert (out / "checkpoint.pt").is_file()
     said = capsys.readouterr().out
     assert "the run ended within its first epoch; the earlier run's outputs are kept" in said

@@ -42,7 +42,7 @@ def test_every_field_is_a_train_option():
         "(default: 0.002; small DETRs 0.0003; DETR 0.0001; deformable_detr_digits 0.0003; deformable_detr_small, "
         "deformable_detr_vit_tiny 0.0006; Deformable DETR 0.0002)"
     )
-    assert options["precision"].choices == ("fp32", "bf16")
+    assert options["precision"].choices == ("fp32", "bf16", "auto")
 
 
 def test_for_resume_replaces_the_given_fields_of_the_saved_config(tmp_path):

@@ -643,7 +643,7 @@ def _train(run: Run) -> FitResult:
                     else ""
                 )
                 run.info_line(
-                    f"stopped in epoch {run.epoch + 1} after step {run.step}; checkpoint saved{best}. Continue with: "
+                    f"stopped in epoch {run.epoch + 1} after step {run.step}; checkpoint saved{best}; continue with: "
                     f"{run.hints.resume(run.out)}{torchrun}"
                 )
                 return run.result(last, interrupted=True)
