@@ -109,7 +109,10 @@ class OutLock:
                 who = f"process {holder['pid']} on {holder['host']}, started {holder['started']}: {holder['command']}"
             except (ValueError, KeyError, TypeError):
                 who = "another process"
-            new = self.hints.start(dataclasses.replace(given.minimal(), out=os.fspath(new_folder(self.out))))
+            try:
+                new = self.hints.start(dataclasses.replace(given.minimal(), out=os.fspath(new_folder(self.out))))
+            except (ValueError, OSError):  # the run itself cannot be resolved: the refusal still reaches every rank
+                new = f"the same command with another output folder, e.g. {new_folder(self.out)}"
             return (
                 f"{self.out} is in use by another training run ({who}); two runs in one folder would write over each "
                 f"other's checkpoints and metrics. Wait for it to end, or stop it, then run this again; or train in "
