@@ -59,6 +59,24 @@ class DetectionStats:
         )
 
 
+def image_fields(sides: np.ndarray, counts: list[int]) -> dict[str, int | float]:
+    """The `DetectionStats` fields of the images: their count, objects per image and sides, from each image's
+    (height, width) `sides` (N, 2) and its number of boxes `counts` (N,)."""
+    counts_a, sides = np.asarray(counts), np.asarray(sides).reshape(-1, 2)
+    short, long = sides.min(axis=1), sides.max(axis=1)
+    return {
+        "images": len(sides),
+        "max_objects": int(counts_a.max()),
+        "median_objects": float(np.median(counts_a)),
+        "short_side_median": float(np.median(short)),
+        "short_side_min": int(short.min()),
+        "short_side_max": int(short.max()),
+        "long_side_median": float(np.median(long)),
+        "long_side_min": int(long.min()),
+        "long_side_max": int(long.max()),
+    }
+
+
 def detection_stats(dataset: CocoDetection | DigitsDetection) -> DetectionStats:
     """A `DetectionStats` of a COCO-format split (its kept images and boxes, clipped to their image) or of the
     digits-detect canvases of the dataset's current epoch (each canvas's layout is drawn; no canvas is painted)."""
@@ -79,23 +97,14 @@ def detection_stats(dataset: CocoDetection | DigitsDetection) -> DetectionStats:
         raise ValueError("the dataset has no images: there is nothing to describe")
     all_boxes = np.concatenate(boxes).astype(np.float64).reshape(-1, 4)  # (B, 4)
     sizes = np.sqrt((all_boxes[:, 2] - all_boxes[:, 0]) * (all_boxes[:, 3] - all_boxes[:, 1]))  # (B,)
-    counts = np.array([len(b) for b in boxes])  # (N,) boxes per image
-    short, long = sides.min(axis=1), sides.max(axis=1)
+    counts = [len(b) for b in boxes]  # boxes per image
     per_class = np.bincount(np.concatenate(labels).astype(np.int64), minlength=len(classes))
     nan = float("nan")
     return DetectionStats(
-        images=len(sides),
         boxes=len(all_boxes),
         classes=tuple(classes),
         boxes_per_class=tuple(int(n) for n in per_class),
-        max_objects=int(counts.max()),
-        median_objects=float(np.median(counts)),
-        short_side_median=float(np.median(short)),
-        short_side_min=int(short.min()),
-        short_side_max=int(short.max()),
-        long_side_median=float(np.median(long)),
-        long_side_min=int(long.min()),
-        long_side_max=int(long.max()),
+        **image_fields(sides, counts),
         box_size_median=float(np.median(sizes)) if len(sizes) else nan,
         box_size_p10=float(np.percentile(sizes, 10)) if len(sizes) else nan,
         small_share=float(np.mean(sizes < SMALL_OBJECT)) if len(sizes) else nan,

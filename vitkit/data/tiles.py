@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from vitkit.data.coco import CocoDetection, CocoImage, open_annotated
 from vitkit.data.detection import sample_index
-from vitkit.data.detection_stats import DetectionStats
+from vitkit.data.detection_stats import DetectionStats, image_fields
 from vitkit.data.loader import Unreadable
 
 DEFAULT_OVERLAP = 0.25  # of the tile's side: objects up to this size are found whole by one tile
@@ -153,17 +153,4 @@ def tiled_stats(
         for t in tile_grid(*sample.size, tile, overlap):
             counts.append(len(window_boxes(sample.boxes, t.box)[1]))
             sides.append((t.box[3] - t.box[1], t.box[2] - t.box[0]))
-    sides_a = np.array(sides).reshape(-1, 2)
-    short, long = sides_a.min(1), sides_a.max(1)
-    return dataclasses.replace(
-        stats,
-        images=len(counts),
-        max_objects=int(max(counts)),
-        median_objects=float(np.median(counts)),
-        short_side_median=float(np.median(short)),
-        short_side_min=int(short.min()),
-        short_side_max=int(short.max()),
-        long_side_median=float(np.median(long)),
-        long_side_min=int(long.min()),
-        long_side_max=int(long.max()),
-    )
+    return dataclasses.replace(stats, **image_fields(np.array(sides), counts))
