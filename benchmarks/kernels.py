@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from vitkit.kernels.attention import EXPLICIT_MAX_BYTES, blocked_attention, explicit_attention
-from vitkit.kernels.policy import cpu_amx, native_cpu_bf16
+from vitkit.kernels.probe import cpu_amx, native_cpu_bf16
 from vitkit.perf.bench import gemm_rate
 from vitkit.perf.optimize import PackedLinear, packed_linear_supported
 

@@ -14,11 +14,11 @@ from vitkit.analysis.precision import (
     auto_precision,
     choose_precision,
     cpu_matmul_rates,
-    probe_key,
     resolve_precision,
     slow_precision,
 )
 from vitkit.cli.messages import cli_option
+from vitkit.kernels.probe import probe_key
 from vitkit.train import TrainConfig
 
 

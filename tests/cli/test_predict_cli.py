@@ -182,3 +182,23 @@ def test_a_hugging_face_export_predicts_with_its_id2label(model, images, capsys,
     captured = capsys.readouterr()
     _check_rows(json.loads(captured.out), model, [images / "6.png"])
     assert "using the class names saved with the model, the mean / std saved with the model" in captured.err
+
+
+def test_precision_runs_the_forward_under_bf16_autocast_and_defaults_to_the_runs(model, images, capsys, tmp_path):
+    def rows(model_dir, *flags):
+        assert main(["predict", "--model-dir", str(model_dir), str(images / "b"), "--json", *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    run = tmp_path / "run"
+    model_dir = save_pretrained(model, run / "best", ModelInfo(CLASSES, MEAN, STD, data="d"))
+    fp32 = rows(model_dir)
+    _check_rows(fp32, model, [images / "b" / "4.png", images / "b" / "5.bmp"])
+    bf16 = rows(model_dir, "--precision", "bf16")
+    fp32_values, bf16_values = (np.array([t["probability"] for r in found for t in r["top"]]) for found in (fp32, bf16))
+    assert np.abs(bf16_values - fp32_values).max() > 1e-5  # not fp32's values: the forward ran in bf16
+    assert bf16_values == pytest.approx(fp32_values, abs=0.02)
+    # a model directory of a run that validated in bf16 predicts in bf16 unless told otherwise
+    (run / "config.json").write_text(json.dumps({"batch_size": 2, "epochs": 1, "data": "d", "out": str(run),
+                                                 "precision": "bf16"}))  # fmt: skip
+    assert rows(model_dir) == bf16
+    assert rows(model_dir, "--precision", "fp32") == fp32

@@ -1,6 +1,8 @@
 """The shared Attention: sdpa == math == an explicit per-head loop, capture, errors."""
 
 import copy
+import dataclasses
+import json
 
 import pytest
 import torch
@@ -180,21 +182,23 @@ def test_auto_forms_weights_only_for_small_bf16_calls_on_cpu(monkeypatch, native
 
 def test_auto_keeps_the_fused_kernel_where_bf16_is_emulated(monkeypatch):
     # Without bf16 instructions torch's bf16 batched products are emulated, ~20x slower than the fused kernel
-    from vitkit.kernels import policy
+    from vitkit.kernels import probe
 
-    monkeypatch.setattr(policy, "native_cpu_bf16", lambda: False)
+    emulated = probe.AttentionTimes(fused=0.01, explicit=0.2, fused_grad=0.03, explicit_grad=0.6)
+    monkeypatch.setattr(probe, "cpu_bf16_attention", lambda: emulated)
     layer = Attention(32, num_heads=4).eval()
     assert {layer.path(torch.device("cpu"), torch.bfloat16, size) for size in (1, 10**12)} == {"fused"}
     with vitkit.capture_attention(layer):  # capture still forms the weights
         assert layer.path(torch.device("cpu"), torch.bfloat16, 1) == "explicit"
 
 
-def test_auto_takes_the_fused_kernel_for_inference_on_amx(monkeypatch, native_bf16):
+def test_auto_takes_the_fused_kernel_for_inference_on_amx(monkeypatch):
     # With AMX tiles torch's fused kernel runs its blocks on them: faster than the explicit and blocked paths
     # without a gradient; with one, the explicit path's backward is the faster
-    from vitkit.kernels import policy
+    from vitkit.kernels import probe
 
-    monkeypatch.setattr(policy, "cpu_amx", lambda: True)
+    amx = probe.AttentionTimes(fused=1.1e-3, explicit=1.6e-3, fused_grad=9e-3, explicit_grad=4e-3)
+    monkeypatch.setattr(probe, "cpu_bf16_attention", lambda: amx)
     layer = Attention(32, num_heads=4).eval()
     cpu = torch.device("cpu")
     assert {layer.path(cpu, torch.bfloat16, size) for size in (1, 10**12)} == {"fused"}
@@ -208,13 +212,41 @@ def test_auto_takes_the_fused_kernel_for_inference_on_amx(monkeypatch, native_bf
 def test_cpu_amx_agrees_with_the_kernels_cpu_flags():
     from pathlib import Path
 
-    from vitkit.kernels.policy import cpu_amx
+    from vitkit.kernels.probe import cpu_amx
 
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.exists():
         pytest.skip("no /proc/cpuinfo to compare with")
     flags = {f for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for f in line.split()}
     assert cpu_amx() is ("amx_bf16" in flags)
+
+
+def test_the_bf16_attention_probe_times_each_path_once_per_machine(tmp_path, monkeypatch):
+    from vitkit.kernels import probe
+
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path))
+    probe.cpu_bf16_attention.cache_clear()
+    times = probe.cpu_bf16_attention()
+    assert min(times.fused, times.explicit, times.fused_grad, times.explicit_grad) > 0
+    assert probe.known_cpu_bf16_attention() is times  # a traced call reads what this process measured
+    cached = json.loads((tmp_path / probe.ATTENTION_FILE).read_text())
+    assert cached[probe.probe_key()] == dataclasses.asdict(times)
+    cached[probe.probe_key()] = {"fused": 2.0, "explicit": 1.0, "fused_grad": 1.0, "explicit_grad": 2.0}
+    (tmp_path / probe.ATTENTION_FILE).write_text(json.dumps(cached))
+    probe.cpu_bf16_attention.cache_clear()
+    assert probe.known_cpu_bf16_attention() is None  # not measured in this process: nothing to read
+    monkeypatch.setattr(probe, "_time_attention", lambda: pytest.fail("measured again"))
+    times = probe.cpu_bf16_attention()  # another process reads the machine's figures
+    assert times.explicit_faster(grad=False) and not times.explicit_faster(grad=True)
+    layer, cpu = Attention(32, num_heads=4).eval(), torch.device("cpu")
+    assert layer.path(cpu, torch.bfloat16, 1) == "explicit" and layer.path(cpu, torch.bfloat16, 1, grad=True) == "fused"
+    cached[probe.probe_key()] = {"fused": 2.0}  # a file of an older vitkit: measured again
+    (tmp_path / probe.ATTENTION_FILE).write_text(json.dumps(cached))
+    probe.cpu_bf16_attention.cache_clear()
+    fused_faster = {"fused": 1, "explicit": 2, "fused_grad": 1, "explicit_grad": 2}
+    monkeypatch.setattr(probe, "_time_attention", lambda: fused_faster)
+    assert not probe.cpu_bf16_attention().explicit_faster(grad=False)
+    probe.cpu_bf16_attention.cache_clear()
 
 
 @pytest.mark.parametrize("rows_bytes", [1, 8 * 53 * 8 * 5, 10**9])  # a row a block, 5 rows, one block

@@ -5,22 +5,14 @@ faster than fp32 at all (`slow_precision`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
-import math
-import os
-import platform
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from vitkit.errors import Namer, python_option
-from vitkit.kernels.policy import cpu_amx, native_cpu_bf16
-from vitkit.util import atomic_write
+from vitkit.kernels.probe import best_time, cpu_amx, measured, native_cpu_bf16
 
 PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -36,7 +28,7 @@ AUTO = "auto"  # the faster of fp32 and bf16 on the device at hand (`auto_precis
 # the products the probe times: a square one, and ViT-S's MLP on 8 images of 197 tokens, (M x K) @ (K x N)
 PROBE_SHAPES = ((1024, 1024, 1024), (1576, 384, 1536))
 FASTER_BY = 1.1  # `auto` takes bf16 when the probe measures it at least this much faster than fp32
-RATES_FILE = "matmul_rates.json"  # the probe's results per machine, in `cache_dir()`
+RATES_FILE = "matmul_rates.json"  # the probe's results per machine, in `vitkit.kernels.probe.cache_dir()`
 
 
 @dataclass(frozen=True)
@@ -58,68 +50,27 @@ class MatmulRates:
 
 
 def _rate(dtype: torch.dtype, device: torch.device, repeats: int = 3) -> float:
-    """FLOP/s of PROBE_SHAPES' products in `dtype`: each timed `repeats` times after a first call (which sets
-    oneDNN's kernel up), its best time counted."""
+    """FLOP/s of PROBE_SHAPES' products in `dtype`, each product's best of `repeats` timings counted."""
     flops, seconds = 0, 0.0
     for m, k, n in PROBE_SHAPES:
         x = torch.randn(m, k, dtype=dtype, device=device)
         w = torch.randn(n, k, dtype=dtype, device=device)
-        F.linear(x, w)
-        best = math.inf
-        for _ in range(repeats):
-            start = time.perf_counter()
-            F.linear(x, w)
-            best = min(best, time.perf_counter() - start)
-        flops, seconds = flops + 2 * m * k * n, seconds + best
+        flops, seconds = flops + 2 * m * k * n, seconds + best_time(lambda x=x, w=w: F.linear(x, w), repeats)
     return flops / seconds
 
 
-def cache_dir() -> Path:
-    """Where vitkit keeps what it measured about this machine: $VITKIT_CACHE, else $XDG_CACHE_HOME/vitkit, else
-    ~/.cache/vitkit."""
-    if os.environ.get("VITKIT_CACHE"):
-        return Path(os.environ["VITKIT_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitkit"
-
-
-def cpu_model() -> str:
-    """The CPU's model name, as /proc/cpuinfo gives it (else the platform's processor name)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def probe_key() -> str:
-    """What the probe's figures hold for: the CPU model, torch's version and the threads it runs on."""
-    return f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+def _time_rates() -> dict[str, float]:
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        return {"fp32": _rate(torch.float32, cpu), "bf16": _rate(torch.bfloat16, cpu)}
 
 
 @functools.cache
 def cpu_matmul_rates() -> MatmulRates:
-    """This CPU's `MatmulRates` under torch's current thread count: read from the cache (`cache_dir()`) when this
-    machine's were measured before (`probe_key`), else measured (a few tenths of a second) and cached."""
-    path, key = cache_dir() / RATES_FILE, probe_key()
-    try:
-        known = json.loads(path.read_text())
-        return MatmulRates(**known[key])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    cpu = torch.device("cpu")
-    with torch.inference_mode():
-        rates = MatmulRates(fp32=_rate(torch.float32, cpu), bf16=_rate(torch.bfloat16, cpu))
-    try:
-        known = json.loads(path.read_text()) if path.is_file() else {}
-        known = known if isinstance(known, dict) else {}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({**known, key: dataclasses.asdict(rates)}, indent=1)
-        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
-    except (OSError, ValueError):  # a read-only home: measured again next time
-        pass
-    return rates
+    """This CPU's `MatmulRates` under torch's current thread count: read from the cache
+    (`vitkit.kernels.probe.cache_dir`) when this machine's were measured before (`probe_key`), else measured (a few
+    tenths of a second) and cached."""
+    return MatmulRates(**measured(RATES_FILE, ("fp32", "bf16"), _time_rates))
 
 
 def choose_precision(rates: MatmulRates) -> str:

@@ -8,8 +8,7 @@ import argparse
 import json
 import sys
 
-from vitkit.analysis.precision import AUTO, resolve_precision
-from vitkit.cli.options import add_tile_options, set_max_pixels, tiling
+from vitkit.cli.options import add_precision_option, add_tile_options, run_precision, set_max_pixels, tiling
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.detection import COCO_METRICS
 from vitkit.infer import (
@@ -17,7 +16,6 @@ from vitkit.infer import (
     evaluate_model_dir,
     is_detector_dir,
     missing_info_note,
-    resolve_device,
     run_config,
 )
 from vitkit.viz.attention import check_picture_path, picture_formats, save_picture
@@ -53,13 +51,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         help=f"images per batch (default: {CLASSIFIER_BATCH}; a detector: the batch size of the run that wrote it, as "
         f"it was validated, else {DETECTOR_BATCH}: padding within a batch moves a detector's outputs near the borders)",
     )
-    parser.add_argument(
-        "--precision",
-        choices=("fp32", "bf16", AUTO),
-        default=None,
-        help="bf16: under bfloat16 autocast; auto: the one whose matrix products measure faster on this device "
-        "(default: the precision of the run that wrote the model, as it was validated, else fp32)",
-    )
+    add_precision_option(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     parser.add_argument("--workers", type=int, default=0, help="data loader worker processes")
     parser.add_argument(
@@ -89,7 +81,7 @@ def _run_detector(args: argparse.Namespace) -> int:
         check_picture_path(args.plot, figure=True)
     run = run_config(args.model_dir)
     batch = args.batch_size or run.get("batch_size") or DETECTOR_BATCH
-    precision = resolve_precision(args.precision or run.get("precision") or "fp32", resolve_device(args.device))
+    precision = run_precision(args)
     saved = read_model_info(args.model_dir).tile
     tile, overlap = tiling(args, saved)
     if tile is not None:
@@ -139,8 +131,7 @@ def run(args: argparse.Namespace) -> int:
     set_max_pixels(args)
     if args.plot:  # before the evaluation, not after it
         check_picture_path(args.plot, figure=True)
-    precision = args.precision or run_config(args.model_dir).get("precision") or "fp32"
-    precision = resolve_precision(precision, resolve_device(args.device))
+    precision = run_precision(args)
     batch = args.batch_size or CLASSIFIER_BATCH
     result, info = evaluate_model_dir(args.model_dir, args.data, batch, args.device, args.workers, precision)
     _note(args)

@@ -13,10 +13,11 @@ from PIL import Image
 from torch import nn
 
 from vitkit.analysis.available import available_memory
+from vitkit.analysis.precision import AUTO, PRECISIONS, resolve_precision
 from vitkit.analysis.preflight import SettingNames, check_memory
 from vitkit.data.tiles import DEFAULT_OVERLAP
 from vitkit.detection.postprocess import DEFAULT_THRESHOLD
-from vitkit.infer import is_detector_dir, is_detector_name
+from vitkit.infer import is_detector_dir, is_detector_name, resolve_device, run_config
 from vitkit.models.registry import published_weights
 from vitkit.train.config import option_flag
 from vitkit.weights import from_pretrained
@@ -251,6 +252,25 @@ MODEL_DIR_HELP = (
     "a model directory (vitkit train's runs/train/final, save_pretrained, vitkit convert, a transformers or timm "
     "model's files) or a Hugging Face Hub repository, hf-hub:ORG/REPO[@REVISION] (downloaded once)"
 )
+
+
+def add_precision_option(parser: argparse.ArgumentParser) -> None:
+    """`--precision` of a command that runs a saved model (`run_precision`)."""
+    parser.add_argument(
+        "--precision",
+        choices=(*PRECISIONS, AUTO),
+        default=None,
+        help="bf16: under bfloat16 autocast; auto: the one whose matrix products measure faster on this device "
+        "(default: the precision of the run that wrote the model, as it was validated, else fp32)",
+    )
+
+
+def run_precision(args: argparse.Namespace) -> str:
+    """The precision a command runs its model in: `--precision`, else the one the run that wrote `--model-dir`
+    validated in, else fp32; "auto" resolved on `--device` (`vitkit.analysis.precision.resolve_precision`)."""
+    model_dir = getattr(args, "model_dir", None)
+    saved = run_config(model_dir).get("precision") if model_dir else None
+    return resolve_precision(args.precision or saved or "fp32", resolve_device(args.device))
 
 
 def add_model_source(parser: argparse.ArgumentParser, model_help: str) -> None:

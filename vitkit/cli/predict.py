@@ -19,12 +19,14 @@ from tqdm import tqdm
 from vitkit.cli.options import (
     add_memory_option,
     add_model_source,
+    add_precision_option,
     add_threshold_option,
     add_tile_options,
     check_image_sizes,
     check_inference_memory,
     check_model_source,
     load_source,
+    run_precision,
     set_max_pixels,
     source_is_detector,
     tiling,
@@ -89,6 +91,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         f"(default: {DEFAULTS['out']})",
     )
     add_tile_options(parser)
+    add_precision_option(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     add_memory_option(parser)
 
@@ -169,8 +172,9 @@ def _run_detector(args: argparse.Namespace) -> int:
         )
     threshold = postprocessing.shown_above(args.threshold)
     found, skipped = detect_paths(
-        model, info, paths, threshold, postprocessing, args.workers, on_unreadable=_warn, tile=tile, overlap=overlap
-    )
+        model, info, paths, threshold, postprocessing, args.workers, on_unreadable=_warn, tile=tile, overlap=overlap,
+        precision=run_precision(args),
+    )  # fmt: skip
     rows = [item.to_dict() for item in found]
     notes = sys.stdout
     if found:
@@ -204,7 +208,10 @@ def run(args: argparse.Namespace) -> int:
     info = inference_info(model)
     check_inference_memory(model, args, args.batch_size, "--batch-size")
     _note(args, model)
-    found = predict_paths(model, info, paths, args.top_k, args.batch_size, args.workers, on_unreadable=_warn)
+    found = predict_paths(
+        model, info, paths, args.top_k, args.batch_size, args.workers, on_unreadable=_warn,
+        precision=run_precision(args),
+    )  # fmt: skip
     notes = sys.stdout
     if found.predictions:
         if args.json == STDOUT:

@@ -17,6 +17,7 @@ from torch import nn
 
 from vitkit.data import Unreadable, center_crop_share, eval_transform, normalize, open_image, preprocess
 from vitkit.infer.files import image_loader, progress_bar
+from vitkit.infer.runtime import autocast
 from vitkit.layers import to_2tuple
 from vitkit.weights import ModelInfo
 
@@ -106,6 +107,7 @@ def predict_paths(
     workers: int = 0,
     progress: bool | None = None,
     on_unreadable: Callable[[Unreadable], None] | None = None,
+    precision: str = "fp32",
 ) -> Predictions:
     """`predict` for many image files, batched through a DataLoader: files that cannot be read are skipped, not
     raised, and returned with the reason in `Predictions.skipped`.
@@ -116,6 +118,7 @@ def predict_paths(
         progress: a progress bar on stderr (a terminal only); None shows one for more than
             `vitkit.infer.files.PROGRESS_MIN_IMAGES`.
         on_unreadable: called with each unreadable file as it is met (e.g. to warn).
+        precision: the forward's ("bf16": bfloat16 autocast).
     """
     _check_classes(model, info.classes, top_k)
     config = model.config
@@ -133,7 +136,8 @@ def predict_paths(
                     on_unreadable(item)
             if len(batch.labels) > 0:
                 images = normalize(batch.images.to(device), info.mean, info.std)  # (B, C, H, W)
-                probs = model(images).float().softmax(dim=-1)  # (B, K)
+                with autocast(device, precision):
+                    probs = model(images).float().softmax(dim=-1)  # (B, K)
                 tops = _top(probs, info.classes, top_k)
                 for index, size, top in zip(batch.labels.tolist(), batch.sizes.tolist(), tops, strict=True):
                     predictions.append(Prediction(os.fspath(paths[index]), top, tuple(size)))

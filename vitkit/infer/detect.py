@@ -171,6 +171,7 @@ def detect_paths(
     on_unreadable: Callable[[Unreadable], None] | None = None,
     tile: int | None = None,
     overlap: float | None = None,
+    precision: str = "fp32",
 ) -> tuple[list[ImageDetections], list[Unreadable]]:
     """`detect_files` for many image files, decoded by a DataLoader (`workers` processes): files that cannot be
     read are skipped, not raised. Each image still runs alone at its own size, so its detections are those of
@@ -183,6 +184,7 @@ def detect_paths(
         on_unreadable: called with each unreadable file as it is met (e.g. to warn).
         tile, overlap: an image larger than `tile` on a side is detected in tiles of that side sharing `overlap`
             of it (`vitkit.infer.tiles.detect_tiled`); None: whole images.
+        precision: the forward's ("bf16": bfloat16 autocast).
     """
     from vitkit.infer.tiles import DEFAULT_OVERLAP, detect_tiled, tile_grid  # tiles build on this module
 
@@ -202,9 +204,11 @@ def detect_paths(
             if tile is not None and max(image.width / tile, image.height / tile) > 1:
                 bar.total += len(tile_grid(image.height, image.width, tile, overlap)) - 1  # this image's tiles
                 bar.refresh()
-                detections = detect_tiled(model, info, image, tile, overlap, threshold, postprocessing, bar=bar)
+                detections = detect_tiled(
+                    model, info, image, tile, overlap, threshold, postprocessing, precision=precision, bar=bar
+                )
             else:
-                (detections,) = detect(model, info, [image], threshold, postprocessing)
+                (detections,) = detect(model, info, [image], threshold, postprocessing, precision)
                 bar.update()
             found.append(ImageDetections(os.fspath(paths[index]), (image.height, image.width), detections))
     return found, skipped

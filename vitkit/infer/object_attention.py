@@ -237,10 +237,14 @@ def detection_attention_figure(
             _level_names(samples),
             info.classes,
             model=f"{name}: {described}" if name else described,
-            what=(what := _what(
-                f"decoder layer {layer % L} (of 0..{L - 1}) sampling points of each object's query, {which}", above,
-                threshold, detections,
-            )),  # fmt: skip
+            what=(
+                what := _what(
+                    f"decoder layer {layer % L} (of 0..{L - 1}) sampling points of each object's query, {which}",
+                    above,
+                    threshold,
+                    detections,
+                )
+            ),  # fmt: skip
             empty=f"no detections above {threshold:.2f}",
         )
         return figure, detections, what
@@ -257,10 +261,14 @@ def detection_attention_figure(
         info.classes,
         alpha,
         model=f"{name}: {described}" if name else described,
-        what=(what := _what(
-            f"decoder layer {layer % L} (of 0..{L - 1}) cross-attention of each object's query, {which}", above,
-            threshold, detections,
-        )),  # fmt: skip
+        what=(
+            what := _what(
+                f"decoder layer {layer % L} (of 0..{L - 1}) cross-attention of each object's query, {which}",
+                above,
+                threshold,
+                detections,
+            )
+        ),  # fmt: skip
         empty=f"no detections above {threshold:.2f}",
     )
     return figure, detections, what

@@ -3,14 +3,15 @@
 Dense attention (`attention_path`) has four paths (`vitkit.kernels.attention`): torch's fused kernel, the explicit
 product, the explicit product a block of queries at a time, and the reference formula. Multi-scale deformable
 sampling (`deformable_path`) has three (`vitkit.kernels.deformable`): the gather, the levelwise `grid_sample` and the
-reference. The measurements behind each rule are in BENCHMARKS.md.
+reference. The measurements behind each rule are in BENCHMARKS.md; where CPUs differ, the rule asks what this one
+measured (`vitkit.kernels.probe`).
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from vitkit.kernels import probe
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "math")
 """A dense attention layer's backends: `sdpa`, torch's fused kernel (never keeps the N x N weights); `math`, the
@@ -40,23 +41,6 @@ def check_backend(backend: str, kinds: tuple[str, ...] = ATTENTION_BACKENDS) -> 
     return backend
 
 
-@functools.cache
-def native_cpu_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX), as oneDNN reports it. Without,
-    torch emulates bf16 products, several times slower than fp32."""
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-@functools.cache
-def cpu_amx() -> bool:
-    """Whether this CPU has AMX bf16 tiles (Intel Xeon since Sapphire Rapids), as torch reports it."""
-    capabilities = getattr(torch.cpu, "get_capabilities", None)
-    try:
-        return bool(capabilities is not None and capabilities().get("amx_bf16", False))
-    except RuntimeError:  # a build or platform that cannot read the CPU's features
-        return False
-
-
 def attention_path(
     backend: str,
     device: torch.device,
@@ -72,18 +56,21 @@ def attention_path(
 
     - `math`: the reference.
     - Capturing the weights, or dropout on them on a CPU (torch's fused CPU kernel has none): the explicit path.
-    - `auto` in bf16 on a CPU with bf16 instructions: without AMX, the explicit path while the weights fit in
-      `explicit_max_bytes`, beyond it the blocked path (the fused kernel with a gradient); with AMX, the fused kernel
-      for inference (it runs on the tiles) and the explicit path with a gradient.
-    - Everywhere else (fp32, GPUs, CPUs that emulate bf16): the fused kernel.
+    - `auto` in bf16 on a CPU where the explicit product measures faster than the fused kernel, with a gradient or
+      without as the call needs (`vitkit.kernels.probe.cpu_bf16_attention`): the explicit path while the weights fit
+      in `explicit_max_bytes`, beyond it the blocked path (the fused kernel with a gradient). Measured: with
+      AVX512-BF16 and no AMX, both ways; with AMX tiles, with a gradient only (the fused kernel runs on the tiles);
+      where bf16 is emulated, neither.
+    - Everywhere else (fp32, GPUs, and a call traced before this process measured): the fused kernel.
     """
     if backend == "math":
         return "reference"
     if capture or (dropout > 0 and device.type == "cpu"):
         return "explicit"
-    if backend != "auto" or device.type != "cpu" or dtype != torch.bfloat16 or not native_cpu_bf16():
+    if backend != "auto" or device.type != "cpu" or dtype != torch.bfloat16:
         return "fused"
-    if not grad and cpu_amx():
+    times = probe.known_cpu_bf16_attention() if torch.compiler.is_compiling() else probe.cpu_bf16_attention()
+    if times is None or not times.explicit_faster(grad):
         return "fused"
     if weights_bytes <= explicit_max_bytes:
         return "explicit"

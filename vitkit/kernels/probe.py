@@ -1,0 +1,153 @@
+"""What vitkit measures about the machine it runs on, rather than reads from its flags: a few short timings, taken
+once per machine and cached in `cache_dir()` under `probe_key()` (the CPU model, torch's version, the threads).
+
+- `measured`: a probe's figures, read from its cache file or measured and written there.
+- `cpu_bf16_attention`: dense attention's fused kernel against the explicit product in bf16 on this CPU, without
+  and with a gradient, as `vitkit.kernels.policy.attention_path` asks for `auto`.
+
+The matrix-product rates behind `precision="auto"` are `vitkit.analysis.precision.cpu_matmul_rates`, a probe of the
+same kind.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from vitkit.util import atomic_write
+
+
+def cache_dir() -> Path:
+    """Where vitkit keeps what it measured about this machine: $VITKIT_CACHE, else $XDG_CACHE_HOME/vitkit, else
+    ~/.cache/vitkit."""
+    if os.environ.get("VITKIT_CACHE"):
+        return Path(os.environ["VITKIT_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitkit"
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it (else the platform's processor name)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def probe_key() -> str:
+    """What a probe's figures hold for: the CPU model, torch's version and the threads it runs on."""
+    return f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+@functools.cache
+def native_cpu_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX), as oneDNN reports it. Without,
+    torch emulates bf16 products, several times slower than fp32."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@functools.cache
+def cpu_amx() -> bool:
+    """Whether this CPU has AMX bf16 tiles (Intel Xeon since Sapphire Rapids), as torch reports it."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    try:
+        return bool(capabilities is not None and capabilities().get("amx_bf16", False))
+    except RuntimeError:  # a build or platform that cannot read the CPU's features
+        return False
+
+
+def measured(file: str, names: tuple[str, ...], measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """This machine's figures `names` of one probe: read from `cache_dir() / file` when measured before under
+    `probe_key()`, else `measure()`d and written there beside other machines' (a read-only cache: measured again
+    next time)."""
+    path, key = cache_dir() / file, probe_key()
+    try:
+        figures = json.loads(path.read_text())[key]
+        if set(figures) == set(names) and all(isinstance(figures[name], (int, float)) for name in names):
+            return figures
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    figures = measure()
+    try:
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        known = known if isinstance(known, dict) else {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({**known, key: figures}, indent=1)
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    except (OSError, ValueError):
+        pass
+    return figures
+
+
+def best_time(call: Callable[[], object], repeats: int = 3) -> float:
+    """The best of `repeats` timings (s) of `call`, after a first call that sets its kernels up."""
+    call()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+ATTENTION_PROBE = (8, 6, 197, 64)  # (B, h, N, d): ViT-S/16's self-attention on 8 images at 224 px
+ATTENTION_FILE = "attention_bf16.json"  # `cpu_bf16_attention`'s figures per machine, in `cache_dir()`
+
+
+@dataclass(frozen=True)
+class AttentionTimes:
+    """Seconds of one bf16 attention call of ATTENTION_PROBE's shape on each path: torch's fused kernel and the
+    explicit product, without a gradient and with one (forward and backward)."""
+
+    fused: float
+    explicit: float
+    fused_grad: float
+    explicit_grad: float
+
+    def explicit_faster(self, grad: bool) -> bool:
+        """Whether the explicit product beat the fused kernel, with a gradient or without."""
+        return self.explicit_grad < self.fused_grad if grad else self.explicit < self.fused
+
+
+def _time_attention() -> dict[str, float]:
+    from vitkit.kernels.attention import explicit_attention  # it asks the policy, which asks this module
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(ATTENTION_PROBE, generator=generator, dtype=torch.bfloat16) for _ in range(3))
+    scale = ATTENTION_PROBE[-1] ** -0.5
+    times = {}
+    with torch.no_grad():
+        times["fused"] = best_time(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale))
+        times["explicit"] = best_time(lambda: explicit_attention(q, k, v, None, scale))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        times["fused_grad"] = best_time(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale).sum().backward())
+        times["explicit_grad"] = best_time(lambda: explicit_attention(q, k, v, None, scale).sum().backward())
+    return times
+
+
+@functools.cache
+def cpu_bf16_attention() -> AttentionTimes:
+    """This CPU's `AttentionTimes` (about a quarter of a second to measure, once per machine). On the CPUs measured:
+    with AVX512-BF16 and no AMX the explicit product wins both ways (1.7x and 2.6x on a Zen 4); with AMX tiles the
+    fused kernel wins without a gradient; where bf16 is emulated the fused kernel wins."""
+    names = tuple(field.name for field in fields(AttentionTimes))
+    return AttentionTimes(**measured(ATTENTION_FILE, names, _time_attention))
+
+
+def known_cpu_bf16_attention() -> AttentionTimes | None:
+    """`cpu_bf16_attention` when this process has it already, else None: what a traced call (torch.compile,
+    torch.export) may ask without timing anything inside the trace."""
+    return cpu_bf16_attention() if cpu_bf16_attention.cache_info().currsize else None
