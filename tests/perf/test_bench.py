@@ -98,6 +98,21 @@ def test_table_output(capsys):
     out = capsys.readouterr().out
     assert "vitkit fp32" in out and "timm fp32" in out and "vs timm fp32" in out and "1.00x" in out
     assert f"TFLOP/s ({cpu_features()})" in out  # a figure names the instruction sets it was measured with
+    assert "bf16 attention" not in out  # fp32: the fused kernel, nothing measured to say
+
+
+def test_a_bf16_table_says_which_attention_path_this_cpu_measured_faster(monkeypatch, capsys):
+    from vitkit.kernels import probe
+
+    amx = probe.AttentionTimes(fused=1.1e-3, explicit=1.6e-3, fused_grad=9e-3, explicit_grad=4e-3)
+    monkeypatch.setattr(probe, "cpu_bf16_attention", lambda: amx)
+    monkeypatch.setattr("vitkit.cli.bench.cpu_bf16_attention", lambda: amx)
+    assert main(["bench", "vit_tiny_patch16_224", "--batch-size", "1", "--img-size", "32", "--rounds", "1",
+                 "--precision", "bf16"]) == 0  # fmt: skip
+    assert (
+        "bf16 attention (auto) takes the fused kernel without a gradient (1.1 ms against the explicit product's 1.6); "
+        "the explicit product with a gradient (4.0 ms against the fused kernel's 9.0), as measured on this CPU"
+    ) in capsys.readouterr().out
 
 
 def test_cpu_features_name_amx_where_torch_sees_it(monkeypatch):

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+import torch
+
 from vitkit.analysis.precision import (
     AUTO,
     PRECISIONS,
@@ -14,6 +16,7 @@ from vitkit.analysis.precision import (
 )
 from vitkit.cli.messages import cli_option
 from vitkit.cli.options import add_memory_option, add_renamed_option, memory_flags, parse_size
+from vitkit.kernels.probe import cpu_bf16_attention
 from vitkit.perf.bench import COMPARE, Report, bench, compared_detectors
 from vitkit.train import create_optimizer
 from vitkit.util import counted
@@ -79,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**report.to_dict(), "auto_precision": {"precision": auto[0], "why": auto[1]}}, indent=2))
     else:
         print_report(report, auto)
+        if args.precision == "bf16" and torch.device(args.device).type == "cpu":
+            print(f"bf16 attention (auto) takes {cpu_bf16_attention().describe()}, as measured on this CPU")
     return 0
 
 

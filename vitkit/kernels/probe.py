@@ -120,6 +120,19 @@ class AttentionTimes:
         """Whether the explicit product beat the fused kernel, with a gradient or without."""
         return self.explicit_grad < self.fused_grad if grad else self.explicit < self.fused
 
+    def describe(self) -> str:
+        """ "the explicit product without a gradient (2.7 ms against the fused kernel's 5.5); the explicit product
+        with a gradient (9.6 ms against 25.4)" """
+        parts = []
+        for grad, explicit, fused in ((False, self.explicit, self.fused), (True, self.explicit_grad, self.fused_grad)):
+            if self.explicit_faster(grad):
+                won, time, other, lost = "the explicit product", explicit, "the fused kernel's", fused
+            else:
+                won, time, other, lost = "the fused kernel", fused, "the explicit product's", explicit
+            when = "with" if grad else "without"
+            parts.append(f"{won} {when} a gradient ({time * 1e3:.1f} ms against {other} {lost * 1e3:.1f})")
+        return "; ".join(parts)
+
 
 def _time_attention() -> dict[str, float]:
     from vitkit.kernels.attention import explicit_attention  # it asks the policy, which asks this module
