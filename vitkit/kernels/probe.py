@@ -16,6 +16,7 @@ import json
 import math
 import os
 import platform
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -68,6 +69,27 @@ def cpu_amx() -> bool:
         return False
 
 
+def isolated(call: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """`call()` in a thread of its own, on the caller's thread count: the caller's thread-local state (autocast, grad
+    mode, saved-tensor hooks, dispatch and device modes such as a cost trace's) does not reach the timings, which a
+    probe may be asked for from inside any of them."""
+    threads, result = torch.get_num_threads(), {}
+
+    def run() -> None:
+        torch.set_num_threads(threads)
+        try:
+            result["figures"] = call()
+        except BaseException as error:  # raised again in the caller's thread
+            result["error"] = error
+
+    worker = threading.Thread(target=run, name="vitkit-probe")
+    worker.start()
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    return result["figures"]
+
+
 def measured(file: str, names: tuple[str, ...], measure: Callable[[], dict[str, float]]) -> dict[str, float]:
     """This machine's figures `names` of one probe: read from `cache_dir() / file` when measured before under
     `probe_key()`, else `measure()`d and written there beside other machines' (a read-only cache: measured again
@@ -79,7 +101,7 @@ def measured(file: str, names: tuple[str, ...], measure: Callable[[], dict[str, 
             return figures
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    figures = measure()
+    figures = isolated(measure)
     try:
         known = json.loads(path.read_text()) if path.is_file() else {}
         known = known if isinstance(known, dict) else {}
