@@ -44,7 +44,8 @@ def counted_matmul_flops(model: torch.nn.Module, size: tuple[int, int], batch: i
 
 def counted_train_matmul_flops(model: torch.nn.Module, size: tuple[int, int], batch: int = 1) -> int:
     """FlopCounterMode's total for a forward and a backward pass from the sum of every output (a detector's
-    auxiliary outputs and a two-stage detector's encoder outputs included), the input's gradient computed too."""
+    auxiliary outputs, a two-stage detector's encoder outputs and a mask head's masks included), the input's gradient
+    computed too."""
     x = torch.randn(batch, model.config.in_chans, *size, device=next(model.parameters()).device, requires_grad=True)
     with FlopCounterMode(display=False) as counter:
         out = model(x)
@@ -52,6 +53,7 @@ def counted_train_matmul_flops(model: torch.nn.Module, size: tuple[int, int], ba
         if not isinstance(out, torch.Tensor):
             more = [*out.get("aux_outputs", []), *([out["enc_outputs"]] if "enc_outputs" in out else [])]
             outputs += [t for extra in more for t in (extra["pred_logits"], extra["pred_boxes"])]
+            outputs += [out["pred_masks"]] if "pred_masks" in out else []
         sum(t.sum() for t in outputs).backward()
     return counter.get_total_flops()
 

@@ -21,7 +21,7 @@ from torch import nn
 
 import vitkit
 from vitkit.layers import SampledAttention, capture_attention, set_attention_backend, to_2tuple
-from vitkit.models.interface import VitkitDetector, VitkitModel, has_no_object_logit
+from vitkit.models.interface import VitkitDetector, VitkitModel, has_no_object_logit, predicts_masks
 from vitkit.models.registry import DETECTION, families, family_of, model_entry, replace_config
 
 
@@ -36,7 +36,10 @@ def task_outputs(model: nn.Module) -> object:
     logits = c.num_classes + has_no_object_logit(model)  # K, and "no object" where the model declares one
     layer = {"pred_logits": (2, c.num_queries, logits), "pred_boxes": (2, c.num_queries, 4)}
     earlier = len(model.object_attention_layers()) - 1 if c.aux_loss else 0
-    return {**layer, "aux_outputs": [layer] * earlier}
+    masks = {}
+    if predicts_masks(model):  # the last layer's mask logits at a quarter of the image's size
+        masks["pred_masks"] = (2, c.num_queries, *(side // 4 for side in to_2tuple(c.img_size)))
+    return {**layer, "aux_outputs": [layer] * earlier, **masks}
 
 
 def deformable_detr_outputs(model: nn.Module) -> object:
@@ -285,7 +288,7 @@ def test_model_provides_what_its_family_declares(name):
     x = images(model)
     with torch.no_grad():
         out, predicted = model(x), model.predict(x)
-    assert set(predicted) == {"pred_logits", "pred_boxes"}
+    assert set(predicted) == {"pred_logits", "pred_boxes", *(["pred_masks"] if predicts_masks(model) else [])}
     torch.testing.assert_close(predicted, {k: out[k] for k in predicted})
 
 

@@ -32,6 +32,7 @@ def test_variants_cite_the_paper():
         "detr_resnet101_dc5",
         "detr_resnet50",
         "detr_resnet50_dc5",
+        "detr_resnet50_panoptic",
         "detr_tiny",
     ]
     for name in vitkit.list_models("detr*"):
@@ -71,10 +72,11 @@ def test_forward_returns_the_prediction_dict():
     assert len(out["aux_outputs"]) == 1 and set(out["aux_outputs"][0]) == {"pred_logits", "pred_boxes"}
     # the auxiliary predictions are the heads on the earlier layer's normalised output
     with torch.no_grad():
-        states = model.forward_features(images, mask)
-        assert states.shape == (2, 2, 7, 32)
+        decoding = model.forward_features(images, mask)
+        states = decoding.states
+        assert states.shape == (2, 2, 7, 32) and decoding.encoded is None  # no mask head
         torch.testing.assert_close(out["aux_outputs"][0]["pred_logits"], model.class_embed(states[0]))
-        torch.testing.assert_close(model.forward_head(states, pre_logits=True), states[-1])
+        torch.testing.assert_close(model.forward_head(decoding, pre_logits=True), states[-1])
 
     no_aux = tiny(aux_loss=False)
     with torch.no_grad():

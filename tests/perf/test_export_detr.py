@@ -166,3 +166,19 @@ def test_mask_resampling_matches_interpolate_in_pytorch_and_onnx(tmp_path):
             assert torch.equal(nearest_mask(mask, (h, 2)), expected), (H, h)
             got = session.run(None, {mask_name: mask.numpy(), features_name: np.zeros((1, 4, h, 2), np.float32)})
             assert np.array_equal(got[0], expected.numpy()), (H, h)
+
+
+def test_a_detr_with_its_mask_head_exports_the_mask_logits(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    model = tiny_detr(masks=True, num_heads=8)  # D + M = 40: the mask head's GroupNorms split it into 8 groups
+    report = export_model(model, tmp_path / "detr.onnx", "onnx", img_size=SIZE)  # checked against PyTorch, 2 sizes
+    assert report.outputs == (*OUTPUTS, "pred_masks") and report.dynamic_img_size
+    assert 0 <= report.max_abs_diff <= report.atol == 1e-4
+    session = ort.InferenceSession(str(report.path), providers=["CPUExecutionProvider"])
+    assert [(o.name, o.shape[1]) for o in session.get_outputs()][2] == ("pred_masks", 7)  # (B, Q, H / 4, W / 4)
+    images, mask = batches((97, 131))[1]  # another size than those checked, four images padded to it
+    with torch.no_grad():
+        expected = model(images, mask)["pred_masks"]
+    got = session.run(["pred_masks"], {"images": images.numpy(), "pixel_mask": mask.numpy()})[0]
+    assert got.shape == (4, 7, 25, 33)  # a quarter of the batch's 97 x 131, rounded up
+    torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-4, rtol=0)

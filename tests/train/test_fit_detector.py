@@ -256,6 +256,17 @@ def test_a_model_that_does_not_fit_the_data_is_a_clear_error(digits_coco, digit_
         dataclasses.replace(deformable, detection_loss="ce").resolved()
     with pytest.raises(ValueError, match="without a 'no object' logit: train it with detection_loss 'focal'"):
         fit(dataclasses.replace(deformable, detection_loss="ce", out=str(digits_coco / "never")))
+    # DETR's mask head is not trained by the box criterion: refused before anything is written
+    masks = TrainConfig(
+        data=str(digits_coco),
+        model="detr_digits",
+        model_args={"masks": True, "num_heads": 8},
+        out=str(digits_coco / "never"),
+    )
+    with pytest.raises(
+        ValueError, match=r"'detr_digits' has DETR's mask head \(masks=True\), which vitkit train does not"
+    ):
+        fit(masks)
     assert not (digits_coco / "never").exists()
 
 

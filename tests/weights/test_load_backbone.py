@@ -113,8 +113,8 @@ def test_a_resnet_file_is_named_as_one_for_other_models(resnet50_file):
     with pytest.raises(CheckpointMismatch, match=r"it looks like a torchvision ResNet checkpoint \(first keys") as c:
         vitkit.load_weights(vitkit.create_model("vit_tiny_patch16_224"), resnet50_file)
     assert c.value.models == [
-        "detr_resnet50", "detr_resnet50_dc5", "deformable_detr_resnet50", "deformable_detr_resnet50_box_refine",
-        "deformable_detr_resnet50_two_stage",
+        "detr_resnet50", "detr_resnet50_dc5", "detr_resnet50_panoptic", "deformable_detr_resnet50",
+        "deformable_detr_resnet50_box_refine", "deformable_detr_resnet50_two_stage",
     ]  # fmt: skip
 
 

@@ -81,6 +81,7 @@ def test_timm_entries_are_timm_weights_the_variant_takes(entry, weights):
 HF_CONFIGS = {
     "facebook/detr-resnet-50": dict(backbone="resnet50"),
     "facebook/detr-resnet-50-dc5": dict(backbone="resnet50", dilation=True),
+    "facebook/detr-resnet-50-panoptic": dict(backbone="resnet50", num_labels=250),  # a DetrForSegmentation
     "facebook/detr-resnet-101": dict(backbone="resnet101"),
     "facebook/detr-resnet-101-dc5": dict(backbone="resnet101", dilation=True),
     "SenseTime/deformable-detr": dict(),
@@ -96,11 +97,12 @@ def test_transformers_entries_are_repositories_the_variant_takes(entry, weights)
     assert repo in HF_CONFIGS, f"{repo}: no record of its config in this test"
     config_cls, model_cls = {
         "detr": (transformers.DetrConfig, transformers.DetrForObjectDetection),
+        "detr masks": (transformers.DetrConfig, transformers.DetrForSegmentation),
         "deformable_detr": (transformers.DeformableDetrConfig, transformers.DeformableDetrForObjectDetection),
-    }[entry.family]
+    }[entry.family + (" masks" if getattr(entry.config, "masks", False) else "")]
     hf = config_cls(
-        use_timm_backbone=True, use_pretrained_backbone=False, num_labels=91, **HF_CONFIGS[repo]
-    )  # 91 COCO ids, as their id2label
+        use_timm_backbone=True, use_pretrained_backbone=False, **{"num_labels": 91, **HF_CONFIGS[repo]}
+    )  # 91 COCO ids, as their id2label (the panoptic model: 250)
     with torch.device("meta"):
         theirs = model_cls(hf).state_dict()
     _, read_config = hf_model_types()[hf.model_type]

@@ -30,7 +30,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,7 @@ from torch import nn
 from vitkit.layers import Attention, check_backend, to_2tuple
 from vitkit.layers.pos_embed import SinePositionEmbedding, nearest_mask
 from vitkit.models.backbone import ClassifierBackbone, backbone_outputs, check_backbone_choice, pad_to_multiple
+from vitkit.models.detr_masks import MaskHead, ObjectAttentionMap, check_mask_head
 from vitkit.models.interface import CostFromImages, SpatialAttention, check_detector_input, checkpoint_blocks
 from vitkit.models.registry import (
     Fields,
@@ -99,6 +100,8 @@ class DetrConfig:
     aux_loss: bool = True  # also predict from every earlier decoder layer (`aux_outputs`, for the auxiliary losses)
     dynamic_img_size: bool = True  # accept any image size (batches of several sizes are padded); False: img_size only
     attn_backend: str = "auto"  # "auto", "sdpa" (fused kernel) or "math" (the reference formula); see layers.attention
+    masks: bool = False  # DETR's mask head (`vitkit.models.detr_masks`, the paper's panoptic model): `pred_masks`, a
+    # mask logit map per query at stride 4, from the ResNet's four maps
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backbone_args", as_fields(self.backbone_args))
@@ -121,6 +124,13 @@ class DetrConfig:
         if len(self.backbone_scales) > 1:
             raise ValueError(f"DETR reads one map: backbone_scales takes one scale or none, got {self.backbone_scales}")
         check_backbone_choice(self, self.outputs)
+        if self.masks:
+            check_mask_head(self.hidden_dim, self.num_heads)
+        if self.masks and self.backbone != "resnet":
+            raise ValueError(
+                f"DETR's mask head reads a ResNet's layer1..layer3 maps; backbone {self.backbone!r} has none: use "
+                "backbone='resnet' with masks=True"
+            )
         if self.hidden_dim % self.num_heads != 0:
             raise ValueError(f"hidden_dim {self.hidden_dim} is not divisible by num_heads {self.num_heads}")
         if self.hidden_dim % 4 != 0:
@@ -131,7 +141,7 @@ class DetrConfig:
     def outputs(self) -> tuple[int, ...]:
         """The backbone output that gives the map: a ResNet's layer4, a Swin's last stage or a ViT's last block."""
         if self.backbone == "resnet":
-            return (4,)
+            return (1, 2, 3, 4) if self.masks else (4,)
         return (backbone_outputs(self.backbone, dict(self.backbone_args)),)
 
 
@@ -165,6 +175,23 @@ def resnet_backbone(config: Any, out_indices: Sequence[int] = (3,)) -> ResNet:
     return ResNet(stem, stages, "torchvision", out_indices)
 
 
+class Encoded(NamedTuple):
+    """What DETR's backbone and encoder give the decoder and the mask head."""
+
+    maps: list[torch.Tensor]  # the backbone's maps, layer4 (B, C5, h, w) last (with masks: layer1..layer4)
+    projected: torch.Tensor  # input_proj(layer4): (B, D, h, w)
+    memory: torch.Tensor  # the encoder's output (B, N, D)
+    pos: torch.Tensor  # the sine position encoding (B, N, D)
+    attn_mask: torch.Tensor | None  # (B, 1, 1, N), True: a real token; None: no padding
+
+
+class DetrDecoding(NamedTuple):
+    """What DETR's `forward_features` gives its `forward_head`."""
+
+    states: torch.Tensor  # the decoder's normalised outputs of every layer (L, B, Q, D)
+    encoded: Encoded | None = None  # with the mask head: the maps and memory it reads beside the last layer
+
+
 class BoxMLP(nn.Module):
     """The box head: Linear -> ReLU -> Linear -> ReLU -> Linear -> sigmoid: (..., D) -> (cx, cy, w, h) in [0, 1]."""
 
@@ -190,10 +217,13 @@ class DETR(CostFromImages, nn.Module):
     - ``aux_outputs``: a list of such dicts (without `aux_outputs`), one per earlier decoder layer, for the
       auxiliary losses; empty when `config.aux_loss` is False.
 
-    The model interface (`vitkit.models.interface`) for a detector: `forward_features` returns the decoder's
-    normalised outputs of every layer (L, B, Q, D), `forward_head` turns them into the dict above (with `pre_logits`,
-    the last layer's object embeddings (B, Q, D)), and `token_grid` is None: the decoder's attention runs over
-    object queries, not over a token grid of the image.
+    - with the mask head (`config.masks`), ``pred_masks`` (B, Q, H / 4, W / 4): each query's mask logits over the
+      padded image (`vitkit.models.detr_masks`), from the last decoder layer.
+
+    The model interface (`vitkit.models.interface`) for a detector: `forward_features` returns a `DetrDecoding`
+    (the decoder's normalised outputs of every layer (L, B, Q, D), and what the mask head reads), `forward_head`
+    turns it into the dict above (with `pre_logits`, the last layer's object embeddings (B, Q, D)), and
+    `token_grid` is None: the decoder's attention runs over object queries, not over a token grid of the image.
     """
 
     no_object_logit = True  # K class logits and "no object" last (`vitkit.models.interface.VitkitDetector`)
@@ -202,7 +232,7 @@ class DETR(CostFromImages, nn.Module):
         super().__init__()
         self.config = c = config
         if c.backbone == "resnet":
-            self.backbone = resnet_backbone(c)
+            self.backbone = resnet_backbone(c, [stage - 1 for stage in c.outputs])
         else:
             fields = {"attn_backend": c.attn_backend, **dict(c.backbone_args)}  # the backbone's attention too
             self.backbone = ClassifierBackbone(c.backbone, c.outputs, c.backbone_scales, fields, c.in_chans)
@@ -221,6 +251,9 @@ class DETR(CostFromImages, nn.Module):
         self.decoder = Decoder(c.dec_layers, **layer)
         self.class_embed = nn.Linear(c.hidden_dim, c.num_classes + 1)
         self.bbox_embed = BoxMLP(c.hidden_dim)
+        if c.masks:  # layer4 feeds the transformer, layer3..layer1 the mask head's upsampling
+            self.bbox_attention = ObjectAttentionMap(c.hidden_dim, c.num_heads)
+            self.mask_head = MaskHead(c.hidden_dim, c.num_heads, self.backbone.out_channels[-2::-1])
         self.init_weights()
         if not c.train_stem:  # DETR trains layer2..layer4 of a ResNet only
             for module in self.backbone.early_layers():
@@ -245,36 +278,61 @@ class DETR(CostFromImages, nn.Module):
         pixel_mask is None or (B, H, W); the mask as booleans."""
         return check_detector_input(self.config, images, pixel_mask, "DETR")
 
-    def forward_features(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Images (B, C, H, W) and pixel_mask (B, H, W) or None -> the decoder's normalised outputs (L, B, Q, D)."""
+    def _encode(self, images: torch.Tensor, pixel_mask: torch.Tensor | None) -> Encoded:
         pixel_mask = self.check_input(images, pixel_mask)
         images, pixel_mask = pad_to_multiple(images, pixel_mask, self.backbone.size_multiple)
         # oneDNN's convolutions run fastest channels-last
-        features = self.backbone(images.contiguous(memory_format=torch.channels_last))[-1]  # (B, C5, h, w)
-        B, _, h, w = features.shape
+        maps = self.backbone(images.contiguous(memory_format=torch.channels_last))  # layer4 (B, C5, h, w) last
+        B, _, h, w = maps[-1].shape
         if pixel_mask is None:
             mask = torch.ones(B, h, w, dtype=torch.bool, device=images.device)
         else:
             mask = nearest_mask(pixel_mask, (h, w))  # (B, h, w)
-        pos = self.position_embedding(mask).to(features.dtype)  # (B, N, D)
-        x = self.input_proj(features).flatten(2).transpose(1, 2)  # (B, D, h, w) -> (B, D, N) -> (B, N, D)
+        pos = self.position_embedding(mask).to(maps[-1].dtype)  # (B, N, D)
+        projected = self.input_proj(maps[-1])  # (B, D, h, w)
+        x = projected.flatten(2).transpose(1, 2)  # (B, D, N) -> (B, N, D)
         attn_mask = None if pixel_mask is None else mask.flatten(1)[:, None, None, :]  # (B, 1, 1, N), True: attend
         memory = self.encoder(x, pos, attn_mask)  # (B, N, D)
-        return self.decoder(self.query_embed.weight, memory, pos, attn_mask)  # (Q, D) -> (L, B, Q, D)
+        return Encoded(maps, projected, memory, pos, attn_mask)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> dict[str, Any] | torch.Tensor:
-        """Decoder outputs (L, B, Q, D) -> the predictions dict (see the class), or with `pre_logits` the last
-        layer's object embeddings (B, Q, D)."""
+    def _decode(self, encoded: Encoded) -> torch.Tensor:
+        return self.decoder(self.query_embed.weight, encoded.memory, encoded.pos, encoded.attn_mask)  # (L, B, Q, D)
+
+    def _masks(self, encoded: Encoded, objects: torch.Tensor) -> torch.Tensor:
+        """Each query's mask logits (B, Q, H / 4, W / 4) from the last decoder layer's outputs (B, Q, D)."""
+        token_mask = None if encoded.attn_mask is None else encoded.attn_mask[:, 0, 0]  # (B, N)
+        grid = tuple(encoded.projected.shape[-2:])
+        maps = self.bbox_attention(objects, encoded.memory, grid, token_mask)  # (B, Q, M, h, w)
+        return self.mask_head(encoded.projected, maps, encoded.maps[-2::-1])  # layer3, layer2, layer1
+
+    def forward_features(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> DetrDecoding:
+        """Images (B, C, H, W) and pixel_mask (B, H, W) or None -> the decoder's normalised outputs (L, B, Q, D), with
+        what the mask head reads where the model has one (`DetrDecoding`)."""
+        encoded = self._encode(images, pixel_mask)
+        return DetrDecoding(self._decode(encoded), encoded if self.config.masks else None)
+
+    def forward_head(self, x: DetrDecoding, pre_logits: bool = False) -> dict[str, Any] | torch.Tensor:
+        """A `DetrDecoding` -> the predictions dict (see the class), or with `pre_logits` the last layer's object
+        embeddings (B, Q, D)."""
+        states = x.states  # (L, B, Q, D)
         if pre_logits:
-            return x[-1]
-        x = x if self.config.aux_loss else x[-1:]  # (L, B, Q, D), or only the last layer (1, B, Q, D)
-        logits = self.class_embed(x)  # (L, B, Q, K + 1)
-        boxes = self.bbox_embed(x)  # (L, B, Q, 4)
+            return states[-1]
+        layers = states if self.config.aux_loss else states[-1:]  # (L, B, Q, D), or only the last layer
+        logits = self.class_embed(layers)  # (L, B, Q, K + 1)
+        boxes = self.bbox_embed(layers)  # (L, B, Q, 4)
         aux = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1], strict=True)]
-        return {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "aux_outputs": aux}
+        out = {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "aux_outputs": aux}
+        if x.encoded is not None:  # the mask head, on the last layer's outputs
+            out["pred_masks"] = self._masks(x.encoded, states[-1])
+        return out
 
     def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
         return self.forward_head(self.forward_features(images, pixel_mask))
+
+    @property
+    def predicts_masks(self) -> bool:
+        """Whether the outputs hold `pred_masks` (`vitkit.models.interface.VitkitDetector`)."""
+        return self.config.masks
 
     def shard_units(self) -> list[nn.Module]:
         """Each backbone block and each encoder and decoder layer (`vitkit.models.interface.VitkitModel`)."""
@@ -297,8 +355,9 @@ class DETR(CostFromImages, nn.Module):
     def predict(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """The last decoder layer's ``pred_logits`` (B, Q, K + 1) and ``pred_boxes`` (B, Q, 4), no auxiliary
         outputs (`vitkit.models.interface.VitkitDetector`)."""
-        out = self.forward_head(self.forward_features(images, pixel_mask)[-1:])  # heads on the last layer only
-        return {"pred_logits": out["pred_logits"], "pred_boxes": out["pred_boxes"]}
+        decoding = self.forward_features(images, pixel_mask)
+        out = self.forward_head(decoding._replace(states=decoding.states[-1:]))  # heads on the last layer only
+        return {k: v for k, v in out.items() if k != "aux_outputs"}
 
     def reset_classifier(self, num_classes: int, prior: float | None = None) -> None:
         """A fresh `class_embed` for `num_classes` classes and "no object" (PyTorch's Linear initialisation, as
@@ -372,6 +431,7 @@ def coco_weights(repo: str) -> PublishedWeights:
 
 
 COCO_DATA = "COCO 2017 train (118k images; 80 classes in 91 ids)"
+COCO_PANOPTIC = "COCO 2017 panoptic train (118k images; 133 things and stuff in 250 ids)"
 # facebookresearch/detr's weights in transformers' layout (the published DETR models, Table 1 of the paper), and
 # torchvision's ResNet backbones for a detector trained on one's own classes (`vitkit.models.resnet`)
 _R50 = (RESNET50_TV, RESNET50_TV2)
@@ -385,6 +445,17 @@ register_model(
     DetrConfig(dilation=True),
     DETR_PAPER,
     pretrained=(coco_weights("facebook/detr-resnet-50-dc5"), *_R50),
+)
+# the paper's panoptic model (section 4.4): DETR-R50 with the mask head, trained on COCO panoptic's 250 ids
+register_model(
+    "detr_resnet50_panoptic",
+    "detr",
+    DetrConfig(num_classes=250, masks=True),
+    DETR_PAPER,
+    pretrained=(
+        PublishedWeights("coco-panoptic", "hf-hub:facebook/detr-resnet-50-panoptic", "hf", COCO_PANOPTIC, "Apache-2.0"),
+        *_R50,
+    ),
 )
 register_model(
     "detr_resnet101",

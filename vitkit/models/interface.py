@@ -124,13 +124,17 @@ class VitkitDetector(VitkitModel, Protocol):
     - optionally ``denoising_settings()``: a `DenoisingSettings` when the detector trains with denoising queries
       (DN-DETR, DINO), None when it does not; such a detector's ``forward(images, pixel_mask, denoising)`` takes
       a `DenoisingQueries` and adds ``dn_outputs`` to its dict (read it with `denoising_settings`).
+    - optionally ``predicts_masks``: True when `forward` and `predict` also give ``pred_masks`` (B, Q, H', W'), a
+      mask logit map per query at a quarter of the padded image's size (DETR with its mask head); read it with
+      `predicts_masks`.
     """
 
     backbone: nn.Module
 
     def predict(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """The last decoder layer's predictions only, ``pred_logits`` and ``pred_boxes`` as in `forward`: what
-        inference, evaluation and export read (no auxiliary outputs are computed)."""
+        """The last decoder layer's predictions only, ``pred_logits`` and ``pred_boxes`` as in `forward` (and
+        ``pred_masks`` where the detector `predicts_masks`): what inference, evaluation and export read (no
+        auxiliary outputs are computed)."""
         ...
 
     def reset_classifier(self, num_classes: int, prior: float | None = None) -> None:
@@ -162,6 +166,12 @@ METHODS = (
 )
 DETECTOR_METHODS = ("predict", "reset_classifier", "object_attention_layers", "feature_grid")
 NO_OBJECT_LOGIT = True  # what a detector that does not declare `no_object_logit` has: DETR's K + 1 logits
+
+
+def predicts_masks(detector: object) -> bool:
+    """Whether `detector`'s outputs hold ``pred_masks`` (`VitkitDetector.predicts_masks`); False when it declares
+    nothing."""
+    return bool(getattr(detector, "predicts_masks", False))
 
 
 def has_no_object_logit(detector: object) -> bool:

@@ -9,8 +9,9 @@ check leaves nothing at the path.
 A detector's exported file (a model of a family registered with task "detection", `VitkitDetector`) takes images
 (B, C, H, W) and pixel_mask (B, H, W) (bool, True on real pixels, as `vitkit.detection.pad_images` makes it) and
 returns pred_logits (B, Q, K + 1) (DETR: "no object" last) or (B, Q, K) (Deformable DETR: a sigmoid per class) and
-pred_boxes (B, Q, 4): its `predict`, the last decoder layer's predictions that inference reads (`aux_outputs` serve
-the training losses and are left out of the graph). With `config.dynamic_img_size` (both detectors' default) H and W
+pred_boxes (B, Q, 4), and pred_masks (B, Q, H / 4, W / 4) where it `predicts_masks` (DETR's mask head): its
+`predict`, the last decoder layer's predictions that inference reads (`aux_outputs` serve the training losses and are
+left out of the graph). With `config.dynamic_img_size` (both detectors' default) H and W
 are dynamic as well as B, and the check also runs at a second image size, on a batch padded as images of different
 sizes are. DETR's mask path
 is written to export as it runs: no nested tensors or per-image loops (which fix the batch size in the graph), the
@@ -42,7 +43,7 @@ import torch
 from torch import nn
 
 from vitkit.layers import MultiScaleDeformableAttention, attention_layers, set_attention_backend, to_2tuple
-from vitkit.models.interface import VitkitDetector
+from vitkit.models.interface import VitkitDetector, predicts_masks
 from vitkit.models.registry import DETECTION, family_of
 from vitkit.perf.optimize import OptimizedModel, PackedLinear
 from vitkit.util import atomic_write
@@ -56,6 +57,7 @@ INPUT_NAME = "images"  # ONNX graph input (B, C, H, W)
 OUTPUT_NAME = "output"  # ONNX graph output: logits (B, num_classes), or pooled features when num_classes is 0
 DETECTOR_INPUTS = ("images", "pixel_mask")  # a detector's graph inputs: (B, C, H, W) float32, (B, H, W) bool
 DETECTOR_OUTPUTS = ("pred_logits", "pred_boxes")  # a detector's graph outputs: (B, Q, K + 1 | K), (B, Q, 4)
+MASK_OUTPUTS = ("pred_masks",)  # and a detector's that `predicts_masks`: (B, Q, H / 4, W / 4)
 SIZE_STEP = (24, 40)  # a dynamic-size model is also checked at (H, W) + this: no multiple of the backbone stride
 EXTRA_HINT = "pip install 'vitkit[export]'"
 # ONNX export: torch's torch.export-based exporter writes through onnx and onnxscript; onnxruntime runs the check.
@@ -117,7 +119,13 @@ class DetectorOutputs(nn.Module):
 
     def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self.detector.predict(images, pixel_mask)
-        return tuple(out[name] for name in DETECTOR_OUTPUTS)  # (B, Q, K + 1 | K), (B, Q, 4)
+        return tuple(out[name] for name in detector_outputs(self.detector))  # (B, Q, K + 1 | K), (B, Q, 4), ...
+
+
+def detector_outputs(detector: nn.Module) -> tuple[str, ...]:
+    """The names of a detector's graph outputs, in order: DETECTOR_OUTPUTS, then MASK_OUTPUTS where it
+    `predicts_masks`."""
+    return DETECTOR_OUTPUTS + (MASK_OUTPUTS if predicts_masks(detector) else ())
 
 
 def is_detector(model: nn.Module) -> bool:
@@ -161,7 +169,7 @@ def _signature(model: nn.Module, format: str) -> Signature:
     dynamic = getattr(model.config, "dynamic_img_size", False) and not (format == "torchscript" and deformable)
     # a backbone whose graph fixes the size it was traced at (Swin's windows and shift masks) fixes the detector's
     dynamic = dynamic and getattr(model.backbone, "exports_any_size", True)
-    return Signature(DETECTOR_INPUTS, DETECTOR_OUTPUTS, dynamic)
+    return Signature(DETECTOR_INPUTS, detector_outputs(model), dynamic)
 
 
 def _padded_mask(batch: int, H: int, W: int) -> torch.Tensor:

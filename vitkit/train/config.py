@@ -363,6 +363,8 @@ class TrainConfig:
         fill.update({k: v for k, v in augment.items() if getattr(self, k) is None})
         if task != CLASSIFICATION:
             _check_detection_loss(self.detection_loss or fill.get("detection_loss"), model, self.init)
+            if model is not None:
+                check_no_mask_head(replace_config(model_entry(model).config, **self.model_args), repr(model))
         lr, min_lr = self.lr or fill.get("lr"), self.min_lr if self.min_lr is not None else fill.get("min_lr")
         if lr is not None and min_lr is not None and min_lr > lr:  # the cosine would rise
             if self.min_lr is not None:
@@ -485,6 +487,16 @@ class TrainConfig:
         if (Path(out) / CONFIG_NAME).is_file():
             return dataclasses.replace(cls.load(out), out=os.fspath(out), **changes)
         return cls(out=os.fspath(out), **changes)
+
+
+def check_no_mask_head(config: Any, what: str) -> None:
+    """ValueError for a detector config with DETR's mask head (`masks`): the training criterion scores boxes only,
+    so the head would not learn and would drift from the detector it reads."""
+    if getattr(config, "masks", False):
+        raise ValueError(
+            f"{what} has DETR's mask head (masks=True), which vitkit train does not train: the criterion scores boxes "
+            "only. Train its detector without the head (masks=False; detr_resnet50 for detr_resnet50_panoptic)"
+        )
 
 
 def _check_detection_loss(loss: str | None, model: str | None, init: str | None) -> None:

@@ -52,7 +52,7 @@ from vitkit.infer.evaluate import evaluate_detector_tiled
 from vitkit.layers import to_2tuple
 from vitkit.models.interface import denoising_settings, has_no_object_logit, require_model
 from vitkit.models.registry import model_entry, replace_config
-from vitkit.train.config import TrainConfig
+from vitkit.train.config import TrainConfig, check_no_mask_head
 from vitkit.train.distributed import DistEnv
 from vitkit.train.recipe import CLASSIFICATION, DETECTION
 from vitkit.train.sharding import Lockstep, is_sharded, most_batches
@@ -199,6 +199,7 @@ class ClassificationTask(Task):
 
     def prepare(self, model: nn.Module) -> nn.Module:
         config, env = self.config, self.env
+        check_no_mask_head(model.config, f"the model in {config.init}" if config.init else type(model).__name__)
         img_size, channels = to_2tuple(model.config.img_size), model.config.in_chans
         self.image_shape = (channels, *img_size)  # (C, H, W) of one input
         augment = train_transform(img_size, channels, config.min_scale, config.hflip, config.randaugment)
@@ -324,6 +325,7 @@ class DetectionTask(Task):
 
     def prepare(self, model: nn.Module) -> nn.Module:
         config, env = self.config, self.env
+        check_no_mask_head(model.config, f"the model in {config.init}" if config.init else type(model).__name__)
         self.image_shape = (model.config.in_chans, *to_2tuple(model.config.img_size))
         val_sampler = self._samplers(self.train_set, self.val_set)
         pin = env.device.type == "cuda"

@@ -18,11 +18,13 @@ decoder's shared final norm is `transformer.decoder.norm`, and the encoder has n
 The paper's code computes what vitkit's DETR computes (FrozenBatchNorm eps 1e-5 inside the rsqrt, LayerNorm eps
 1e-5, ReLU feed-forward, sine encoding normalised to 2 pi), so its weights give equal outputs in the vitkit model of
 the same size: detr-r50 -> `detr_resnet50`, detr-r50-dc5 -> `detr_resnet50_dc5`, detr-r101 -> `detr_resnet101`.
-Not read (loading them is a ValueError): pre-norm models (`--pre_norm`: vitkit's layers are post-norm; the file has
-`transformer.encoder.norm`), learned position encodings (`backbone.1.row_embed` / `col_embed`) and the panoptic
-models (all under `detr.`, beside a mask head).
+Its panoptic checkpoints (`DETRsegm`) hold the same detector under `detr.`, beside the mask head (`bbox_attention`,
+`mask_head`): they load into a model with `masks=True` (`detr_resnet50_panoptic`), which is written back so. Not
+read (loading them is a ValueError): pre-norm models (`--pre_norm`: vitkit's layers are post-norm; the file has
+`transformer.encoder.norm`) and learned position encodings (`backbone.1.row_embed` / `col_embed`).
 
-transformers: `DetrForObjectDetection`, the model under `model.`, its heads beside it, with timm's ResNet as the
+transformers: `DetrForObjectDetection`, the model under `model.`, its heads beside it (`DetrForSegmentation`: that
+model under `detr.`, beside the mask head), with timm's ResNet as the
 backbone (`use_timm_backbone`, as its released checkpoints) or transformers' own `ResNetBackbone`. transformers 4 (and
 the files transformers 5 writes) name the backbone `backbone.conv_encoder.model`, the attention output `out_proj` and
 the feed-forward `fc1` / `fc2`; inside transformers 5 models they are `backbone.model`, `o_proj`, `mlp.fc1` /
@@ -66,6 +68,9 @@ def read_fields(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
             fields[name] = layers
     if (fc1 := state.get("encoder.layers.0.mlp.fc1.weight")) is not None:
         fields["dim_feedforward"] = fc1.shape[0]
+    if (lay1 := state.get("mask_head.lay1.weight")) is not None and proj is not None:
+        # DETR's mask head reads the width D and one attention map per head: lay1 takes D + M channels
+        fields.update(masks=True, num_heads=lay1.shape[1] - proj.shape[0])
     return fields
 
 
@@ -117,6 +122,46 @@ def attention_rules(ours: str, theirs: str) -> tuple[Rename, ...]:
 
 _ENC, _DEC = "encoder.layers.{i}", "decoder.layers.{i}"
 
+# DETR's mask head (`vitkit.models.detr_masks`): the same names in facebookresearch/detr's segmentation.py, in its
+# panoptic checkpoints and in the files transformers writes for `DetrForSegmentation`
+MASK_PARTS = ("bbox_attention", "mask_head")
+MASK_RULES = (
+    rename("bbox_attention.q_linear", "bbox_attention.q_linear"),  # (D, D) both
+    rename("bbox_attention.k_linear", "bbox_attention.k_linear"),  # (D, D) both (the original applies it as a 1x1 conv)
+    rename("mask_head.lay{n}", "mask_head.lay{n}"),  # 3x3 convolutions, lay1..lay5
+    rename("mask_head.gn{n}", "mask_head.gn{n}"),  # their GroupNorms
+    rename("mask_head.adapter{n}", "mask_head.adapter{n}"),  # 1x1 convolutions on layer3, layer2, layer1
+    rename("mask_head.out_lay", "mask_head.out_lay"),
+)
+_STAGE = {"to_ours": lambda i: {"n": i["t"] + 1}, "to_theirs": lambda i: {"t": i["n"] - 1}}  # adapter n: stage n - 1
+_REFINED = {"to_ours": lambda i: {"n": i["t"] + 3}, "to_theirs": lambda i: {"t": i["n"] - 3}}  # lay n: stage n - 3
+# transformers 5's module names inside a `DetrForSegmentation` (its files keep the names above)
+HF_MASK_RULES = (
+    rename("bbox_attention.q_linear", "bbox_attention.q_proj"),
+    rename("bbox_attention.k_linear", "bbox_attention.k_proj"),
+    rename("mask_head.lay1", "mask_head.conv1.conv"),
+    rename("mask_head.gn1", "mask_head.conv1.norm"),
+    rename("mask_head.lay2", "mask_head.conv2.conv"),
+    rename("mask_head.gn2", "mask_head.conv2.norm"),
+    rename("mask_head.adapter{n}", "mask_head.fpn_stages.{t}.fpn_adapter", **_STAGE),
+    rename("mask_head.lay{n}", "mask_head.fpn_stages.{t}.refine.conv", **_REFINED),
+    rename("mask_head.gn{n}", "mask_head.fpn_stages.{t}.refine.norm", **_REFINED),
+    rename("mask_head.out_lay", "mask_head.output_conv"),
+)
+
+
+def with_detr_prefix(state: State, prefix: str, heads: tuple[str, ...] = (), head_prefix: str = "") -> State:
+    """A DETR state dict in a format's names as its segmentation model nests it: the detector's tensors under
+    `prefix` (heads among `heads` under `head_prefix`), the mask head's beside it."""
+
+    def nested(key: str) -> str:
+        first = key.split(".")[0]
+        if first in MASK_PARTS:
+            return key
+        return (head_prefix if first in heads else prefix) + key
+
+    return {nested(k): v for k, v in state.items()}
+
 
 def check_original_export(config: DetrConfig) -> None:
     """ValueError for DETR configurations facebookresearch/detr cannot build: its backbone is
@@ -142,7 +187,16 @@ def check_original_export(config: DetrConfig) -> None:
         raise ValueError("facebookresearch/detr's DETR needs " + "; ".join(problems))
 
 
-ORIGINAL = Layout(
+class OriginalLayout(Layout):
+    """facebookresearch/detr's layout; a model with the mask head is written as its `DETRsegm`, the detector under
+    `detr.` beside `bbox_attention` and `mask_head` (the panoptic checkpoints' names)."""
+
+    def from_vitkit(self, state: State, config: Any = None) -> State:
+        state = super().from_vitkit(state, config)
+        return with_detr_prefix(state, "detr.") if getattr(config, "masks", False) else state
+
+
+ORIGINAL = OriginalLayout(
     format="detr",
     family="detr",
     rules=(
@@ -164,8 +218,10 @@ ORIGINAL = Layout(
         rename("decoder.norm", "transformer.decoder.norm"),  # the final norm shared by every decoder layer's output
         rename("class_embed", "class_embed"),  # (K + 1, D) both, the last row "no object"
         rename("bbox_embed", "bbox_embed"),  # layers.0..2 both
+        *MASK_RULES,
     ),
     markers=(f"{BACKBONE_BODY}.conv1.weight", "query_embed.weight", "transformer.decoder.norm.weight"),
+    strip_prefixes=("detr.",),  # a panoptic checkpoint's `DETRsegm` holds the detector as `detr`
     dropped=tuple(f"{BACKBONE_BODY}.{norm}.num_batches_tracked" for norm in RESNET_NORMS),
     check_export=check_original_export,
     wrapper="model",  # its main.py and hubconf.py read checkpoint["model"]
@@ -273,7 +329,7 @@ _HF_COMMON = dict(
     format="hf",
     family="detr",
     markers=("input_projection.weight", "query_position_embeddings.weight"),
-    strip_prefixes=("model.",),
+    strip_prefixes=("detr.model.", "detr.", "model."),  # `DetrForSegmentation` holds the detector as `detr`
 )
 _HF_HEADS = ("class_labels_classifier", "bbox_predictor")  # beside `model.` in DetrForObjectDetection
 # Import: either backbone, either naming (the native backbone's rules first: the timm rule takes any name under the
@@ -284,11 +340,13 @@ HF = Layout(
         *(r for prefix in HF_BACKBONES for r in hf_timm_backbone(prefix)),
         *_hf_body("out_proj", ""),
         *_hf_body("o_proj", "mlp."),
+        *MASK_RULES,
+        *HF_MASK_RULES,
     ),
     **_HF_COMMON,
 )
-HF_TIMM = Layout(rules=hf_timm_backbone(HF_BACKBONES[0]) + _hf_body("out_proj", ""), **_HF_COMMON)
-HF_NATIVE = Layout(rules=hf_native_backbone(HF_BACKBONES[0]) + _hf_body("out_proj", ""), **_HF_COMMON)
+HF_TIMM = Layout(rules=hf_timm_backbone(HF_BACKBONES[0]) + _hf_body("out_proj", "") + MASK_RULES, **_HF_COMMON)
+HF_NATIVE = Layout(rules=hf_native_backbone(HF_BACKBONES[0]) + _hf_body("out_proj", "") + MASK_RULES, **_HF_COMMON)
 
 
 def backbone_from_hf(hf: dict[str, Any], source: str) -> dict[str, Any]:
@@ -354,6 +412,7 @@ def config_from_hf(hf: dict[str, Any], keys: set[str], source: str) -> DetrConfi
         attn_drop_rate=float(hf.get("attention_dropout", 0.0)),
         num_queries=hf.get("num_queries", 100),
         aux_loss=bool(hf.get("auxiliary_loss", False)),
+        masks=any(key.split(".")[0] in MASK_PARTS for key in keys),  # a `DetrForSegmentation`
     )
 
 
@@ -383,9 +442,13 @@ def to_hf(config: DetrConfig, state: State) -> tuple[State, dict[str, Any]]:
         )
     layout = HF_TIMM if timm_name else HF_NATIVE
     state = without_step_counts(state)
-    renamed = {(k if k.split(".")[0] in _HF_HEADS else "model." + k): v for k, v in layout.from_vitkit(state).items()}
+    renamed = layout.from_vitkit(state)
+    if config.masks:  # a `DetrForSegmentation`: the detector under `detr.`
+        renamed = with_detr_prefix(renamed, "detr.model.", _HF_HEADS, "detr.")
+    else:
+        renamed = with_detr_prefix(renamed, "model.", _HF_HEADS)
     hf: dict[str, Any] = {
-        "architectures": ["DetrForObjectDetection"],
+        "architectures": ["DetrForSegmentation" if config.masks else "DetrForObjectDetection"],
         "model_type": "detr",
         "num_channels": config.in_chans,
         "d_model": config.hidden_dim,
@@ -409,7 +472,8 @@ def to_hf(config: DetrConfig, state: State) -> tuple[State, dict[str, Any]]:
     if timm_name:
         hf.update(use_timm_backbone=True, backbone=timm_name, backbone_config=None)
     else:
-        hf.update(use_timm_backbone=False, backbone_config=hf_resnet_config(config, [4]))
+        stages = [1, 2, 3, 4] if config.masks else [4]  # the mask head reads layer1..layer3 too
+        hf.update(use_timm_backbone=False, backbone_config=hf_resnet_config(config, stages))
     return renamed, hf
 
 
