@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from pycocotools import mask as mask_utils
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as F_v2
 
 from vitkit.data.detection import (
     IMAGENET_MEAN,
@@ -52,6 +54,9 @@ SKIP_REASONS = (
     "unknown category",  # category_id names no category of the file
     "empty box",  # zero or negative width or height
     "outside image",  # no part of the box lies inside the image
+    "bad segmentation",  # neither polygons of 3 or more (x, y) points nor RLE of the image's size
+    "mask outside image",  # every point of its polygons lies outside the image
+    "empty mask",  # its segmentation covers no pixel
 )
 
 
@@ -81,6 +86,7 @@ class CocoReport:
     clipped: list[Any] = field(default_factory=list)  # ids of annotations whose box was clipped to the image
     crowd: int = 0  # crowd annotations (iscrowd 1), left out of the targets as DETR's training does
     sized_from_files: int = 0  # images whose entry gives no width and height: read from the file's header
+    masks: int = 0  # kept annotations with a segmentation (polygons or RLE)
 
     def counts(self) -> dict[str, int]:
         """Number of skipped entries per reason."""
@@ -98,6 +104,11 @@ class CocoReport:
                 lines.append(f"  clipped {len(self.clipped)} boxes to their images: annotations {shown}{more}")
         if self.crowd:
             lines.append(f"  left out {counted(self.crowd, 'crowd annotation')}")
+        if 0 < self.masks < self.annotations:
+            lines.append(
+                f"  masks not used: {self.annotations - self.masks} of {counted(self.annotations, 'annotation')} "
+                "have no segmentation"
+            )
         if self.sized_from_files:
             sized = counted(self.sized_from_files, "image")
             lines.append(f"  read the size of {sized} from the file (the JSON gives none)")
@@ -113,6 +124,61 @@ class CocoImage:
     boxes: np.ndarray  # (n, 4) float32 (x0, y0, x1, y1) pixels, clipped to the image
     labels: np.ndarray  # (n,) int64 class indices
     areas: np.ndarray  # (n,) float32 object areas in pixels
+    masks: tuple[dict | None, ...] = ()  # per object its segmentation as pycocotools' compressed RLE (None: none)
+
+    def decoded_masks(self) -> np.ndarray:
+        """The objects' masks at the stored size: (n, H, W) uint8, 1 inside."""
+        height, width = self.size
+        if not self.masks:
+            return np.zeros((0, height, width), dtype=np.uint8)
+        return np.ascontiguousarray(mask_utils.decode(list(self.masks)).transpose(2, 0, 1))  # (H, W, n) -> (n, H, W)
+
+    def window_masks(self, kept: np.ndarray, window: tuple[int, int, int, int]) -> tuple[dict, ...]:
+        """The masks of the objects `kept` as seen in `window` (x0, y0, x1, y1) of the image, as compressed RLE of
+        the window's size; () when the objects have none."""
+        if not self.masks or len(kept) == 0:
+            return ()
+        x0, y0, x1, y1 = window
+        decoded = mask_utils.decode([self.masks[i] for i in kept])  # (H, W, k)
+        return tuple(mask_utils.encode(np.asfortranarray(decoded[y0:y1, x0:x1, j])) for j in range(len(kept)))
+
+
+def segmentation_rle(segmentation: Any, height: int, width: int) -> tuple[dict | None, str, str]:
+    """(an annotation's segmentation as compressed RLE, or None; the skip reason, "" when none; what was found): COCO
+    polygons ([[x0, y0, x1, y1, ...], ...]) or RLE ({"size": [height, width], "counts": a string or run lengths})
+    of an image of (height, width). No segmentation (absent, None or []) is None without a reason."""
+    if segmentation is None or segmentation == []:
+        return None, "", ""
+    if isinstance(segmentation, list):
+        if not all(
+            isinstance(p, list) and len(p) >= 6 and len(p) % 2 == 0 and all(_is_number(v) for v in p)
+            for p in segmentation
+        ):
+            return None, "bad segmentation", "polygons must be lists of 3 or more x, y number pairs"
+        points = np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1, 2) for p in segmentation])
+        inside = (points[:, 0] >= 0) & (points[:, 0] <= width) & (points[:, 1] >= 0) & (points[:, 1] <= height)
+        if not inside.any():
+            return None, "mask outside image", f"no polygon point inside the {width}x{height} image"
+        rle = mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width))
+    elif isinstance(segmentation, dict):
+        size, counts = segmentation.get("size"), segmentation.get("counts")
+        if size != [height, width]:
+            return None, "bad segmentation", f"RLE size {size!r} is not the image's [{height}, {width}]"
+        if isinstance(counts, list) and all(_is_int(c) and c >= 0 for c in counts):
+            rle = mask_utils.frPyObjects(segmentation, height, width)  # uncompressed run lengths
+        elif isinstance(counts, str):
+            rle = {"size": [height, width], "counts": counts.encode("ascii")}
+        else:
+            return None, "bad segmentation", "RLE counts must be a string or a list of run lengths"
+        try:
+            mask_utils.area(rle)
+        except Exception as err:  # pycocotools' own error for counts that do not decode
+            return None, "bad segmentation", f"RLE counts do not decode: {err}"
+    else:
+        return None, "bad segmentation", f"a segmentation is polygons or RLE, got {type(segmentation).__name__}"
+    if int(mask_utils.area(rle)) == 0:
+        return None, "empty mask", "its segmentation covers no pixel"
+    return rle, "", ""
 
 
 def _is_int(value: Any) -> bool:
@@ -231,7 +297,10 @@ class CocoDetection(Dataset):
     """A COCO-format detection dataset: the images of an instances JSON, with their boxes.
 
     Entries that cannot be used are skipped and listed in `report` (a `CocoReport`) with their id: see
-    SKIP_REASONS. A box partly outside its image is clipped to it (as DETR does), one wholly outside skipped.
+    SKIP_REASONS. When every kept annotation has a segmentation (polygons or RLE, `segmentation_rle`), each
+    target also holds the objects' masks, ``masks`` (n, h, w) bool at the sample's size, following the image
+    through augmentation (`with_masks`). A box partly outside its image is clipped to it (as DETR does), one wholly
+    outside skipped.
     Images without annotations are kept (they teach "no object"). An image file that cannot be decoded when read
     gives a `vitkit.data.Unreadable` in place of the sample, which `vitkit.detection.collate_detection` reports;
     `check_images` decodes every file at load instead, to skip them up front (slower).
@@ -275,6 +344,7 @@ class CocoDetection(Dataset):
         self.short_side, self.max_size, self.channels = short_side, max_size, channels
         self.mean, self.std = mean, std
         self.report = CocoReport(str(path))
+        self.with_masks = False  # every kept object has a segmentation: targets hold "masks" (set by `_read`)
         self.samples = self._read(data, Path(images), check_images)
 
     def _read_images(self, entries: list, folder: Path, check: bool) -> tuple[dict[int, tuple[Path, int, int]], set]:
@@ -317,7 +387,7 @@ class CocoDetection(Dataset):
     def _read(self, data: dict, folder: Path, check: bool) -> list[CocoImage]:
         images, listed = self._read_images(data["images"], folder, check)
         class_of = {category: index for index, category in enumerate(self.category_ids)}
-        objects: dict[int, list[tuple[list[float], int, float]]] = {image_id: [] for image_id in images}
+        objects: dict[int, list[tuple[list[float], int, float, dict | None]]] = {image_id: [] for image_id in images}
         for i, ann in enumerate(data["annotations"]):
             ann_id = ann.get("id", f"#{i}") if isinstance(ann, dict) else f"#{i}"
             bbox = ann.get("bbox") if isinstance(ann, dict) else None
@@ -353,9 +423,16 @@ class CocoDetection(Dataset):
                 continue
             if box != [x, y, x + w, y + h]:
                 self.report.clipped.append(ann_id)
+            rle, reason, detail = segmentation_rle(ann.get("segmentation"), height, width)
+            if reason:
+                self._skip("annotation", ann_id, reason, detail)
+                continue
             area = ann.get("area")
             area = area if _is_number(area) and area > 0 else (box[2] - box[0]) * (box[3] - box[1])
-            objects[ann["image_id"]].append((box, class_of[ann["category_id"]], area))
+            objects[ann["image_id"]].append((box, class_of[ann["category_id"]], area, rle))
+        masked = sum(rle is not None for found in objects.values() for *_, rle in found)
+        total = sum(len(found) for found in objects.values())
+        self.with_masks = 0 < masked == total  # masks are used when every kept object has one
         samples = []
         for image_id, (file, height, width) in images.items():
             found = objects[image_id]
@@ -364,11 +441,13 @@ class CocoDetection(Dataset):
                     image_id,
                     file,
                     (height, width),
-                    np.array([box for box, _, _ in found], dtype=np.float32).reshape(-1, 4),
-                    np.array([label for _, label, _ in found], dtype=np.int64),
-                    np.array([area for _, _, area in found], dtype=np.float32),
+                    np.array([box for box, *_ in found], dtype=np.float32).reshape(-1, 4),
+                    np.array([label for _, label, *_ in found], dtype=np.int64),
+                    np.array([area for _, _, area, _ in found], dtype=np.float32),
+                    tuple(rle for *_, rle in found) if self.with_masks else (),
                 )
             )
+        self.report.masks = masked
         self.report.images, self.report.annotations = len(samples), sum(len(s.labels) for s in samples)
         self.report.listed_images, self.report.listed_annotations = len(data["images"]), len(data["annotations"])
         return samples
@@ -414,7 +493,11 @@ class CocoDetection(Dataset):
             return self._augmented(image, sample, int(key[1]), int(key[-1]))
         size = self.model_size(*sample.size)
         tensor = _to_model_input(resized(image, (size[1], size[0])), self.channels, self.mean, self.std)
-        return tensor, detection_target(sample.boxes, sample.labels, sample.areas, sample.image_id, sample.size, size)
+        target = detection_target(sample.boxes, sample.labels, sample.areas, sample.image_id, sample.size, size)
+        if self.with_masks:  # at the model's size, resampled as the image is
+            masks = F_v2.resize(_masks_as_image(sample.decoded_masks()), list(size), antialias=True)
+            target["masks"] = _masks_from_image(masks, size)  # (n, h, w)
+        return tensor, target
 
     def orientations(self) -> list[int]:
         """1 for each image taller than wide, else 0: the groups that batch with little padding
@@ -437,6 +520,8 @@ class CocoDetection(Dataset):
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)  # the CPU generator only, as `TransformedImages`
             target = {"boxes": boxes, "labels": torch.from_numpy(sample.labels), "index": index}
+            if self.with_masks and len(sample.labels):  # each follows its image through every flip, crop and resize
+                target["masks"] = _masks_as_image(sample.decoded_masks())
             image, found = per_image(image, target)
             torch.default_generator.manual_seed(batch_seed)
             image, found = per_batch(image, found)
@@ -444,7 +529,26 @@ class CocoDetection(Dataset):
         size = (image.size[1], image.size[0])
         tensor = _to_model_input(image, self.channels, self.mean, self.std)
         xyxy = found["boxes"].as_subclass(torch.Tensor).numpy()  # (n', 4) pixels of the augmented image
-        return tensor, detection_target(xyxy, sample.labels[kept], sample.areas[kept], sample.image_id, size, size)
+        target = detection_target(xyxy, sample.labels[kept], sample.areas[kept], sample.image_id, size, size)
+        if self.with_masks:  # those of the boxes kept
+            masks = found["masks"][found["index"]] if "masks" in found else None
+            target["masks"] = _masks_from_image(masks, size)  # (n', h, w) as the augmented image
+        return tensor, target
+
+
+def _masks_as_image(masks: np.ndarray) -> tv_tensors.Image:
+    """Masks (n, H, W) as an n-channel image of 0 and 255, which every transform resamples as it resamples the
+    image (torchvision's `Mask` is resized by nearest neighbour, which shifts a mask shrunk by a non-integer factor
+    up to half a pixel off its image)."""
+    return tv_tensors.Image(torch.from_numpy(masks).mul(255))
+
+
+def _masks_from_image(masks: torch.Tensor | None, size: tuple[int, int]) -> torch.Tensor:
+    """Masks (n, h, w) bool from `_masks_as_image`'s resampled image (a pixel at least half covered is inside);
+    (0, h, w) for None (an image without objects)."""
+    if masks is None:
+        return torch.zeros(0, *size, dtype=torch.bool)
+    return masks.as_subclass(torch.Tensor) >= 128
 
 
 def _require_boxes(data: CocoDetection, split: str) -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+from pycocotools import mask as mask_utils
 
 from vitkit.data.digits_detect import DIGITS_DETECT, VAL_SEED, DigitsDetection, overlap_ok, write_coco_folder
 from vitkit.data.sources import load_builtin
@@ -99,6 +100,25 @@ class Shape:
     filled: bool  # filled, or only its outline drawn
     # (y1 - y0, x1 - x0) float32 in [0, 1]: how much of each pixel of its box the shape covers (0: not drawn)
     coverage: np.ndarray = field(compare=False, repr=False)
+    # a filled object's outline (m, 2) as (x, y) in the image's pixel coordinates (pixel (i, j) spans x in [j, j + 1)
+    # and y in [i, i + 1), as COCO's polygons): the coverage's half level; None for an outline (a ring: no polygon)
+    polygon: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    def mask(self, height: int, width: int) -> np.ndarray:
+        """The object's mask in an image of (height, width): (height, width) bool, the pixels it covers at least
+        half of."""
+        full = np.zeros((height, width), dtype=bool)
+        x0, y0, x1, y1 = self.box
+        full[y0:y1, x0:x1] = self.coverage >= 0.5
+        return full
+
+    def segmentation(self, height: int, width: int) -> list[list[float]] | dict:
+        """The object as COCO writes a segmentation: a filled one's polygon [[x0, y0, x1, y1, ...]] (rounded to
+        hundredths of a pixel), an outline's mask as compressed RLE ({"size": [h, w], "counts": str})."""
+        if self.polygon is not None:
+            return [[round(float(v), 2) for v in self.polygon.reshape(-1)]]
+        rle = mask_utils.encode(np.asfortranarray(self.mask(height, width).astype(np.uint8)))
+        return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
 
     @property
     def kind(self) -> str:
@@ -144,9 +164,15 @@ def _unit_shape(label: int, rng: np.random.Generator) -> tuple[np.ndarray | None
     return np.array([(-t, -1), *corners], dtype=np.float64), (0.0, 0.0)
 
 
-def _draw_coverage(label: int, size: float, filled: bool, rng: np.random.Generator) -> np.ndarray:
+ELLIPSE_VERTICES = 48  # a circle's (or ellipse's) polygon in the annotations: 48 vertices, within 0.2% of its radius
+
+
+def _draw_coverage(
+    label: int, size: float, filled: bool, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray | None]:
     """The coverage of one object, cropped to the pixels it draws: (h, w) float32 in [0, 1], h and w about `size`
-    for a square one; at a random rotation and a random sub-pixel position."""
+    for a square one; at a random rotation and a random sub-pixel position. With it, a filled object's outline
+    (m, 2) as (x, y) in the coverage's pixel coordinates (the coverage's half level), None for an outlined one."""
     polygon, (a, b) = _unit_shape(label, rng)
     angle = rng.uniform(0, 2 * math.pi)
     cos, sin = math.cos(angle), math.sin(angle)
@@ -159,19 +185,27 @@ def _draw_coverage(label: int, size: float, filled: bool, rng: np.random.Generat
     scale = size / (2 * math.sqrt(half_w * half_h))  # so that sqrt(w * h) of the box is `size`
     reach = math.ceil(scale * (max(a, b) if polygon is None else np.abs(polygon).max())) + 2  # the window's half side
     offset = np.arange(-reach, reach + 1, dtype=np.float64)
-    y, x = np.meshgrid(offset + 0.5 - rng.random(), offset + 0.5 - rng.random(), indexing="ij")  # pixel centres
+    dy, dx = rng.random(), rng.random()  # the sub-pixel position
+    y, x = np.meshgrid(offset + 0.5 - dy, offset + 0.5 - dx, indexing="ij")  # pixel centres
     if polygon is None:
         u, v = x * cos + y * sin, -x * sin + y * cos  # in the ellipse's axes
         sdf = _ellipse_sdf(a * scale, b * scale, u, v)
+        t = np.linspace(0, 2 * math.pi, ELLIPSE_VERTICES, endpoint=False)
+        u, v = a * scale * np.cos(t), b * scale * np.sin(t)
+        outline = np.stack([u * cos - v * sin, u * sin + v * cos], axis=1)  # back from the ellipse's axes
     else:
         sdf = _polygon_sdf(polygon * scale, x, y)
+        outline = polygon * scale
     coverage = np.clip(0.5 - sdf, 0, 1)  # antialiased: the share of a pixel inside, to first order
     if not filled:
         width = max(MIN_OUTLINE, size * rng.uniform(*OUTLINE_WIDTH))
         coverage *= np.clip(sdf + width + 0.5, 0, 1)
     coverage[coverage < MIN_COVERAGE] = 0
     rows, cols = np.nonzero(coverage)
-    return coverage[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1].astype(np.float32)
+    # the window's pixel j has its centre, j + 0.5, at the shape's x = j - reach + 0.5 - dx: x + reach + dx in
+    # the window's pixel coordinates, less the columns and rows cropped away
+    outline = outline + np.array([reach + dx - cols.min(), reach + dy - rows.min()]) if filled else None
+    return coverage[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1].astype(np.float32), outline
 
 
 def _grow(mask: np.ndarray, by: int) -> np.ndarray:
@@ -258,7 +292,7 @@ def draw_shapes_image(
     for _ in range(int(rng.integers(layout.objects[0], layout.objects[1] + 1))):
         label = int(rng.integers(len(CLASSES)))
         filled = bool(rng.random() < FILLED_SHARE)
-        coverage = _draw_coverage(label, low + (high - low) * rng.random() ** SIZE_POWER, filled, rng)
+        coverage, outline = _draw_coverage(label, low + (high - low) * rng.random() ** SIZE_POWER, filled, rng)
         h, w = coverage.shape
         grown = _grow(coverage > 0, GAP)  # (h + 2 GAP, w + 2 GAP): the pixels that must be free
         corners = np.stack(
@@ -280,7 +314,7 @@ def draw_shapes_image(
         colour = np.clip(rgb * (1 + SHADING * shade)[..., None], 0, 255)  # (h, w, 3)
         region[:] = region * (1 - alpha) + colour * alpha
         taken[y + GAP : y + GAP + h, x + GAP : x + GAP + w] |= coverage > 0
-        shapes.append(Shape(label, box, name, filled, coverage))
+        shapes.append(Shape(label, box, name, filled, coverage, None if outline is None else outline + (x, y)))
     image = image + rng.normal(0, rng.uniform(*NOISE_SIGMA), image.shape)  # sensor noise
     return np.clip(np.rint(image), 0, 255).astype(np.uint8), shapes
 
@@ -307,6 +341,7 @@ def _write_split(root: Path, split: str, count: int, seed: int, layout: Layout =
                     "bbox": [x0, y0, x1 - x0, y1 - y0],
                     "area": (x1 - x0) * (y1 - y0),  # the box's: COCO's small / medium / large follow box sizes
                     "iscrowd": 0,
+                    "segmentation": shape.segmentation(height, width),
                 }
             )
     categories = [{"id": label + 1, "name": name, "supercategory": "shape"} for label, name in enumerate(CLASSES)]

@@ -139,7 +139,8 @@ class TiledDetection(Dataset):
         window = self.window(key)
         boxes, kept = window_boxes(sample.boxes, window)
         size = (window[3] - window[1], window[2] - window[0])
-        part = CocoImage(sample.image_id, sample.path, size, boxes, sample.labels[kept], sample.areas[kept])
+        masks = sample.window_masks(kept, window)  # each kept object's mask, cut as its box is
+        part = CocoImage(sample.image_id, sample.path, size, boxes, sample.labels[kept], sample.areas[kept], masks)
         return self.data.transformed(image.crop(window), part, key)
 
 
