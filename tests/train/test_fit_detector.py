@@ -256,16 +256,14 @@ def test_a_model_that_does_not_fit_the_data_is_a_clear_error(digits_coco, digit_
         dataclasses.replace(deformable, detection_loss="ce").resolved()
     with pytest.raises(ValueError, match="without a 'no object' logit: train it with detection_loss 'focal'"):
         fit(dataclasses.replace(deformable, detection_loss="ce", out=str(digits_coco / "never")))
-    # DETR's mask head is not trained by the box criterion: refused before anything is written
+    # a mask head needs masks to learn from: data without segmentations is refused before anything is written
     masks = TrainConfig(
         data=str(digits_coco),
         model="detr_digits",
         model_args={"masks": True, "num_heads": 8},
         out=str(digits_coco / "never"),
     )
-    with pytest.raises(
-        ValueError, match=r"'detr_digits' has DETR's mask head \(masks=True\), which vitkit train does not"
-    ):
+    with pytest.raises(ValueError, match=r"'detr_digits' has a mask head \(masks=True\), but the training annotations"):
         fit(masks)
     assert not (digits_coco / "never").exists()
 
@@ -358,3 +356,25 @@ def test_damaged_postprocess_settings_are_named(tmp_path):
     reading = detection_reading(saved({"classification": "ce", "top_k": 100}), tmp_path)
     assert reading == Postprocessing("ce", top_k=100)  # the other keys: DETR's
     assert detection_reading(vitkit.create_model("detr_digits")) == Postprocessing()  # nothing saved: the default
+
+
+def test_a_folder_with_masks_trains_the_mask_head_and_says_so(tmp_path, caplog):
+    """The shapes example's segmentations turn the default detector's mask head on: the summary says why, every
+    step supervises the masks (their losses logged), and the saved model predicts them."""
+    from vitkit.data.shapes import write_shapes_folder
+
+    write_shapes_folder(tmp_path / "shapes", train=8, val=4)
+    config = TrainConfig(
+        data=str(tmp_path / "shapes"), model="deformable_detr_small", model_args=TINY_DEFORMABLE_DETR,
+        out=str(tmp_path / "run"), epochs=1, batch_size=4, device="cpu",
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="vitkit.train"):
+        fit(config)
+    summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))
+    assert "masks True: every training annotation has a segmentation: the mask head (pred_masks) trains" in summary
+    logged = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert logged["loss_mask"] > 0 and logged["loss_dice"] > 0
+    model = from_pretrained(tmp_path / "run" / "final").eval()
+    assert model.config.masks
+    with torch.no_grad():
+        assert model.predict(torch.randn(1, 3, 64, 64))["pred_masks"].shape == (1, model.config.num_queries, 16, 16)

@@ -37,6 +37,7 @@ class DetectionStats:
     box_size_p10: float  # 10th percentile of box sizes (linear interpolation, numpy's default)
     small_share: float  # share of boxes of size below SMALL_OBJECT
     box_size_p90: float = float("nan")  # 90th percentile of box sizes
+    masks: bool = False  # every box has its object's mask (a segmentation)
 
     def summary(self) -> str:
         """Three lines: images and their sides; boxes per class; objects per image and box sizes."""
@@ -51,7 +52,7 @@ class DetectionStats:
         return "\n".join(
             [
                 f"{self.images} images ({sides})",
-                f"{self.boxes} boxes: {per_class}",
+                f"{self.boxes} boxes{' with masks' if self.masks else ''}: {per_class}",
                 f"objects per image: median {self.median_objects:g}, at most {self.max_objects}; box size: median "
                 f"{self.box_size_median:.0f} px, 10th percentile {self.box_size_p10:.0f} px, "
                 f"{self.small_share:.0%} small (< {SMALL_OBJECT} px)",
@@ -109,4 +110,5 @@ def detection_stats(dataset: CocoDetection | DigitsDetection) -> DetectionStats:
         box_size_p10=float(np.percentile(sizes, 10)) if len(sizes) else nan,
         small_share=float(np.mean(sizes < SMALL_OBJECT)) if len(sizes) else nan,
         box_size_p90=float(np.percentile(sizes, 90)) if len(sizes) else nan,
+        masks=bool(getattr(dataset, "with_masks", False)),
     )

@@ -102,7 +102,7 @@ class TiledDetection(Dataset):
         self.image_of = np.repeat(np.arange(len(counts)), counts)  # sample -> image
         self.first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)  # image -> its first sample
         self.report, self.short_side, self.transform = data.report, data.short_side, data.transform
-        self.classes, self.category_ids = data.classes, data.category_ids
+        self.classes, self.category_ids, self.with_masks = data.classes, data.category_ids, data.with_masks
 
     def __len__(self) -> int:
         return len(self.image_of)

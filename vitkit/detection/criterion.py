@@ -18,8 +18,12 @@ After the Hungarian matching (`vitkit.detection.HungarianMatcher`) of the last d
   every label taken as class 0 (class-agnostic: a proposal is scored on its first class only), as `loss_ce_enc`,
   `loss_bbox_enc`, `loss_giou_enc`, as the paper's code does (fundamentalvision/Deformable-DETR's `SetCriterion`,
   which weighs them, like the auxiliary terms, only with aux_loss).
-- `total`: the weighted sum of all of them (weights 1, 5, 2 as DETR; the auxiliary and encoder terms weigh as the
-  final ones).
+- With masks (the outputs hold `pred_masks` (B, Q, H / 4, W / 4) and every target `masks`), the matcher adds the
+  mask costs and every layer (denoising queries included) adds `loss_mask`, the sigmoid focal loss, and
+  `loss_dice`, on sampled points of the matched pairs (`vitkit.detection.masks`: Mask2Former's and Mask DINO's
+  point sampling), each summed over the pairs and divided by the number of boxes.
+- `total`: the weighted sum of all of them (weights 1, 5, 2 as DETR, masks 5 and 5 as Mask DINO; the auxiliary
+  and encoder terms weigh as the final ones).
 
 The model's class logits are K + 1, "no object" last, or K without it, as the model declares
 (`vitkit.models.interface.has_no_object_logit`, passed as `no_object_logit`).
@@ -44,7 +48,8 @@ from vitkit.detection.losses import (
     LOSS_WEIGHTS,
     check_no_object_logit,
 )
-from vitkit.detection.matcher import HungarianMatcher
+from vitkit.detection.masks import MASK_WEIGHTS, canvas_masks, mask_losses
+from vitkit.detection.matcher import HungarianMatcher, canvas_size, uses_masks
 
 
 def average_num_boxes(targets: Sequence[Mapping[str, torch.Tensor]], device: torch.device) -> float:
@@ -94,9 +99,10 @@ class SetCriterion(nn.Module):
         if not 0 <= eos_coef <= 1:
             raise ValueError(f"eos_coef must be in [0, 1], got {eos_coef}")
         check_no_object_logit(classification, no_object_logit)
-        unknown = set(weights or {}) - set(LOSS_WEIGHTS)
+        unknown = set(weights or {}) - set(LOSS_WEIGHTS) - set(MASK_WEIGHTS)
         if unknown:
-            raise ValueError(f"unknown loss weights {sorted(unknown)}; the losses are {list(LOSS_WEIGHTS)}")
+            known = [*LOSS_WEIGHTS, *MASK_WEIGHTS]
+            raise ValueError(f"unknown loss weights {sorted(unknown)}; the losses are {known}")
         if matcher is None:
             matcher = HungarianMatcher(classification=classification, no_object_logit=no_object_logit)
         if matcher.classification != classification:
@@ -112,7 +118,7 @@ class SetCriterion(nn.Module):
         self.num_classes = num_classes
         self.matcher = matcher
         self.eos_coef = eos_coef
-        self.weights = {**LOSS_WEIGHTS, **(weights or {})}
+        self.weights = {**LOSS_WEIGHTS, **MASK_WEIGHTS, **(weights or {})}
         self.aux_loss = aux_loss
         self.classification = classification
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
@@ -177,9 +183,11 @@ class SetCriterion(nn.Module):
         targets: Sequence[Mapping[str, torch.Tensor]],
         num_boxes: float,
         indices: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        canvas: list[torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """One decoder layer's `loss_ce`, `loss_bbox`, `loss_giou`: its predictions matched to the boxes, or paired
-        as `indices` says (per image, (query indices, box indices): denoising queries know their box)."""
+        """One decoder layer's `loss_ce`, `loss_bbox`, `loss_giou` (and with masks, `loss_mask`, `loss_dice`, the
+        targets' masks on the batch's `canvas`): its predictions matched to the boxes, or paired as `indices` says
+        (per image, (query indices, box indices): denoising queries know their box)."""
         if indices is None:
             indices = self.matcher(outputs, targets)
         logits = outputs["pred_logits"]
@@ -188,7 +196,12 @@ class SetCriterion(nn.Module):
         matched = (batch, query)
         loss_bbox, loss_giou = self.loss_boxes(outputs["pred_boxes"], targets, matched, indices, num_boxes)
         loss_ce = self.loss_classes(logits, targets, matched, indices, num_boxes)
-        return {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+        losses = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+        if canvas is not None and "pred_masks" in outputs:
+            wanted = torch.cat([c[j] for c, (_, j) in zip(canvas, indices, strict=True)])  # (M, H, W)
+            pred = outputs["pred_masks"][matched]  # (M, H / 4, W / 4)
+            losses["loss_mask"], losses["loss_dice"] = mask_losses(pred, wanted.to(pred.device), num_boxes)
+        return losses
 
     def forward(
         self,
@@ -224,9 +237,10 @@ class SetCriterion(nn.Module):
                 self.check_logits(outputs["enc_outputs"]["pred_logits"], "enc_outputs' pred_logits")
                 agnostic = [{**t, "labels": torch.zeros_like(t["labels"])} for t in targets]  # every box class 0
                 layers.append(("_enc", outputs["enc_outputs"], agnostic))
+        canvas = canvas_masks(targets, canvas_size(outputs["pred_masks"])) if uses_masks(outputs, targets) else None
         losses, total = {}, logits.new_zeros((), dtype=torch.float32)
         for suffix, layer, layer_targets in layers:
-            for name, value in self.layer_losses(layer, layer_targets, num_boxes).items():
+            for name, value in self.layer_losses(layer, layer_targets, num_boxes, canvas=canvas).items():
                 losses[name + suffix] = value
                 total = total + self.weights[name] * value
         if "dn_outputs" in outputs:
@@ -240,7 +254,8 @@ class SetCriterion(nn.Module):
             if self.aux_loss:
                 dn_layers += [(f"_dn_{i}", layer) for i, layer in enumerate(dn.get("aux_outputs", []))]
             for suffix, layer in dn_layers:
-                for name, value in self.layer_losses(layer, targets, num_boxes * groups, list(denoised)).items():
+                dn_losses = self.layer_losses(layer, targets, num_boxes * groups, list(denoised), canvas)
+                for name, value in dn_losses.items():
                     losses[name + suffix] = value
                     total = total + self.weights[name] * value
         losses["total"] = total

@@ -18,6 +18,7 @@ Letters: B images, Q queries, K classes, T ground-truth boxes of the whole batch
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from scipy.optimize import linear_sum_assignment
@@ -25,8 +26,20 @@ from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou
 
 from vitkit.detection.losses import DETECTION_LOSSES, check_no_object_logit
+from vitkit.detection.masks import MASK_COSTS, canvas_masks, mask_costs
+from vitkit.models.query_masks import MASK_STRIDE
 
 FOCAL_EPS = 1e-8  # keeps the focal cost's logarithms finite at probabilities 0 and 1
+
+
+def uses_masks(outputs: Mapping[str, Any], targets: Sequence[Mapping[str, torch.Tensor]]) -> bool:
+    """Whether masks are matched and supervised: the outputs hold `pred_masks` and every target `masks`."""
+    return "pred_masks" in outputs and all("masks" in t for t in targets)
+
+
+def canvas_size(pred_masks: torch.Tensor) -> tuple[int, int]:
+    """The (H, W) of the padded image whose mask logits `pred_masks` (..., h, w) are: MASK_STRIDE times theirs."""
+    return pred_masks.shape[-2] * MASK_STRIDE, pred_masks.shape[-1] * MASK_STRIDE
 
 
 def check_targets(targets: Sequence[Mapping[str, torch.Tensor]], batch: int, num_classes: int) -> None:
@@ -61,6 +74,9 @@ class HungarianMatcher(nn.Module):
         focal_alpha, focal_gamma: the focal cost's alpha and gamma (Deformable DETR: 0.25 and 2).
         no_object_logit: whether the logits are K + 1, the last "no object" (DETR), or K (Deformable DETR), as the
             model declares (`vitkit.models.interface.has_no_object_logit`); "ce" needs it True.
+        cost_mask, cost_dice: weights of the mask costs (`vitkit.detection.masks.mask_costs`: sigmoid focal and
+            dice on sampled points), added where the outputs hold `pred_masks` and the targets `masks` (Mask DINO:
+            5 and 5).
     """
 
     def __init__(
@@ -72,8 +88,13 @@ class HungarianMatcher(nn.Module):
         focal_alpha: float = 0.25,
         focal_gamma: float = 2.0,
         no_object_logit: bool = True,
+        cost_mask: float = MASK_COSTS["mask"],
+        cost_dice: float = MASK_COSTS["dice"],
     ) -> None:
         super().__init__()
+        if min(cost_mask, cost_dice) < 0:
+            raise ValueError(f"mask costs must be >= 0, got cost_mask {cost_mask} and cost_dice {cost_dice}")
+        self.cost_mask, self.cost_dice = cost_mask, cost_dice
         costs = {"cost_class": cost_class, "cost_bbox": cost_bbox, "cost_giou": cost_giou}
         if min(costs.values()) < 0 or max(costs.values()) == 0:
             raise ValueError(f"matching costs must be >= 0 and not all 0, got {costs}")
@@ -143,8 +164,15 @@ class HungarianMatcher(nn.Module):
                 f"{bad['pred_boxes']} NaN or inf values; the model has diverged (try a lower learning rate, gradient "
                 "clipping, or fp32 instead of bf16)"
             )
+        masks = uses_masks(outputs, targets)
+        if masks:
+            canvas = canvas_masks(targets, canvas_size(outputs["pred_masks"]))
         indices = []
         for i, block in enumerate(cost.split(sizes, dim=-1)):  # block i: (B, Q, n_i)
-            queries, boxes = linear_sum_assignment(block[i].numpy())
+            own = block[i]  # (Q, n_i): image i's queries against its own boxes
+            if masks and sizes[i]:
+                focal, dice = mask_costs(outputs["pred_masks"][i].float(), canvas[i])
+                own = own + (self.cost_mask * focal + self.cost_dice * dice).cpu()
+            queries, boxes = linear_sum_assignment(own.numpy())
             indices.append((torch.as_tensor(queries, dtype=torch.int64), torch.as_tensor(boxes, dtype=torch.int64)))
         return indices

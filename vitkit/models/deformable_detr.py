@@ -85,6 +85,7 @@ from vitkit.models.interface import (
     check_detector_input,
     checkpoint_blocks,
 )
+from vitkit.models.query_masks import QueryMasks, mask_size
 from vitkit.models.registry import Fields, as_fields, check_field_types, check_positive, check_rates, model_entry
 
 DEFORMABLE_DETR_PAPER = (
@@ -144,6 +145,8 @@ class DeformableDetrConfig:
     # every box; 0: off. Needs two_stage (the decoder's references are boxes); adds `label_embed`
     dn_label_noise: float = 0.5  # share of denoising copies whose label is redrawn (DINO: 0.5, half of it at random)
     dn_box_noise: float = 1.0  # scale of the denoising boxes' noise, in half box sides (DINO: 1.0)
+    masks: bool = False  # a mask per query (`vitkit.models.query_masks`, Mask DINO's form): `pred_masks` at a quarter
+    # of the image's size, on every decoder layer and on the denoising queries
     dynamic_img_size: bool = True  # accept any image size (batches of several sizes are padded); False: img_size only
     attn_backend: str = "auto"  # the decoder self-attention's (and a Swin or ViT backbone's, unless backbone_args
     # give its own): "auto", "sdpa" or "math" (the reference formula)
@@ -226,6 +229,7 @@ class DeformableDecoding:
         enc_outputs: two-stage only, the encoder's proposals for the loss: `pred_logits` (B, N, K) and `pred_boxes`
             (B, N, 4); None otherwise.
         denoised: P, the denoising queries placed before the Q object queries (training only; 0 without).
+        pixels: with `masks`, the pixel embeddings (B, D, H / 4, W / 4) the queries' masks read; None without.
     """
 
     states: Tensor
@@ -233,6 +237,7 @@ class DeformableDecoding:
     boxes: Tensor | None = None
     enc_outputs: dict[str, Tensor] | None = None
     denoised: int = 0
+    pixels: Tensor | None = None
 
 
 class DeformableDETR(CostFromImages, nn.Module):
@@ -303,6 +308,8 @@ class DeformableDETR(CostFromImages, nn.Module):
         else:
             self.class_embed = nn.Linear(D, c.num_classes)
             self.bbox_embed = BoxDelta(D)
+        if c.masks:
+            self.mask_head = QueryMasks(D)
         self.init_weights()
         if not c.train_stem:  # the paper trains layer2..layer4 of a ResNet only
             for module in self.backbone.early_layers():
@@ -511,6 +518,10 @@ class DeformableDETR(CostFromImages, nn.Module):
         del levels, masks
         points = encoder_reference_points(shapes, ratios, B, coord, x.device)  # (B, N, L, 2)
         memory = self.encoder(x, pos, points, shapes, padding)  # (B, N, D)
+        pixels = None
+        if c.masks:  # the pixel embeddings, from the finest level's tokens (the first of memory)
+            finest = memory[:, : shapes[0][0] * shapes[0][1]].transpose(1, 2).unflatten(2, shapes[0])  # (B, D, h, w)
+            pixels = self.mask_head.pixels(finest, mask_size(*images.shape[-2:]))  # (B, D, H / 4, W / 4)
         enc_outputs = None
         if c.two_stage:
             query_pos, tgt, reference, enc_outputs = self.two_stage_queries(memory, padding, shapes)
@@ -530,7 +541,7 @@ class DeformableDETR(CostFromImages, nn.Module):
             reference = torch.cat([dn_reference, reference], 1)  # (B, P + Q, 4)
         box_heads = self.box_heads()[: c.dec_layers] if c.box_refine else None
         states, boxes = self.decoder(tgt, query_pos, reference, memory, shapes, padding, ratios, box_heads, allowed)
-        return DeformableDecoding(states, reference, boxes, enc_outputs, denoised)
+        return DeformableDecoding(states, reference, boxes, enc_outputs, denoised, pixels)
 
     def forward_head(self, x: DeformableDecoding, pre_logits: bool = False) -> dict[str, Any] | Tensor:
         """`forward_features`' decoding -> the predictions dict (see the class), or with `pre_logits` the last
@@ -540,11 +551,15 @@ class DeformableDETR(CostFromImages, nn.Module):
             return x.states[-1][:, P:]
         first = 0 if self.config.aux_loss else len(x.states) - 1
         logits, boxes = self.predictions(x, first)
-        out = _layer_outputs([a[:, P:] for a in logits], [b[:, P:] for b in boxes])
+        masks = None if x.pixels is None else self.mask_head(x.states[first:], x.pixels)  # (L', B, P + Q, h, w)
+        out = _layer_outputs(
+            [a[:, P:] for a in logits], [b[:, P:] for b in boxes], None if masks is None else [m[:, P:] for m in masks]
+        )
         if x.enc_outputs is not None:
             out["enc_outputs"] = x.enc_outputs
         if P:
-            out["dn_outputs"] = _layer_outputs([a[:, :P] for a in logits], [b[:, :P] for b in boxes])
+            dn_masks = None if masks is None else [m[:, :P] for m in masks]
+            out["dn_outputs"] = _layer_outputs([a[:, :P] for a in logits], [b[:, :P] for b in boxes], dn_masks)
         return out
 
     def predictions(self, x: DeformableDecoding, first: int) -> tuple[Sequence[Tensor], Sequence[Tensor]]:
@@ -583,7 +598,15 @@ class DeformableDETR(CostFromImages, nn.Module):
         (`vitkit.models.interface.VitkitDetector`)."""
         decoding = self.forward_features(images, pixel_mask)
         logits, boxes = self.predictions(decoding, len(decoding.states) - 1)  # the heads on the last layer only
-        return {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+        out = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+        if decoding.pixels is not None:
+            out["pred_masks"] = self.mask_head(decoding.states[-1], decoding.pixels)  # (B, Q, H / 4, W / 4)
+        return out
+
+    @property
+    def predicts_masks(self) -> bool:
+        """Whether the outputs hold `pred_masks` (`vitkit.models.interface.VitkitDetector`)."""
+        return self.config.masks
 
     def reset_classifier(self, num_classes: int, prior: float | None = None) -> None:
         """Fresh class heads (every decoder layer's and two-stage's proposal head) for `num_classes` classes: PyTorch's
@@ -616,8 +639,12 @@ class DeformableDETR(CostFromImages, nn.Module):
         return self.level_sizes(img_size)[0]
 
 
-def _layer_outputs(logits: Sequence[Tensor], boxes: Sequence[Tensor]) -> dict[str, Any]:
-    """The predictions dict of decoder layers' logits and boxes, the last layer's first, the others' in
-    `aux_outputs`."""
-    aux = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1], strict=True)]
-    return {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "aux_outputs": aux}
+def _layer_outputs(
+    logits: Sequence[Tensor], boxes: Sequence[Tensor], masks: Sequence[Tensor] | None = None
+) -> dict[str, Any]:
+    """The predictions dict of decoder layers' logits, boxes (and mask logits), the last layer's first, the others'
+    in `aux_outputs`."""
+    layers = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits, boxes, strict=True)]
+    for layer, m in zip(layers, masks or (), strict=masks is not None):
+        layer["pred_masks"] = m
+    return {**layers[-1], "aux_outputs": layers[:-1]}

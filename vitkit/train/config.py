@@ -352,8 +352,8 @@ class TrainConfig:
         fill = {k: v for k, v in recipe.to_dict().items() if k in own and getattr(self, k) is None}
         model_args = dict(self.model_args)
         for choice in self.data_choices():
-            if choice.field == "num_queries":
-                model_args["num_queries"] = choice.value
+            if choice.field in MODEL_CHOICES:
+                model_args[choice.field] = choice.value
             else:
                 fill[choice.field] = choice.value
         if task == CLASSIFICATION:
@@ -363,8 +363,6 @@ class TrainConfig:
         fill.update({k: v for k, v in augment.items() if getattr(self, k) is None})
         if task != CLASSIFICATION:
             _check_detection_loss(self.detection_loss or fill.get("detection_loss"), model, self.init)
-            if model is not None:
-                check_no_mask_head(replace_config(model_entry(model).config, **self.model_args), repr(model))
         lr, min_lr = self.lr or fill.get("lr"), self.min_lr if self.min_lr is not None else fill.get("min_lr")
         if lr is not None and min_lr is not None and min_lr > lr:  # the cosine would rise
             if self.min_lr is not None:
@@ -398,11 +396,12 @@ class TrainConfig:
         recipe = recipe_for(task, model, self.init)
         model_config = replace_config(model_entry(model).config, **self.model_args) if model is not None else None
         data, version = absolute_data(self.data), _data_version(self.data)
+        masks = self._masks_choice(model_config, data, version)
         if recipe.pixel_budget is None:  # a paper's recipe: only a side smaller than the model's, for small images
             if self.img_size is not None or model_config is None:
-                return []
+                return masks
             stats = training_stats(data, version, self.tile_side)
-            return paper_side_choice(stats, min(to_2tuple(model_config.img_size)))
+            return paper_side_choice(stats, min(to_2tuple(model_config.img_size))) + masks
         from_scratch = self.init is None
         choices, tile = [], self.tile_side
         if self.tile is None and not data.startswith(BUILTIN_PREFIX):  # 0: whole images, as asked
@@ -415,7 +414,17 @@ class TrainConfig:
         choices += data_choices(stats, recipe, model_config, scratch, self.img_size, samples)
         given = {"epochs": self.epochs, "batch_size": self.batch_size}
         given["num_queries"] = self.model_args.get("num_queries")
-        return [c for c in choices if given.get(c.field) is None]
+        return [c for c in choices + masks if given.get(c.field) is None]
+
+    def _masks_choice(self, model_config: Any, data: str, version: float) -> list[DataChoice]:
+        """The mask head, turned on when every training annotation has a segmentation and the model has one to turn
+        on (a `masks` field) that neither `model_args` nor a model directory set."""
+        if model_config is None or not hasattr(model_config, "masks") or "masks" in self.model_args:
+            return []
+        if model_config.masks or not training_stats(data, version).masks:
+            return []
+        why = "every training annotation has a segmentation: the mask head (pred_masks) trains beside the boxes"
+        return [DataChoice("masks", True, why)]
 
     def minimal(self) -> TrainConfig:
         """The same run with the options that resolution would fill in with the same values left unset (a resumed
@@ -489,14 +498,7 @@ class TrainConfig:
         return cls(out=os.fspath(out), **changes)
 
 
-def check_no_mask_head(config: Any, what: str) -> None:
-    """ValueError for a detector config with DETR's mask head (`masks`): the training criterion scores boxes only,
-    so the head would not learn and would drift from the detector it reads."""
-    if getattr(config, "masks", False):
-        raise ValueError(
-            f"{what} has DETR's mask head (masks=True), which vitkit train does not train: the criterion scores boxes "
-            "only. Train its detector without the head (masks=False; detr_resnet50 for detr_resnet50_panoptic)"
-        )
+MODEL_CHOICES = ("num_queries", "masks")  # data choices that are model fields (`model_args`), not run options
 
 
 def _check_detection_loss(loss: str | None, model: str | None, init: str | None) -> None:

@@ -50,9 +50,9 @@ from vitkit.detection import (
 from vitkit.infer import autocast, evaluate, evaluate_detector
 from vitkit.infer.evaluate import evaluate_detector_tiled
 from vitkit.layers import to_2tuple
-from vitkit.models.interface import denoising_settings, has_no_object_logit, require_model
+from vitkit.models.interface import denoising_settings, has_no_object_logit, predicts_masks, require_model
 from vitkit.models.registry import model_entry, replace_config
-from vitkit.train.config import TrainConfig, check_no_mask_head
+from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import DistEnv
 from vitkit.train.recipe import CLASSIFICATION, DETECTION
 from vitkit.train.sharding import Lockstep, is_sharded, most_batches
@@ -199,7 +199,6 @@ class ClassificationTask(Task):
 
     def prepare(self, model: nn.Module) -> nn.Module:
         config, env = self.config, self.env
-        check_no_mask_head(model.config, f"the model in {config.init}" if config.init else type(model).__name__)
         img_size, channels = to_2tuple(model.config.img_size), model.config.in_chans
         self.image_shape = (channels, *img_size)  # (C, H, W) of one input
         augment = train_transform(img_size, channels, config.min_scale, config.hflip, config.randaugment)
@@ -311,6 +310,7 @@ class DetectionTask(Task):
         )
         self.num_classes = len(self.info.classes)
         self.loss_parts = ("loss_ce", "loss_bbox", "loss_giou") + (("loss_box_cls",) if config.box_cls_loss else ())
+        self.masks = False  # the model predicts masks, and the data has them (`prepare`)
         for split in (self.train_set, self.val_set):
             report = getattr(split, "report", None)  # what a COCO file's loading skipped
             if report is not None and (report.skipped or report.clipped) and env.is_main:
@@ -325,7 +325,14 @@ class DetectionTask(Task):
 
     def prepare(self, model: nn.Module) -> nn.Module:
         config, env = self.config, self.env
-        check_no_mask_head(model.config, f"the model in {config.init}" if config.init else type(model).__name__)
+        self.masks = predicts_masks(model)
+        if self.masks and not self.train_set.with_masks:
+            what = f"the model in {config.init}" if config.init else repr(config.model)
+            raise ValueError(
+                f"{what} has a mask head (masks=True), but the training annotations of {config.data} hold no masks "
+                "(every annotation needs a segmentation): add them, or train without the head (--model-arg "
+                "masks=false)"
+            )
         self.image_shape = (model.config.in_chans, *to_2tuple(model.config.img_size))
         val_sampler = self._samplers(self.train_set, self.val_set)
         pin = env.device.type == "cuda"
@@ -341,6 +348,8 @@ class DetectionTask(Task):
         self.boxes = BoxClassification(model, self.num_classes).to(env.device) if config.box_cls_loss > 0 else None
         self.denoising = denoising_settings(model)
         self.threshold: float | None = None  # the score threshold of the last evaluation's best F1
+        if self.masks:
+            self.loss_parts += ("loss_mask", "loss_dice")
         if self.denoising is not None:
             self.loss_parts += ("loss_dn",)
         return self.boxes if self.boxes is not None else model
@@ -393,9 +402,11 @@ class DetectionTask(Task):
             else:
                 outputs = model(batch.images, batch.pixel_mask, **extra)  # pred_logits (B, Q, K + 1 | K), pred_boxes
         losses = self.criterion(outputs, batch.targets, denoised)  # float32
-        parts = {name: losses[name] for name in ("loss_ce", "loss_bbox", "loss_giou")}
+        parts = {name: losses[name] for name in ("loss_ce", "loss_bbox", "loss_giou", "loss_mask", "loss_dice")
+                 if name in losses}  # fmt: skip
         if self.denoising is not None:  # the last layer's denoising terms, weighted as in the total
-            parts["loss_dn"] = sum(weight * losses[f"{name}_dn"] for name, weight in self.criterion.weights.items())
+            weights = self.criterion.weights.items()
+            parts["loss_dn"] = sum(weight * losses[f"{name}_dn"] for name, weight in weights if f"{name}_dn" in losses)
         loss = losses["total"]
         if self.boxes is not None:
             labels = torch.cat([t["labels"] for t in batch.targets])  # (T,)

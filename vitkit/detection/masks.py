@@ -1,0 +1,120 @@
+"""Mask losses and matching costs on sampled points, as Mask2Former and Mask DINO compute them: a predicted mask
+(logits at a quarter of the padded image) and a ground-truth mask (pixels of its image) are compared at K points
+of the padded image, read from both by bilinear sampling, so memory grows with K, not with the image.
+
+- `canvas_masks`: each image's masks (n, h, w) placed on the batch's canvas (the padded image, top-left), zero in
+  the padding.
+- `point_sample`: maps (N, h, w) read at points (N, K, 2) in [0, 1] of their extent (x, y): (N, K).
+- Matching (`mask_costs`): K points drawn uniformly, the same for every query and object of an image; the pairwise
+  sigmoid focal cost (the mean over the points of the focal loss of a query's logits towards an object's mask) and
+  dice cost (1 - dice).
+- Loss (`mask_losses`): for each matched pair, K points, most of them where the prediction is least certain
+  (Mask2Former's importance sampling: `uncertain_points`); the sigmoid focal loss (mean over the points) and the
+  dice loss, each summed over the pairs and divided by the number of boxes.
+
+Letters: B images, Q queries, n objects of an image, M matched pairs, K points, h, w a map's size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+MASK_POINTS = 112 * 112  # points a mask is compared at (Mask2Former's 12,544)
+OVERSAMPLE = 3  # the loss draws OVERSAMPLE * K candidate points ...
+IMPORTANCE = 0.75  # ... and keeps the IMPORTANCE * K least certain of them, the rest drawn uniformly
+MASK_WEIGHTS = {"loss_mask": 5.0, "loss_dice": 5.0}  # the losses' weights in the total (Mask DINO's)
+MASK_COSTS = {"mask": 5.0, "dice": 5.0}  # the matching costs' weights (Mask DINO's)
+FOCAL_ALPHA, FOCAL_GAMMA = 0.25, 2.0
+
+
+def point_count(pred: Tensor) -> int:
+    """The points a mask of logits `pred` (..., h, w) is compared at: MASK_POINTS, or as many as it has logits when
+    fewer (a small image's masks hold less to compare than Mask2Former's points)."""
+    return min(MASK_POINTS, pred.shape[-2] * pred.shape[-1])
+
+
+def canvas_masks(targets: Sequence[Mapping[str, Tensor]], size: tuple[int, int]) -> list[Tensor]:
+    """Each image's `masks` (n, h, w) on a canvas of `size` (H, W) at its top-left, as `pad_images` lays the
+    images out: (n, H, W) float, zero outside the image."""
+    placed = []
+    for target in targets:
+        masks = target["masks"]
+        n, h, w = masks.shape
+        canvas = masks.new_zeros((n, *size), dtype=torch.float32)
+        canvas[:, : min(h, size[0]), : min(w, size[1])] = masks[:, : size[0], : size[1]]
+        placed.append(canvas)
+    return placed
+
+
+def point_sample(maps: Tensor, points: Tensor) -> Tensor:
+    """Maps (N, h, w) read at points (N, K, 2), (x, y) in [0, 1] of the maps' extent, by bilinear interpolation
+    (grid_sample, pixel centres at (i + 0.5) / h): (N, K)."""
+    grid = points[:, None] * 2 - 1  # (N, 1, K, 2) in [-1, 1]
+    return F.grid_sample(maps[:, None].float(), grid.to(torch.float32), align_corners=False)[:, 0, 0]
+
+
+def uncertain_points(logits: Tensor, count: int) -> Tensor:
+    """Mask2Former's importance sampling for the loss of masks `logits` (M, h, w): OVERSAMPLE * `count` random
+    points, the IMPORTANCE * `count` whose logit is nearest 0 (least certain) kept, the rest drawn uniformly:
+    (M, count, 2)."""
+    M = logits.shape[0]
+    candidates = torch.rand(M, OVERSAMPLE * count, 2, device=logits.device)
+    with torch.no_grad():
+        uncertainty = -point_sample(logits, candidates).abs()  # (M, 3K)
+    kept = int(IMPORTANCE * count)
+    top = uncertainty.topk(kept, dim=1).indices  # (M, kept)
+    chosen = candidates.gather(1, top[..., None].expand(-1, -1, 2))
+    return torch.cat([chosen, torch.rand(M, count - kept, 2, device=logits.device)], dim=1)
+
+
+def _focal(logits: Tensor, targets: Tensor) -> Tensor:
+    """The sigmoid focal loss of each logit towards its target (same shapes), not reduced."""
+    p = logits.sigmoid()
+    ce = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+    p_t = p * targets + (1 - p) * (1 - targets)
+    alpha = FOCAL_ALPHA * targets + (1 - FOCAL_ALPHA) * (1 - targets)
+    return alpha * ce * (1 - p_t) ** FOCAL_GAMMA
+
+
+def mask_costs(pred: Tensor, target: Tensor, count: int | None = None) -> tuple[Tensor, Tensor]:
+    """(focal cost, dice cost), each (Q, n), of an image's predicted masks `pred` (Q, h, w) (logits) against its
+    objects' masks `target` (n, H, W) (on the canvas), at `count` uniform points shared by all (None:
+    `point_count`)."""
+    count = point_count(pred) if count is None else count
+    points = torch.rand(1, count, 2, device=pred.device)
+    logits = point_sample(pred, points.expand(len(pred), -1, -1))  # (Q, K)
+    wanted = point_sample(target, points.expand(len(target), -1, -1))  # (n, K)
+    p = logits.sigmoid()
+    # the focal loss of each query's logits towards each object's mask, mean over the points: its positive and
+    # negative terms weighted by the target at each point, as two products
+    positive = FOCAL_ALPHA * (1 - p) ** FOCAL_GAMMA * F.binary_cross_entropy_with_logits(
+        logits, torch.ones_like(logits), reduction="none"
+    )
+    negative = (1 - FOCAL_ALPHA) * p**FOCAL_GAMMA * F.binary_cross_entropy_with_logits(
+        logits, torch.zeros_like(logits), reduction="none"
+    )
+    focal = (positive @ wanted.T + negative @ (1 - wanted).T) / count  # (Q, n)
+    dice = 1 - (2 * p @ wanted.T + 1) / (p.sum(-1)[:, None] + wanted.sum(-1)[None, :] + 1)  # (Q, n)
+    return focal, dice
+
+
+def mask_losses(pred: Tensor, target: Tensor, num_boxes: float, count: int | None = None) -> tuple[Tensor, Tensor]:
+    """(focal loss, dice loss) of matched predicted masks `pred` (M, h, w) (logits) against their objects' masks
+    `target` (M, H, W) (on the canvas), at `count` points each (`uncertain_points`; None: `point_count`), each
+    summed over the pairs and divided by `num_boxes`."""
+    count = point_count(pred) if count is None else count
+    if len(pred) == 0:
+        zero = pred.sum() * 0
+        return zero, zero
+    points = uncertain_points(pred.detach(), count)  # (M, K, 2)
+    logits = point_sample(pred, points)  # (M, K)
+    with torch.no_grad():
+        wanted = point_sample(target, points)  # (M, K)
+    focal = _focal(logits, wanted).mean(1).sum() / num_boxes
+    p = logits.sigmoid()
+    dice = 1 - (2 * (p * wanted).sum(-1) + 1) / (p.sum(-1) + wanted.sum(-1) + 1)  # (M,)
+    return focal, dice.sum() / num_boxes
