@@ -11,6 +11,7 @@ import sys
 from vitkit.cli.options import add_precision_option, add_tile_options, run_precision, set_max_pixels, tiling
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.detection import COCO_METRICS
+from vitkit.detection.coco_eval import SEGM_PREFIX
 from vitkit.infer import (
     evaluate_detector_dir,
     evaluate_model_dir,
@@ -97,6 +98,12 @@ def _run_detector(args: argparse.Namespace) -> int:
     else:
         metrics = "  ".join(f"{k} {'-' if values[k] is None else f'{values[k]:.4f}'}" for k in COCO_METRICS)
         print(f"images {result.count}  {metrics}")
+        if SEGM_PREFIX + COCO_METRICS[0] in values:  # the masks, scored as the boxes
+            masks = "  ".join(
+                f"{k} {'-' if values[SEGM_PREFIX + k] is None else f'{values[SEGM_PREFIX + k]:.4f}'}"
+                for k in COCO_METRICS
+            )
+            print(f"masks       {masks}")
         for line in per_class_lines(values["per_class"]):
             print(line)
         if result.threshold is not None:

@@ -25,6 +25,8 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torchvision.ops import box_convert, box_iou
 
+from vitkit.detection.masks import encode_masks
+
 COCO_METRICS = ("ap", "ap50", "ap75", "ap_small", "ap_medium", "ap_large")  # pycocotools' first six stats
 
 
@@ -62,6 +64,7 @@ def to_coco_results(
 
 
 COCO_MAX_DETECTIONS = 100  # COCO scores an image's 100 most probable detections
+SEGM_PREFIX = "segm_"  # the masks' COCO metrics: segm_ap, segm_ap50, ... beside the boxes' ap, ap50, ...
 
 
 class CocoEvaluator:
@@ -80,6 +83,7 @@ class CocoEvaluator:
             raise ValueError(f"max_detections must be at least COCO's {COCO_MAX_DETECTIONS}, got {max_detections}")
         self.num_classes, self.max_detections = num_classes, max_detections
         self.images: dict[int, dict[str, np.ndarray | tuple[int, int]]] = {}  # image id -> its boxes
+        self.with_masks = False  # the images came with masks: `compute` scores them too (segm_ap, ...)
 
     def __len__(self) -> int:
         return len(self.images)
@@ -91,9 +95,12 @@ class CocoEvaluator:
 
         Args:
             predictions: per image, `postprocess`'s dict (`boxes` (x0, y0, x1, y1) in pixels of the original image,
-                `scores`, `labels`); call postprocess with the targets' `orig_size` and threshold 0.
+                `scores`, `labels`); call postprocess with the targets' `orig_size` and threshold 0. With masks,
+                `masks`: each detection's mask as compressed RLE (`vitkit.detection.masks.encode_masks`).
             targets: per image, `image_id`, `orig_size` (height, width), `labels` (n,) and `boxes` (n, 4)
-                (cx, cy, w, h) in [0, 1]; `area` (n,) in original pixels if given, else the boxes' area.
+                (cx, cy, w, h) in [0, 1]; `area` (n,) in original pixels if given, else the boxes' area. With
+                masks, `masks` (n, h, w) bool at the size the predictions' masks have (the model's input): the
+                masks are scored there, the boxes in original pixels.
         """
         if len(predictions) != len(targets):
             raise ValueError(f"expected one target per prediction: {len(predictions)} and {len(targets)}")
@@ -111,7 +118,13 @@ class CocoEvaluator:
                 raise ValueError(
                     f"predicted labels must be in [0, {self.num_classes}), got {labels.min()}..{labels.max()}"
                 )
+            if ("masks" in prediction) != ("masks" in target):
+                raise ValueError("masks are scored when both the predictions and the targets hold them: one has none")
+            if "masks" in prediction:
+                masks = {"masks": list(prediction["masks"]), "gt_masks": encode_masks(target["masks"].bool())}
+                self.with_masks = True
             self.images[image_id] = {
+                **(masks if "masks" in prediction else {}),
                 "size": (height, width),
                 "gt_boxes": gt_boxes,
                 "gt_labels": target["labels"].cpu().numpy(),
@@ -140,7 +153,10 @@ class CocoEvaluator:
         for image_id, record in self.images.items():
             height, width = record["size"]
             images.append({"id": image_id, "height": height, "width": width})
-            for box, label, area in zip(record["gt_boxes"], record["gt_labels"], record["gt_area"], strict=True):
+            gt_masks, masks = record.get("gt_masks"), record.get("masks")
+            for i, (box, label, area) in enumerate(
+                zip(record["gt_boxes"], record["gt_labels"], record["gt_area"], strict=True)
+            ):
                 gts.append(
                     {
                         "id": len(gts) + 1,
@@ -149,9 +165,12 @@ class CocoEvaluator:
                         "bbox": box.tolist(),
                         "area": float(area),
                         "iscrowd": 0,
+                        **({"segmentation": gt_masks[i]} if gt_masks is not None else {}),
                     }
                 )
-            for box, score, label in zip(record["boxes"], record["scores"], record["labels"], strict=True):
+            for i, (box, score, label) in enumerate(
+                zip(record["boxes"], record["scores"], record["labels"], strict=True)
+            ):
                 dts.append(
                     {
                         "id": len(dts) + 1,
@@ -161,6 +180,7 @@ class CocoEvaluator:
                         "area": float(box[2] * box[3]),
                         "score": float(score),
                         "iscrowd": 0,
+                        **({"segmentation": masks[i]} if masks is not None else {}),
                     }
                 )
         categories = [{"id": k, "name": str(k)} for k in range(self.num_classes)]
@@ -209,25 +229,30 @@ class CocoEvaluator:
 
     def compute(self, verbose: bool = False) -> dict[str, float]:
         """COCO box mAP as {"ap", "ap50", "ap75", "ap_small", "ap_medium", "ap_large"}, fractions in [0, 1] (NaN
-        where there is no ground truth to score); `verbose` prints pycocotools' summary table."""
+        where there is no ground truth to score), and with masks the same of the masks (iouType "segm") as
+        "segm_ap", ...; `verbose` prints pycocotools' summary tables."""
         if not self.images:
             raise ValueError("no images to evaluate: call update() with predictions and targets first")
         ground_truth, results = self.coco_objects()
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            evaluation = COCOeval(ground_truth, results, iouType="bbox")
-            evaluation.params.maxDets = [1, 10, self.max_detections]  # the AP and AR summaries read the last
-            evaluation.evaluate()
-            evaluation.accumulate()
-            evaluation.summarize()
-        if verbose:
-            print(out.getvalue(), end="")
-        self.evaluation = evaluation  # per_class and pr_curves read its accumulated precision
-        stats = list(evaluation.stats[: len(COCO_METRICS)])
-        if self.max_detections != COCO_MAX_DETECTIONS:  # pycocotools' summary reads AP at 100 detections
-            precision = evaluation.eval["precision"][:, :, :, 0, -1]  # (T, R, K) at every area, the most detections
-            stats[0] = float(precision[precision > -1].mean()) if (precision > -1).any() else -1.0
-        return {name: float(v) if v >= 0 else math.nan for name, v in zip(COCO_METRICS, stats, strict=True)}
+        metrics: dict[str, float] = {}
+        for iou_type, prefix in (("bbox", ""), *((("segm", SEGM_PREFIX),) if self.with_masks else ())):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                evaluation = COCOeval(ground_truth, results, iouType=iou_type)
+                evaluation.params.maxDets = [1, 10, self.max_detections]  # the AP and AR summaries read the last
+                evaluation.evaluate()
+                evaluation.accumulate()
+                evaluation.summarize()
+            if verbose:
+                print(out.getvalue(), end="")
+            if iou_type == "bbox":
+                self.evaluation = evaluation  # per_class and pr_curves read its accumulated precision (boxes)
+            stats = list(evaluation.stats[: len(COCO_METRICS)])
+            if self.max_detections != COCO_MAX_DETECTIONS:  # pycocotools' summary reads AP at 100 detections
+                precision = evaluation.eval["precision"][:, :, :, 0, -1]  # (T, R, K) at every area, the most
+                stats[0] = float(precision[precision > -1].mean()) if (precision > -1).any() else -1.0
+            metrics |= {prefix + k: float(v) if v >= 0 else math.nan for k, v in zip(COCO_METRICS, stats, strict=True)}
+        return metrics
 
     def _precision(self) -> np.ndarray:
         """pycocotools' accumulated precision (IoU thresholds T, recall points R, classes K, areas A, max dets M),

@@ -19,9 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from pycocotools import mask as mask_utils
 from torch import Tensor
+
+from vitkit.models.query_masks import MASK_STRIDE
 
 MASK_POINTS = 112 * 112  # points a mask is compared at (Mask2Former's 12,544)
 OVERSAMPLE = 3  # the loss draws OVERSAMPLE * K candidate points ...
@@ -29,6 +33,30 @@ IMPORTANCE = 0.75  # ... and keeps the IMPORTANCE * K least certain of them, the
 MASK_WEIGHTS = {"loss_mask": 5.0, "loss_dice": 5.0}  # the losses' weights in the total (Mask DINO's)
 MASK_COSTS = {"mask": 5.0, "dice": 5.0}  # the matching costs' weights (Mask DINO's)
 FOCAL_ALPHA, FOCAL_GAMMA = 0.25, 2.0
+
+
+MASK_CHUNK = 16  # detections whose masks are resampled to the image at once (memory: 16 x H x W floats)
+
+
+def detection_masks(logits: Tensor, queries: Tensor, size: tuple[int, int]) -> Tensor:
+    """The masks of an image's detections: the mask logits `logits` (Q, h, w) of the padded image (a quarter of
+    its size) of each detection's query `queries` (n,), resampled bilinearly to the padded image and cut to the
+    image's `size` (H, W), inside where the logit is above 0 (probability above 0.5): (n, H, W) bool."""
+    h, w = logits.shape[-2:]
+    out = torch.zeros(len(queries), *size, dtype=torch.bool, device=logits.device)
+    for start in range(0, len(queries), MASK_CHUNK):
+        chosen = logits[queries[start : start + MASK_CHUNK]].float()[:, None]  # (c, 1, h, w)
+        full = F.interpolate(chosen, size=(h * MASK_STRIDE, w * MASK_STRIDE), mode="bilinear", align_corners=False)
+        out[start : start + MASK_CHUNK] = full[:, 0, : size[0], : size[1]] > 0
+    return out
+
+
+def encode_masks(masks: Tensor) -> list[dict]:
+    """Masks (n, H, W) bool as pycocotools' compressed RLE, one dict each (`counts` bytes)."""
+    if len(masks) == 0:
+        return []
+    array = np.asfortranarray(masks.permute(1, 2, 0).cpu().numpy().astype(np.uint8))  # (H, W, n)
+    return mask_utils.encode(array)
 
 
 def point_count(pred: Tensor) -> int:

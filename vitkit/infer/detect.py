@@ -76,10 +76,10 @@ def detector_outputs(
     model: VitkitDetector, images: torch.Tensor, pixel_mask: torch.Tensor, precision: str = "fp32"
 ) -> dict[str, torch.Tensor]:
     """The last decoder layer's predictions (`predict`) under `precision`, in float32: pred_logits (B, Q, K + 1),
-    pred_boxes (B, Q, 4)."""
+    pred_boxes (B, Q, 4), and pred_masks (B, Q, H / 4, W / 4) where the model predicts masks."""
     with autocast(images.device, precision):
         outputs = model.predict(images, pixel_mask)
-    return {"pred_logits": outputs["pred_logits"].float(), "pred_boxes": outputs["pred_boxes"].float()}
+    return {k: outputs[k].float() for k in ("pred_logits", "pred_boxes", "pred_masks") if k in outputs}
 
 
 def detection_input(

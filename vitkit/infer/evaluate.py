@@ -36,6 +36,7 @@ from vitkit.data.coco import CocoDetection, open_annotated
 from vitkit.data.detection import detection_target
 from vitkit.detection import CocoEvaluator, Postprocessing, collate_detection
 from vitkit.detection.coco_eval import COCO_MAX_DETECTIONS
+from vitkit.detection.masks import detection_masks, encode_masks
 from vitkit.errors import OptionError
 from vitkit.infer.detect import detector_outputs, reading
 from vitkit.infer.files import progress_bar
@@ -230,7 +231,9 @@ def evaluate_detector(
     precision: str = "fp32",
 ) -> DetectionResult:
     """COCO mAP of `model` on the batches of `loader` (`vitkit.detection.collate_detection` batches of a detection
-    dataset). Every query is scored (threshold 0), at most 100 per image as COCO counts them.
+    dataset). Every query is scored (threshold 0), at most 100 per image as COCO counts them. A model that predicts
+    masks, on data with masks, is scored on them too (`segm_ap`, ...): each detection's mask against the objects'
+    at the size the model saw the image (the boxes are scored in the stored image's pixels).
 
     Args:
         distributed: each process of torch.distributed's group evaluated its shard: the detections are gathered
@@ -249,7 +252,15 @@ def evaluate_detector(
         batch = batch.to(device)
         outputs = detector_outputs(model, batch.images, batch.pixel_mask, precision)
         sizes = torch.stack([t["orig_size"] for t in batch.targets])  # (B, 2): boxes in pixels of the stored image
-        evaluator.update(read(outputs, sizes, 0.0), batch.targets)
+        predictions = read(outputs, sizes, 0.0)
+        targets = batch.targets
+        if "pred_masks" in outputs and all("masks" in t for t in targets):  # scored at the model's input size
+            for prediction, target, logits in zip(predictions, targets, outputs["pred_masks"], strict=True):
+                shown = tuple(target["masks"].shape[-2:])
+                prediction["masks"] = encode_masks(detection_masks(logits, prediction["queries"], shown))
+        else:
+            targets = [{k: v for k, v in t.items() if k != "masks"} for t in targets]  # boxes only
+        evaluator.update(predictions, targets)
     if distributed:
         evaluator.gather()
     return _detection_result(evaluator, skipped, info)

@@ -453,7 +453,8 @@ class DetectionTask(Task):
         model.predict(torch.zeros(1, *self.image_shape, device=self.env.device))  # as evaluate_detector runs it
 
     def describe(self, metrics: dict[str, Any]) -> str:
-        return "  ".join(f"{k} {metrics[k]:.4f}" for k in ("ap", "ap50", "ap75"))
+        shown = ("ap", "ap50", "ap75", "segm_ap", "segm_ap50")  # the masks' where the model predicts them
+        return "  ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics)
 
     def saved_info(self) -> ModelInfo:
         """The data's classes, their category ids, normalisation and description, and how the model's outputs are
