@@ -38,16 +38,22 @@ FOCAL_ALPHA, FOCAL_GAMMA = 0.25, 2.0
 MASK_CHUNK = 16  # detections whose masks are resampled to the image at once (memory: 16 x H x W floats)
 
 
-def detection_masks(logits: Tensor, queries: Tensor, size: tuple[int, int]) -> Tensor:
+def detection_masks(
+    logits: Tensor, queries: Tensor, size: tuple[int, int], out_size: tuple[int, int] | None = None
+) -> Tensor:
     """The masks of an image's detections: the mask logits `logits` (Q, h, w) of the padded image (a quarter of
     its size) of each detection's query `queries` (n,), resampled bilinearly to the padded image and cut to the
-    image's `size` (H, W), inside where the logit is above 0 (probability above 0.5): (n, H, W) bool."""
+    image's `size` (H, W) there, then (with `out_size`) resampled to the image as stored; inside where the logit is
+    above 0 (probability above 0.5): (n, *(out_size or size)) bool."""
     h, w = logits.shape[-2:]
-    out = torch.zeros(len(queries), *size, dtype=torch.bool, device=logits.device)
+    out = torch.zeros(len(queries), *(out_size or size), dtype=torch.bool, device=logits.device)
     for start in range(0, len(queries), MASK_CHUNK):
         chosen = logits[queries[start : start + MASK_CHUNK]].float()[:, None]  # (c, 1, h, w)
         full = F.interpolate(chosen, size=(h * MASK_STRIDE, w * MASK_STRIDE), mode="bilinear", align_corners=False)
-        out[start : start + MASK_CHUNK] = full[:, 0, : size[0], : size[1]] > 0
+        full = full[:, :, : size[0], : size[1]]
+        if out_size is not None and tuple(out_size) != tuple(size):
+            full = F.interpolate(full, size=out_size, mode="bilinear", align_corners=False)
+        out[start : start + MASK_CHUNK] = full[:, 0] > 0
     return out
 
 

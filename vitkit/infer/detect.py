@@ -15,10 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from pycocotools import mask as mask_utils
 from torchvision.ops import clip_boxes_to_image
 
 from vitkit.data import Unreadable, image_mode, normalize, open_image
 from vitkit.detection import Postprocessing, pad_images
+from vitkit.detection.masks import detection_masks, encode_masks
 from vitkit.infer.files import image_loader, progress_bar
 from vitkit.infer.runtime import autocast
 from vitkit.layers import to_2tuple
@@ -51,9 +53,18 @@ class Detection:
     category_id: int  # the dataset's category id of the class
     score: float  # the class probability
     box: tuple[float, float, float, float]  # (x0, y0, x1, y1) in pixels of the image
+    mask: dict | None = None  # a detector that predicts masks: the object's, COCO's compressed RLE of the image
+    # ({"size": [height, width], "counts": str}); None otherwise
 
     def to_dict(self) -> dict[str, Any]:
-        return {"class": self.label, "category_id": self.category_id, "score": self.score, "box": list(self.box)}
+        found = {"class": self.label, "category_id": self.category_id, "score": self.score, "box": list(self.box)}
+        return found | ({"mask": self.mask} if self.mask is not None else {})
+
+    def mask_array(self) -> np.ndarray | None:
+        """The mask as (height, width) bool, None without one."""
+        if self.mask is None:
+            return None
+        return mask_utils.decode({**self.mask, "counts": self.mask["counts"].encode("ascii")}).astype(bool)
 
 
 @dataclass(frozen=True)
@@ -111,11 +122,17 @@ def detector_inputs(
     return pixels.to(device), mask.to(device), torch.tensor([(i.height, i.width) for i in images])
 
 
-def image_detections(result: dict[str, torch.Tensor], info: ModelInfo) -> list[Detection]:
-    """One image's postprocess result as detections, most probable first."""
+def image_detections(result: dict[str, Any], info: ModelInfo) -> list[Detection]:
+    """One image's postprocess result as detections, most probable first (with its `masks`, RLE, when given)."""
     order = result["scores"].argsort(descending=True, stable=True).tolist()
     boxes, scores, labels = result["boxes"].tolist(), result["scores"].tolist(), result["labels"].tolist()
-    return [Detection(info.classes[labels[i]], info.category_ids[labels[i]], scores[i], tuple(boxes[i])) for i in order]
+    masks = [
+        {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")} for rle in result["masks"]
+    ] if "masks" in result else [None] * len(order)  # fmt: skip
+    return [
+        Detection(info.classes[labels[i]], info.category_ids[labels[i]], scores[i], tuple(boxes[i]), masks[i])
+        for i in order
+    ]
 
 
 @torch.no_grad()
@@ -137,8 +154,12 @@ def detect(
     pixels, mask, sizes = detector_inputs(model, info, images)
     outputs = detector_outputs(model.eval(), pixels, mask, precision)
     results = read(outputs, sizes, threshold)
-    for result, (height, width) in zip(results, sizes.tolist(), strict=True):
+    for b, (result, (height, width)) in enumerate(zip(results, sizes.tolist(), strict=True)):
         result["boxes"] = clip_boxes_to_image(result["boxes"], (height, width))
+        if "pred_masks" in outputs:  # each detection's mask in pixels of the image as given
+            seen = (int(mask[b].any(1).sum()), int(mask[b].any(0).sum()))  # the resized image within the padding
+            found = detection_masks(outputs["pred_masks"][b], result["queries"], seen, (height, width))
+            result["masks"] = encode_masks(found)
     return [image_detections(result, info) for result in results]
 
 

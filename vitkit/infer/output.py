@@ -83,6 +83,7 @@ def write_detections(
             [d.score for d in detections],
             classes,
             "no detections" + ("" if threshold is None else f" above {threshold:.2f}"),
+            [d.mask_array() for d in detections] if any(d.mask is not None for d in detections) else None,
         )
         drawn.save(picture)
         pictures.append(picture)

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from PIL import Image
+from pycocotools import mask as mask_utils
 from torchvision.ops import batched_nms
 
 from vitkit.data.tiles import DEFAULT_OVERLAP, Tile, tile_grid
@@ -37,11 +39,14 @@ TILE_BATCH = 4  # tiles run together
 
 
 def merge_tiles(
-    found: Sequence[tuple[Tile, list[Detection]]], nms_iou: float | None = DEFAULT_NMS_IOU
+    found: Sequence[tuple[Tile, list[Detection]]],
+    nms_iou: float | None = DEFAULT_NMS_IOU,
+    image_size: tuple[int, int] | None = None,
 ) -> list[Detection]:
     """The detections of every tile (boxes in pixels of the tile) as one list for the image, most probable first:
     boxes moved into the image, kept where their centre lies in their tile's own part, then per-class NMS at
-    `nms_iou` (None: none)."""
+    `nms_iou` (None: none). A detection's mask moves into the image of `image_size` (height, width) with its box
+    (without `image_size`, masks are dropped)."""
     kept: list[Detection] = []
     for tile, detections in found:
         x0, y0 = tile.box[:2]
@@ -50,13 +55,24 @@ def merge_tiles(
             box = (d.box[0] + x0, d.box[1] + y0, d.box[2] + x0, d.box[3] + y0)
             cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
             if ox0 <= cx < ox1 and oy0 <= cy < oy1:
-                kept.append(Detection(d.label, d.category_id, d.score, box))
+                mask = _placed(d, (x0, y0), image_size) if d.mask is not None and image_size is not None else None
+                kept.append(Detection(d.label, d.category_id, d.score, box, mask))
     if nms_iou is not None and kept:
         boxes = torch.tensor([d.box for d in kept], dtype=torch.float64)
         scores = torch.tensor([d.score for d in kept], dtype=torch.float64)
         labels = torch.tensor([d.category_id for d in kept])
         kept = [kept[i] for i in batched_nms(boxes, scores, labels, nms_iou).tolist()]
     return sorted(kept, key=lambda d: -d.score)
+
+
+def _placed(detection: Detection, corner: tuple[int, int], image_size: tuple[int, int]) -> dict:
+    """A tile's detection's mask moved to its place in the image: RLE of the image's size."""
+    part = detection.mask_array()  # (h, w) of the tile
+    whole = np.zeros(image_size, dtype=np.uint8)
+    x0, y0 = corner
+    whole[y0 : y0 + part.shape[0], x0 : x0 + part.shape[1]] = part
+    rle = mask_utils.encode(np.asfortranarray(whole))
+    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
 
 
 @torch.no_grad()
@@ -84,4 +100,4 @@ def detect_tiled(
         found += zip(chunk, detect(model, info, crops, threshold, postprocessing, precision), strict=True)
         if bar is not None:
             bar.update(len(chunk))
-    return merge_tiles(found, nms_iou)
+    return merge_tiles(found, nms_iou, (image.height, image.width))

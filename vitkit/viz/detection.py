@@ -182,10 +182,12 @@ def draw_detections(
     scores: Sequence[float] | None,
     classes: Sequence[str] | None = None,
     empty: str = "no detections",
+    masks: Sequence[np.ndarray | None] | None = None,
 ) -> Image.Image:
     """`image` (enlarged if small) with each box outlined and labelled "label score", the most probable first, each
     label whole on the picture and clear of the others and of other boxes where it can be (`place_labels`);
-    without boxes, `empty` written across its top.
+    without boxes, `empty` written across its top. With `masks`, each object's mask is filled translucent in its
+    box's colour and outlined, beneath the boxes and labels (the most probable on top).
 
     When the labels would not keep the picture readable (`labels_fit`: more than MAX_LABELS, covering more than
     LABEL_SHARE of it, or some that cannot be placed apart), each box gets a small number instead (1 the most
@@ -200,7 +202,10 @@ def draw_detections(
         classes: all class names, so that a class keeps its colour across images (default: colours by `labels`'
             order of first appearance).
         empty: what the picture says when there is no box (e.g. "no detections above 0.50").
+        masks: each box's mask, (height, width) bool in pixels of `image`, or None where it has none.
     """
+    if masks is not None and len(masks) != len(boxes):
+        raise ValueError(f"expected one mask (or None) per box: {len(boxes)} boxes, {len(masks)} masks")
     if len(boxes) != len(labels) or scores is not None and len(scores) != len(boxes):
         given = "-" if scores is None else len(scores)
         raise ValueError(f"expected one label and score per box: {len(boxes)}, {len(labels)}, {given}")
@@ -214,6 +219,9 @@ def draw_detections(
     scaled = [tuple(v * factor for v in boxes[i]) for i in order]  # the most probable first: its label goes first
     texts = [labels[i] if scores is None else f"{labels[i]} {scores[i]:.2f}" for i in order]
     colours = [_colour(labels[i], palette) for i in order]
+    if masks is not None:  # beneath everything else
+        picture = _fill_masks(picture, [masks[i] for i in order], colours, factor)
+        draw = ImageDraw.Draw(picture)
     width = max(2, round(font.size / 6))  # of the outlines
     numbered = len(order) > MAX_LABELS
     if not numbered:
@@ -238,6 +246,31 @@ def draw_detections(
     if numbered:
         return _legend(picture, list(zip(shown, texts, colours, strict=True)), font)
     return picture
+
+
+MASK_ALPHA = 0.45  # a mask's fill: this share of its colour over the image
+
+
+def _fill_masks(
+    picture: Image.Image, masks: Sequence[np.ndarray | None], colours: Sequence[tuple[int, int, int]], factor: int
+) -> Image.Image:
+    """`picture` (the image enlarged `factor` times) with each mask (in image pixels, the most probable first)
+    filled at MASK_ALPHA in its colour and its edge pixels drawn in full colour; the most probable on top."""
+    canvas = np.asarray(picture.convert("RGB")).astype(np.float32)  # (H f, W f, 3)
+    for mask, colour in reversed(list(zip(masks, colours, strict=True))):
+        if mask is None or not mask.any():
+            continue
+        inside = np.kron(mask, np.ones((factor, factor), dtype=bool)) if factor > 1 else mask.astype(bool)
+        inside = inside[: canvas.shape[0], : canvas.shape[1]]
+        core = inside.copy()  # the pixels whose four neighbours are inside too
+        core[1:] &= inside[:-1]
+        core[:-1] &= inside[1:]
+        core[:, 1:] &= inside[:, :-1]
+        core[:, :-1] &= inside[:, 1:]
+        rgb = np.array(colour, dtype=np.float32)
+        canvas[inside] = canvas[inside] * (1 - MASK_ALPHA) + rgb * MASK_ALPHA
+        canvas[inside & ~core] = rgb
+    return Image.fromarray(np.clip(canvas, 0, 255).astype(np.uint8))
 
 
 def labelled_grid(

@@ -1,0 +1,101 @@
+"""A detector that predicts masks gives each detection its mask in pixels of the image as given (RLE in
+detections.json), in tiles too, and the pictures fill and outline them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from pycocotools import mask as mask_utils
+
+import vitkit
+from vitkit.infer import detect_files, write_detections
+from vitkit.infer.detect import detection_input
+from vitkit.infer.tiles import detect_tiled
+from vitkit.viz import draw_detections
+from vitkit.weights import ModelInfo
+
+CLASSES = ("a", "b")
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    net = vitkit.create_model(
+        "deformable_detr_small", masks=True, num_classes=2, hidden_dim=32, num_heads=2, dim_feedforward=32,
+        enc_layers=1, dec_layers=2, num_queries=5, img_size=64, backbone_width=8,
+    )  # fmt: skip
+    with torch.no_grad():  # masks that are not all empty or all full: the pixel embeddings moved off their init
+        net.mask_head.pixel_proj.bias.normal_(0, 2)
+    return net.eval()
+
+
+INFO = ModelInfo(CLASSES, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), category_ids=(1, 2))
+
+
+@pytest.fixture(scope="module")
+def image_path(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("images") / "photo.png"
+    Image.fromarray(rng.integers(0, 255, (90, 150, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def test_each_detection_has_its_mask_in_pixels_of_the_image(model, image_path):
+    (found,) = detect_files(model, INFO, [image_path], threshold=0.0)
+    assert found.size == (90, 150) and found.detections
+    image = Image.open(image_path)
+    x = detection_input(image, 64, 3, INFO.mean, INFO.std)[None]  # (1, 3, 64, 107): resized as predict does
+    with torch.no_grad():
+        out = model.predict(x)
+    logits = out["pred_masks"][0]  # (Q, 16, 27)
+    # written out: the query's logits at 4x, cut to the resized image, resampled to the image as given
+    full = F.interpolate(logits[:, None], scale_factor=4, mode="bilinear", align_corners=False)[:, :, :64, :107]
+    expected = F.interpolate(full, size=(90, 150), mode="bilinear", align_corners=False)[:, 0] > 0  # (Q, 90, 150)
+    probs = out["pred_logits"][0].sigmoid()  # (Q, 2)
+    shown = 0
+    for d in found.detections:
+        mask = d.mask_array()
+        assert mask.shape == (90, 150) and d.to_dict()["mask"]["size"] == [90, 150]
+        query = next(q for q in range(len(probs)) if abs(probs[q, CLASSES.index(d.label)] - d.score) < 1e-6)
+        assert (mask != expected[query].numpy()).mean() < 0.002  # the same up to rounding at a few edge pixels
+        shown += mask.any()
+    assert shown  # some detection holds pixels: the check saw masks, not empty ones
+
+
+def test_detections_json_holds_rle_and_the_picture_fills_the_masks(model, image_path, tmp_path):
+    (found,) = detect_files(model, INFO, [image_path], threshold=0.0)
+    pictures, listing = write_detections([found], tmp_path, CLASSES, 0.0)
+    (row,) = json.loads(listing.read_text())
+    for written, d in zip(row["detections"], found.detections, strict=True):
+        rle = {**written["mask"], "counts": written["mask"]["counts"].encode()}
+        np.testing.assert_array_equal(mask_utils.decode(rle).astype(bool), d.mask_array())
+    # a drawing of one mask: inside it the image's colour moves towards the class colour, its edge takes it whole
+    grey = Image.new("RGB", (60, 40), (128, 128, 128))
+    mask = np.zeros((40, 60), dtype=bool)
+    mask[10:30, 20:50] = True
+    drawn = np.asarray(draw_detections(grey, [(18, 8, 52, 32)], ["a"], [0.9], CLASSES, masks=[mask]))
+    factor = drawn.shape[0] // 40  # the picture is enlarged by a whole factor
+    inside, edge, outside = drawn[20 * factor, 35 * factor], drawn[10 * factor, 35 * factor], drawn[2, 2]
+    assert tuple(outside) == (128, 128, 128)
+    colour = drawn[8 * factor, 35 * factor]  # the box's outline: the class colour
+    assert tuple(edge) == tuple(colour) and tuple(inside) not in ((128, 128, 128), tuple(colour))
+    assert pictures[0].exists()
+
+
+def test_masks_found_in_tiles_lie_where_their_boxes_do(model, image_path):
+    image = Image.open(image_path)
+    found = detect_tiled(model, INFO, image, tile=64, threshold=0.0)
+    assert found
+    for d in found:
+        mask = d.mask_array()
+        assert mask.shape == (90, 150)
+        if mask.any():
+            ys, xs = np.nonzero(mask)
+            x0, y0, x1, y1 = d.box
+            # within the tile that found it: at most a tile's side from its box
+            assert xs.min() >= x0 - 64 and xs.max() <= x1 + 64 and ys.min() >= y0 - 64 and ys.max() <= y1 + 64
