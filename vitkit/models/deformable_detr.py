@@ -253,6 +253,8 @@ class DeformableDETR(CostFromImages, nn.Module):
       auxiliary losses; empty when `config.aux_loss` is False;
     - two-stage only, ``enc_outputs``: the encoder's proposals for their loss, ``pred_logits`` (B, N, K) and
       ``pred_boxes`` (B, N, 4), one per token of all levels (the loss matches them class-agnostically).
+    - with `masks`, ``pred_masks`` (B, Q, H / 4, W / 4) in every layer's dict (and the denoising queries'): each
+      query's mask logits over the padded image (`vitkit.models.query_masks`).
 
     The model interface (`vitkit.models.interface`) for a detector: `forward_features` returns a
     `DeformableDecoding` (the decoder's outputs of every layer (L_d, B, Q, D) and what makes them boxes),
