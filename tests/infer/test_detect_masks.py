@@ -99,3 +99,17 @@ def test_masks_found_in_tiles_lie_where_their_boxes_do(model, image_path):
             x0, y0, x1, y1 = d.box
             # within the tile that found it: at most a tile's side from its box
             assert xs.min() >= x0 - 64 and xs.max() <= x1 + 64 and ys.min() >= y0 - 64 and ys.max() <= y1 + 64
+
+
+def test_the_attention_figure_shows_each_objects_mask_beside_where_its_query_looked(model, image_path, tmp_path):
+    from vitkit.infer.object_attention import detection_attention_figure
+    from vitkit.viz.attention import save_picture
+
+    image = Image.open(image_path)
+    figure, detections, _ = detection_attention_figure(model, INFO, image, threshold=0.0)
+    (found,) = detect_files(model, INFO, [image_path], threshold=0.0)
+    assert detections and all(d.mask is not None for d in detections)
+    for d in detections:  # the same masks predict gives its query (each query its best class here)
+        same = next(f for f in found.detections if f.box == pytest.approx(d.box) and f.label == d.label)
+        np.testing.assert_array_equal(same.mask_array(), d.mask_array())
+    assert save_picture(figure, tmp_path / "objects.png").stat().st_size > 0

@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 
 from vitkit.detection import Postprocessing
+from vitkit.detection.masks import detection_masks, encode_masks
 from vitkit.infer.detect import Detection, detector_inputs, detector_outputs, image_detections, reading
 from vitkit.layers import capture_attention
 from vitkit.layers.deformable import SampledAttention
@@ -62,6 +63,9 @@ def _capture(
     (result,) = one_per_query(outputs, sizes, threshold)
     order = result["scores"].argsort(descending=True, stable=True)  # as `image_detections` orders them
     real = (int(mask[0, :, 0].sum()), int(mask[0, 0, :].sum()))  # real rows of column 0, real columns of row 0
+    if "pred_masks" in outputs:  # each object's mask, drawn beside where its query looked
+        shown = detection_masks(outputs["pred_masks"][0], result["queries"], real, tuple(sizes[0].tolist()))
+        result["masks"] = encode_masks(shown)
     return _Captured(
         image_detections(result, info),
         result["queries"][order].tolist(),
@@ -213,6 +217,7 @@ def detection_attention_figure(
     detections, L = captured.detections, captured.layers
     above = f"{len(detections)} object{'' if len(detections) == 1 else 's'} above {threshold:.2f}"
     boxes, labels, scores = [d.box for d in detections], [d.label for d in detections], [d.score for d in detections]
+    masks = [d.mask_array() for d in detections] if any(d.mask is not None for d in detections) else None
     if isinstance(captured.record, SampledAttention):
         samples = sampled_points(
             captured.record, captured.queries, captured.padded, captured.real, (image.height, image.width)
@@ -246,6 +251,7 @@ def detection_attention_figure(
                 )
             ),  # fmt: skip
             empty=f"no detections above {threshold:.2f}",
+            masks=masks,
         )
         return figure, detections, what
     heats = _dense_attention(model, captured, head)
@@ -270,6 +276,7 @@ def detection_attention_figure(
             )
         ),  # fmt: skip
         empty=f"no detections above {threshold:.2f}",
+        masks=masks,
     )
     return figure, detections, what
 

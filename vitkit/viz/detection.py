@@ -251,6 +251,19 @@ def draw_detections(
 MASK_ALPHA = 0.45  # a mask's fill: this share of its colour over the image
 
 
+def _mask_pixels(mask: np.ndarray, factor: int, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(inside, edge): a mask in image pixels on a picture of `shape` (the image enlarged `factor` times), bool each;
+    the edge the inside pixels not all of whose four neighbours are inside."""
+    inside = np.kron(mask, np.ones((factor, factor), dtype=bool)) if factor > 1 else mask.astype(bool)
+    inside = inside[: shape[0], : shape[1]]
+    core = inside.copy()
+    core[1:] &= inside[:-1]
+    core[:-1] &= inside[1:]
+    core[:, 1:] &= inside[:, :-1]
+    core[:, :-1] &= inside[:, 1:]
+    return inside, inside & ~core
+
+
 def _fill_masks(
     picture: Image.Image, masks: Sequence[np.ndarray | None], colours: Sequence[tuple[int, int, int]], factor: int
 ) -> Image.Image:
@@ -260,17 +273,20 @@ def _fill_masks(
     for mask, colour in reversed(list(zip(masks, colours, strict=True))):
         if mask is None or not mask.any():
             continue
-        inside = np.kron(mask, np.ones((factor, factor), dtype=bool)) if factor > 1 else mask.astype(bool)
-        inside = inside[: canvas.shape[0], : canvas.shape[1]]
-        core = inside.copy()  # the pixels whose four neighbours are inside too
-        core[1:] &= inside[:-1]
-        core[:-1] &= inside[1:]
-        core[:, 1:] &= inside[:, :-1]
-        core[:, :-1] &= inside[:, 1:]
+        inside, edge = _mask_pixels(mask, factor, canvas.shape[:2])
         rgb = np.array(colour, dtype=np.float32)
         canvas[inside] = canvas[inside] * (1 - MASK_ALPHA) + rgb * MASK_ALPHA
-        canvas[inside & ~core] = rgb
+        canvas[edge] = rgb
     return Image.fromarray(np.clip(canvas, 0, 255).astype(np.uint8))
+
+
+def _mask_mark(mark: Image.Image, mask: np.ndarray, colour: tuple[int, int, int], factor: int) -> Image.Image:
+    """An RGBA overlay `mark` with `mask` (image pixels) filled faintly in `colour` and its edge drawn opaque."""
+    layer = np.array(mark)  # (H f, W f, 4)
+    inside, edge = _mask_pixels(mask, factor, layer.shape[:2])
+    layer[inside] = (*colour, round(255 * MASK_ALPHA / 2))
+    layer[edge] = (*colour, 255)
+    return Image.fromarray(layer, "RGBA")
 
 
 def labelled_grid(
@@ -313,6 +329,7 @@ def object_attention_maps(
     model: str = "a detector",
     what: str = "each object's query: decoder cross-attention over the image",
     empty: str = "no detections",
+    masks: Sequence[np.ndarray | None] | None = None,
 ) -> AttentionMaps:
     """DETR's figure 6 as `AttentionMaps` for `draw_attention`: first the image with every detection, then one panel
     per detection, its box drawn on the image under its query's attention map.
@@ -322,6 +339,7 @@ def object_attention_maps(
         heats: (n, h, w) attention of each detection's query over the feature map of the whole image.
         model, what: the model and the maps in words, for the title.
         empty: the first panel's title when there is no detection (e.g. "no detections above 0.50").
+        masks: each detection's mask (a detector that predicts masks), filled on the first panel.
     """
     if heats.ndim != 3 or len(heats) != len(boxes):
         raise ValueError(f"expected one (h, w) map per box: {len(boxes)} boxes, maps of shape {tuple(heats.shape)}")
@@ -334,7 +352,7 @@ def object_attention_maps(
         _draw_box(ImageDraw.Draw(mark), [v * factor for v in box], text, colour, _font(mark))
         marks.append(mark)
     return AttentionMaps(
-        view=draw_detections(image, boxes, labels, scores, classes, empty),
+        view=draw_detections(image, boxes, labels, scores, classes, empty, masks),
         heats=heats.float().cpu(),
         titles=tuple(f"{label} {score:.2f}" for label, score in zip(labels, scores, strict=True)),
         columns=min(max(len(boxes), 1), PANELS_PER_ROW),
@@ -359,11 +377,12 @@ def object_attention_figure(
     model: str = "a detector",
     what: str = "each object's query: decoder cross-attention over the image",
     empty: str = "no detections",
+    masks: Sequence[np.ndarray | None] | None = None,
 ) -> Figure:
-    """`draw_attention(object_attention_maps(...), alpha)`: the detections, then each beside its query's map (one
-    colour scale and bar for all, a title naming the model and the maps); without detections the picture alone,
-    saying `empty`. Save it with `vitkit.viz.save_picture` (or its `savefig`)."""
-    maps = object_attention_maps(image, boxes, labels, scores, heats, classes, model, what, empty)
+    """`draw_attention(object_attention_maps(...), alpha)`: the detections (with their `masks` where given), then
+    each beside its query's map (one colour scale and bar for all, a title naming the model and the maps); without
+    detections the picture alone, saying `empty`. Save it with `vitkit.viz.save_picture` (or its `savefig`)."""
+    maps = object_attention_maps(image, boxes, labels, scores, heats, classes, model, what, empty, masks)
     return draw_attention(maps, alpha)
 
 
@@ -386,6 +405,7 @@ def sampled_attention_figure(
     model: str = "a detector",
     what: str = "each object's query: the points its deformable cross-attention sampled",
     empty: str = "no detections",
+    masks: Sequence[np.ndarray | None] | None = None,
 ) -> Figure:
     """The Deformable DETR paper's figure 5 for `image`: the detections, then one panel per detection, its box on the
     image and a dot at each point its query sampled, the dot's area proportional to the point's attention weight and
@@ -403,6 +423,8 @@ def sampled_attention_figure(
         model, what: the model and the points in words, for the title.
         empty: what the picture says when there is no detection (e.g. "no detections above 0.50"); the figure is
             then the picture alone.
+        masks: each detection's mask (a detector that predicts masks): filled on the first panel, and outlined on
+            the detection's own panel under its points.
     """
     n = len(boxes)
     if points.ndim != 3 or points.shape[0] != n or points.shape[-1] != 2:
@@ -432,7 +454,7 @@ def sampled_attention_figure(
     layout = figure.add_gridspec(rows, columns + 1 if n else 1)
     size = 9 if cell >= 2 else 7
     view = figure.add_subplot(layout[0, 0])
-    view.imshow(draw_detections(image, boxes, labels, scores, classes, empty))
+    view.imshow(draw_detections(image, boxes, labels, scores, classes, empty, masks))
     view.set_title(f"{n} detection{'' if n == 1 else 's'}" if n else empty, fontsize=size, fontfamily=fonts)
     view.set_axis_off()
     area = DOT_AREA * (cell * 72) ** 2  # points^2 of weight 1: a share of the panel
@@ -442,6 +464,8 @@ def sampled_attention_figure(
         ax.imshow(base.convert("L").convert("RGB"), alpha=0.75)  # grey, so that the coloured dots stand out
         mark = Image.new("RGBA", base.size, (0, 0, 0, 0))
         colour = _colour(labels[k], palette)  # the label where it stands in the first panel's picture
+        if masks is not None and masks[k] is not None:  # the object's mask under its box and points
+            mark = _mask_mark(mark, masks[k], colour, factor)
         _draw_box(ImageDraw.Draw(mark), [v * factor for v in boxes[k]], titles[k], colour, _font(mark))
         ax.imshow(mark)
         order = weights[k].argsort(descending=True)  # the heaviest drawn first, under the lighter ones
