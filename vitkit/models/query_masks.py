@@ -15,8 +15,6 @@ Letters: B batch, Q queries, D model width, h, w the finest level's map, H, W th
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -26,8 +24,9 @@ MASK_GROUPS = 32  # GroupNorm groups of the pixel embedding's convolution, as th
 
 
 def mask_size(height: int, width: int) -> tuple[int, int]:
-    """The (h, w) of the mask logits of a padded image of (height, width): a quarter, rounded up."""
-    return math.ceil(height / MASK_STRIDE), math.ceil(width / MASK_STRIDE)
+    """The (h, w) of the mask logits of a padded image of (height, width): a quarter, rounded up (integer
+    arithmetic, which an export keeps symbolic)."""
+    return (height + MASK_STRIDE - 1) // MASK_STRIDE, (width + MASK_STRIDE - 1) // MASK_STRIDE
 
 
 class QueryMasks(nn.Module):
