@@ -22,8 +22,8 @@ After the Hungarian matching (`vitkit.detection.HungarianMatcher`) of the last d
   mask costs and every layer (denoising queries included) adds `loss_mask`, the sigmoid focal loss, and
   `loss_dice`, on sampled points of the matched pairs (`vitkit.detection.masks`: Mask2Former's and Mask DINO's
   point sampling), each summed over the pairs and divided by the number of boxes.
-- `total`: the weighted sum of all of them (weights 1, 5, 2 as DETR, masks 5 and 5 as Mask DINO; the auxiliary
-  and encoder terms weigh as the final ones).
+- `total`: the weighted sum of all of them (weights 1, 5, 2 as DETR, the masks' 1 and 1 as DETR's segmentation;
+  the auxiliary and encoder terms weigh as the final ones).
 
 The model's class logits are K + 1, "no object" last, or K without it, as the model declares
 (`vitkit.models.interface.has_no_object_logit`, passed as `no_object_logit`).

@@ -75,8 +75,8 @@ class HungarianMatcher(nn.Module):
         no_object_logit: whether the logits are K + 1, the last "no object" (DETR), or K (Deformable DETR), as the
             model declares (`vitkit.models.interface.has_no_object_logit`); "ce" needs it True.
         cost_mask, cost_dice: weights of the mask costs (`vitkit.detection.masks.mask_costs`: sigmoid focal and
-            dice on sampled points), added where the outputs hold `pred_masks` and the targets `masks` (Mask DINO:
-            5 and 5).
+            dice on sampled points), added where the outputs hold `pred_masks` and the targets `masks` (1 and 1:
+            `vitkit.detection.masks.MASK_COSTS`).
     """
 
     def __init__(
