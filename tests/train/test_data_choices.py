@@ -85,8 +85,11 @@ def test_a_papers_recipe_keeps_small_images_small(tmp_path):
     assert paper_side_choice(stats(short=1000, long=1300), 800) == []
     folder = write_shapes_folder(tmp_path / "shapes", train=4, val=2)  # 120-160 px images
     config = TrainConfig(data=str(folder), model="detr_resnet50", out=str(tmp_path / "run"))
-    assert config.resolved().img_size == 128 and [c.field for c in config.data_choices()] == ["img_size"]
-    assert TrainConfig(data=str(folder), model="detr_resnet50", img_size=400).resolved().img_size == 400
+    # the shapes have segmentations: a paper's recipe turns the mask head on as the default detector's does
+    assert config.resolved().img_size == 128 and [c.field for c in config.data_choices()] == ["img_size", "masks"]
+    assert config.resolved().model_args == {"masks": True}
+    boxes = TrainConfig(data=str(folder), model="detr_resnet50", model_args={"masks": False}, img_size=400)
+    assert boxes.resolved().img_size == 400 and boxes.data_choices() == []
 
 
 def test_tiles_for_large_images_of_objects_that_shrinking_would_lose():
