@@ -3,6 +3,7 @@ a dynamic batch and image size, exported on the reference path of its deformable
 "math" backend ONNX export uses for every attention layer) and checked here against the PyTorch model, on its default
 ("auto": the gather) path, on padded batches of sizes other than the export's own check."""
 
+
 import pytest
 import torch
 from test_export_detr import assert_matches_pytorch
@@ -18,9 +19,9 @@ SIZE = (96, 128)  # the export size
 OUTPUTS = ("pred_logits", "pred_boxes")
 
 
-def tiny_deformable_detr() -> torch.nn.Module:
+def tiny_deformable_detr(**overrides) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = vitkit.create_model("deformable_detr_digits", **TINY, enc_layers=1, dec_layers=2).eval()
+    model = vitkit.create_model("deformable_detr_digits", **TINY, enc_layers=1, dec_layers=2, **overrides).eval()
     with torch.no_grad():  # offsets and weights that depend on the query, so that sampling follows the inputs
         for _, layer in attention_layers(model):
             if hasattr(layer, "sampling_offsets"):
@@ -43,11 +44,14 @@ def batches(size: tuple[int, int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def test_library_exports_deformable_detr_at_any_batch_and_image_size(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    model = tiny_deformable_detr()
+    model = tiny_deformable_detr(masks=True)  # with a mask head: its logits are a third output
+    with torch.no_grad():  # pixel embeddings off their init: masks that follow the image
+        model.mask_head.pixel_proj.bias.normal_(0, 1)
     backends = [layer.backend for _, layer in attention_layers(model)]
     report = export_model(model, tmp_path / "deformable.onnx", "onnx", img_size=SIZE)
     assert list(tmp_path.iterdir()) == [report.path]
-    assert report.inputs == ("images", "pixel_mask") and report.outputs == OUTPUTS and report.attn_backend == "math"
+    outputs = (*OUTPUTS, "pred_masks")
+    assert report.inputs == ("images", "pixel_mask") and report.outputs == outputs and report.attn_backend == "math"
     assert report.dynamic_img_size and report.img_size == SIZE and report.batch_sizes == CHECK_BATCHES
     assert report.check_sizes[0] == SIZE and report.check_sizes[1] != SIZE
     assert 0 <= report.max_abs_diff <= report.atol == 1e-4
@@ -56,15 +60,16 @@ def test_library_exports_deformable_detr_at_any_batch_and_image_size(tmp_path):
     images_in, mask_in = session.get_inputs()
     assert (images_in.name, images_in.shape) == ("images", ["batch", 3, "height", "width"])
     assert (mask_in.name, mask_in.shape, mask_in.type) == ("pixel_mask", ["batch", "height", "width"], "tensor(bool)")
-    logits_out, boxes_out = session.get_outputs()  # K sigmoid logits, no "no object"; no auxiliary outputs
+    logits_out, boxes_out, masks_out = session.get_outputs()  # K sigmoid logits, no "no object"; no auxiliary ones
     assert (logits_out.name, logits_out.shape[1:]) == ("pred_logits", [7, 5])
     assert (boxes_out.name, boxes_out.shape[1:]) == ("pred_boxes", [7, 4])
+    assert (masks_out.name, masks_out.shape[1]) == ("pred_masks", 7)  # (B, Q, H / 4, W / 4)
     for size in [SIZE, (97, 131), (200, 75)]:  # none a multiple of the stride 32
         for images, mask in batches(size):
             with torch.no_grad():
                 expected = model(images, mask)  # the gather path
             got = session.run(None, {"images": images.numpy(), "pixel_mask": mask.numpy()})
-            for name, value in zip(OUTPUTS, got, strict=True):
+            for name, value in zip(outputs, got, strict=True):
                 torch.testing.assert_close(torch.from_numpy(value), expected[name], atol=1e-4, rtol=0)
             if not mask.all():  # the padding mask reaches the graph
                 all_real = session.run(None, {"images": images.numpy(), "pixel_mask": (mask | True).numpy()})
