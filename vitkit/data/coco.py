@@ -421,12 +421,12 @@ class CocoDetection(Dataset):
             if box[2] <= box[0] or box[3] <= box[1]:
                 self._skip("annotation", ann_id, "outside image", f"bbox {bbox} in a {width}x{height} image")
                 continue
-            if box != [x, y, x + w, y + h]:
-                self.report.clipped.append(ann_id)
             rle, reason, detail = segmentation_rle(ann.get("segmentation"), height, width)
             if reason:
                 self._skip("annotation", ann_id, reason, detail)
                 continue
+            if box != [x, y, x + w, y + h]:
+                self.report.clipped.append(ann_id)
             area = ann.get("area")
             area = area if _is_number(area) and area > 0 else (box[2] - box[0]) * (box[3] - box[1])
             objects[ann["image_id"]].append((box, class_of[ann["category_id"]], area, rle))
