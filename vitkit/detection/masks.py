@@ -11,6 +11,8 @@ of the padded image, read from both by bilinear sampling, so memory grows with K
 - Loss (`mask_losses`): for each matched pair, K points, most of them where the prediction is least certain
   (Mask2Former's importance sampling: `uncertain_points`); the sigmoid focal loss (mean over the points) and the
   dice loss, each summed over the pairs and divided by the number of boxes.
+- Reading (`detection_masks`, `encode_masks`): a detection's mask, its query's logits resampled to the image and
+  above 0, and as pycocotools' compressed RLE (what evaluation scores and predict writes).
 
 Letters: B images, Q queries, n objects of an image, M matched pairs, K points, h, w a map's size.
 """
@@ -36,8 +38,6 @@ IMPORTANCE = 0.75  # ... and keeps the IMPORTANCE * K least certain of them, the
 MASK_WEIGHTS = {"loss_mask": 1.0, "loss_dice": 1.0}
 MASK_COSTS = {"mask": 1.0, "dice": 1.0}
 FOCAL_ALPHA, FOCAL_GAMMA = 0.25, 2.0
-
-
 MASK_CHUNK = 16  # detections whose masks are resampled to the image at once (memory: 16 x H x W floats)
 
 
