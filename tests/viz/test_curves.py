@@ -40,6 +40,10 @@ def test_a_detectors_series_skip_epochs_with_nothing_to_score():
     panels = curve_series(records)
     assert panels["loss"] == {"train_loss": ([1, 2], [5.0, 4.0])}  # no validation loss is logged
     assert panels["metric"] == {"ap": ([2], [0.1]), "ap50": ([2], [0.3])}
+    masks = [{**r, "segm_ap": 0.05, "segm_ap50": 0.2} for r in records]  # a detector with a mask head
+    assert curve_series(masks)["metric"] == {
+        "ap": ([2], [0.1]), "ap50": ([2], [0.3]), "segm_ap": ([1, 2], [0.05, 0.05]), "segm_ap50": ([1, 2], [0.2, 0.2])
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("epochs", [1, 12])

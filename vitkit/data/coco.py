@@ -143,6 +143,17 @@ class CocoImage:
         return tuple(mask_utils.encode(np.asfortranarray(decoded[y0:y1, x0:x1, j])) for j in range(len(kept)))
 
 
+def rle_json(rle: dict) -> dict:
+    """pycocotools' compressed RLE ({"size", "counts": bytes}) as COCO's JSON writes it: counts a string."""
+    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
+
+
+def rle_mask(rle: dict) -> np.ndarray:
+    """A mask as (height, width) bool from compressed RLE, its counts a string (JSON) or bytes (pycocotools)."""
+    counts = rle["counts"]
+    return mask_utils.decode({**rle, "counts": counts.encode("ascii") if isinstance(counts, str) else counts}) > 0
+
+
 def segmentation_rle(segmentation: Any, height: int, width: int) -> tuple[dict | None, str, str]:
     """(an annotation's segmentation as compressed RLE, or None; the skip reason, "" when none; what was found): COCO
     polygons ([[x0, y0, x1, y1, ...], ...]) or RLE ({"size": [height, width], "counts": a string or run lengths})
@@ -344,7 +355,6 @@ class CocoDetection(Dataset):
         self.short_side, self.max_size, self.channels = short_side, max_size, channels
         self.mean, self.std = mean, std
         self.report = CocoReport(str(path))
-        self.with_masks = False  # every kept object has a segmentation: targets hold "masks" (set by `_read`)
         self.samples = self._read(data, Path(images), check_images)
 
     def _read_images(self, entries: list, folder: Path, check: bool) -> tuple[dict[int, tuple[Path, int, int]], set]:
@@ -432,7 +442,7 @@ class CocoDetection(Dataset):
             objects[ann["image_id"]].append((box, class_of[ann["category_id"]], area, rle))
         masked = sum(rle is not None for found in objects.values() for *_, rle in found)
         total = sum(len(found) for found in objects.values())
-        self.with_masks = 0 < masked == total  # masks are used when every kept object has one
+        with_masks = 0 < masked == total  # masks are used when every kept object has one (`with_masks`)
         samples = []
         for image_id, (file, height, width) in images.items():
             found = objects[image_id]
@@ -444,13 +454,18 @@ class CocoDetection(Dataset):
                     np.array([box for box, *_ in found], dtype=np.float32).reshape(-1, 4),
                     np.array([label for _, label, *_ in found], dtype=np.int64),
                     np.array([area for _, _, area, _ in found], dtype=np.float32),
-                    tuple(rle for *_, rle in found) if self.with_masks else (),
+                    tuple(rle for *_, rle in found) if with_masks else (),
                 )
             )
         self.report.masks = masked
         self.report.images, self.report.annotations = len(samples), sum(len(s.labels) for s in samples)
         self.report.listed_images, self.report.listed_annotations = len(data["images"]), len(data["annotations"])
         return samples
+
+    @property
+    def with_masks(self) -> bool:
+        """Every kept object has a segmentation: the targets hold "masks"."""
+        return 0 < self.report.masks == self.report.annotations
 
     def _skip(self, kind: str, item_id: Any, reason: str, detail: str = "") -> None:
         self.report.skipped.append(Skipped(kind, item_id, reason, detail))

@@ -33,6 +33,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from pycocotools import mask as mask_utils
 
+from vitkit.data.coco import rle_json
 from vitkit.data.digits_detect import DIGITS_DETECT, VAL_SEED, DigitsDetection, overlap_ok, write_coco_folder
 from vitkit.data.sources import load_builtin
 from vitkit.errors import OptionFileExistsError
@@ -117,8 +118,7 @@ class Shape:
         hundredths of a pixel), an outline's mask as compressed RLE ({"size": [h, w], "counts": str})."""
         if self.polygon is not None:
             return [[round(float(v), 2) for v in self.polygon.reshape(-1)]]
-        rle = mask_utils.encode(np.asfortranarray(self.mask(height, width).astype(np.uint8)))
-        return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
+        return rle_json(mask_utils.encode(np.asfortranarray(self.mask(height, width).astype(np.uint8))))
 
     @property
     def kind(self) -> str:

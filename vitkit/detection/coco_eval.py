@@ -120,11 +120,7 @@ class CocoEvaluator:
                 )
             if ("masks" in prediction) != ("masks" in target):
                 raise ValueError("masks are scored when both the predictions and the targets hold them: one has none")
-            if "masks" in prediction:
-                masks = {"masks": list(prediction["masks"]), "gt_masks": encode_masks(target["masks"].bool())}
-                self.with_masks = True
             self.images[image_id] = {
-                **(masks if "masks" in prediction else {}),
                 "size": (height, width),
                 "gt_boxes": gt_boxes,
                 "gt_labels": target["labels"].cpu().numpy(),
@@ -133,6 +129,9 @@ class CocoEvaluator:
                 "scores": prediction["scores"].detach().double().cpu().numpy(),
                 "labels": labels,
             }
+            if "masks" in prediction:
+                self.images[image_id] |= {"masks": list(prediction["masks"]), "gt_masks": encode_masks(target["masks"])}
+                self.with_masks = True
 
     def gather(self) -> None:
         """Under torch.distributed, collect every process's images into each (call on all processes before

@@ -189,7 +189,7 @@ class SetCriterion(nn.Module):
         targets' masks on the batch's `canvas`): its predictions matched to the boxes, or paired as `indices` says
         (per image, (query indices, box indices): denoising queries know their box)."""
         if indices is None:
-            indices = self.matcher(outputs, targets)
+            indices = self.matcher(outputs, targets, canvas)
         logits = outputs["pred_logits"]
         batch = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)]).to(logits.device)  # (M,)
         query = torch.cat([q for q, _ in indices]).to(logits.device)  # (M,)

@@ -128,12 +128,8 @@ def mask_costs(pred: Tensor, target: Tensor, count: int | None = None) -> tuple[
     p = logits.sigmoid()
     # the focal loss of each query's logits towards each object's mask, mean over the points: its positive and
     # negative terms weighted by the target at each point, as two products
-    positive = FOCAL_ALPHA * (1 - p) ** FOCAL_GAMMA * F.binary_cross_entropy_with_logits(
-        logits, torch.ones_like(logits), reduction="none"
-    )
-    negative = (1 - FOCAL_ALPHA) * p**FOCAL_GAMMA * F.binary_cross_entropy_with_logits(
-        logits, torch.zeros_like(logits), reduction="none"
-    )
+    positive = FOCAL_ALPHA * (1 - p) ** FOCAL_GAMMA * F.softplus(-logits)  # softplus(-x) = -log p
+    negative = (1 - FOCAL_ALPHA) * p**FOCAL_GAMMA * F.softplus(logits)  # softplus(x) = -log(1 - p)
     focal = (positive @ wanted.T + negative @ (1 - wanted).T) / count  # (Q, n)
     dice = 1 - (2 * p @ wanted.T + 1) / (p.sum(-1)[:, None] + wanted.sum(-1)[None, :] + 1)  # (Q, n)
     return focal, dice

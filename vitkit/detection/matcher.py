@@ -135,7 +135,10 @@ class HungarianMatcher(nn.Module):
 
     @torch.no_grad()
     def forward(
-        self, outputs: Mapping[str, torch.Tensor], targets: Sequence[Mapping[str, torch.Tensor]]
+        self,
+        outputs: Mapping[str, torch.Tensor],
+        targets: Sequence[Mapping[str, torch.Tensor]],
+        canvas: list[torch.Tensor] | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Match each image's queries to its boxes.
 
@@ -144,6 +147,8 @@ class HungarianMatcher(nn.Module):
                 (B, Q, 4) (cx, cy, w, h) in [0, 1], as DETR gives.
             targets: per image, `labels` (n_i,) class indices in [0, K) and `boxes` (n_i, 4) (cx, cy, w, h) in
                 [0, 1] of the image.
+            canvas: with masks, the targets' masks already on the batch's canvas (`canvas_masks`; the criterion
+                places them once for all its layers); None: placed here.
 
         Returns:
             per image, (query indices, box indices): two int64 CPU tensors of min(Q, n_i) entries, query q[j]
@@ -165,7 +170,7 @@ class HungarianMatcher(nn.Module):
                 "clipping, or fp32 instead of bf16)"
             )
         masks = uses_masks(outputs, targets)
-        if masks:
+        if masks and canvas is None:
             canvas = canvas_masks(targets, canvas_size(outputs["pred_masks"]))
         indices = []
         for i, block in enumerate(cost.split(sizes, dim=-1)):  # block i: (B, Q, n_i)

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from pycocotools import mask as mask_utils
 from torchvision.ops import clip_boxes_to_image
 
 from vitkit.data import Unreadable, image_mode, normalize, open_image
+from vitkit.data.coco import rle_json, rle_mask
 from vitkit.detection import Postprocessing, pad_images
 from vitkit.detection.masks import detection_masks, encode_masks
 from vitkit.infer.files import image_loader, progress_bar
@@ -62,9 +62,7 @@ class Detection:
 
     def mask_array(self) -> np.ndarray | None:
         """The mask as (height, width) bool, None without one."""
-        if self.mask is None:
-            return None
-        return mask_utils.decode({**self.mask, "counts": self.mask["counts"].encode("ascii")}).astype(bool)
+        return None if self.mask is None else rle_mask(self.mask)
 
 
 @dataclass(frozen=True)
@@ -126,9 +124,7 @@ def image_detections(result: dict[str, Any], info: ModelInfo) -> list[Detection]
     """One image's postprocess result as detections, most probable first (with its `masks`, RLE, when given)."""
     order = result["scores"].argsort(descending=True, stable=True).tolist()
     boxes, scores, labels = result["boxes"].tolist(), result["scores"].tolist(), result["labels"].tolist()
-    masks = [
-        {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")} for rle in result["masks"]
-    ] if "masks" in result else [None] * len(order)  # fmt: skip
+    masks = [rle_json(rle) for rle in result["masks"]] if "masks" in result else [None] * len(order)
     return [
         Detection(info.classes[labels[i]], info.category_ids[labels[i]], scores[i], tuple(boxes[i]), masks[i])
         for i in order
@@ -156,11 +152,17 @@ def detect(
     results = read(outputs, sizes, threshold)
     for b, (result, (height, width)) in enumerate(zip(results, sizes.tolist(), strict=True)):
         result["boxes"] = clip_boxes_to_image(result["boxes"], (height, width))
-        if "pred_masks" in outputs:  # each detection's mask in pixels of the image as given
-            seen = (int(mask[b].any(1).sum()), int(mask[b].any(0).sum()))  # the resized image within the padding
-            found = detection_masks(outputs["pred_masks"][b], result["queries"], seen, (height, width))
-            result["masks"] = encode_masks(found)
+        if "pred_masks" in outputs:
+            add_masks(result, outputs["pred_masks"][b], mask[b], (height, width))
     return [image_detections(result, info) for result in results]
+
+
+def add_masks(result: dict[str, Any], logits: torch.Tensor, pixel_mask: torch.Tensor, size: tuple[int, int]) -> None:
+    """Put in a postprocess `result` of one image each detection's mask, its query's mask logits `logits` (Q, h, w)
+    read in pixels of the image as given (`size`), as RLE under "masks"; `pixel_mask` (H, W), True on the resized
+    image's pixels within the padded input."""
+    seen = (int(pixel_mask[:, 0].sum()), int(pixel_mask[0, :].sum()))  # real rows of column 0, columns of row 0
+    result["masks"] = encode_masks(detection_masks(logits, result["queries"], seen, size))
 
 
 def detect_files(

@@ -16,8 +16,14 @@ import torch
 from PIL import Image
 
 from vitkit.detection import Postprocessing
-from vitkit.detection.masks import detection_masks, encode_masks
-from vitkit.infer.detect import Detection, detector_inputs, detector_outputs, image_detections, reading
+from vitkit.infer.detect import (
+    Detection,
+    add_masks,
+    detector_inputs,
+    detector_outputs,
+    image_detections,
+    reading,
+)
 from vitkit.layers import capture_attention
 from vitkit.layers.deformable import SampledAttention
 from vitkit.models.interface import VitkitDetector
@@ -64,8 +70,7 @@ def _capture(
     order = result["scores"].argsort(descending=True, stable=True)  # as `image_detections` orders them
     real = (int(mask[0, :, 0].sum()), int(mask[0, 0, :].sum()))  # real rows of column 0, real columns of row 0
     if "pred_masks" in outputs:  # each object's mask, drawn beside where its query looked
-        shown = detection_masks(outputs["pred_masks"][0], result["queries"], real, tuple(sizes[0].tolist()))
-        result["masks"] = encode_masks(shown)
+        add_masks(result, outputs["pred_masks"][0], mask[0], tuple(sizes[0].tolist()))
     return _Captured(
         image_detections(result, info),
         result["queries"][order].tolist(),

@@ -28,6 +28,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from torchvision.ops import batched_nms
 
+from vitkit.data.coco import rle_json
 from vitkit.data.tiles import DEFAULT_OVERLAP, Tile, tile_grid
 from vitkit.detection import Postprocessing
 from vitkit.infer.detect import Detection, detect
@@ -71,8 +72,7 @@ def _placed(detection: Detection, corner: tuple[int, int], image_size: tuple[int
     whole = np.zeros(image_size, dtype=np.uint8)
     x0, y0 = corner
     whole[y0 : y0 + part.shape[0], x0 : x0 + part.shape[1]] = part
-    rle = mask_utils.encode(np.asfortranarray(whole))
-    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
+    return rle_json(mask_utils.encode(np.asfortranarray(whole)))
 
 
 @torch.no_grad()

@@ -13,7 +13,9 @@ from vitkit.util import atomic_write
 # Panel -> (metrics key, legend label), in drawing order; keys a run does not log are left out.
 PANELS: dict[str, tuple[tuple[str, str], ...]] = {
     "loss": (("train_loss", "train"), ("val_loss", "val")),
-    "metric": (("val_acc", "val accuracy"), ("ap", "AP"), ("ap50", "AP50")),
+    "metric": (
+        ("val_acc", "val accuracy"), ("ap", "AP"), ("ap50", "AP50"), ("segm_ap", "mask AP"), ("segm_ap50", "mask AP50")
+    ),
 }
 
 Series = dict[str, tuple[list[int], list[float]]]  # metrics key -> (epochs, values)
@@ -47,7 +49,8 @@ def write_curves(records: Iterable[Mapping[str, Any]], path: str | os.PathLike) 
     """Draw the training curves of a run's metrics lines (dicts as in metrics.jsonl) to the PNG `path`.
 
     Left: the training loss and, when logged, the validation loss. Right: the validation metric, accuracy for a
-    classifier, COCO AP and AP50 for a detector (with each class's AP as a thin line when the run logs it), on
+    classifier, COCO AP and AP50 for a detector (its mask AP and AP50 dashed beside them when it predicts masks, each
+    class's AP as a thin line when the run logs it), on
     [0, 1], its best epoch marked and named in the title. The file
     is replaced atomically, so a reader never sees half a picture. Returns the path.
     """
@@ -69,8 +72,8 @@ def write_curves(records: Iterable[Mapping[str, Any]], path: str | os.PathLike) 
         ax_loss.plot(epochs, values, style, markersize=marker, label=labels[key])
     ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
     metric_series = panels["metric"]
-    for key, (epochs, values) in metric_series.items():
-        ax_metric.plot(epochs, values, "o-", markersize=marker, label=labels[key])
+    for key, (epochs, values) in metric_series.items():  # a mask-predicting detector's mask AP dashed
+        ax_metric.plot(epochs, values, "o--" if key.startswith("segm_") else "o-", markersize=marker, label=labels[key])
     for key, (epochs, values) in panels["per_class"].items():
         ax_metric.plot(epochs, values, "-", linewidth=1.0, alpha=0.7, label=f"AP {key[3:][:24]}")
     name = "accuracy" if "val_acc" in metric_series else "AP" if metric_series else "metric"
