@@ -1,7 +1,7 @@
 """`vitkit check-data`: a clean folder passes without a warning; each pattern behind "mAP stays at 0" (category ids from
 0 with a gap, a rare class, a class in val only, boxes in another image's coordinates, mostly background, a file in
 both splits) gets its warning, counted against the folder as written; --plot draws the training images with their
-boxes (as stored and as augmented), and `vitkit train` prints the check's line and warnings. A COCO file without image
+boxes (as stored and as augmented) and their masks, and `vitkit train` prints the check's line and warnings. A COCO file without image
 sizes is read with the files' own."""
 
 from __future__ import annotations
@@ -95,6 +95,23 @@ def test_plot_draws_training_images_with_their_boxes(shapes, tmp_path, capsys, a
     assert picture.shape[0] > 300 and picture.shape[1] > 1000  # 12 images, 4 a row
     assert main(["check-data", str(shapes), "--augmented"]) == 2
     assert "give --plot PNG" in capsys.readouterr().err
+
+
+def test_plot_fills_the_masks_of_a_folder_with_segmentations(shapes, tmp_path):
+    """The shapes folder's objects have polygons: the plot fills them; the same folder without them draws the boxes
+    alone, the same picture but for the objects' insides."""
+    bare = tmp_path / "boxes_only"
+    shutil.copytree(shapes, bare)
+    _edit(bare, "train", lambda data: [a.pop("segmentation") for a in data["annotations"]])
+    pictures = []
+    for root in (shapes, bare):
+        assert main(["check-data", str(root), "--plot", str(tmp_path / f"{root.name}.png")]) == 0
+        pictures.append(np.asarray(Image.open(tmp_path / f"{root.name}.png").convert("RGB")).astype(int))
+    filled, boxes_only = pictures
+    assert filled.shape == boxes_only.shape
+    changed = (filled != boxes_only).any(axis=-1)
+    changed[:60] = False  # the title names the folder
+    assert 0.01 < changed.mean() < 0.3  # the objects' insides, not the whole picture
 
 
 def test_a_coco_file_without_image_sizes_reads_them_from_the_files(shapes, tmp_path):

@@ -113,3 +113,33 @@ def test_the_attention_figure_shows_each_objects_mask_beside_where_its_query_loo
         same = next(f for f in found.detections if f.box == pytest.approx(d.box) and f.label == d.label)
         np.testing.assert_array_equal(same.mask_array(), d.mask_array())
     assert save_picture(figure, tmp_path / "objects.png").stat().st_size > 0
+
+
+def test_the_explorer_fills_the_clicked_objects_mask_under_its_points(model, image_path, tmp_path):
+    """The page holds each detection's mask as detections.json does (RLE); the page decodes it to pycocotools'
+    mask, and with the toggle on, the canvas differs from the view without it inside the mask only."""
+    from test_explore import browser_page
+    from test_explore_detector import canvas_pixels
+
+    from vitkit.infer.explore import detector_explorer_data
+    from vitkit.viz.explorer import explorer_page
+
+    image = Image.open(image_path).convert("RGB")
+    data = detector_explorer_data(model, INFO, [("photo.png", image)], threshold=0.0)
+    found = data["images"][0]["detections"]
+    masks = [mask_utils.decode({**d["mask"], "counts": d["mask"]["counts"].encode()}).astype(bool) for d in found]
+    k = next(i for i, m in enumerate(masks) if 0.01 < m.mean() < 0.99)  # a mask with an inside and an outside
+    (tmp_path / "page.html").write_text(explorer_page(data), encoding="utf-8")
+    with browser_page(tmp_path / "page.html") as (page, errors, _):
+        assert page.locator("#mask-box").is_visible() and page.locator("#masks").is_checked()
+        page.locator("#detections button").nth(k).click()
+        decoded = np.array(page.evaluate(f"window.vitkitExplorer.maskOf({k})"), dtype=bool).reshape(90, 150)
+        np.testing.assert_array_equal(decoded, masks[k])
+        shown = canvas_pixels(page)
+        page.locator("#masks").uncheck()
+        bare = canvas_pixels(page)
+    assert errors == []
+    factor = shown.shape[0] // 90  # the picture enlarged a whole number of times (4)
+    inside = np.kron(masks[k], np.ones((factor, factor), dtype=bool))
+    changed = (shown != bare).any(axis=-1)
+    assert not changed[~inside].any() and changed[inside].mean() > 0.5

@@ -1,6 +1,6 @@
 """`vitkit check-data DIR`: a detection folder as the model will see it, with a warning and its fix for each pattern
-behind "mAP stays at 0" (`vitkit.data.check`); `--plot` draws sample images with their boxes, `--augmented` as
-training's augmentation shows them."""
+behind "mAP stays at 0" (`vitkit.data.check`); `--plot` draws sample images with their boxes (and masks),
+`--augmented` as training's augmentation shows them."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ SAMPLES = 12  # images a --plot grid shows
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("data", metavar="DIR", help="a COCO-format folder, as vitkit train --data takes it")
-    parser.add_argument("--plot", metavar="PNG", default=None, help=f"draw {SAMPLES} training images with their boxes")
+    parser.add_argument(
+        "--plot", metavar="PNG", default=None, help=f"draw {SAMPLES} training images with their boxes (and masks)"
+    )
     parser.add_argument(
         "--augmented",
         action="store_true",
@@ -39,8 +41,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _panels(root: str, augmented: bool, short_side: int, classes: tuple[str, ...]) -> list[tuple[str, Image.Image]]:
-    """Evenly spaced training images with their boxes: as stored, or through a COCO folder's training augmentation
-    (flip, crop, a shorter side jittered around `short_side`)."""
+    """Evenly spaced training images with their boxes (and masks, a folder whose objects all have one): as stored, or
+    through a COCO folder's training augmentation (flip, crop, a shorter side jittered around `short_side`)."""
     if augmented:
         train, _, _ = load_coco_folder(root, augment=COCO_AUGMENT, short_side=short_side, max_size=None)
     else:
@@ -60,14 +62,16 @@ def _panels(root: str, augmented: bool, short_side: int, classes: tuple[str, ...
             h, w = target["size"].tolist()
             boxes = box_convert(target["boxes"], "cxcywh", "xyxy") * torch.tensor([w, h, w, h])
             labels = target["labels"].tolist()
+            masks = list(target["masks"].bool().numpy()) if "masks" in target else None
         else:
             try:
                 image = open_annotated(sample.path, *sample.size).convert("RGB")
             except OSError:
                 continue
             boxes, labels = torch.as_tensor(sample.boxes), sample.labels.tolist()
+            masks = list(sample.decoded_masks().astype(bool)) if train.with_masks else None
         names = [classes[k] for k in labels]
-        picture = draw_detections(image, boxes.tolist(), names, None, classes, "no boxes")
+        picture = draw_detections(image, boxes.tolist(), names, None, classes, "no boxes", masks)
         panels.append((Path(sample.path).name, picture))
     return panels
 

@@ -6,7 +6,8 @@
 - "grid" (Swin, BoTNet): each layer's attention as the model lays it on the image (`spatial_attention`): every
   cell's weights over its keys (a window, or the whole feature map); the prediction.
 - "detector" (DETR, Deformable DETR): the detections, and in every decoder layer what each one's query attended to
-  (a dense map, or sampling points); the encoder at any point (DETR's self-attention, Deformable DETR's points).
+  (a dense map, or sampling points), with its mask where the model predicts masks; the encoder at any point (DETR's
+  self-attention, Deformable DETR's points).
 
 Every page carries the model's costs (`vitkit.profile`) at the size its images run at: a classifier's at its
 `img_size`, a detector's for each image at the size that image was resized to (and at the model's `img_size` besides).
@@ -39,7 +40,7 @@ from vitkit.analysis.report import grouped, shape_flow, shares
 from vitkit.data import preprocess
 from vitkit.errors import OptionError
 from vitkit.infer.attention import capture_layers, prefix_token_names, rollouts
-from vitkit.infer.detect import detector_inputs, detector_outputs, image_detections, reading
+from vitkit.infer.detect import add_masks, detector_inputs, detector_outputs, image_detections, reading
 from vitkit.infer.object_attention import sampled_points
 from vitkit.layers import AttentionPool, attention_layers, capture_attention, to_2tuple
 from vitkit.layers.deformable import SampledAttention
@@ -254,7 +255,8 @@ def detector_image_data(
     """One image's part of a detector's page: the image, its detections above `threshold` (each query its best
     class, as `vitkit attention` reads them), and for every decoder layer what each detection's query attended to:
     a dense cross-attention's maps over the feature map (DETR; quantised, each head), or a deformable one's sampling
-    points in pixels of the image, with their weights (Deformable DETR); the model's costs at the size the image
+    points in pixels of the image, with their weights (Deformable DETR); each detection's mask (a model with a mask
+    head; COCO's compressed RLE, as detections.json holds it); the model's costs at the size the image
     was resized to (`padded`), which is the model's `img_size` only for an image of its shape."""
     names = model.object_attention_layers()
     lays_out = callable(getattr(model, "spatial_attention", None))  # DETR's encoder: its figure 3
@@ -265,6 +267,8 @@ def detector_image_data(
     (result,) = one_per_query(outputs, sizes, threshold)
     order = result["scores"].argsort(descending=True, stable=True)
     queries = result["queries"][order].tolist()
+    if "pred_masks" in outputs:  # each object's mask (RLE, as detections.json holds it), shown under its query's view
+        add_masks(result, outputs["pred_masks"][0], mask[0], tuple(sizes[0].tolist()))
     detections = image_detections(result, info)
     padded = (pixels.shape[-2], pixels.shape[-1])
     real = (int(mask[0, :, 0].sum()), int(mask[0, 0, :].sum()))  # the image's part of the padded input
@@ -313,6 +317,7 @@ def detector_image_data(
         "real": list(real),
         "detections": [
             {"label": d.label, "score": d.score, "box": list(d.box), "query": q}
+            | ({"mask": d.mask} if d.mask is not None else {})
             for d, q in zip(detections, queries, strict=True)
         ],
         "layers": layers,
