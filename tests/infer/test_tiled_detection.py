@@ -10,7 +10,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from PIL import Image
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
 from scipy import ndimage
 from torch import nn
 
@@ -29,16 +32,18 @@ class Squares(nn.Module):
 
     no_object_logit = True
 
-    def __init__(self, side: int, queries: int = 200) -> None:
+    def __init__(self, side: int, queries: int = 200, masks: bool = False) -> None:
         super().__init__()
         self.config = SimpleNamespace(num_classes=2, img_size=side, in_chans=3, num_queries=queries)
         self.anchor = nn.Parameter(torch.zeros(()))
+        self.predicts_masks = masks  # then each square's mask logits too, at a quarter of the padded input's size
 
     def predict(self, images: torch.Tensor, pixel_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         B, Q = len(images), self.config.num_queries
         logits = torch.full((B, Q, 3), -20.0)
         logits[..., 2] = 20.0  # no object
         boxes = torch.full((B, Q, 4), 0.5)
+        inside = torch.zeros(B, Q, *images.shape[-2:])
         for b in range(B):
             h, w = int(pixel_mask[b].any(1).sum()), int(pixel_mask[b].any(0).sum())
             regions, _ = ndimage.label(images[b, 0, :h, :w].numpy() > 0.5)
@@ -49,7 +54,11 @@ class Squares(nn.Module):
                 logits[b, q, int(white)] = area / 200  # probability 0.5 .. 0.99: a square above 0
                 cx, cy = (cols.start + cols.stop) / 2 / w, (rows.start + rows.stop) / 2 / h
                 boxes[b, q] = torch.tensor([cx, cy, (cols.stop - cols.start) / w, (rows.stop - rows.start) / h])
-        return {"pred_logits": logits, "pred_boxes": boxes}
+                inside[b, q, rows, cols] = 1
+        if not self.predicts_masks:
+            return {"pred_logits": logits, "pred_boxes": boxes}
+        masks = (F.avg_pool2d(inside, 4, ceil_mode=True) - 0.5) * 20  # above 0 where a cell is mostly inside
+        return {"pred_logits": logits, "pred_boxes": boxes, "pred_masks": masks}
 
 
 def scene(height: int, width: int, tile: int, overlap: float, seed: int = 0) -> tuple[Image.Image, list]:
@@ -162,6 +171,37 @@ def test_tiled_evaluation_scores_the_whole_images(tmp_path):
     result = evaluate_detector_tiled(Squares(256, queries=60), data, INFO, tile=256, overlap=0.25, progress=False)
     assert result.count == 2 and result.metrics["ap"] == pytest.approx(1.0) and result.metrics["ap50"] == 1.0
     assert [row["ap"] for row in result.per_class] == pytest.approx([1.0, 1.0])
+
+
+def test_tiled_evaluation_scores_the_masks_placed_in_the_whole_image(tmp_path):
+    """A model that predicts masks, on a split whose objects have polygons: each tile's masks are placed in the whole
+    image and scored against the objects' (segm AP), as pycocotools scores the same detections against the file."""
+    image, truth = scene(600, 900, 256, 0.25, seed=12)
+    image.save(tmp_path / "big.png")
+    annotations = []
+    for (x0, y0, x1, y1), label in truth:
+        bbox = [x0, y0, x1 - x0, y1 - y0]
+        annotations.append({"id": len(annotations) + 1, "image_id": 1, "bbox": bbox, "area": bbox[2] * bbox[3],
+                            "segmentation": [[x0, y0, x1, y0, x1, y1, x0, y1]],
+                            "category_id": 3 if label == "grey" else 7, "iscrowd": 0})  # fmt: skip
+    categories = [{"id": 3, "name": "grey"}, {"id": 7, "name": "white"}]
+    listing = {"images": [{"id": 1, "file_name": "big.png", "height": 600, "width": 900}],
+               "annotations": annotations, "categories": categories}  # fmt: skip
+    (tmp_path / "val.json").write_text(json.dumps(listing))
+    data = CocoDetection(tmp_path / "val.json", tmp_path, short_side=None, max_size=None)
+    model = Squares(256, queries=60, masks=True)
+    result = evaluate_detector_tiled(model, data, INFO, tile=256, overlap=0.25, progress=False)
+    assert result.metrics["segm_ap50"] > 0.95  # each square's mask where the square is, found once
+    found = detect_tiled(model, INFO, image, 256, 0.25, threshold=0.0)
+    coco = COCO(str(tmp_path / "val.json"))
+    scored = coco.loadRes([{"image_id": 1, "category_id": d.category_id, "score": d.score, "segmentation": d.mask}
+                           for d in found])  # fmt: skip
+    reference = COCOeval(coco, scored, "segm")
+    reference.params.maxDets = [1, 10, len(tile_grid(600, 900, 256, 0.25)) * 60]  # every tile's queries, as vitkit
+    reference.evaluate(), reference.accumulate()
+    precision = reference.eval["precision"][:, :, :, 0, -1]  # (IoU, recall, class) at area "all", the most detections
+    assert result.metrics["segm_ap"] == pytest.approx(precision[precision > -1].mean(), abs=1e-9)
+    assert result.metrics["segm_ap50"] == pytest.approx(precision[0][precision[0] > -1].mean(), abs=1e-9)
 
 
 def test_detecting_files_in_tiles_tiles_the_large_ones_only(tmp_path):

@@ -99,8 +99,9 @@ class CocoEvaluator:
                 `masks`: each detection's mask as compressed RLE (`vitkit.detection.masks.encode_masks`).
             targets: per image, `image_id`, `orig_size` (height, width), `labels` (n,) and `boxes` (n, 4)
                 (cx, cy, w, h) in [0, 1]; `area` (n,) in original pixels if given, else the boxes' area. With
-                masks, `masks` (n, h, w) bool at the size the predictions' masks have (the model's input): the
-                masks are scored there, the boxes in original pixels.
+                masks, `masks` (n, h, w) bool at the size the predictions' masks have (the model's input), or the
+                objects' masks as compressed RLE of that size: the masks are scored there, the boxes in original
+                pixels.
         """
         if len(predictions) != len(targets):
             raise ValueError(f"expected one target per prediction: {len(predictions)} and {len(targets)}")
@@ -130,7 +131,11 @@ class CocoEvaluator:
                 "labels": labels,
             }
             if "masks" in prediction:
-                self.images[image_id] |= {"masks": list(prediction["masks"]), "gt_masks": encode_masks(target["masks"])}
+                gt = target["masks"]
+                gt = encode_masks(gt) if isinstance(gt, torch.Tensor) else list(gt)
+                if len(gt) != len(gt_boxes):
+                    raise ValueError(f"expected one mask per object: {len(gt_boxes)} boxes, {len(gt)} masks")
+                self.images[image_id] |= {"masks": list(prediction["masks"]), "gt_masks": gt}
                 self.with_masks = True
 
     def gather(self) -> None:

@@ -44,7 +44,7 @@ from vitkit.infer.model_dir import detection_reading, inference_info
 from vitkit.infer.runtime import autocast, resolve_device
 from vitkit.infer.tiles import DEFAULT_NMS_IOU, DEFAULT_OVERLAP, detect_tiled, tile_grid
 from vitkit.layers import to_2tuple
-from vitkit.models.interface import VitkitDetector
+from vitkit.models.interface import VitkitDetector, predicts_masks
 from vitkit.weights import ModelInfo, from_pretrained, model_info
 
 
@@ -292,7 +292,8 @@ def evaluate_detector_tiled(
     """COCO mAP of `model` on the whole images of `data` (a COCO split at its stored size), each detected in tiles
     and merged (`vitkit.infer.tiles.detect_tiled`, every query scored, the forward under `precision`) and scored
     against all its boxes. An image is scored on as many detections as its tiles give (COCO's 100 would cap an
-    image of many objects)."""
+    image of many objects). A model that predicts masks, on data with masks, is scored on them too (`segm_ap`, ...),
+    each detection's mask placed in the whole image as `vitkit predict --tile` places it."""
     model.eval()
     if data.short_side is not None:
         raise ValueError("tiled evaluation reads the images at their stored size: load the data with short_side=None")
@@ -300,6 +301,7 @@ def evaluate_detector_tiled(
     per_tile = max(model.config.num_queries, reading(model, postprocessing).top_k or 0)  # top-k pairs may be more
     evaluator = CocoEvaluator(len(info.classes), max(COCO_MAX_DETECTIONS, tiles * per_tile))
     index = {name: k for k, name in enumerate(info.classes)}
+    masks = predicts_masks(model) and data.with_masks
     skipped: list[Unreadable] = []
     total = sum(len(tile_grid(*s.size, tile, overlap)) for s in data.samples)
     with progress_bar(total, progress, unit="tile") as bar:
@@ -320,6 +322,9 @@ def evaluate_detector_tiled(
             }
             size = sample.size
             target = detection_target(sample.boxes, sample.labels, sample.areas, sample.image_id, size, size)
+            if masks:  # both as compressed RLE of the whole image (pycocotools reads JSON's string counts too)
+                prediction["masks"] = [d.mask for d in found]
+                target["masks"] = list(sample.masks)
             evaluator.update([prediction], [target])
     return _detection_result(evaluator, skipped, info)
 
