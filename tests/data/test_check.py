@@ -114,6 +114,25 @@ def test_plot_fills_the_masks_of_a_folder_with_segmentations(shapes, tmp_path):
     assert 0.01 < changed.mean() < 0.3  # the objects' insides, not the whole picture
 
 
+@pytest.mark.parametrize("scale", [1, 257], ids=["8-bit values", "full range"])
+def test_16_bit_images_that_would_be_black_in_8_bits_are_warned_of(shapes, tmp_path, scale):
+    """The shapes' pixels written as 16-bit PNG: 0..255 as stored (a microscope's 8-bit values in 16 bits) is nearly
+    black once scaled to 8 bits and warned of with its fix; spread over 0..65535, it is not."""
+    root = tmp_path / "deep"
+    shutil.copytree(shapes, root)
+    for path in (root / "train").glob("*.png"):
+        grey = np.asarray(Image.open(path).convert("L")).astype(np.uint16) * scale
+        Image.fromarray(grey).save(path)  # mode I;16
+    check = check_detection_folder(root)
+    dark = [w for w in check.warnings if "nearly black" in w]
+    if scale == 1:
+        (warning,) = dark
+        assert warning.startswith("train: 8 of the 8 images decoded are 16-bit with values up to 2")
+        assert "of 0..65535" in warning and "stretch each file to its full range" in warning
+    else:
+        assert dark == []
+
+
 def test_a_coco_file_without_image_sizes_reads_them_from_the_files(shapes, tmp_path):
     """Some exporters leave out `width` and `height`: the sizes come from the files' headers, the boxes are the
     same, the report says how many were read; a wrong size given is still refused."""

@@ -3,8 +3,9 @@ rare ones), box sizes in COCO's small / medium / large, objects per image, image
 skipped or clipped, the category ids as found and the class each becomes, files shared by train and val; and a
 warning, with its fix, for each pattern behind "mAP stays at 0" (`check_detection_folder`, `vitkit check-data`).
 
-Only the annotations are read, and the bytes of image files of equal size in train and val, for their hashes; no
-image is decoded.
+Only the annotations are read, the bytes of image files of equal size in train and val, for their hashes, and a few
+images of each split (`DEPTH_SAMPLE`, evenly spaced) for their bit depth: 16-bit images whose values fill a small
+part of their range (microscopy's 8-bit values stored in 16 bits) are nearly black once scaled to 8 bits.
 """
 
 from __future__ import annotations
@@ -15,15 +16,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from vitkit.data.coco import CocoDetection, load_coco_folder
 from vitkit.data.detection_stats import SMALL_OBJECT, DetectionStats, detection_stats
+from vitkit.data.transforms import integer_depth
 from vitkit.util import counted
 
 LARGE_OBJECT = 96  # COCO's large objects: area above 96 * 96 pixels
 RARE = 10  # a class with fewer training boxes than this is rare: its AP is a few boxes' luck
 BACKGROUND_SHARE = 0.5  # more than this share of images without a box is mostly background
 CLIPPED_SHARE = 0.05  # more than this share of boxes clipped or outside their image: boxes in other coordinates?
+DEPTH_SAMPLE = 8  # images of a split decoded for their bit depth
+DIM = 16  # a high-depth image whose largest value scales to below this 8-bit value is nearly black
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class SplitCheck:
     clipped: int  # boxes clipped to their image
     outside: int  # boxes with no part inside their image (skipped)
     crowd: int  # crowd annotations, left out
+    dim: tuple[int, int, int, int] = (0, 0, 0, 0)  # of the images decoded for their depth: (how many are 16- or
+    # 32-bit and nearly black once scaled to 8 bits, how many were decoded, their bits, their largest value)
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,21 @@ def _sizes(data: CocoDetection) -> tuple[int, int, int]:
     return small, len(area) - small - large, large
 
 
+def _dim(data: CocoDetection) -> tuple[int, int, int, int]:
+    """`SplitCheck.dim` of `DEPTH_SAMPLE` evenly spaced images of `data` (unreadable ones are training's to report)."""
+    picks = np.linspace(0, len(data.samples) - 1, min(DEPTH_SAMPLE, len(data.samples))).round().astype(int)
+    dim, bits, largest = 0, 0, 0
+    for i in dict.fromkeys(picks.tolist()):
+        try:
+            with Image.open(data.samples[i].path) as image:
+                depth = integer_depth(image)
+        except OSError:
+            continue
+        if depth is not None and depth[1] * 255 < DIM * (2 ** depth[0] - 1):
+            dim, bits, largest = dim + 1, depth[0], max(largest, depth[1])
+    return dim, len(set(picks.tolist())), bits, largest
+
+
 def _split(split: str, data: CocoDetection) -> SplitCheck:
     report = data.report
     skipped = report.counts()
@@ -126,6 +148,7 @@ def _split(split: str, data: CocoDetection) -> SplitCheck:
         clipped=len(report.clipped),
         outside=skipped.get("outside image", 0),
         crowd=report.crowd,
+        dim=_dim(data),
     )
 
 
@@ -198,6 +221,15 @@ def _warnings(check: DataCheck) -> list[str]:
             out.append(
                 f"{s.split}: {s.empty_images} of {s.stats.images} images have no box: mostly background teaches "
                 "mostly 'no object'; check that their annotations were exported (image ids must match)"
+            )
+        dim, decoded, bits, largest = s.dim
+        if dim:
+            top = 2**bits - 1
+            out.append(
+                f"{s.split}: {dim} of the {decoded} images decoded are {bits}-bit with values up to {largest} of "
+                f"0..{top}: scaled to 8 bits by their depth they are nearly black (0..{round(largest * 255 / top)}); "
+                "stretch each file to its full range before training (for instance its 1st to 99.8th percentile to "
+                "0..65535, as microscopy tools normalise), or save it as 8 bits"
             )
         if s.skipped:
             reasons = ", ".join(f"{n} {reason}" for reason, n in s.skipped.items())

@@ -67,6 +67,14 @@ def _bit_depth(image: Image.Image) -> int:
     return bits if isinstance(bits, int) and 8 <= bits <= 32 else 16
 
 
+def integer_depth(image: Image.Image) -> tuple[int, int] | None:
+    """(bits per sample, the largest value) of a 16- or 32-bit integer image (`to_8bit` maps 0..2^bits - 1 to
+    0..255); None for other images. Decodes the pixels."""
+    if image.mode not in HIGH_DEPTH_MODES or image.mode == "F":
+        return None
+    return _bit_depth(image), int(np.asarray(image).max())
+
+
 def to_8bit(image: Image.Image) -> Image.Image:
     """A 16-bit or float grey image as an 8-bit one ("L"), scaled by its range; other images unchanged.
 
