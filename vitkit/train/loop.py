@@ -267,7 +267,8 @@ class Run:
         processes = f" x {env.world_size} processes ({config.strategy})" if env.world_size > 1 else ""
         lines = [
             f"training {name} ({task.name}){source}: {trainable:,} trainable parameters",
-            f"  data    {config.data}: {len(classes)} classes ({shown}), {task.splits()}, {seen}",
+            f"  data    {config.data}: {len(classes)} class{'' if len(classes) == 1 else 'es'} ({shown}), "
+            f"{task.splits()}, {seen}",
             f"  run     {counted(config.epochs, 'epoch')} of {counted(self.steps_per_epoch, 'step')}, batch "
             f"{config.batch_size}"
             f"{processes}, lr {config.lr:g}",
