@@ -1,5 +1,7 @@
-"""Mask costs and losses on sampled points (`vitkit.detection.masks`) against their formulas written out, and the
-set criterion of a detector with a mask head: every layer, denoising queries included, supervises masks."""
+"""Mask costs and losses on sampled points (`vitkit.detection.masks`) against their formulas written out, and at
+every logit for masks smaller than the points (the ground truth read at the logits' centres, as the points read
+it there); and the set criterion of a detector with a mask head: every layer, denoising queries included, supervises
+masks."""
 
 from __future__ import annotations
 
@@ -8,7 +10,15 @@ import torch.nn.functional as F
 
 import vitkit
 from vitkit.detection import criterion_for, make_denoising
-from vitkit.detection.masks import canvas_masks, mask_costs, mask_losses, point_sample, uncertain_points
+from vitkit.detection.masks import (
+    MASK_POINTS,
+    at_logits,
+    canvas_masks,
+    mask_costs,
+    mask_losses,
+    point_sample,
+    uncertain_points,
+)
 from vitkit.detection.matcher import HungarianMatcher
 
 
@@ -59,6 +69,37 @@ def test_the_matching_costs_are_the_focal_and_dice_loss_of_every_pair():
             logits, wanted = point_sample(pred[q : q + 1], points)[0], point_sample(target[n : n + 1], points)[0]
             torch.testing.assert_close(cost_focal[q, n], pair_focal(logits, wanted))
             torch.testing.assert_close(cost_dice[q, n], dice(logits.sigmoid(), wanted))
+
+
+def test_a_small_mask_is_compared_at_every_logit_without_sampling():
+    """A mask of fewer logits than MASK_POINTS: the costs and losses are the formulas' means over every logit, the
+    ground truth read at each logit's centre (what `point_sample` reads there), the same whatever the random state;
+    gradients reach every logit."""
+    torch.manual_seed(0)
+    pred = (torch.randn(3, 6, 5) * 3).requires_grad_()
+    target = (torch.rand(2, 24, 20) > 0.5).float()
+    assert 6 * 5 < MASK_POINTS
+    centres = torch.tensor([[[(j + 0.5) / 5, (i + 0.5) / 6] for i in range(6) for j in range(5)]])
+    read = at_logits(target, (6, 5))  # (2, 30)
+    torch.testing.assert_close(read, point_sample(target, centres.expand(2, -1, -1)))
+    cost_focal, cost_dice = mask_costs(pred, target)
+    for q in range(3):
+        for n in range(2):
+            logits = pred[q].flatten()
+            torch.testing.assert_close(cost_focal[q, n], pair_focal(logits, read[n]))
+            torch.testing.assert_close(cost_dice[q, n], dice(logits.sigmoid(), read[n]))
+    # the matched objects of the three queries, constant over each logit's 4x4 pixels: read as 0 or 1 at the centres
+    pairs = (torch.rand(3, 6, 5) > 0.5).float().repeat_interleave(4, 1).repeat_interleave(4, 2)
+    focal_loss, dice_loss = mask_losses(pred, pairs, num_boxes=2.0)
+    read = at_logits(pairs, (6, 5))
+    assert set(read.unique().tolist()) == {0.0, 1.0}
+    logits = pred.flatten(1)
+    torch.testing.assert_close(focal_loss, focal(logits, read).mean(1).sum() / 2)
+    torch.testing.assert_close(dice_loss, sum(dice(logits[m].sigmoid(), read[m]) for m in range(3)) / 2)
+    torch.manual_seed(123)  # no draw: another random state gives the same
+    assert torch.equal(mask_losses(pred, pairs, num_boxes=2.0)[0], focal_loss)
+    (focal_loss + dice_loss).backward()
+    assert (pred.grad != 0).all()
 
 
 def test_the_loss_is_near_zero_for_the_right_mask_and_large_for_its_complement():

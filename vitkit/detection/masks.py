@@ -11,6 +11,10 @@ of the padded image, read from both by bilinear sampling, so memory grows with K
 - Loss (`mask_losses`): for each matched pair, K points, most of them where the prediction is least certain
   (Mask2Former's importance sampling: `uncertain_points`); the sigmoid focal loss (mean over the points) and the
   dice loss, each summed over the pairs and divided by the number of boxes.
+- A mask of at most `MASK_POINTS` logits (a small image's: 32x40 at 128x160) is compared at every logit instead,
+  the ground truth read at the logits' centres (`at_logits`, the bilinear reading `point_sample` gives there): the
+  means the points estimate, exact, without drawing or sampling the logits (on the shapes folder the sampling and
+  its backward took a tenth of a training step).
 - Reading (`detection_masks`, `encode_masks`): a detection's mask, its query's logits resampled to the image and
   above 0, and as pycocotools' compressed RLE (what evaluation scores and predict writes).
 
@@ -68,10 +72,16 @@ def encode_masks(masks: Tensor) -> list[dict]:
     return mask_utils.encode(array)
 
 
-def point_count(pred: Tensor) -> int:
-    """The points a mask of logits `pred` (..., h, w) is compared at: MASK_POINTS, or as many as it has logits when
-    fewer (a small image's masks hold less to compare than Mask2Former's points)."""
-    return min(MASK_POINTS, pred.shape[-2] * pred.shape[-1])
+def every_logit(pred: Tensor) -> bool:
+    """Whether masks of logits `pred` (..., h, w) are compared at every logit: when they have at most
+    MASK_POINTS (a small image's masks hold less to compare than Mask2Former's points)."""
+    return pred.shape[-2] * pred.shape[-1] <= MASK_POINTS
+
+
+def at_logits(target: Tensor, size: tuple[int, int]) -> Tensor:
+    """Masks `target` (n, H, W) read at the centres of a grid of `size` (h, w) logits over the same extent, as
+    `point_sample` reads them at those points (bilinear): (n, h * w)."""
+    return F.interpolate(target[:, None].float(), size=size, mode="bilinear", align_corners=False).flatten(1)
 
 
 def canvas_masks(targets: Sequence[Mapping[str, Tensor]], size: tuple[int, int]) -> list[Tensor]:
@@ -119,12 +129,15 @@ def _focal(logits: Tensor, targets: Tensor) -> Tensor:
 
 def mask_costs(pred: Tensor, target: Tensor, count: int | None = None) -> tuple[Tensor, Tensor]:
     """(focal cost, dice cost), each (Q, n), of an image's predicted masks `pred` (Q, h, w) (logits) against its
-    objects' masks `target` (n, H, W) (on the canvas), at `count` uniform points shared by all (None:
-    `point_count`)."""
-    count = point_count(pred) if count is None else count
-    points = torch.rand(1, count, 2, device=pred.device)
-    logits = point_sample(pred, points.expand(len(pred), -1, -1))  # (Q, K)
-    wanted = point_sample(target, points.expand(len(target), -1, -1))  # (n, K)
+    objects' masks `target` (n, H, W) (on the canvas), at `count` uniform points shared by all (None: at every
+    logit of a mask that has at most MASK_POINTS, else MASK_POINTS points)."""
+    if count is None and every_logit(pred):
+        logits, wanted = pred.flatten(1), at_logits(target, pred.shape[-2:])  # (Q, K), (n, K): K = h * w
+    else:
+        points = torch.rand(1, count or MASK_POINTS, 2, device=pred.device)
+        logits = point_sample(pred, points.expand(len(pred), -1, -1))  # (Q, K)
+        wanted = point_sample(target, points.expand(len(target), -1, -1))  # (n, K)
+    count = logits.shape[1]
     p = logits.sigmoid()
     # the focal loss of each query's logits towards each object's mask, mean over the points: its positive and
     # negative terms weighted by the target at each point, as two products
@@ -137,16 +150,19 @@ def mask_costs(pred: Tensor, target: Tensor, count: int | None = None) -> tuple[
 
 def mask_losses(pred: Tensor, target: Tensor, num_boxes: float, count: int | None = None) -> tuple[Tensor, Tensor]:
     """(focal loss, dice loss) of matched predicted masks `pred` (M, h, w) (logits) against their objects' masks
-    `target` (M, H, W) (on the canvas), at `count` points each (`uncertain_points`; None: `point_count`), each
-    summed over the pairs and divided by `num_boxes`."""
-    count = point_count(pred) if count is None else count
+    `target` (M, H, W) (on the canvas), at `count` points each (`uncertain_points`; None: at every logit of a
+    mask that has at most MASK_POINTS, else MASK_POINTS points), each summed over the pairs and divided by
+    `num_boxes`."""
     if len(pred) == 0:
         zero = pred.sum() * 0
         return zero, zero
-    points = uncertain_points(pred.detach(), count)  # (M, K, 2)
-    logits = point_sample(pred, points)  # (M, K)
-    with torch.no_grad():
-        wanted = point_sample(target, points)  # (M, K)
+    if count is None and every_logit(pred):
+        logits, wanted = pred.flatten(1), at_logits(target, pred.shape[-2:])  # (M, h * w)
+    else:
+        points = uncertain_points(pred.detach(), count or MASK_POINTS)  # (M, K, 2)
+        logits = point_sample(pred, points)  # (M, K)
+        with torch.no_grad():
+            wanted = point_sample(target, points)  # (M, K)
     focal = _focal(logits, wanted).mean(1).sum() / num_boxes
     p = logits.sigmoid()
     dice = 1 - (2 * (p * wanted).sum(-1) + 1) / (p.sum(-1) + wanted.sum(-1) + 1)  # (M,)
