@@ -123,16 +123,17 @@ def _sizes(data: CocoDetection) -> tuple[int, int, int]:
 def _dim(data: CocoDetection) -> tuple[int, int, int, int]:
     """`SplitCheck.dim` of `DEPTH_SAMPLE` evenly spaced images of `data` (unreadable ones are training's to report)."""
     picks = np.linspace(0, len(data.samples) - 1, min(DEPTH_SAMPLE, len(data.samples))).round().astype(int)
-    dim, bits, largest = 0, 0, 0
+    dim, decoded, bits, largest = 0, 0, 0, 0
     for i in dict.fromkeys(picks.tolist()):
         try:
             with Image.open(data.samples[i].path) as image:
                 depth = integer_depth(image)
         except OSError:
             continue
+        decoded += 1
         if depth is not None and depth[1] * 255 < DIM * (2 ** depth[0] - 1):
             dim, bits, largest = dim + 1, depth[0], max(largest, depth[1])
-    return dim, len(set(picks.tolist())), bits, largest
+    return dim, decoded, bits, largest
 
 
 def _split(split: str, data: CocoDetection) -> SplitCheck:
