@@ -212,6 +212,23 @@ def test_candidates_are_built_apart_from_timing():
     assert result.mfu == pytest.approx(10**9 / (result.latency_ms / 1000) / rates["fp32"])
 
 
+def test_the_gemm_rate_is_the_faster_of_a_probe_before_and_one_after_the_rounds(monkeypatch):
+    probed = []
+    rates_in_turn = iter([1e9, 4e9, 3e9, 2e9])  # bf16 then fp32 before the rounds, the same after them
+
+    def probe(precision: str, device: torch.device) -> float:
+        probed.append(precision)
+        return next(rates_in_turn)
+
+    monkeypatch.setattr("vitkit.perf.bench.gemm_rate", probe)
+    candidates = {"a": ("fp32", lambda: torch.ones(8) @ torch.ones(8)), "b": ("bf16", lambda: torch.ones(8).sum())}
+    results, rates = time_candidates(candidates, batch=1, flops=10**6, rounds=2, warmup=0, device=torch.device("cpu"))
+    assert probed == ["bf16", "fp32", "bf16", "fp32"]
+    assert rates == {"bf16": 3e9, "fp32": 4e9}  # bf16's later probe was faster, fp32's earlier one
+    for result in results:
+        assert result.mfu == pytest.approx(10**6 / (result.latency_ms / 1000) / rates[result.precision])
+
+
 def test_the_command_times_the_optimizer_vitkit_train_uses(monkeypatch):
     seen = {}
 
