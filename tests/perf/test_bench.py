@@ -20,6 +20,7 @@ from vitkit.perf.bench import (
     bench_memory,
     build_candidates,
     gemm_rate,
+    product_seconds,
     quiet_profiler,
     time_candidates,
     time_category,
@@ -164,6 +165,35 @@ def test_gemm_rate_is_the_flops_of_one_product_over_the_fastest_time(monkeypatch
             2 * 64**3 / 0.2
         )
     assert next(clock.durations) == 0.1  # the sixth product never ran
+
+
+def test_on_a_gpu_products_are_timed_by_cuda_events_with_one_synchronisation_a_batch(monkeypatch):
+    clock, waits, products = {"ms": 0.0}, [], []
+    durations = iter([4.0, 1.0, 3.0, 2.0, 5.0, 6.0])  # milliseconds of the products, in turn
+
+    class Event:  # torch.cuda.Event's timing, on a clock the products advance
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            self.at = None
+
+        def record(self) -> None:
+            self.at = clock["ms"]
+
+        def elapsed_time(self, end: "Event") -> float:
+            assert waits, "an event's time is read only after the host waited for the device"
+            return end.at - self.at
+
+    def product() -> None:
+        products.append(len(waits))  # how many waits came before this product
+        clock["ms"] += next(durations)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waits.append(device))
+    cuda = torch.device("cuda")
+    seconds = product_seconds(product, cuda, repeats=2, min_seconds=0.009)
+    # 2 products a batch until 9 ms are timed: 4 + 1, then 3 + 2 (10 ms); one wait after each batch
+    assert seconds == pytest.approx([0.004, 0.001, 0.003, 0.002])
+    assert products == [0, 0, 1, 1] and waits == [cuda, cuda]
 
 
 def test_errors():

@@ -88,21 +88,46 @@ def gemm_rate(
     The fastest, not the median: on a shared or frequency-scaled CPU every product of a short probe can run slow. On
     a 2-core Xeon with AMX, five processes measured bf16 medians of 10 products between 1.31 and 2.11 TFLOP/s, and
     the fastest of 60 products between 2.17 and 2.28 (BENCHMARKS.md): the share of the peak a step reaches moved
-    with the probe, not with the step."""
-    n = n or (2048 if torch.device(device).type == "cpu" else 8192)
+    with the probe, not with the step. On a GPU each product is timed by CUDA events (`product_seconds`)."""
+    device = torch.device(device)
+    n = n or (2048 if device.type == "cpu" else 8192)
     dtype = precision_dtype(precision)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(2):  # the first products warm up
         a @ b
+    return 2 * n**3 / min(product_seconds(lambda: a @ b, device, repeats, min_seconds))
+
+
+def product_seconds(
+    product: Callable[[], object], device: torch.device, repeats: int, min_seconds: float
+) -> list[float]:
+    """The seconds of each of at least `repeats` calls of `product`, made until they add up to `min_seconds`.
+
+    On CPU each call is timed by the clock. On a GPU each lies between two CUDA events on the current stream, and
+    the host waits once for every `repeats` calls (the events' times read after it): a synchronisation per product
+    would time the host's round trip with it, as long as a 2048^3 product there."""
     times: list[float] = []
-    while len(times) < max(repeats, 1) or sum(times) < min_seconds:
-        _sync(device)
+    batch = max(repeats, 1)
+    if device.type == "cuda":
+        while len(times) < batch or sum(times) < min_seconds:
+            events = [(_timing_event(), _timing_event()) for _ in range(batch)]
+            for start, end in events:
+                start.record()
+                product()
+                end.record()
+            torch.cuda.synchronize(device)
+            times += [start.elapsed_time(end) / 1000 for start, end in events]  # milliseconds -> seconds
+        return times
+    while len(times) < batch or sum(times) < min_seconds:
         start = time.perf_counter()
-        a @ b
-        _sync(device)
+        product()
         times.append(time.perf_counter() - start)
-    return 2 * n**3 / min(times)
+    return times
+
+
+def _timing_event() -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=True)
 
 
 # Where a step's time goes: operators by category (self CPU time of one profiled step). GEMMs are every matrix
