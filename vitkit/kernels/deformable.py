@@ -316,8 +316,13 @@ def gathered_deformable_attention(
     mix = _corner_weights(frac, weights.to(dtype)).to(table.dtype)  # (B, Q, h, L, K, 4)
     del frac
     n = B * Q * h
-    out = F.embedding_bag(rows.view(n, L * K * 4), table.view(-1, d), mode="sum", per_sample_weights=mix.view(n, -1))
-    return out.view(B, Q, h * d)  # (n, d) -> (B, Q, h d)
+    bag = table.dtype
+    if grad and table.is_cuda and bag == torch.bfloat16:  # torch's CUDA gradient of the bag's weights has no bf16
+        bag = torch.float32
+    out = F.embedding_bag(
+        rows.view(n, L * K * 4), table.view(-1, d).to(bag), mode="sum", per_sample_weights=mix.view(n, -1).to(bag)
+    )
+    return out.view(B, Q, h * d).to(table.dtype)  # (n, d) -> (B, Q, h d)
 
 
 def _padded_pixels(locations: Tensor, levels: _PaddedLevels, grad: bool) -> tuple[Tensor, Tensor]:
