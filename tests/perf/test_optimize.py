@@ -47,6 +47,20 @@ def test_bf16_logits_within_two_percent_of_fp32(name):
     assert norms and all(p.dtype == torch.float32 for m in norms for p in m.parameters())
 
 
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "botnet26t_256"])
+def test_off_the_cpu_layer_norms_take_the_activations_dtype_and_batch_norms_stay_fp32(name):
+    # CUDA's layer norm kernel wants its parameters in its input's dtype (CPU's takes fp32 ones with bf16 inputs);
+    # a model on the meta device stands for one on a GPU here
+    model = vitkit.create_model(name, **SMALL[name]).to("meta")
+    fast = optimize(model, "bf16")
+    layer_norms = [m for m in fast.modules() if isinstance(m, torch.nn.LayerNorm)]
+    batch_norms = [m for m in fast.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert layer_norms or batch_norms
+    assert all(p.dtype == torch.bfloat16 for m in layer_norms for p in m.parameters())
+    assert all(p.dtype == torch.float32 for m in batch_norms for p in m.parameters())
+    assert all(m.weight.dtype == torch.bfloat16 for m in fast.modules() if isinstance(m, torch.nn.Linear))
+
+
 def test_fp32_is_exact_and_uses_the_auto_attention():
     model = vitkit.create_model("vit_tiny_patch16_224", depth=2, attn_backend="math").eval()
     x = torch.randn(2, 3, 224, 224)

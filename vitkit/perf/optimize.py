@@ -163,9 +163,10 @@ class OptimizedModel(nn.Module):
     """A model prepared for inference: takes the same fp32 images as the original and returns fp32 logits.
 
     With bf16, linear and convolution weights (and the activations between them) are bf16, cast once when the
-    model is built rather than on every call as `torch.autocast` does; LayerNorm keeps fp32 weights and normalises
-    in fp32 (torch's CPU and CUDA kernels accept bf16 inputs with fp32 parameters); attention runs the "auto"
-    backend, whose softmax computes in fp32 in both of its paths.
+    model is built rather than on every call as `torch.autocast` does. BatchNorm keeps fp32 parameters, and so
+    does LayerNorm on CPU (torch's CPU kernel takes bf16 inputs with fp32 parameters; CUDA's wants them in the
+    input's dtype and accumulates in fp32 all the same); attention runs the "auto" backend, whose softmax computes in
+    fp32 in both of its paths.
     """
 
     def __init__(self, model: nn.Module, precision: str) -> None:
@@ -199,10 +200,11 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False) -
 
     Args:
         model: a vitkit model (any module whose attention is vitkit's `Attention`), on the device it will run on.
-        precision: "bf16" (weights cast once; norms in fp32; on CPU, reordered weights with fused bias and GELU
-            where `packed_linear_supported()`), "fp32", or "auto": the one that measures faster on the model's device
-            (`vitkit.analysis.precision.auto_precision`). In both, a model's frozen convolution norms (a
-            detector's backbone, `fold_norms`) are folded into the convolutions first, in fp32.
+        precision: "bf16" (weights cast once; batch norms in fp32, layer norms too on CPU; on CPU, reordered
+            weights with fused bias and GELU where `packed_linear_supported()`), "fp32", or "auto": the one that
+            measures faster on the model's device (`vitkit.analysis.precision.auto_precision`). In both, a model's
+            frozen convolution norms (a detector's backbone, `fold_norms`) are folded into the convolutions first,
+            in fp32.
         compile: wrap the forward in `torch.compile` with weight freezing (the first call compiles, about half a
             minute for ViT-S on 2 cores; needs a C++ compiler on CPU). Inductor then does its own weight packing.
     """
@@ -219,9 +221,12 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False) -
     for _, layer in attention_layers(model):
         layer.backend = "auto"
     if dtype != torch.float32:
+        # normalisation statistics and affine parameters stay fp32: batch norm's kernels take bf16 inputs with them
+        # on CPU and CUDA, layer norm's on CPU only (CUDA's wants its input's dtype, and accumulates in fp32 anyway)
+        kept = (nn.LayerNorm, nn.BatchNorm2d) if device.type == "cpu" else (nn.BatchNorm2d,)
         for module in model.modules():
-            if isinstance(module, (nn.LayerNorm, nn.BatchNorm2d)):
-                continue  # normalisation statistics and affine parameters stay fp32
+            if isinstance(module, kept):
+                continue
             for param in module.parameters(recurse=False):
                 param.data = param.data.to(dtype)
             for name, buf in module.named_buffers(recurse=False):
