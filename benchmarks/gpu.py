@@ -1,8 +1,9 @@
 """The GPU check, one prepared run for the day a GPU machine is there (under 8 minutes on one GPU):
 
 1. every attention backend agrees with the reference (`math`, the formula, in fp32) on ViT, Swin, DETR and
-   Deformable DETR, forward and backward (every parameter's gradient): in fp32 (TF32 off) within 1e-4, and under bf16
-   autocast no further off than the formula itself computed in bf16 (times 1.5);
+   Deformable DETR, forward and backward (every parameter's gradient): in fp32 (TF32 off) within 1e-4 or twice the
+   formula's own fp32 error against float64, whichever is larger, and under bf16 autocast no further off than the
+   formula itself computed in bf16 (times 1.5);
 2. `capture_attention` works with the fused kernels on: the recorded maps are the reference's and the output is
    the one computed without capturing;
 3. speed against the libraries users compare with: ViT-B/16 against timm and DETR-R50 against transformers,
@@ -19,6 +20,7 @@ fails. The rows go to BENCHMARKS.md ("On a GPU").
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import sys
@@ -71,7 +73,8 @@ SPEED = {
     False: [("vit_base_patch16_224", 64, 224, "timm"), ("detr_resnet50", 8, 512, "transformers")],
     True: [("vit_tiny_patch16_224", 2, 64, "timm"), ("detr_tiny", 2, 96, "transformers")],
 }
-TOLERANCE = {"fp32": 1e-4}  # |a - b| / |b| of the output and of all gradients against the fp32 formula
+TOLERANCE = {"fp32": 1e-4}  # |a - b| / |b| of the output and of all gradients against the fp32 formula, or twice
+# the formula's own fp32 error against float64 where that is larger
 
 
 def _moved(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -155,9 +158,13 @@ def check_backends(case: Case, device: torch.device) -> list[dict]:
     rows = []
     set_attention_backend(model, "math")
     reference = _run(model, x, "fp32")  # the formula in fp32: the reference of both precisions
+    # the formula's own rounding in fp32, against float64: a deep detector's gradients summed in another order (the
+    # convolutions' algorithms, a fused kernel's blocks) move by about that much, and two fp32 runs up to twice it
+    exact = _run(copy.deepcopy(model).double(), x.double(), "fp32")
+    fp32_allowed = max(TOLERANCE["fp32"], 2 * _distance(reference, exact))
     for precision in ("fp32", "bf16"):
         # bf16 is held to the formula's own error in bf16: no backend may lose more than it does
-        allowed = TOLERANCE["fp32"] if precision == "fp32" else 1.5 * _distance(_run(model, x, "bf16"), reference)
+        allowed = fp32_allowed if precision == "fp32" else 1.5 * _distance(_run(model, x, "bf16"), reference)
         for backend in [b for b in ("sdpa", "gather", "levelwise", "auto") if b == "auto" or _knows(model, b)]:
             with attention_backend(model, backend):  # the layers that do not know it stay on the reference
                 gap = _distance(_run(model, x, precision), reference)
@@ -169,7 +176,7 @@ def check_backends(case: Case, device: torch.device) -> list[dict]:
                         "backend": backend,
                         "gap": gap,
                         "allowed": allowed,
-                        "ok": gap <= max(allowed, TOLERANCE["fp32"]),
+                        "ok": gap <= max(allowed, fp32_allowed),
                     }
                 )
     set_attention_backend(model, "auto")
@@ -213,17 +220,21 @@ def speed(dry_run: bool, device: str, rounds: int) -> list[dict]:
     try:
         for name, batch, size, compare in SPEED[dry_run]:
             for train in (False, True):
-                report = bench_module.bench(
-                    name,
-                    batch=batch,
-                    img_size=size,
-                    precision="bf16",
-                    train=train,
-                    compare=compare,
-                    rounds=rounds,
-                    warmup=1 if dry_run else 3,
-                    device=device,
-                )
+                try:
+                    report = bench_module.bench(
+                        name,
+                        batch=batch,
+                        img_size=size,
+                        precision="bf16",
+                        train=train,
+                        compare=compare,
+                        rounds=rounds,
+                        warmup=1 if dry_run else 3,
+                        device=device,
+                    )
+                except Exception as err:  # printed; the other benchmarks still run
+                    print(f"\n{name} {'train' if train else 'inference'}: {err!r}", flush=True)
+                    continue
                 print_table(report)
                 reports.append(report.to_dict())
     finally:
@@ -265,16 +276,22 @@ def main(argv: list[str] | None = None) -> int:
         print(torch.cuda.get_device_name(device), "torch", torch.__version__)
     cases = CHECKS[args.dry_run]
     rows = []
-    for case in cases:
-        rows += check_backends(case, device)
-    rows.append(check_capture(cases[0], device))
-    for row in rows:
-        detail = f"{row.get('precision', '')} {row.get('backend', '')}".strip()
-        allowed = f" (allowed {row['allowed']:.2e})" if "allowed" in row else ""
-        print(
-            f"{'ok  ' if row['ok'] else 'FAIL'} {row['check']:<8} {row['model']:<30} {detail:<12} "
-            f"gap {row['gap']:.2e}{allowed}"
-        )
+    checks = [(case, functools.partial(check_backends, case, device)) for case in cases]
+    checks.append((cases[0], lambda: [check_capture(cases[0], device)]))
+    for case, check in checks:
+        try:
+            new = check()
+        except Exception as err:  # one model's error is its failed row, printed; the run goes on to the next
+            new = [{"check": "error", "model": case.name, "gap": float("nan"), "ok": False, "error": repr(err)}]
+        for row in new:  # printed as they come, so that a run stopped early still shows its rows
+            detail = row.get("error") or f"{row.get('precision', '')} {row.get('backend', '')}".strip()
+            allowed = f" (allowed {row['allowed']:.2e})" if "allowed" in row else ""
+            print(
+                f"{'ok  ' if row['ok'] else 'FAIL'} {row['check']:<8} {row['model']:<30} {detail:<12} "
+                f"gap {row['gap']:.2e}{allowed}",
+                flush=True,
+            )
+        rows += new
     reports = [] if args.skip_speed else speed(args.dry_run, device.type, args.rounds or (1 if args.dry_run else 10))
     if args.out is not None:
         args.out.write_text(json.dumps({"device": str(device), "checks": rows, "speed": reports}, indent=2))
