@@ -1,8 +1,8 @@
-"""benchmarks/kernels.py in its quick mode, so that the figures behind `Attention.path` stay reproducible."""
+"""benchmarks/attention_kernels.py in its quick mode, so that the figures behind `Attention.path` stay reproducible."""
 
 
 def test_quick_run_times_every_kernel_and_path(capsys, load_benchmark):
-    script = load_benchmark("kernels")
+    script = load_benchmark("attention_kernels")
     assert script.main(["--quick"]) == 0
     out = capsys.readouterr().out
     assert "matmul fp32" in out and "matmul bf16" in out and "F.linear bf16" in out

@@ -1,7 +1,7 @@
 """This CPU's kernels as vitkit's fast paths see them: GEMM rates and the attention paths, medians of repeated calls.
 
-    python benchmarks/kernels.py            # GEMM rates (plain matmul and oneDNN's packed linear) and attention
-    python benchmarks/kernels.py --quick    # small shapes, a few calls: that the script runs (the test suite)
+    python benchmarks/attention_kernels.py          # GEMM rates (plain matmul and oneDNN's packed linear), attention
+    python benchmarks/attention_kernels.py --quick  # small shapes, a few calls: that the script runs (the test suite)
 
 The GEMM rows are n x n x n products in fp32 and bf16 (`vitkit bench` measures n = 2048 as its peak) and bf16 linear
 layers at ViT-S/16 and ViT-B/16 shapes (batch 16), through `F.linear` and through `PackedLinear`'s reordered weight.
