@@ -19,7 +19,7 @@ Scarce data, where a pre-trained backbone should pay: `--train-images N` writes 
 with the folder's augmentation but no flips (`--hflip 0`: a flipped digit is another glyph), sized by its recipe
 unless `--epochs` is given; `--minutes M` ends each run once its epochs' own seconds pass M minutes.
 
-    python benchmarks/digits_backbone_init.py --work /tmp/digits_scarce --train-images 300 --epochs 16
+    python benchmarks/digits_backbone_init.py --work /tmp/digits_scarce --train-images 300 --epochs 16 --minutes 10.5
 
 The figures behind BENCHMARKS.md's "A pre-trained ViT backbone against one from scratch".
 """
@@ -75,13 +75,13 @@ def main() -> None:
     parser.add_argument("--skip-default", action="store_true", help="leave out the default ResNet detector")
     args = parser.parse_args()
     work = args.work
-    data, epochs = "builtin:digits-detect", ["--epochs", str(args.epochs or 4)]
+    data, run_args = "builtin:digits-detect", ["--epochs", str(args.epochs or 4)]
     if args.train_images:
         data = str(work / f"digits-detect-{args.train_images}")
         if not Path(data, "train").exists():
             vitkit("example-data", "digits-detect", "--out", data, "--train", str(args.train_images), "--force")
-        epochs = ["--epochs", str(args.epochs)] if args.epochs else []
-        epochs += ["--hflip", "0"]  # a flipped digit is another glyph (the builtin canvases are never flipped)
+        run_args = ["--epochs", str(args.epochs)] if args.epochs else []
+        run_args += ["--hflip", "0"]  # a flipped digit is another glyph (the builtin canvases are never flipped)
     classifier = work / "classifier"
     if not (classifier / "best").exists():
         vitkit("train", "--out", str(classifier), "--force")  # the bare command: the demo's digit classifier
@@ -100,7 +100,7 @@ def main() -> None:
             (args.stop_after and len(rows) >= args.stop_after) or (args.minutes and rows[-1][1] >= args.minutes)
         )
         if not done:
-            vitkit("train", "--model", model, "--data", data, *epochs, "--out", str(out), "--force", *extra,
+            vitkit("train", "--model", model, "--data", data, *run_args, "--out", str(out), "--force", *extra,
                    metrics=metrics, stop_after=args.stop_after, minutes=args.minutes)  # fmt: skip
     print(f"\n{'run':46} {'epoch':>5} {'minutes':>7} {'AP':>6} {'AP50':>6}")
     for label, (_, _, out) in runs.items():
