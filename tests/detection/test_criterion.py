@@ -268,3 +268,72 @@ def test_proposals_that_find_every_box_on_class_0_cost_nothing():
         criterion_for("focal", K, no_object_logit=False)(
             {**outputs, "enc_outputs": {**enc, "pred_logits": enc["pred_logits"][..., :2]}}, targets
         )
+
+
+def test_paired_giou_loss_is_torchvisions_in_value_and_gradient():
+    """The criterion's GIoU loss (clamped intersection, no boolean indexing) against torchvision's
+    `generalized_box_iou_loss` in float64: overlapping, nested, touching and disjoint pairs, values and gradients."""
+    from torchvision.ops import generalized_box_iou_loss
+
+    g = torch.Generator().manual_seed(3)
+    corner = torch.rand(64, 2, generator=g, dtype=torch.float64) * 0.7
+    first = torch.cat([corner, corner + 0.05 + torch.rand(64, 2, generator=g, dtype=torch.float64) * 0.3], 1)
+    second = first[torch.randperm(64, generator=g)]  # random pairs: most disjoint, some overlapping
+    special = torch.tensor(
+        [
+            [[0.1, 0.1, 0.5, 0.5], [0.2, 0.2, 0.3, 0.3]],  # nested
+            [[0.1, 0.1, 0.3, 0.3], [0.3, 0.1, 0.5, 0.3]],  # touching along an edge
+            [[0.1, 0.1, 0.2, 0.2], [0.6, 0.7, 0.9, 0.8]],  # disjoint on both axes
+            [[0.1, 0.1, 0.4, 0.2], [0.2, 0.5, 0.3, 0.9]],  # overlapping on x only
+        ],
+        dtype=torch.float64,
+    )
+    a = torch.cat([first, special[:, 0]]).requires_grad_()
+    b = torch.cat([second, special[:, 1]]).requires_grad_()
+    ours = criterion.paired_giou_loss(a, b)
+    theirs = generalized_box_iou_loss(a, b, reduction="none")
+    assert (ours > 1).any() and (ours < 1).any()  # both disjoint and overlapping pairs are there
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    weights = torch.rand(len(a), generator=g, dtype=torch.float64)
+    grads = torch.autograd.grad((ours * weights).sum(), (a, b))
+    expected = torch.autograd.grad((theirs * weights).sum(), (a, b))
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def waits(fn):
+    """The host-side reads of tensor values (`.item()`, `bool(tensor)`: `_local_scalar_dense`) and `nonzero` calls
+    (each a wait for a GPU) that `fn` makes, its backward included: {op: count}."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts = {"_local_scalar_dense": 0, "nonzero": 0}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in counts:
+                counts[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return counts
+
+
+@pytest.mark.parametrize("classification", ["ce", "focal"])
+def test_the_host_waits_for_the_device_as_often_whatever_the_images_and_layers(classification):
+    """On a GPU each read of a value on the host waits for the device: the criterion reads two (the labels' range
+    check, the matching costs' finiteness on their one copy to the host), not one or more an image and layer, and
+    computes no `nonzero` (torchvision's GIoU loss and boolean indexing do, forward and backward)."""
+    seen = []
+    for sizes, layers in (((2, 1), 1), ((3, 0, 2, 4, 1, 2), 6)):
+        outputs, targets = random_outputs(5, sizes, queries=8)
+        outputs = {k: v.requires_grad_() for k, v in outputs.items()}
+        outputs["aux_outputs"] = [{k: v * (1 + i / 10) for k, v in outputs.items()} for i in range(layers - 1)]
+        loss = SetCriterion(K, classification=classification)
+
+        def step(outputs=outputs, targets=targets, loss=loss):
+            loss(outputs, targets)["total"].backward()
+
+        seen.append(waits(step))
+    assert seen[0] == seen[1] == {"_local_scalar_dense": 2, "nonzero": 0}

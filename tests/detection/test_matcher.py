@@ -142,3 +142,18 @@ def test_matcher_costs_bf16_outputs_in_float32(classification):
     torch.testing.assert_close(cost, matcher.cost_matrix(upcast, targets), rtol=0, atol=0)
     for (q, t), (q32, t32) in zip(matcher(low, targets), matcher(upcast, targets), strict=True):
         assert q.tolist() == q32.tolist() and t.tolist() == t32.tolist()
+
+
+def test_layers_matched_together_are_matched_as_each_alone():
+    """`match_layers` (one copy of all layers' costs to the host) gives each layer what `forward` gives it alone,
+    an image without boxes and a layer with other queries and targets (encoder proposals) among them."""
+    matcher = HungarianMatcher()
+    layers = []
+    for seed, queries in ((0, 4), (1, 4), (2, 7)):
+        outputs, targets = random_case(seed, [2, 0, 3], queries=queries)
+        layers.append((outputs, targets))
+    together = matcher.match_layers(layers)
+    for (outputs, targets), indices in zip(layers, together, strict=True):
+        for (q, t), (q_alone, t_alone) in zip(indices, matcher(outputs, targets), strict=True):
+            assert torch.equal(q, q_alone) and torch.equal(t, t_alone)
+    assert [len(q) for q, _ in together[2]] == [2, 0, 3]

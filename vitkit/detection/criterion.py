@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops import box_convert, generalized_box_iou_loss, sigmoid_focal_loss
+from torchvision.ops import box_convert, sigmoid_focal_loss
 
 from vitkit.detection.losses import (
     DETECTION_LOSSES,
@@ -49,17 +49,33 @@ from vitkit.detection.losses import (
     check_no_object_logit,
 )
 from vitkit.detection.masks import MASK_WEIGHTS, canvas_masks, mask_losses
-from vitkit.detection.matcher import HungarianMatcher, canvas_size, uses_masks
+from vitkit.detection.matcher import HungarianMatcher, canvas_size, check_targets, uses_masks
 
 
 def average_num_boxes(targets: Sequence[Mapping[str, torch.Tensor]], device: torch.device) -> float:
     """The number of ground-truth boxes per process: this batch's, averaged over processes when torch.distributed
-    is initialised, and at least 1 (DETR's normaliser of the box losses)."""
-    count = torch.tensor([float(sum(len(t["labels"]) for t in targets))], device=device)
+    is initialised, and at least 1 (DETR's normaliser of the box losses). Counted on the host: only the average
+    over processes goes through the device."""
+    count = float(sum(len(t["labels"]) for t in targets))
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(count)
-        count = count / dist.get_world_size()
-    return count.clamp(min=1).item()
+        shared = torch.tensor([count], device=device)
+        dist.all_reduce(shared)
+        count = (shared / dist.get_world_size()).item()
+    return max(count, 1.0)
+
+
+def paired_giou_loss(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
+    """1 - generalised IoU of each (x1, y1, x2, y2) box of `boxes1` (M, 4) with the box in the same row of `boxes2`:
+    (M,). torchvision's `generalized_box_iou_loss` (its eps included) with the intersection clamped at zero, as
+    DETR's `generalized_box_iou` does, instead of indexed by a boolean mask, whose `nonzero` makes the host wait for
+    a GPU in every call and its backward."""
+    eps = 1e-7  # torchvision's
+    inside = (torch.min(boxes1[:, 2:], boxes2[:, 2:]) - torch.max(boxes1[:, :2], boxes2[:, :2])).clamp(min=0)
+    intersection = inside.prod(-1)  # (M,)
+    union = (boxes1[:, 2:] - boxes1[:, :2]).prod(-1) + (boxes2[:, 2:] - boxes2[:, :2]).prod(-1) - intersection
+    enclosing = (torch.max(boxes1[:, 2:], boxes2[:, 2:]) - torch.min(boxes1[:, :2], boxes2[:, :2])).prod(-1)
+    iou = intersection / (union + eps)
+    return 1 - (iou - (enclosing - union) / (enclosing + eps))
 
 
 class SetCriterion(nn.Module):
@@ -128,46 +144,34 @@ class SetCriterion(nn.Module):
         self.register_buffer("class_weight", class_weight, persistent=False)  # (K + 1,)
 
     def loss_classes(
-        self,
-        logits: torch.Tensor,
-        targets: Sequence[Mapping[str, torch.Tensor]],
-        matched: tuple[torch.Tensor, torch.Tensor],
-        indices: list[tuple[torch.Tensor, torch.Tensor]],
-        num_boxes: float,
+        self, logits: torch.Tensor, labels: torch.Tensor, matched: tuple[torch.Tensor, torch.Tensor], num_boxes: float
     ) -> torch.Tensor:
-        """Classification loss of all queries (logits (B, Q, K + 1 | K)): matched ones towards their box's class,
-        the rest "no object"."""
+        """Classification loss of all queries (logits (B, Q, K + 1 | K)): the `matched` (image, query) pairs towards
+        their boxes' `labels` (M,), the rest "no object"."""
         B, Q, _ = logits.shape
         K = self.num_classes
-        target_classes = torch.full((B, Q), K, dtype=torch.int64, device=logits.device)  # (B, Q): "no object"
-        target_classes[matched] = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices, strict=True)]).to(
-            logits.device
-        )
         if self.classification == "ce":
+            target_classes = torch.full((B, Q), K, dtype=torch.int64, device=logits.device)  # (B, Q): "no object"
+            target_classes[matched] = labels
             weight = self.class_weight.to(logits.device)  # (K + 1,)
             return F.cross_entropy(logits.float().transpose(1, 2), target_classes, weight=weight)
-        one_hot = F.one_hot(target_classes, K + 1)[..., :K].float()  # (B, Q, K): all zero for "no object"
+        one_hot = logits.new_zeros((B, Q, K), dtype=torch.float32)  # all zero for "no object"
+        one_hot[(*matched, labels)] = 1  # (F.one_hot would read the classes' range on the host)
         loss = sigmoid_focal_loss(
             logits[..., :K].float(), one_hot, alpha=self.focal_alpha, gamma=self.focal_gamma, reduction="sum"
         )
         return loss / num_boxes
 
     def loss_boxes(
-        self,
-        boxes: torch.Tensor,
-        targets: Sequence[Mapping[str, torch.Tensor]],
-        matched: tuple[torch.Tensor, torch.Tensor],
-        indices: list[tuple[torch.Tensor, torch.Tensor]],
-        num_boxes: float,
+        self, boxes: torch.Tensor, wanted: torch.Tensor, matched: tuple[torch.Tensor, torch.Tensor], num_boxes: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(L1, 1 - GIoU) of the matched pairs, each summed and divided by `num_boxes`."""
+        """(L1, 1 - GIoU) of the `matched` (image, query) pairs' boxes against the `wanted` ones (M, 4), each summed
+        and divided by `num_boxes`."""
         predicted = boxes[matched].float()  # (M, 4)
-        wanted = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices, strict=True)]).to(predicted)  # (M, 4)
+        wanted = wanted.to(predicted)
         loss_bbox = F.l1_loss(predicted, wanted, reduction="sum") / num_boxes
-        loss_giou = generalized_box_iou_loss(
-            box_convert(predicted, "cxcywh", "xyxy"), box_convert(wanted, "cxcywh", "xyxy"), reduction="sum"
-        )
-        return loss_bbox, loss_giou / num_boxes
+        loss_giou = paired_giou_loss(box_convert(predicted, "cxcywh", "xyxy"), box_convert(wanted, "cxcywh", "xyxy"))
+        return loss_bbox, loss_giou.sum() / num_boxes
 
     def check_logits(self, logits: torch.Tensor, what: str) -> None:
         """ValueError unless `logits` are (B, Q, K + 1) (with `no_object_logit`) or (B, Q, K) (without)."""
@@ -180,27 +184,27 @@ class SetCriterion(nn.Module):
     def layer_losses(
         self,
         outputs: Mapping[str, torch.Tensor],
-        targets: Sequence[Mapping[str, torch.Tensor]],
+        wanted: Mapping[str, torch.Tensor],
+        pairs: torch.Tensor,
         num_boxes: float,
-        indices: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-        canvas: list[torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """One decoder layer's `loss_ce`, `loss_bbox`, `loss_giou` (and with masks, `loss_mask`, `loss_dice`, the
-        targets' masks on the batch's `canvas`): its predictions matched to the boxes, or paired as `indices` says
-        (per image, (query indices, box indices): denoising queries know their box)."""
-        if indices is None:
-            indices = self.matcher(outputs, targets, canvas)
-        logits = outputs["pred_logits"]
-        batch = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)]).to(logits.device)  # (M,)
-        query = torch.cat([q for q, _ in indices]).to(logits.device)  # (M,)
-        matched = (batch, query)
-        loss_bbox, loss_giou = self.loss_boxes(outputs["pred_boxes"], targets, matched, indices, num_boxes)
-        loss_ce = self.loss_classes(logits, targets, matched, indices, num_boxes)
+        """One decoder layer's `loss_ce`, `loss_bbox`, `loss_giou` (and with masks, `loss_mask`, `loss_dice`).
+
+        Args:
+            outputs: the layer's predictions.
+            wanted: the batch's targets concatenated on the device: `labels` (T,), `boxes` (T, 4) and, with masks,
+                `masks` (T, H, W) on the batch's canvas.
+            pairs: (3, M) on the device: image, query and box (its row in `wanted`) of each matched pair.
+            num_boxes: what the sums are divided by.
+        """
+        image, query, box = pairs
+        matched = (image, query)
+        loss_bbox, loss_giou = self.loss_boxes(outputs["pred_boxes"], wanted["boxes"][box], matched, num_boxes)
+        loss_ce = self.loss_classes(outputs["pred_logits"], wanted["labels"][box], matched, num_boxes)
         losses = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
-        if canvas is not None and "pred_masks" in outputs:
-            wanted = torch.cat([c[j] for c, (_, j) in zip(canvas, indices, strict=True)])  # (M, H, W)
+        if "masks" in wanted and "pred_masks" in outputs:
             pred = outputs["pred_masks"][matched]  # (M, H / 4, W / 4)
-            losses["loss_mask"], losses["loss_dice"] = mask_losses(pred, wanted.to(pred.device), num_boxes)
+            losses["loss_mask"], losses["loss_dice"] = mask_losses(pred, wanted["masks"][box], num_boxes)
         return losses
 
     def forward(
@@ -228,21 +232,31 @@ class SetCriterion(nn.Module):
         """
         logits = outputs["pred_logits"]
         self.check_logits(logits, "pred_logits")
+        check_targets(targets, logits.shape[0], self.num_classes)
         num_boxes = average_num_boxes(targets, logits.device)
-        # (suffix, predictions, targets): the last layer first, then aux_outputs in order, then the proposals
-        layers = [("", outputs, targets)]
+        canvas = canvas_masks(targets, canvas_size(outputs["pred_masks"])) if uses_masks(outputs, targets) else None
+        wanted = {
+            "labels": torch.cat([t["labels"] for t in targets]).to(logits.device, torch.int64),  # (T,)
+            "boxes": torch.cat([t["boxes"] for t in targets]).to(logits.device),  # (T, 4)
+        }
+        if canvas is not None:
+            wanted["masks"] = torch.cat(canvas).to(logits.device)  # (T, H, W)
+        # (suffix, predictions, targets the matcher reads, targets the losses read): the last layer first, then
+        # aux_outputs in order, then the proposals
+        layers = [("", outputs, targets, wanted)]
         if self.aux_loss:
-            layers += [(f"_{i}", layer, targets) for i, layer in enumerate(outputs.get("aux_outputs", []))]
+            layers += [(f"_{i}", layer, targets, wanted) for i, layer in enumerate(outputs.get("aux_outputs", []))]
             if "enc_outputs" in outputs:
                 self.check_logits(outputs["enc_outputs"]["pred_logits"], "enc_outputs' pred_logits")
                 agnostic = [{**t, "labels": torch.zeros_like(t["labels"])} for t in targets]  # every box class 0
-                layers.append(("_enc", outputs["enc_outputs"], agnostic))
-        canvas = canvas_masks(targets, canvas_size(outputs["pred_masks"])) if uses_masks(outputs, targets) else None
-        losses, total = {}, logits.new_zeros((), dtype=torch.float32)
-        for suffix, layer, layer_targets in layers:
-            for name, value in self.layer_losses(layer, layer_targets, num_boxes, canvas=canvas).items():
-                losses[name + suffix] = value
-                total = total + self.weights[name] * value
+                as_one_class = {**wanted, "labels": torch.zeros_like(wanted["labels"])}
+                layers.append(("_enc", outputs["enc_outputs"], agnostic, as_one_class))
+        matched = self.matcher.match_layers([(layer, seen) for _, layer, seen, _ in layers], canvas)
+        # (suffix, predictions, targets, matched pairs, divisor) of every term
+        terms = [
+            (suffix, layer, kept, indices, num_boxes)
+            for (suffix, layer, _, kept), indices in zip(layers, matched, strict=True)
+        ]
         if "dn_outputs" in outputs:
             if denoised is None:
                 raise ValueError("the outputs hold dn_outputs: pass the denoising queries' boxes (denoised)")
@@ -253,13 +267,32 @@ class SetCriterion(nn.Module):
             dn_layers = [("_dn", dn)]
             if self.aux_loss:
                 dn_layers += [(f"_dn_{i}", layer) for i, layer in enumerate(dn.get("aux_outputs", []))]
-            for suffix, layer in dn_layers:
-                dn_losses = self.layer_losses(layer, targets, num_boxes * groups, list(denoised), canvas)
-                for name, value in dn_losses.items():
-                    losses[name + suffix] = value
-                    total = total + self.weights[name] * value
+            terms += [(suffix, layer, wanted, list(denoised), num_boxes * groups) for suffix, layer in dn_layers]
+        pairs = matched_pairs([indices for *_, indices, _ in terms], [len(t["labels"]) for t in targets], logits.device)
+        losses, total = {}, logits.new_zeros((), dtype=torch.float32)
+        for (suffix, layer, kept, _, divisor), layer_pairs in zip(terms, pairs, strict=True):
+            for name, value in self.layer_losses(layer, kept, layer_pairs, divisor).items():
+                losses[name + suffix] = value
+                total = total + self.weights[name] * value
         losses["total"] = total
         return losses
+
+
+def matched_pairs(
+    matched: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]], sizes: Sequence[int], device: torch.device
+) -> list[torch.Tensor]:
+    """Each layer's matches (per image, (query indices, box indices), as the matcher gives them) as one (3, M) int64
+    tensor on `device`: the image, the query and the box's row among all the batch's boxes (`sizes`: the boxes of
+    each image) of every pair. All layers reach the device in one copy."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    host = []
+    for indices in matched:
+        image = [torch.full((len(q),), i, dtype=torch.int64) for i, (q, _) in enumerate(indices)]
+        query = [q.cpu().long() for q, _ in indices]
+        box = [j.cpu().long() + start for (_, j), start in zip(indices, starts, strict=True)]
+        host.append(torch.stack([torch.cat(image), torch.cat(query), torch.cat(box)]) if indices else torch.empty(3, 0))
+    counts = [part.shape[1] for part in host]
+    return list(torch.cat(host, 1).long().to(device, non_blocking=True).split(counts, 1)) if host else []
 
 
 def criterion_for(loss: str, num_classes: int, aux_loss: bool = True, no_object_logit: bool = True) -> SetCriterion:

@@ -56,10 +56,14 @@ def check_targets(targets: Sequence[Mapping[str, torch.Tensor]], batch: int, num
             )
         if labels.dtype.is_floating_point or labels.dtype == torch.bool:
             raise ValueError(f"target {i}: labels must be integer class indices, got {labels.dtype}")
-        if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-            raise ValueError(
-                f"target {i}: labels must be in [0, {num_classes}), got {labels.min().item()}..{labels.max().item()}"
-            )
+    # the range of the labels: one comparison over the batch, one wait for the device (not two an image)
+    labels = torch.cat([t["labels"] for t in targets]) if targets else torch.empty(0)
+    if len(labels) and bool(((labels < 0) | (labels >= num_classes)).any()):
+        for i, target in enumerate(targets):
+            own = target["labels"]
+            low, high = (own.min().item(), own.max().item()) if len(own) else (0, 0)
+            if low < 0 or high >= num_classes:
+                raise ValueError(f"target {i}: labels must be in [0, {num_classes}), got {low}..{high}")
 
 
 class HungarianMatcher(nn.Module):
@@ -155,29 +159,59 @@ class HungarianMatcher(nn.Module):
             matched to box t[j], sorted by query.
         """
         logits = outputs["pred_logits"]
-        B, Q, C = logits.shape
-        check_targets(targets, B, C - self.no_object_logit)
-        sizes = [len(t["labels"]) for t in targets]
-        if sum(sizes) == 0:
-            empty = torch.empty(0, dtype=torch.int64)
-            return [(empty, empty) for _ in targets]
-        cost = self.cost_matrix(outputs, targets).cpu()  # (B, Q, T), float32 whatever the outputs' precision
-        if not torch.isfinite(cost).all():
-            bad = {name: int((~outputs[name].isfinite()).sum()) for name in ("pred_logits", "pred_boxes")}
+        check_targets(targets, logits.shape[0], logits.shape[-1] - self.no_object_logit)
+        return self.match_layers([(outputs, targets)], canvas)[0]
+
+    @torch.no_grad()
+    def match_layers(
+        self,
+        layers: Sequence[tuple[Mapping[str, torch.Tensor], Sequence[Mapping[str, torch.Tensor]]]],
+        canvas: list[torch.Tensor] | None = None,
+    ) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Match several sets of outputs (one per decoder layer), each to its targets, as `forward` does each.
+
+        Every layer's per-image cost blocks (Q, n_i), the mask costs added on the device, reach the CPU in one copy:
+        on a GPU, one wait for the device a step, not one a layer and image. The targets are the caller's to check
+        (`check_targets`); `canvas` as in `forward`.
+
+        Returns:
+            per layer, what `forward` returns.
+        """
+        blocks, shapes = [], []  # the flattened (Q, n_i) blocks; per layer, (Q, n_i of each image)
+        for outputs, targets in layers:
+            sizes = [len(t["labels"]) for t in targets]
+            Q = outputs["pred_logits"].shape[1]
+            shapes.append((Q, sizes))
+            if sum(sizes) == 0:
+                continue
+            cost = self.cost_matrix(outputs, targets)  # (B, Q, T), float32 whatever the outputs' precision
+            masks = uses_masks(outputs, targets)
+            if masks and canvas is None:
+                canvas = canvas_masks(targets, canvas_size(outputs["pred_masks"]))
+            for i, own in enumerate(cost.split(sizes, dim=-1)):  # own[i]: (Q, n_i), image i against its boxes
+                own = own[i]
+                if masks and sizes[i]:
+                    focal, dice = mask_costs(outputs["pred_masks"][i].float(), canvas[i])
+                    own = own + (self.cost_mask * focal + self.cost_dice * dice)
+                blocks.append(own.reshape(-1))
+        costs = torch.cat(blocks).cpu() if blocks else torch.empty(0)
+        if not torch.isfinite(costs).all():
+            bad = {
+                name: sum(int((~outputs[name].isfinite()).sum()) for outputs, _ in layers)
+                for name in ("pred_logits", "pred_boxes")
+            }
             raise ValueError(
                 f"the matching cost is not finite: pred_logits hold {bad['pred_logits']} and pred_boxes "
-                f"{bad['pred_boxes']} NaN or inf values; the model has diverged (try a lower learning rate, gradient "
-                "clipping, or fp32 instead of bf16)"
+                f"{bad['pred_boxes']} NaN or inf values; the model has diverged (try a lower learning rate, "
+                "gradient clipping, or fp32 instead of bf16)"
             )
-        masks = uses_masks(outputs, targets)
-        if masks and canvas is None:
-            canvas = canvas_masks(targets, canvas_size(outputs["pred_masks"]))
-        indices = []
-        for i, block in enumerate(cost.split(sizes, dim=-1)):  # block i: (B, Q, n_i)
-            own = block[i]  # (Q, n_i): image i's queries against its own boxes
-            if masks and sizes[i]:
-                focal, dice = mask_costs(outputs["pred_masks"][i].float(), canvas[i])
-                own = own + (self.cost_mask * focal + self.cost_dice * dice).cpu()
-            queries, boxes = linear_sum_assignment(own.numpy())
-            indices.append((torch.as_tensor(queries, dtype=torch.int64), torch.as_tensor(boxes, dtype=torch.int64)))
-        return indices
+        matched, start = [], 0
+        for Q, sizes in shapes:
+            layer = costs[start : start + Q * sum(sizes)]
+            start += len(layer)
+            indices = []
+            for own, n in zip(layer.split([Q * n for n in sizes]), sizes, strict=True):
+                queries, boxes = linear_sum_assignment(own.view(Q, n).numpy())
+                indices.append((torch.as_tensor(queries, dtype=torch.int64), torch.as_tensor(boxes, dtype=torch.int64)))
+            matched.append(indices)
+        return matched
