@@ -1,6 +1,7 @@
 """Where a bf16 training step's time goes on a GPU: `torch.profiler` (CPU and CUDA) over a few steps of `vitkit
 bench`'s training candidates, after warm-ups: the operators by host time and by device time, then the calls that
-make the host wait or copy (synchronisations, copies, `.item()`, `nonzero`).
+make the host wait or copy (synchronisations, copies, `.item()`, `nonzero`); for vitkit's detection step, the host
+time and kernel launches of each part (model, criterion, backward, optimizer).
 
     python benchmarks/gpu_step_profile.py                                  # DETR-R50, batch 8 at 512 px
     python benchmarks/gpu_step_profile.py --model vit_base_patch16_224 --batch 64 --img-size 224 --compare timm
@@ -27,8 +28,11 @@ def main() -> None:
     parser.add_argument("--img-size", type=int, default=512)
     parser.add_argument("--compare", default="transformers", help="timm, transformers or none")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps, after as many warm-ups")
+    parser.add_argument("--device", default="cuda", help="cuda; cpu for a try of the script (no launches there)")
     args = parser.parse_args()
-    device = torch.device("cuda")
+    device = torch.device(args.device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     compare = None if args.compare == "none" else args.compare
     size = (args.img_size, args.img_size)
     candidates = build_candidates(args.model, args.batch, size, "bf16", False, True, compare, device, adamw)
@@ -38,11 +42,11 @@ def main() -> None:
         try:
             for _ in range(args.steps):
                 step()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            synchronize()
+            with profile(activities=activities) as prof:
                 for _ in range(args.steps):
                     step()
-                torch.cuda.synchronize()
+                synchronize()
         except Exception as err:  # printed; the next candidate still runs
             print(f"===== {name}: {err!r}", flush=True)
             continue
@@ -53,6 +57,35 @@ def main() -> None:
         for event in averages:
             if any(key in event.key for key in WAITS):
                 print(f"{event.key}: {event.count / args.steps:.0f} a step, {event.self_cpu_time_total / 1e3:.1f} ms")
+        print_parts(prof.events(), args.steps)
+
+
+PARTS = ("model", "criterion", "backward", "optimizer")  # `vitkit.perf.bench.detection_train_step`'s ranges
+
+
+def print_parts(events: list, steps: int) -> None:
+    """Host milliseconds and kernel launches a step of each part the step names (`PARTS`); launches from the
+    autograd engine's own thread fall outside the ranges and are counted as "backward (engine)"."""
+    spans = {part: [e for e in events if e.name == part] for part in PARTS}
+    if not any(spans.values()):
+        return
+    launches = dict.fromkeys([*PARTS, "backward (engine)", "elsewhere"], 0)
+    for event in events:
+        if "LaunchKernel" not in event.name:
+            continue
+        parent, part = event.cpu_parent, None
+        while parent is not None and part is None:
+            part = parent.name if parent.name in PARTS else None
+            engine = parent.name.startswith("autograd::engine")
+            parent = parent.cpu_parent
+            if engine and part is None:
+                part = "backward (engine)"
+        launches[part or "elsewhere"] += 1
+    for part, found in spans.items():
+        host = sum(e.cpu_time_total for e in found) / 1e3 / steps
+        print(f"{part}: host {host:.1f} ms a step, {launches[part] / steps:.0f} launches")
+    for part in ("backward (engine)", "elsewhere"):
+        print(f"{part}: {launches[part] / steps:.0f} launches")
 
 
 if __name__ == "__main__":

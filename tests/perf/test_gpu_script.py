@@ -24,7 +24,7 @@ def test_dry_run_checks_and_times_every_case(tmp_path, load_benchmark):
     backends = {(row["model"], row["precision"], row["backend"]) for row in checks if row["check"] == "backends"}
     kinds = {"deformable_detr_small": ("sdpa", "gather", "levelwise", "auto")}  # a dense and a deformable kind
     assert backends == {
-        (m, p, b) for m in models for p in ("fp32", "bf16") for b in kinds.get(m, ("sdpa", "auto"))
+        (m, p, b) for m in models for p in ("float64", "fp32", "bf16") for b in kinds.get(m, ("sdpa", "auto"))
     }
     assert all(row["ok"] for row in checks) and any(row["check"] == "capture" for row in checks)
     speed = [(r["model"], r["mode"], [c["name"] for c in r["results"]]) for r in report["speed"]]
@@ -54,4 +54,22 @@ def test_a_wrong_backend_fails_the_check(monkeypatch, load_benchmark):
     monkeypatch.setattr(vitkit.kernels.attention.F, "scaled_dot_product_attention", wrong)
     case = script.CHECKS[True][0]
     rows = script.check_backends(case, torch.device("cpu"))
-    assert [row["ok"] for row in rows if row["backend"] == "sdpa"] == [False, False]
+    assert [row["ok"] for row in rows if row["backend"] == "sdpa"] == [False, False, False]
+
+
+def test_a_mistake_below_fp32_rounding_fails_the_float64_check(monkeypatch, load_benchmark):
+    """A fused kernel whose scale is off by one part in 1e8 passes in fp32 and bf16, where rounding is larger;
+    the float64 row catches it."""
+    script = load_benchmark("gpu")
+    fused = vitkit.kernels.attention.F.scaled_dot_product_attention
+
+    def slightly_wrong(q, k, v, **kwargs):
+        return fused(q, k, v, **{**kwargs, "scale": q.shape[-1] ** -0.5 * (1 + 1e-8)})
+
+    monkeypatch.setattr(vitkit.kernels.attention.F, "scaled_dot_product_attention", slightly_wrong)
+    rows = script.check_backends(script.CHECKS[True][0], torch.device("cpu"))
+    assert {row["precision"]: row["ok"] for row in rows if row["backend"] == "sdpa"} == {
+        "float64": False,
+        "fp32": True,
+        "bf16": True,
+    }

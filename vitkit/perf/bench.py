@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from vitkit.analysis.estimate import MemoryEstimate, MemoryEstimator
 from vitkit.analysis.memory import PeakMemory
@@ -315,13 +316,16 @@ def detection_train_step(
     )
     model.train()
 
-    def step() -> object:
-        with torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
+    def step() -> object:  # the parts named for a profiler (`benchmarks/gpu_step_profile.py`)
+        with record_function("model"), torch.autocast(x.device.type, torch.bfloat16, enabled=autocast):
             outputs = model(x)
-        loss = criterion(outputs, targets)["total"]
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        with record_function("criterion"):
+            loss = criterion(outputs, targets)["total"]
+        with record_function("backward"):
+            loss.backward()
+        with record_function("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         return loss
 
     return step
