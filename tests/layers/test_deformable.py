@@ -221,13 +221,16 @@ def test_fast_paths_equal_reference_forward_and_backward_in_float64(kind, masked
         torch.testing.assert_close(layer.eval()(query, ref, value, SHAPES, mask), expected, rtol=0, atol=1e-13)
 
 
+@pytest.mark.parametrize("in_cache", [True, False])
 @pytest.mark.parametrize("rows", [1, 3, 4])
 @pytest.mark.parametrize("needed", ["all", "value", "locations", "weights", "locations and weights"])
-def test_levelwise_backward_passes_gradcheck(monkeypatch, needed, rows):
+def test_levelwise_backward_passes_gradcheck(monkeypatch, needed, rows, in_cache):
     """The written-out backward against finite differences, for every input and for each alone (the others given
     without gradients, as a frozen projection gives them), with points on and off the maps of uneven levels, in
-    chunks of 1, 3 (the last one short) and all 4 rows of (batch, head)."""
+    chunks of 1, 3 (the last one short) and all 4 rows of (batch, head), the weights' gradient in one product and
+    sum (chunks in cache) and a channel at a time (larger ones)."""
     monkeypatch.setattr(deformable, "chunk_rows", lambda total, row_bytes, device: rows)
+    monkeypatch.setattr(deformable, "in_cache", lambda samples: in_cache)
     shapes = ((4, 5), (3, 2), (1, 3))
     torch.manual_seed(4)
     value_heads = torch.randn(2, sum(H * W for H, W in shapes), 2, 3, dtype=torch.float64)
