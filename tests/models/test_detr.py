@@ -186,3 +186,26 @@ def test_save_and_load_round_trip(tmp_path):
     assert loaded.config == model.config
     with torch.no_grad():
         torch.testing.assert_close(loaded(images, mask), model(images, mask))
+
+
+def convolution_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [m.weight for m in model.backbone.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size != (1, 1)]
+
+
+@pytest.mark.parametrize("name", ["detr_tiny", "deformable_detr_small"])
+def test_resnet_backbone_weights_are_channels_last_and_saved_plainly(tmp_path, name):
+    """The ResNet backbone's convolution weights are channels-last, as the images it reads (no copy of each weight at
+    every call, nor of its gradient back), after loading saved weights too; the saved file holds them in the plain
+    order (safetensors takes no other) and the loaded model computes what the saved one did."""
+    torch.manual_seed(0)
+    model = vitkit.create_model(name).eval()
+    weights = convolution_weights(model)
+    assert weights and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
+    assert not any(w.is_contiguous() for w in weights)  # 3x3 kernels: the two orders differ
+    vitkit.save_pretrained(model, tmp_path / "saved")
+    loaded = vitkit.from_pretrained(tmp_path / "saved").eval()
+    assert all(w.is_contiguous(memory_format=torch.channels_last) for w in convolution_weights(loaded))
+    images = torch.randn(1, 3, 96, 128)
+    with torch.no_grad():
+        expected, got = model(images), loaded(images)
+    torch.testing.assert_close(got["pred_boxes"], expected["pred_boxes"])
