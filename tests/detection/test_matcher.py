@@ -145,15 +145,23 @@ def test_matcher_costs_bf16_outputs_in_float32(classification):
 
 
 def test_layers_matched_together_are_matched_as_each_alone():
-    """`match_layers` (one copy of all layers' costs to the host) gives each layer what `forward` gives it alone,
-    an image without boxes and a layer with other queries and targets (encoder proposals) among them."""
+    """`match_layers` (one copy of all layers' costs to the host; the layers of the same targets and shapes costed
+    as one stack) gives each layer what `forward` gives it alone: three decoder layers of the same targets, an image
+    without boxes, and a layer with other queries and targets (encoder proposals) after them."""
     matcher = HungarianMatcher()
     layers = []
-    for seed, queries in ((0, 4), (1, 4), (2, 7)):
+    for seed, queries in ((0, 4), (1, 4), (3, 4), (2, 7)):
         outputs, targets = random_case(seed, [2, 0, 3], queries=queries)
-        layers.append((outputs, targets))
+        layers.append((outputs, targets if seed in (0, 2) else layers[0][1]))  # layers 0-2 share their targets
+    calls = []
+    cost_matrix = matcher.cost_matrix
+    matcher.cost_matrix = lambda outputs, targets: calls.append(len(outputs["pred_logits"])) or cost_matrix(
+        outputs, targets
+    )
     together = matcher.match_layers(layers)
+    assert calls == [3 * 3, 3]  # the three decoder layers' 3 images as one stack, then the proposals
+    del matcher.cost_matrix
     for (outputs, targets), indices in zip(layers, together, strict=True):
         for (q, t), (q_alone, t_alone) in zip(indices, matcher(outputs, targets), strict=True):
             assert torch.equal(q, q_alone) and torch.equal(t, t_alone)
-    assert [len(q) for q, _ in together[2]] == [2, 0, 3]
+    assert [len(q) for q, _ in together[3]] == [2, 0, 3]

@@ -25,6 +25,10 @@ After the Hungarian matching (`vitkit.detection.HungarianMatcher`) of the last d
 - `total`: the weighted sum of all of them (weights 1, 5, 2 as DETR, the masks' 1 and 1 as DETR's segmentation;
   the auxiliary and encoder terms weigh as the final ones).
 
+Layers of the same targets and shapes (the decoder's, the denoising queries') are matched and scored as one stack,
+and the host reads two values a step, whatever the layers and images (the labels' range, the matching costs'
+finiteness); on a GPU each read waits for the device.
+
 The model's class logits are K + 1, "no object" last, or K without it, as the model declares
 (`vitkit.models.interface.has_no_object_logit`, passed as `no_object_logit`).
 
@@ -144,34 +148,38 @@ class SetCriterion(nn.Module):
         self.register_buffer("class_weight", class_weight, persistent=False)  # (K + 1,)
 
     def loss_classes(
-        self, logits: torch.Tensor, labels: torch.Tensor, matched: tuple[torch.Tensor, torch.Tensor], num_boxes: float
+        self, logits: torch.Tensor, labels: torch.Tensor, matched: tuple[torch.Tensor, ...], num_boxes: float
     ) -> torch.Tensor:
-        """Classification loss of all queries (logits (B, Q, K + 1 | K)): the `matched` (image, query) pairs towards
-        their boxes' `labels` (M,), the rest "no object"."""
-        B, Q, _ = logits.shape
+        """Classification loss of L layers' queries (logits (L, B, Q, K + 1 | K)), one per layer (L,): the
+        `matched` (layer, image, query) triples towards their boxes' `labels` (M,), the rest "no object"."""
+        L, B, Q, _ = logits.shape
         K = self.num_classes
         if self.classification == "ce":
-            target_classes = torch.full((B, Q), K, dtype=torch.int64, device=logits.device)  # (B, Q): "no object"
+            target_classes = torch.full((L, B, Q), K, dtype=torch.int64, device=logits.device)  # "no object"
             target_classes[matched] = labels
             weight = self.class_weight.to(logits.device)  # (K + 1,)
-            return F.cross_entropy(logits.float().transpose(1, 2), target_classes, weight=weight)
-        one_hot = logits.new_zeros((B, Q, K), dtype=torch.float32)  # all zero for "no object"
+            scores, wanted = logits.flatten(0, 1).float().transpose(1, 2), target_classes.flatten(0, 1)  # (L B, ., Q)
+            losses = F.cross_entropy(scores, wanted, weight=weight, reduction="none")  # (L B, Q), times the weights
+            return losses.view(L, -1).sum(1) / weight[target_classes].view(L, -1).sum(1)  # each layer's weighted mean
+        one_hot = logits.new_zeros((L, B, Q, K), dtype=torch.float32)  # all zero for "no object"
         one_hot[(*matched, labels)] = 1  # (F.one_hot would read the classes' range on the host)
         loss = sigmoid_focal_loss(
-            logits[..., :K].float(), one_hot, alpha=self.focal_alpha, gamma=self.focal_gamma, reduction="sum"
+            logits[..., :K].float(), one_hot, alpha=self.focal_alpha, gamma=self.focal_gamma, reduction="none"
         )
-        return loss / num_boxes
+        return loss.flatten(1).sum(1) / num_boxes
 
     def loss_boxes(
-        self, boxes: torch.Tensor, wanted: torch.Tensor, matched: tuple[torch.Tensor, torch.Tensor], num_boxes: float
+        self, boxes: torch.Tensor, wanted: torch.Tensor, matched: tuple[torch.Tensor, ...], num_boxes: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(L1, 1 - GIoU) of the `matched` (image, query) pairs' boxes against the `wanted` ones (M, 4), each summed
-        and divided by `num_boxes`."""
+        """(L1, 1 - GIoU) of the `matched` (layer, image, query) triples' boxes (boxes: (L, B, Q, 4)) against the
+        `wanted` ones (M, 4), each summed over a layer's pairs and divided by `num_boxes`: two (L,)."""
+        layer = matched[0]
         predicted = boxes[matched].float()  # (M, 4)
         wanted = wanted.to(predicted)
-        loss_bbox = F.l1_loss(predicted, wanted, reduction="sum") / num_boxes
-        loss_giou = paired_giou_loss(box_convert(predicted, "cxcywh", "xyxy"), box_convert(wanted, "cxcywh", "xyxy"))
-        return loss_bbox, loss_giou.sum() / num_boxes
+        l1 = (predicted - wanted).abs().sum(-1)  # (M,)
+        giou = paired_giou_loss(box_convert(predicted, "cxcywh", "xyxy"), box_convert(wanted, "cxcywh", "xyxy"))
+        per_layer = predicted.new_zeros((2, len(boxes))).index_add(1, layer, torch.stack([l1, giou]))  # (2, L)
+        return per_layer[0] / num_boxes, per_layer[1] / num_boxes
 
     def check_logits(self, logits: torch.Tensor, what: str) -> None:
         """ValueError unless `logits` are (B, Q, K + 1) (with `no_object_logit`) or (B, Q, K) (without)."""
@@ -181,30 +189,39 @@ class SetCriterion(nn.Module):
             layout = f"{K} classes and 'no object'" if self.no_object_logit else f"{K} classes, no 'no object' logit"
             raise ValueError(f"expected {what} (B, Q, {expected}) for {layout}, got {tuple(logits.shape)}")
 
-    def layer_losses(
+    def stacked_losses(
         self,
-        outputs: Mapping[str, torch.Tensor],
+        layers: Sequence[Mapping[str, torch.Tensor]],
         wanted: Mapping[str, torch.Tensor],
-        pairs: torch.Tensor,
+        pairs: Sequence[torch.Tensor],
         num_boxes: float,
     ) -> dict[str, torch.Tensor]:
-        """One decoder layer's `loss_ce`, `loss_bbox`, `loss_giou` (and with masks, `loss_mask`, `loss_dice`).
+        """L decoder layers' `loss_ce`, `loss_bbox`, `loss_giou` (and with masks, `loss_mask`, `loss_dice`), each (L,):
+        their predictions of one shape stacked and scored at once, a few operators for all layers instead of as many
+        for each.
 
         Args:
-            outputs: the layer's predictions.
+            layers: the layers' predictions, each `pred_logits` (B, Q, K + 1 | K) and `pred_boxes` (B, Q, 4) of the
+                same shape and dtype.
             wanted: the batch's targets concatenated on the device: `labels` (T,), `boxes` (T, 4) and, with masks,
                 `masks` (T, H, W) on the batch's canvas.
-            pairs: (3, M) on the device: image, query and box (its row in `wanted`) of each matched pair.
+            pairs: per layer, (4, M_l) on the device: image, query, box (its row in `wanted`) and the layer's
+                position in `layers` of each matched pair.
             num_boxes: what the sums are divided by.
         """
-        image, query, box = pairs
-        matched = (image, query)
-        loss_bbox, loss_giou = self.loss_boxes(outputs["pred_boxes"], wanted["boxes"][box], matched, num_boxes)
-        loss_ce = self.loss_classes(outputs["pred_logits"], wanted["labels"][box], matched, num_boxes)
+        logits = torch.stack([layer["pred_logits"] for layer in layers])  # (L, B, Q, K + 1 | K)
+        boxes = torch.stack([layer["pred_boxes"] for layer in layers])  # (L, B, Q, 4)
+        image, query, box, layer = torch.cat(list(pairs), 1)  # (M,) each, all layers' pairs
+        matched = (layer, image, query)
+        loss_bbox, loss_giou = self.loss_boxes(boxes, wanted["boxes"][box], matched, num_boxes)
+        loss_ce = self.loss_classes(logits, wanted["labels"][box], matched, num_boxes)
         losses = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
-        if "masks" in wanted and "pred_masks" in outputs:
-            pred = outputs["pred_masks"][matched]  # (M, H / 4, W / 4)
-            losses["loss_mask"], losses["loss_dice"] = mask_losses(pred, wanted["masks"][box], num_boxes)
+        if "masks" in wanted and all("pred_masks" in layer for layer in layers):
+            parts = []
+            for outputs, (image, query, box, _) in zip(layers, pairs, strict=True):
+                pred = outputs["pred_masks"][image, query]  # (M_l, H / 4, W / 4)
+                parts.append(torch.stack(mask_losses(pred, wanted["masks"][box], num_boxes)))
+            losses["loss_mask"], losses["loss_dice"] = torch.stack(parts, 1)  # (2, L)
         return losses
 
     def forward(
@@ -268,31 +285,61 @@ class SetCriterion(nn.Module):
             if self.aux_loss:
                 dn_layers += [(f"_dn_{i}", layer) for i, layer in enumerate(dn.get("aux_outputs", []))]
             terms += [(suffix, layer, wanted, list(denoised), num_boxes * groups) for suffix, layer in dn_layers]
-        pairs = matched_pairs([indices for *_, indices, _ in terms], [len(t["labels"]) for t in targets], logits.device)
+        # terms scored together: consecutive ones with the same targets, divisor and predictions' shapes and dtypes
+        groups: list[list[int]] = []
+        for t, term in enumerate(terms):
+            if groups and _stackable(terms[groups[-1][0]], term):
+                groups[-1].append(t)
+            else:
+                groups.append([t])
+        slots = [group.index(t) for group in groups for t in group]
+        sizes = [len(t["labels"]) for t in targets]
+        pairs = matched_pairs([indices for *_, indices, _ in terms], sizes, logits.device, slots)
         losses, total = {}, logits.new_zeros((), dtype=torch.float32)
-        for (suffix, layer, kept, _, divisor), layer_pairs in zip(terms, pairs, strict=True):
-            for name, value in self.layer_losses(layer, kept, layer_pairs, divisor).items():
-                losses[name + suffix] = value
-                total = total + self.weights[name] * value
+        for group in groups:
+            _, _, kept, _, divisor = terms[group[0]]
+            stacked = self.stacked_losses([terms[t][1] for t in group], kept, [pairs[t] for t in group], divisor)
+            for name, values in stacked.items():
+                for t, value in zip(group, values.unbind(), strict=True):
+                    losses[name + terms[t][0]] = value
+                total = total + self.weights[name] * values.sum()
         losses["total"] = total
         return losses
 
 
+def _stackable(first: tuple, other: tuple) -> bool:
+    """Whether two criterion terms (suffix, predictions, targets, matches, divisor) can be scored as one stack: the
+    same targets and divisor, and predictions of the same shapes and dtypes, with masks or without alike."""
+    (_, a, kept_a, _, divisor_a), (_, b, kept_b, _, divisor_b) = first, other
+    same = kept_a is kept_b and divisor_a == divisor_b and ("pred_masks" in a) == ("pred_masks" in b)
+    return same and all(
+        a[key].shape == b[key].shape and a[key].dtype == b[key].dtype for key in ("pred_logits", "pred_boxes")
+    )
+
+
 def matched_pairs(
-    matched: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]], sizes: Sequence[int], device: torch.device
+    matched: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
+    sizes: Sequence[int],
+    device: torch.device,
+    slots: Sequence[int] | None = None,
 ) -> list[torch.Tensor]:
-    """Each layer's matches (per image, (query indices, box indices), as the matcher gives them) as one (3, M) int64
-    tensor on `device`: the image, the query and the box's row among all the batch's boxes (`sizes`: the boxes of
-    each image) of every pair. All layers reach the device in one copy."""
+    """Each layer's matches (per image, (query indices, box indices), as the matcher gives them) as one (4, M) int64
+    tensor on `device`: the image, the query, the box's row among all the batch's boxes (`sizes`: the boxes of each
+    image) and the layer's `slots` entry (its place in the stack it is scored in; default 0) of every pair. All
+    layers reach the device in one copy."""
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     host = []
-    for indices in matched:
+    for indices, slot in zip(matched, slots or [0] * len(matched), strict=True):
         image = [torch.full((len(q),), i, dtype=torch.int64) for i, (q, _) in enumerate(indices)]
         query = [q.cpu().long() for q, _ in indices]
         box = [j.cpu().long() + start for (_, j), start in zip(indices, starts, strict=True)]
-        host.append(torch.stack([torch.cat(image), torch.cat(query), torch.cat(box)]) if indices else torch.empty(3, 0))
+        if indices:
+            rows = [torch.cat(image), torch.cat(query), torch.cat(box)]
+            host.append(torch.stack([*rows, torch.full_like(rows[0], slot)]))
+        else:
+            host.append(torch.empty(4, 0, dtype=torch.int64))
     counts = [part.shape[1] for part in host]
-    return list(torch.cat(host, 1).long().to(device, non_blocking=True).split(counts, 1)) if host else []
+    return list(torch.cat(host, 1).to(device, non_blocking=True).split(counts, 1)) if host else []
 
 
 def criterion_for(loss: str, num_classes: int, aux_loss: bool = True, no_object_logit: bool = True) -> SetCriterion:

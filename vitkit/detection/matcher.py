@@ -177,19 +177,27 @@ class HungarianMatcher(nn.Module):
         Returns:
             per layer, what `forward` returns.
         """
-        blocks, shapes = [], []  # the flattened (Q, n_i) blocks; per layer, (Q, n_i of each image)
-        for outputs, targets in layers:
+        # layers costed as one stack: consecutive ones with the same targets, predictions of one shape and no masks
+        groups: list[list[int]] = []
+        for n, layer in enumerate(layers):
+            if groups and _stackable(layers[groups[-1][0]], layer):
+                groups[-1].append(n)
+            else:
+                groups.append([n])
+        blocks = []  # per group and image, its (G, Q, n_i) costs flattened
+        for group in groups:
+            outputs, targets = layers[group[0]]
             sizes = [len(t["labels"]) for t in targets]
-            Q = outputs["pred_logits"].shape[1]
-            shapes.append((Q, sizes))
             if sum(sizes) == 0:
                 continue
-            cost = self.cost_matrix(outputs, targets)  # (B, Q, T), float32 whatever the outputs' precision
-            masks = uses_masks(outputs, targets)
+            stacked = {key: torch.cat([layers[n][0][key] for n in group]) for key in ("pred_logits", "pred_boxes")}
+            Q = outputs["pred_logits"].shape[1]
+            cost = self.cost_matrix(stacked, targets).view(len(group), -1, Q, sum(sizes))  # (G, B, Q, T), float32
+            masks = uses_masks(outputs, targets)  # a layer with masks is a group of its own
             if masks and canvas is None:
                 canvas = canvas_masks(targets, canvas_size(outputs["pred_masks"]))
-            for i, own in enumerate(cost.split(sizes, dim=-1)):  # own[i]: (Q, n_i), image i against its boxes
-                own = own[i]
+            for i, block in enumerate(cost.split(sizes, dim=-1)):  # block i: (G, B, Q, n_i)
+                own = block[:, i]  # (G, Q, n_i): image i's queries against its own boxes, in each layer
                 if masks and sizes[i]:
                     focal, dice = mask_costs(outputs["pred_masks"][i].float(), canvas[i])
                     own = own + (self.cost_mask * focal + self.cost_dice * dice)
@@ -205,13 +213,30 @@ class HungarianMatcher(nn.Module):
                 f"{bad['pred_boxes']} NaN or inf values; the model has diverged (try a lower learning rate, "
                 "gradient clipping, or fp32 instead of bf16)"
             )
-        matched, start = [], 0
-        for Q, sizes in shapes:
-            layer = costs[start : start + Q * sum(sizes)]
-            start += len(layer)
-            indices = []
-            for own, n in zip(layer.split([Q * n for n in sizes]), sizes, strict=True):
-                queries, boxes = linear_sum_assignment(own.view(Q, n).numpy())
-                indices.append((torch.as_tensor(queries, dtype=torch.int64), torch.as_tensor(boxes, dtype=torch.int64)))
-            matched.append(indices)
+        matched: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in layers]
+        start = 0
+        for group in groups:
+            outputs, targets = layers[group[0]]
+            Q, G = outputs["pred_logits"].shape[1], len(group)
+            for target in targets:
+                n = len(target["labels"])
+                own = costs[start : start + G * Q * n].view(G, Q, n)
+                start += G * Q * n
+                for layer, layer_costs in zip(group, own, strict=True):
+                    queries, boxes = linear_sum_assignment(layer_costs.numpy())
+                    matched[layer].append(
+                        (torch.as_tensor(queries, dtype=torch.int64), torch.as_tensor(boxes, dtype=torch.int64))
+                    )
         return matched
+
+
+def _stackable(
+    first: tuple[Mapping[str, Any], Sequence[Mapping[str, torch.Tensor]]],
+    other: tuple[Mapping[str, Any], Sequence[Mapping[str, torch.Tensor]]],
+) -> bool:
+    """Whether two (outputs, targets) can be costed as one stack: the same targets, predictions of the same shapes
+    and dtypes, and no masks to match."""
+    (a, targets_a), (b, targets_b) = first, other
+    if targets_a is not targets_b or uses_masks(a, targets_a) or uses_masks(b, targets_b):
+        return False
+    return all(a[key].shape == b[key].shape and a[key].dtype == b[key].dtype for key in ("pred_logits", "pred_boxes"))

@@ -160,7 +160,7 @@ def in_cache(samples: Tensor) -> bool:
     """Whether a chunk's `samples` are few enough (on CPU, at most `CHUNK_BYTES` a thread: the chunks
     `chunk_rows` makes unless one row is larger) that two passes over them cost less than the 2 d operators of a
     channel at a time: 48 against 154 us for (16, 16, 4, 420), 195 against 367 for (2, 32, 4, 5440), 2.4 against
-    2.1 ms for (2, 32, 4, 21760), 22 MB (machine C). Off the CPU, always."""
+    2.1 ms for (2, 32, 4, 21760), 22 MB (BENCHMARKS.md's machine G). Off the CPU, always."""
     if samples.device.type != "cpu":
         return True
     return samples.numel() * samples.element_size() <= max(1, torch.get_num_threads()) * CHUNK_BYTES
