@@ -77,7 +77,7 @@ from vitkit.models.deformable_transformer import (
     proposal_encoding,
     valid_ratios,
 )
-from vitkit.models.detr import BLOCKS, check_backbone_norm, resnet_backbone
+from vitkit.models.detr import BLOCKS, channels_last_convolutions, check_backbone_norm, resnet_backbone
 from vitkit.models.interface import (
     CostFromImages,
     DenoisingQueries,
@@ -313,6 +313,7 @@ class DeformableDETR(CostFromImages, nn.Module):
         if c.masks:
             self.mask_head = QueryMasks(D)
         self.init_weights()
+        channels_last_convolutions(self.backbone)
         if not c.train_stem:  # the paper trains layer2..layer4 of a ResNet only
             for module in self.backbone.early_layers():
                 module.requires_grad_(False)

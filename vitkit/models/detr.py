@@ -172,10 +172,16 @@ def resnet_backbone(config: Any, out_indices: Sequence[int] = (3,)) -> ResNet:
                 blocks.append(BasicBlock(in_chs, width, stride, dilation, first, norm=norm))
                 in_chs = width
         stages.append(blocks)
-    # its convolutions' weights channels-last, as the images it reads (`Detr`, `DeformableDetr`): oneDNN's and
-    # cuDNN's kernels take both so, and a weight in the other order is copied over at every call and its gradient
-    # back (a step of deformable_detr_small on CPU at batch 2 and 96-160 px: 115 against 126 ms)
-    return ResNet(stem, stages, "torchvision", out_indices).to(memory_format=torch.channels_last)
+    return ResNet(stem, stages, "torchvision", out_indices)
+
+
+def channels_last_convolutions(backbone: nn.Module) -> None:
+    """A ResNet backbone's convolution weights channels-last, as the images it reads (`Detr`, `DeformableDetr`):
+    oneDNN's and cuDNN's kernels take both so, and a weight in the other order is copied over at every call and its
+    gradient back (a step of deformable_detr_small on CPU at batch 2 and 96-160 px: 110 against 119 ms). Called
+    after the initialisation, which fills a tensor in its memory order: the same seed gives the same weights."""
+    if isinstance(backbone, ResNet):
+        backbone.to(memory_format=torch.channels_last)
 
 
 class Encoded(NamedTuple):
@@ -258,6 +264,7 @@ class DETR(CostFromImages, nn.Module):
             self.bbox_attention = ObjectAttentionMap(c.hidden_dim, c.num_heads)
             self.mask_head = MaskHead(c.hidden_dim, c.num_heads, self.backbone.out_channels[-2::-1])
         self.init_weights()
+        channels_last_convolutions(self.backbone)
         if not c.train_stem:  # DETR trains layer2..layer4 of a ResNet only
             for module in self.backbone.early_layers():
                 module.requires_grad_(False)

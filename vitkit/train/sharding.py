@@ -69,6 +69,9 @@ def shard(net: nn.Module, model: nn.Module, precision: str) -> nn.Module:
     training-only parts around it) over the default process group, in place; returns `net`. Create the optimizer
     afterwards: the parameters become `DTensor` shards."""
     policy = mixed_precision(precision)
+    # FSDP2 shards parameters in the plain order only (a detector's backbone keeps its convolutions channels-last);
+    # its all-gather gives them back in that order anyway
+    net.to(memory_format=torch.contiguous_format)
     for unit in require_model(model, "FSDP sharding").shard_units():
         fully_shard(unit, mp_policy=policy)
     if net is not model:  # the model is a unit of its own, so that its methods gather its parameters
