@@ -53,7 +53,13 @@ from vitkit.detection.losses import (
     check_no_object_logit,
 )
 from vitkit.detection.masks import MASK_WEIGHTS, canvas_masks, mask_losses
-from vitkit.detection.matcher import HungarianMatcher, canvas_size, check_targets, uses_masks
+from vitkit.detection.matcher import (
+    HungarianMatcher,
+    canvas_size,
+    check_targets,
+    consecutive_groups,
+    uses_masks,
+)
 
 
 def average_num_boxes(targets: Sequence[Mapping[str, torch.Tensor]], device: torch.device) -> float:
@@ -280,18 +286,13 @@ class SetCriterion(nn.Module):
             dn = outputs["dn_outputs"]
             self.check_logits(dn["pred_logits"], "dn_outputs' pred_logits")
             # each box has G positive copies: their losses are divided by G times the boxes
-            groups = max(sum(len(q) for q, _ in denoised) / max(sum(len(t["labels"]) for t in targets), 1), 1.0)
+            copies = max(sum(len(q) for q, _ in denoised) / max(sum(len(t["labels"]) for t in targets), 1), 1.0)
             dn_layers = [("_dn", dn)]
             if self.aux_loss:
                 dn_layers += [(f"_dn_{i}", layer) for i, layer in enumerate(dn.get("aux_outputs", []))]
-            terms += [(suffix, layer, wanted, list(denoised), num_boxes * groups) for suffix, layer in dn_layers]
+            terms += [(suffix, layer, wanted, list(denoised), num_boxes * copies) for suffix, layer in dn_layers]
         # terms scored together: consecutive ones with the same targets, divisor and predictions' shapes and dtypes
-        groups: list[list[int]] = []
-        for t, term in enumerate(terms):
-            if groups and _stackable(terms[groups[-1][0]], term):
-                groups[-1].append(t)
-            else:
-                groups.append([t])
+        groups = consecutive_groups(terms, _stackable)
         slots = [group.index(t) for group in groups for t in group]
         sizes = [len(t["labels"]) for t in targets]
         pairs = matched_pairs([indices for *_, indices, _ in terms], sizes, logits.device, slots)

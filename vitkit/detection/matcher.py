@@ -17,7 +17,7 @@ Letters: B images, Q queries, K classes, T ground-truth boxes of the whole batch
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -178,12 +178,7 @@ class HungarianMatcher(nn.Module):
             per layer, what `forward` returns.
         """
         # layers costed as one stack: consecutive ones with the same targets, predictions of one shape and no masks
-        groups: list[list[int]] = []
-        for n, layer in enumerate(layers):
-            if groups and _stackable(layers[groups[-1][0]], layer):
-                groups[-1].append(n)
-            else:
-                groups.append([n])
+        groups = consecutive_groups(layers, _stackable)
         blocks = []  # per group and image, its (G, Q, n_i) costs flattened
         for group in groups:
             outputs, targets = layers[group[0]]
@@ -228,6 +223,17 @@ class HungarianMatcher(nn.Module):
                         (torch.as_tensor(queries, dtype=torch.int64), torch.as_tensor(boxes, dtype=torch.int64))
                     )
         return matched
+
+
+def consecutive_groups(items: Sequence[Any], together: Callable[[Any, Any], bool]) -> list[list[int]]:
+    """The indices of `items` in runs of consecutive ones that go `together` with their run's first one."""
+    groups: list[list[int]] = []
+    for n, item in enumerate(items):
+        if groups and together(items[groups[-1][0]], item):
+            groups[-1].append(n)
+        else:
+            groups.append([n])
+    return groups
 
 
 def _stackable(
