@@ -172,3 +172,10 @@ def test_a_config_json_that_is_not_an_object_is_named(tmp_path, capsys, text):
     (tmp_path / "config.json").write_text(text)
     assert main(["eval", "--model-dir", str(tmp_path)]) == 2
     assert "config.json has no 'family' and 'config' entries: not a vitkit model directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("batch", ["0", "-3"])
+def test_a_batch_size_below_one_is_refused_not_replaced_by_the_default(model, data, capsys, tmp_path, batch):
+    directory = save_pretrained(model, tmp_path / "run", ModelInfo(CLASSES, MEAN, STD))
+    assert main(["eval", "--model-dir", str(directory), "--data", str(data), "--batch-size", batch]) == 2
+    assert f"batch_size must be positive, got {batch}" in capsys.readouterr().err

@@ -18,10 +18,15 @@ MISSING = "no_model_here"  # read after the checks: the errors below are about t
 def test_an_export_is_named_for_its_format(tmp_path, capsys):
     assert main(["export", "--model-dir", MISSING, "--format", "onnx", "--out", str(tmp_path / "m.pt")]) == 2
     err = capsys.readouterr().err
-    assert "ends in .pt (a torchscript file's suffix); --format onnx writes a onnx file: name it" in err
+    assert "ends in .pt (a TorchScript file's suffix); --format onnx writes an ONNX file: name it" in err
     assert str(tmp_path / "m.onnx") in err and MISSING not in err
     assert main(["export", "--model-dir", MISSING, "--format", "torchscript", "--out", str(tmp_path / "m")]) == 2
-    assert "ends in nothing (no suffix)" in capsys.readouterr().err
+    assert "ends in nothing (no suffix); --format torchscript writes a TorchScript file" in capsys.readouterr().err
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    assert main(["export", "--model-dir", MISSING, "--format", "onnx", "--out", str(folder)]) == 2
+    said = f"--out {folder} is a folder; --format onnx writes one file: name it, e.g. {folder / 'model.onnx'}"
+    assert said in capsys.readouterr().err
 
 
 def test_an_export_over_a_file_says_it_replaced_it(tmp_path, capsys):

@@ -1,6 +1,8 @@
 """`vitkit convert` and `vitkit.weights.convert`: a Hugging Face directory and a torchvision file through vitkit and
 back, equal logits."""
 
+import os
+
 import pytest
 import torch
 import transformers
@@ -99,3 +101,29 @@ def test_convert_from_python_is_what_the_command_does(tmp_path):
 def test_same_layout():
     assert same_layout("timm", "vitkit") and same_layout("vitkit", "timm") and same_layout("hf", "hf")
     assert not same_layout("vitkit", "torchvision") and not same_layout("hf", "timm")
+
+
+def test_an_export_never_mixes_two_models_files_in_one_folder(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=3)
+    info = vitkit.weights.ModelInfo(("a", "b", "c"), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    hf_dir = vitkit.export_weights(model, tmp_path / "out", "hf", info)
+    written = sorted(p.name for p in hf_dir.iterdir())
+    assert "preprocessor_config.json" in written
+    mixed = r"out holds preprocessor_config.json, which the vitkit weights do not replace"
+    with pytest.raises(ValueError, match=mixed):
+        vitkit.export_weights(model, hf_dir, "vitkit", info)
+    assert sorted(p.name for p in hf_dir.iterdir()) == written  # refused before anything was written
+    assert transformers.AutoConfig.from_pretrained(hf_dir).model_type == "vit"
+    # the same layout again replaces its own files; nothing is left beside the folder
+    assert vitkit.export_weights(model, hf_dir, "hf", info) == hf_dir
+    assert sorted(p.name for p in hf_dir.iterdir()) == written and sorted(os.listdir(tmp_path)) == ["out"]
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"file is a file; vitkit weights are a folder"):
+        vitkit.export_weights(model, tmp_path / "file", "vitkit")
+    one_file = r"out is a folder; timm weights are one file: name it, e.g. .*model.safetensors"
+    with pytest.raises(ValueError, match=one_file):
+        vitkit.export_weights(model, hf_dir, "timm")
+    # the command says it the same way
+    assert main(["convert", str(hf_dir), str(hf_dir), "--to", "vitkit"]) == 2
+    assert "which the vitkit weights do not replace: the folder would mix two models' files" in capsys.readouterr().err

@@ -81,7 +81,7 @@ def _run_detector(args: argparse.Namespace) -> int:
     if args.plot:  # before the evaluation, not after it
         check_picture_path(args.plot, figure=True)
     run = run_config(args.model_dir)
-    batch = args.batch_size or run.get("batch_size") or DETECTOR_BATCH
+    batch = args.batch_size if args.batch_size is not None else run.get("batch_size") or DETECTOR_BATCH
     precision = run_precision(args)
     saved = read_model_info(args.model_dir).tile
     tile, overlap = tiling(args, saved)
@@ -131,6 +131,8 @@ def per_class_lines(rows: list[dict]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.batch_size is not None and args.batch_size < 1:  # 0 is not "the default"
+        raise ValueError(f"batch_size must be positive, got {args.batch_size} (--batch-size)")
     if is_detector_dir(args.model_dir):
         return _run_detector(args)
     if args.tile is not None or args.overlap is not None:
@@ -139,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:  # before the evaluation, not after it
         check_picture_path(args.plot, figure=True)
     precision = run_precision(args)
-    batch = args.batch_size or CLASSIFIER_BATCH
+    batch = args.batch_size if args.batch_size is not None else CLASSIFIER_BATCH
     result, info = evaluate_model_dir(args.model_dir, args.data, batch, args.device, args.workers, precision)
     _note(args)
     if args.json:

@@ -34,18 +34,23 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 SUFFIXES = {"onnx": (".onnx",), "torchscript": (".pt", ".pth", ".ts", ".torchscript")}  # each format's file names
+FORMAT_NAMES = {"onnx": "an ONNX", "torchscript": "a TorchScript"}  # as a message says them
 
 
 def check_out(out: str, format: str) -> Path:
     """The --out file, checked before any work: a suffix of its format (an ONNX file named .pt would be read as
     TorchScript), in a folder that can be written."""
     path = Path(out)
-    suffixes = SUFFIXES[format]
+    suffixes, named = SUFFIXES[format], FORMAT_NAMES[format]
+    if path.is_dir():
+        example = path / f"model{suffixes[0]}"
+        raise ValueError(f"--out {out} is a folder; --format {format} writes one file: name it, e.g. {example}")
     if path.suffix.lower() not in suffixes:
         other = next((f for f, s in SUFFIXES.items() if path.suffix.lower() in s), None)
-        said = f"a {other} file's suffix" if other else "no suffix" if not path.suffix else f"not a {format} suffix"
+        said = f"{FORMAT_NAMES[other]} file's suffix" if other else f"not {named} suffix"
+        said = said if path.suffix else "no suffix"
         raise ValueError(
-            f"--out {out} ends in {path.suffix or 'nothing'} ({said}); --format {format} writes a {format} file: "
+            f"--out {out} ends in {path.suffix or 'nothing'} ({said}); --format {format} writes {named} file: "
             f"name it {path.with_suffix(suffixes[0])}"
         )
     return check_writable(path)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -859,12 +861,18 @@ def export_weights(model: nn.Module, path: str | os.PathLike, format: str, info:
         raise ValueError(f"format must be one of {formats()}, got {format!r}")
     path = Path(path)
     if format == "vitkit":
-        return save_pretrained(model, path, info)
+        return _write_directory(path, format, lambda staging: save_pretrained(model, staging, info))
     fam = family_of(model).name
     weights = family_weights(fam)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if format == "hf":
-        return _write_hf_directory(model, weights, state, path, info_for(model, info, source="export_weights"))
+        described = info_for(model, info, source="export_weights")
+        return _write_directory(
+            path, format, lambda staging: _write_hf_directory(model, weights, state, staging, described)
+        )
+    if path.is_dir():
+        example = path / "model.safetensors"
+        raise ValueError(f"{path} is a folder; {format} weights are one file: name it, e.g. {example}")
     wrapper = None
     if format != "timm":  # timm's names are vitkit's
         layout = _layout(fam, weights, format)
@@ -875,6 +883,31 @@ def export_weights(model: nn.Module, path: str | os.PathLike, format: str, info:
             state.update(layout.export_buffers(model))
         wrapper = layout.wrapper
     _write_state_dict(state, path, wrapper)
+    return path
+
+
+def _write_directory(path: Path, format: str, write: Callable[[Path], object]) -> Path:
+    """`write` a directory format's files into a new folder beside `path`, then move them into `path`. Refused when
+    `path` is a file, or a folder holding files the export does not write: they would sit beside another model's
+    (an earlier export of another layout, a run's checkpoint)."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} is a file; {format} weights are a folder (config.json, model.safetensors): name one")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        write(staging)
+        written = {entry.name for entry in staging.iterdir()}
+        stale = sorted(entry.name for entry in path.iterdir() if entry.name not in written) if path.is_dir() else []
+        if stale:
+            raise ValueError(
+                f"{path} holds {listed(stale)}, which the {format} weights do not replace: the folder would mix two "
+                f"models' files. Write into a new or empty folder, or remove {'it' if len(stale) == 1 else 'them'}"
+            )
+        path.mkdir(exist_ok=True)
+        for name in written:
+            os.replace(staging / name, path / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return path
 
 
