@@ -292,6 +292,24 @@ def test_digits_round_trip_through_a_coco_folder(tmp_path, digits):
     from vitkit.train.recipe import is_detection_data  # the layouts a run trains a detector on
 
     assert all(is_detection_data(str(folder)) for folder in (tmp_path, other, named))
+    # the whole set in one file at the top, its images in a folder beside it (labelme2coco's export): detection
+    # data, refused naming the file and the split it needs; a class folder's other .json files are not COCO
+    whole = tmp_path / "whole"
+    (whole / "JPEGImages").mkdir(parents=True)
+    (whole / "annotations.json").write_text((other / "train" / "_annotations.coco.json").read_text())
+    (whole / "notes.json").write_text('{"images": "not a list", "author": "a"}')
+    with pytest.raises(ValueError, match="no COCO-format train split") as err:
+        load_coco_folder(whole)
+    assert "found annotations.json at its top, a COCO file of the whole set without a train / val split" in str(
+        err.value
+    )
+    assert f"put the images to train on in {whole / 'train'}/ with their .json" in str(err.value)
+    assert is_detection_data(str(whole))
+    classes = tmp_path / "classes"
+    (classes / "cat").mkdir(parents=True)
+    (classes / "dataset.json").write_text('{"mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2, 0.2]}')
+    (classes / "broken.json").write_text("{not json")
+    assert not is_detection_data(str(classes))
 
 
 def test_load_detection_sources(tmp_path):

@@ -41,7 +41,7 @@ from vitkit.data.detection import (
 from vitkit.data.loader import Unreadable
 from vitkit.data.sources import UnreadableImageError, open_image
 from vitkit.data.transforms import channel_stats, detection_train_transform, image_mode
-from vitkit.util import counted
+from vitkit.util import counted, listed
 
 COCO_AUGMENT = DetectionAugment(hflip=0.5, scale_jitter=0.25, crop=0.5)  # a COCO folder's training split
 
@@ -612,13 +612,35 @@ def _find_split(root: Path, split: str) -> tuple[Path, Path]:
         jsons = [j for folder in folders for j in sorted(folder.glob("*.json"))]
         if len(folders) == 1 and len(jsons) == 1:
             return jsons[0], folders[0]
-    seen = sorted({str(p.relative_to(root)) for p in root.glob("*/*.json")})  # annotations/ and split folders
+    seen = sorted({str(p.relative_to(root)) for p in [*root.glob("*.json"), *root.glob("*/*.json")]})
     seen_text = f"found the .json files {seen[:8]}{' ...' if len(seen) > 8 else ''}" if seen else "found no .json file"
+    whole = top_level_coco(root)
+    if whole:  # labelme2coco's and many tools' export: one file for every image, no split
+        seen_text = (
+            f"found {listed([p.name for p in whole])} at its top, a COCO file of the whole set without a train / val "
+            f"split: put the images to train on in {root / 'train'}/ with their .json, those to score on in "
+            f"{root / 'val'}/ with theirs (COCO's format, the file_name of each image relative to its folder)"
+        )
     raise ValueError(
         f"{root}: no COCO-format {split} split: expected one annotations/instances_{split}*.json with its images in "
         f"{split}*/ (COCO's layout), one annotations/{split}*.json with its images in the folder of the same name, "
         f"or one {split}*/ folder holding the images and one .json; {seen_text}"
     )
+
+
+def top_level_coco(root: Path) -> list[Path]:
+    """The .json files at the top of folder `root` that hold COCO detection data (an object with "images" and
+    "annotations"): a whole set exported without a train / val split, which `load_coco_folder` does not read."""
+    found = []
+    for path in sorted(root.glob("*.json")):
+        try:
+            with open(path) as handle:
+                data = json.load(handle)
+        except (OSError, ValueError):  # unreadable or not JSON: not COCO data either
+            continue
+        if isinstance(data, dict) and "images" in data and "annotations" in data:
+            found.append(path)
+    return found
 
 
 def load_coco_folder(

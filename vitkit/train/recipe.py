@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.data import BUILTIN_PREFIX, DIGITS_DETECT
+from vitkit.data.coco import top_level_coco
 from vitkit.data.tiles import DEFAULT_OVERLAP
 from vitkit.models.registry import CLASSIFICATION, DETECTION, Family, families, family, list_models, model_entry
 from vitkit.weights.family import saved_family
@@ -191,14 +192,17 @@ def data_choices(
 
 def is_detection_data(source: str) -> bool:
     """Whether `source` (a `--data` value) is detection data: a bundled detection set, or a folder of COCO-format
-    annotations: .json files in ``annotations/`` or in ``train*/`` folders (`vitkit.data.load_coco_folder` reads
-    its layouts, and names them when the folder is in none). Class folders hold images, not .json files."""
+    annotations: .json files in ``annotations/`` or in ``train*/`` folders, or a COCO file at its top
+    (`vitkit.data.load_coco_folder` reads its layouts, and names them when the folder is in none). Class folders
+    hold images, not .json files."""
     if source.startswith(BUILTIN_PREFIX):
         return source[len(BUILTIN_PREFIX) :] in DETECTION_BUILTINS
     root = Path(source)
     if any((root / "annotations").glob("*.json")):
         return True
-    return any(any(folder.glob("*.json")) for folder in root.glob("train*") if folder.is_dir())
+    if any(any(folder.glob("*.json")) for folder in root.glob("train*") if folder.is_dir()):
+        return True
+    return bool(top_level_coco(root))  # a whole set in one file: detection data, whose loading names the layouts
 
 
 def model_task(model: str | None = None, init: str | None = None) -> str | None:
