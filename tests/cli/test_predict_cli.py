@@ -202,3 +202,24 @@ def test_precision_runs_the_forward_under_bf16_autocast_and_defaults_to_the_runs
                                                  "precision": "bf16"}))  # fmt: skip
     assert rows(model_dir) == bf16
     assert rows(model_dir, "--precision", "fp32") == fp32
+
+
+def test_a_high_depth_image_that_reads_nearly_black_gets_a_note(model_dir, capsys, tmp_path):
+    """16-bit images are scaled to 8 bits by their depth: one whose values reach 235 of 0..65535 (8-bit values stored
+    in 16 bits, as microscopes write) reads as 0..1 and gets a note with the fix; one that fills its range, an 8-bit
+    one and a 16-bit one just above the line (16 in 8 bits) get none. `vitkit attention` says it the same way."""
+    ramp = np.linspace(0, 1, 28 * 28).reshape(28, 28)
+    for name, top in {"dim.png": 235, "full.png": 65535, "edge.png": 16 * 257}.items():
+        Image.fromarray((ramp * top).round().astype(np.uint16)).save(tmp_path / name)
+    Image.fromarray((ramp * 20).round().astype(np.uint8)).save(tmp_path / "dark8.png")  # 8 bits: as it is
+    assert main(["predict", "--model-dir", str(model_dir), str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert len(json.loads(captured.out)) == 4  # predicted all the same: a note, not an error
+    note = (
+        f"vitkit predict: note: {tmp_path / 'dim.png'} is 16-bit with values up to 235 of 0..65535: scaled to 8 bits "
+        "by its depth it is nearly black (0..1), and the model sees it so; stretch each file to its full range"
+    )
+    assert captured.err.count("note:") == 1 and note in captured.err
+    out = tmp_path / "attention.png"
+    assert main(["attention", "--model-dir", str(model_dir), str(tmp_path / "dim.png"), "--out", str(out)]) == 0
+    assert note.replace("vitkit predict", "vitkit attention") in capsys.readouterr().err

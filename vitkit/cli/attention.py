@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vitkit.cli.options import add_memory_option, add_threshold_option, check_inference_memory
+from vitkit.cli.options import add_memory_option, add_threshold_option, check_inference_memory, note_dim_images
 from vitkit.data import open_image
 from vitkit.infer import (
     attention_figure,
@@ -106,6 +106,7 @@ def _run_detector(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     check_picture_path(args.out, figure=True)  # before loading and running the model
+    note_dim_images("attention", [args.image])
     if is_detector_dir(args.model_dir):
         return _run_detector(args)
     if args.threshold is not None:

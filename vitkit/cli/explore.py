@@ -14,6 +14,7 @@ from vitkit.cli.options import (
     check_inference_memory,
     check_model_source,
     load_source,
+    note_dim_images,
     source_is_detector,
 )
 from vitkit.data import open_image
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if out.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out {out}: expected an .html file name")
     check_model_source(args, untrained=True)
+    note_dim_images("explore", args.images)
     if source_is_detector(args):
         return _run_detector(args, out)
     if args.threshold is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import types
 import typing
 from typing import Any
@@ -15,6 +16,7 @@ from torch import nn
 from vitkit.analysis.available import available_memory
 from vitkit.analysis.precision import AUTO, PRECISIONS, resolve_precision
 from vitkit.analysis.preflight import SettingNames, check_memory
+from vitkit.data.check import dim_image_note
 from vitkit.data.tiles import DEFAULT_OVERLAP
 from vitkit.detection.postprocess import DEFAULT_THRESHOLD
 from vitkit.infer import is_detector_dir, is_detector_name, resolve_device, run_config
@@ -226,6 +228,16 @@ def check_image_sizes(paths: list, ignore_memory: bool = False) -> None:
                 f"{path} is {width}x{height}: reading it takes about {_size(needed)} and {_size(free)} of memory is "
                 f"available; cut it into parts first, or run anyway with {IGNORE_MEMORY_CHECK}"
             )
+
+
+def note_dim_images(command: str, paths: list) -> None:
+    """A note on stderr for each image that reads nearly black (`vitkit.data.check.dim_image_note`), three at most
+    and how many more."""
+    notes = [note for note in map(dim_image_note, paths) if note is not None]
+    for note in notes[:3]:
+        print(f"vitkit {command}: note: {note}", file=sys.stderr)
+    if len(notes) > 3:
+        print(f"vitkit {command}: note: {len(notes) - 3} more images read nearly black too", file=sys.stderr)
 
 
 def _size(n: int) -> str:

@@ -26,6 +26,7 @@ from vitkit.cli.options import (
     check_inference_memory,
     check_model_source,
     load_source,
+    note_dim_images,
     run_precision,
     set_max_pixels,
     source_is_detector,
@@ -160,6 +161,7 @@ def _run_detector(args: argparse.Namespace) -> int:
     check_inference_memory(model, args)  # one image at a time
     tile, overlap = tiling(args, model_info(model).tile)
     check_image_sizes(paths, args.ignore_memory_check)
+    note_dim_images("predict", paths)
     _note(args, model)
     if tile is not None:
         side = min(to_2tuple(model.config.img_size))
@@ -204,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
     paths = image_paths(args.images)
     set_max_pixels(args)
     check_image_sizes(paths, args.ignore_memory_check)
+    note_dim_images("predict", paths)
     model = load_source(args).to(resolve_device(args.device))
     info = inference_info(model)
     check_inference_memory(model, args, args.batch_size, "--batch-size")

@@ -120,6 +120,36 @@ def _sizes(data: CocoDetection) -> tuple[int, int, int]:
     return small, len(area) - small - large, large
 
 
+STRETCH = (
+    "stretch each file to its full range (for instance its 1st to 99.8th percentile to 0..65535, as microscopy "
+    "tools normalise), or save it as 8 bits"
+)  # the fix for nearly black high-depth images
+
+
+def _is_dim(bits: int, largest: int) -> bool:
+    """Whether an integer image of `bits` whose largest value is `largest` scales to below `DIM` in 8 bits."""
+    return largest * 255 < DIM * (2**bits - 1)
+
+
+def dim_image_note(path: str | Path) -> str | None:
+    """For a 16- or 32-bit integer image file whose values fill a small part of their range: a note that it reads
+    nearly black (images are scaled to 8 bits by their depth, `vitkit.data.open_image`), so the model sees next to
+    nothing, with the fix; None for any other image, and for a file that cannot be read (its reading reports it)."""
+    try:
+        with Image.open(path) as image:
+            depth = integer_depth(image)
+    except (OSError, ValueError):
+        return None
+    if depth is None or not _is_dim(*depth):
+        return None
+    bits, largest = depth
+    top = 2**bits - 1
+    return (
+        f"{path} is {bits}-bit with values up to {largest} of 0..{top}: scaled to 8 bits by its depth it is nearly "
+        f"black (0..{round(largest * 255 / top)}), and the model sees it so; {STRETCH}"
+    )
+
+
 def _dim(data: CocoDetection) -> tuple[int, int, int, int]:
     """`SplitCheck.dim` of `DEPTH_SAMPLE` evenly spaced images of `data` (unreadable ones are training's to report)."""
     picks = np.linspace(0, len(data.samples) - 1, min(DEPTH_SAMPLE, len(data.samples))).round().astype(int)
@@ -131,7 +161,7 @@ def _dim(data: CocoDetection) -> tuple[int, int, int, int]:
         except OSError:
             continue
         decoded += 1
-        if depth is not None and depth[1] * 255 < DIM * (2 ** depth[0] - 1):
+        if depth is not None and _is_dim(*depth):
             dim, bits, largest = dim + 1, depth[0], max(largest, depth[1])
     return dim, decoded, bits, largest
 
@@ -229,8 +259,7 @@ def _warnings(check: DataCheck) -> list[str]:
             out.append(
                 f"{s.split}: {dim} of the {decoded} images decoded are {bits}-bit with values up to {largest} of "
                 f"0..{top}: scaled to 8 bits by their depth they are nearly black (0..{round(largest * 255 / top)}); "
-                "stretch each file to its full range before training (for instance its 1st to 99.8th percentile to "
-                "0..65535, as microscopy tools normalise), or save it as 8 bits"
+                f"{STRETCH} before training"
             )
         if s.skipped:
             reasons = ", ".join(f"{n} {reason}" for reason, n in s.skipped.items())
