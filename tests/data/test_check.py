@@ -1,6 +1,6 @@
 """`vitkit check-data`: a clean folder passes without a warning; each pattern behind "mAP stays at 0" (category ids from
 0 with a gap, a rare class, a class in val only, boxes in another image's coordinates, mostly background, a file in
-both splits) gets its warning, counted against the folder as written; --plot draws the training images with their
+both splits, files training would skip, categories of one name) gets its warning, counted against the folder as written; --plot draws the training images with their
 boxes (as stored and as augmented) and their masks, and `vitkit train` prints the check's line and warnings. A COCO
 file without image sizes is read with the files' own."""
 
@@ -149,3 +149,44 @@ def test_a_coco_file_without_image_sizes_reads_them_from_the_files(shapes, tmp_p
     _edit(root, "val", lambda data: data["images"][0].update(width=0))
     _, val, _ = load_coco_folder(root, val_only=True, short_side=None)
     assert val.report.counts() == {"bad image entry": 1}
+
+
+def test_files_training_would_skip_and_categories_of_one_name_are_warned_of(shapes, tmp_path, capsys):
+    """From the files' headers: a file that is not an image, and one whose entry gives its width and height swapped;
+    a file rotated by its EXIF orientation, annotated upright, passes. Two category ids named alike are named."""
+    root = tmp_path / "files"
+    shutil.copytree(shapes, root)
+    entries = json.loads((root / "annotations" / "instances_train.json").read_text())["images"]
+    text_file, swapped = entries[0]["file_name"], next(e for e in entries[1:] if e["width"] != e["height"])
+    (root / "train" / text_file).write_text("not an image")
+
+    def train_edit(data):
+        entry = next(e for e in data["images"] if e["id"] == swapped["id"])
+        entry["width"], entry["height"] = entry["height"], entry["width"]
+        data["categories"][1]["name"] = data["categories"][0]["name"]
+
+    def val_edit(data):
+        data["categories"][1]["name"] = data["categories"][0]["name"]
+
+    _edit(root, "train", train_edit)
+    _edit(root, "val", val_edit)
+    turned = [e for e in entries if e["width"] != e["height"]][-1]  # stored sideways, EXIF orientation 6: its entry
+    # says the upright size
+    path = root / "train" / turned["file_name"]
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.open(path).convert("RGB").transpose(Image.Transpose.ROTATE_90).save(path, exif=exif)
+    check = check_detection_folder(root)
+    (train,) = [s for s in check.splits if s.split == "train"]
+    assert [item.split(": ")[0] for item in train.unreadable] == [
+        str(root / "train" / text_file),
+        str(root / "train" / swapped["file_name"]),
+    ]
+    w, h = swapped["width"], swapped["height"]
+    assert train.unreadable[1].endswith(f"the file is {w}x{h}, the annotations say {h}x{w}")
+    text = "\n".join(check.warnings)
+    skipped = "train: 2 image files cannot be read or differ in size from their annotations, and training skips them"
+    assert skipped in text
+    name = json.loads((shapes / "annotations" / "instances_train.json").read_text())["categories"][0]["name"]
+    assert f"categories of one name: 1 and 2 ({name!r}): they are trained as different classes" in text
+    assert main(["check-data", str(root)]) == 0 and "training skips them" in capsys.readouterr().out

@@ -3,9 +3,10 @@ rare ones), box sizes in COCO's small / medium / large, objects per image, image
 skipped or clipped, the category ids as found and the class each becomes, files shared by train and val; and a
 warning, with its fix, for each pattern behind "mAP stays at 0" (`check_detection_folder`, `vitkit check-data`).
 
-Only the annotations are read, the bytes of image files of equal size in train and val, for their hashes, and a few
-images of each split (`DEPTH_SAMPLE`, evenly spaced) for their bit depth: 16-bit images whose values fill a small
-part of their range (microscopy's 8-bit values stored in 16 bits) are nearly black once scaled to 8 bits.
+Only the annotations are read, each image file's header (whether it opens as an image, and of the size its entry
+says), the bytes of image files of equal size in train and val, for their hashes, and a few images of each split
+(`DEPTH_SAMPLE`, evenly spaced) for their bit depth: 16-bit images whose values fill a small part of their range
+(microscopy's 8-bit values stored in 16 bits) are nearly black once scaled to 8 bits.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vitkit.data.coco import CocoDetection, load_coco_folder
+from vitkit.data.coco import TURNED, CocoDetection, load_coco_folder
 from vitkit.data.detection_stats import SMALL_OBJECT, DetectionStats, detection_stats
 from vitkit.data.transforms import integer_depth
-from vitkit.util import counted
+from vitkit.util import counted, listed
 
 LARGE_OBJECT = 96  # COCO's large objects: area above 96 * 96 pixels
 RARE = 10  # a class with fewer training boxes than this is rare: its AP is a few boxes' luck
@@ -46,6 +47,7 @@ class SplitCheck:
     crowd: int  # crowd annotations, left out
     dim: tuple[int, int, int, int] = (0, 0, 0, 0)  # of the images decoded for their depth: (how many are 16- or
     # 32-bit and nearly black once scaled to 8 bits, how many were decoded, their bits, their largest value)
+    unreadable: tuple[str, ...] = ()  # "file: why" for each image file training will skip, as its header shows
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,24 @@ def _dim(data: CocoDetection) -> tuple[int, int, int, int]:
     return dim, decoded, bits, largest
 
 
+def _unreadable(data: CocoDetection) -> tuple[str, ...]:
+    """For each image of `data` that training will skip, "file: why", from the files' headers (no pixel decoded):
+    one that cannot be opened as an image, or whose size is not the annotations' (upright by its EXIF orientation or
+    as stored, as `vitkit.data.coco.open_annotated` accepts it). A file damaged further in shows only when decoded."""
+    found = []
+    for sample in data.samples:
+        height, width = sample.size
+        try:
+            with Image.open(sample.path) as image:
+                stored, turned = image.size, image.getexif().get(0x0112) in TURNED
+        except (OSError, ValueError, Image.DecompressionBombError) as err:
+            found.append(f"{sample.path}: {err}")
+            continue
+        if (width, height) not in (stored, stored[::-1] if turned else stored):
+            found.append(f"{sample.path}: the file is {stored[0]}x{stored[1]}, the annotations say {width}x{height}")
+    return tuple(found)
+
+
 def _split(split: str, data: CocoDetection) -> SplitCheck:
     report = data.report
     skipped = report.counts()
@@ -180,6 +200,7 @@ def _split(split: str, data: CocoDetection) -> SplitCheck:
         outside=skipped.get("outside image", 0),
         crowd=report.crowd,
         dim=_dim(data),
+        unreadable=_unreadable(data),
     )
 
 
@@ -217,6 +238,15 @@ def _warnings(check: DataCheck) -> list[str]:
             f"category ids {list(ids)[:12]}{' ...' if len(ids) > 12 else ''} start at 0 or skip numbers: vitkit maps "
             "them to classes 0..K-1 in the file's order (above) and writes them back as they were; a tool that reads "
             "id 0 as background, or ids as class indices, would not: renumber them from 1 for such tools"
+        )
+    named: dict[str, list[int]] = defaultdict(list)
+    for category, name in zip(ids, check.classes, strict=True):
+        named[name].append(category)
+    alike = [f"{listed([str(i) for i in found])} ({name!r})" for name, found in named.items() if len(found) > 1]
+    if alike:
+        out.append(
+            f"categories of one name: {'; '.join(alike)}: they are trained as different classes, and a prediction "
+            "does not say which it means; merge them into one category, or rename them"
         )
     by_split = {s.split: s for s in check.splits}
     train, val = by_split.get("train"), by_split.get("val")
@@ -260,6 +290,13 @@ def _warnings(check: DataCheck) -> list[str]:
                 f"{s.split}: {dim} of the {decoded} images decoded are {bits}-bit with values up to {largest} of "
                 f"0..{top}: scaled to 8 bits by their depth they are nearly black (0..{round(largest * 255 / top)}); "
                 f"{STRETCH} before training"
+            )
+        if s.unreadable:
+            shown = "; ".join(s.unreadable[:3]) + (" ..." if len(s.unreadable) > 3 else "")
+            files = counted(len(s.unreadable), "image file")
+            out.append(
+                f"{s.split}: {files} cannot be read or differ in size from their annotations, and training skips "
+                f"them ({shown}): replace the files, or correct their entries' width and height"
             )
         if s.skipped:
             reasons = ", ".join(f"{n} {reason}" for reason, n in s.skipped.items())
