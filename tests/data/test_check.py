@@ -1,8 +1,8 @@
 """`vitkit check-data`: a clean folder passes without a warning; each pattern behind "mAP stays at 0" (category ids from
 0 with a gap, a rare class, a class in val only, boxes in another image's coordinates, mostly background, a file in
-both splits, files training would skip, categories of one name) gets its warning, counted against the folder as written; --plot draws the training images with their
-boxes (as stored and as augmented) and their masks, and `vitkit train` prints the check's line and warnings. A COCO
-file without image sizes is read with the files' own."""
+both splits, files training would skip, categories of one name) gets its warning, counted against the folder as
+written; --plot draws the training images with their boxes (as stored and as augmented) and their masks, and
+`vitkit train` prints the check's line and warnings. A COCO file without image sizes is read with the files' own."""
 
 from __future__ import annotations
 
