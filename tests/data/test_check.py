@@ -190,3 +190,29 @@ def test_files_training_would_skip_and_categories_of_one_name_are_warned_of(shap
     name = json.loads((shapes / "annotations" / "instances_train.json").read_text())["categories"][0]["name"]
     assert f"categories of one name: 1 and 2 ({name!r}): they are trained as different classes" in text
     assert main(["check-data", str(root)]) == 0 and "training skips them" in capsys.readouterr().out
+
+
+def test_an_area_larger_than_its_box_is_warned_of(shapes, tmp_path):
+    """COCO's size ranges read the annotations' area: an export that writes the image's area for every object
+    (sahi's terrain example does) makes every object 'large'; the check names it with the first such object."""
+    root = tmp_path / "areas"
+    shutil.copytree(shapes, root)
+    train = json.loads((root / "annotations" / "instances_train.json").read_text())
+    first = train["annotations"][0]
+    image = next(e for e in train["images"] if e["id"] == first["image_id"])
+
+    def whole_image(data):
+        for a in data["annotations"][:3]:
+            a["area"] = image["width"] * image["height"]
+
+    _edit(root, "train", whole_image)
+    check = check_detection_folder(root)
+    (split,) = [s for s in check.splits if s.split == "train"]
+    w, h = first["bbox"][2:]
+    assert split.area_over_box == (
+        3,
+        f"{image['width'] * image['height']} px for a {w:.0f}x{h:.0f} box in {image['file_name']}",
+    )
+    text = "\n".join(check.warnings)
+    assert f"train: 3 of {split.stats.boxes} objects have an area larger than their box" in text
+    assert check_detection_folder(shapes).splits[0].area_over_box == (0, "")  # masks' areas fit their boxes

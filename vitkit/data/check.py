@@ -48,6 +48,7 @@ class SplitCheck:
     dim: tuple[int, int, int, int] = (0, 0, 0, 0)  # of the images decoded for their depth: (how many are 16- or
     # 32-bit and nearly black once scaled to 8 bits, how many were decoded, their bits, their largest value)
     unreadable: tuple[str, ...] = ()  # "file: why" for each image file training will skip, as its header shows
+    area_over_box: tuple[int, str] = (0, "")  # objects whose annotated area exceeds their box's, and the first one
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,23 @@ def _sizes(data: CocoDetection) -> tuple[int, int, int]:
     small = int((area < SMALL_OBJECT**2).sum())
     large = int((area > LARGE_OBJECT**2).sum())
     return small, len(area) - small - large, large
+
+
+AREA_MARGIN = 1.5  # an object's area above this many times its box's area is not the object's (a mask fills its box)
+
+
+def _area_over_box(data: CocoDetection) -> tuple[int, str]:
+    """`SplitCheck.area_over_box`: objects of `data` whose annotated area is above `AREA_MARGIN` times their box's
+    (an export writing the image's area, or a wrong unit), and the first as "AREA px for a WxH box"."""
+    count, first = 0, ""
+    for sample in data.samples:
+        sides = sample.boxes[:, 2:] - sample.boxes[:, :2]  # (n, 2) width, height of the (clipped) boxes
+        over = sample.areas > AREA_MARGIN * sides.prod(1)
+        if over.any() and not first:
+            k = int(over.argmax())
+            first = f"{sample.areas[k]:.0f} px for a {sides[k, 0]:.0f}x{sides[k, 1]:.0f} box in {sample.path.name}"
+        count += int(over.sum())
+    return count, first
 
 
 STRETCH = (
@@ -201,6 +219,7 @@ def _split(split: str, data: CocoDetection) -> SplitCheck:
         crowd=report.crowd,
         dim=_dim(data),
         unreadable=_unreadable(data),
+        area_over_box=_area_over_box(data),
     )
 
 
@@ -290,6 +309,13 @@ def _warnings(check: DataCheck) -> list[str]:
                 f"{s.split}: {dim} of the {decoded} images decoded are {bits}-bit with values up to {largest} of "
                 f"0..{top}: scaled to 8 bits by their depth they are nearly black (0..{round(largest * 255 / top)}); "
                 f"{STRETCH} before training"
+            )
+        over, first = s.area_over_box
+        if over:
+            out.append(
+                f"{s.split}: {over} of {s.stats.boxes} objects have an area larger than their box (for example "
+                f"{first}): COCO's small / medium / large counts above and AP_small / medium / large read the area; "
+                "set it to the object's pixels (its mask's, or its box's width x height)"
             )
         if s.unreadable:
             shown = "; ".join(s.unreadable[:3]) + (" ..." if len(s.unreadable) > 3 else "")
