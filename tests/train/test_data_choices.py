@@ -65,6 +65,10 @@ def test_a_given_side_sizes_the_epochs_and_a_recipe_without_budget_chooses_nothi
         "median shorter side 128 px, enlarged: the smallest tenth of the boxes (8 px) to >= 12 px"
     )
     assert reasons["epochs"] == "300 training images of about 192x240 px, a budget of 1.8e+08 pixels"
+    one = {c.field: c.why for c in data_choices(stats(images=1), RECIPE, MODEL, True)}  # counted in the singular
+    assert one["epochs"].startswith("1 training image of about") and one["batch_size"].startswith(
+        "1 training image: 1 step an epoch"
+    )
 
 
 @pytest.mark.parametrize("field", ["epochs", "batch_size"])

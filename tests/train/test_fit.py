@@ -347,3 +347,11 @@ def test_a_bf16_run_where_bf16_is_slow_says_so_last_in_its_summary(tmp_path, tin
     assert (
         summary.splitlines()[-1] == "  warning bf16 is slower than fp32 on this CPU (...): use fp32 (precision='fp32')"
     )
+
+
+def test_the_epoch_line_shows_a_slow_rate_with_two_digits_not_zero():
+    from vitkit.train.loop import rate
+
+    assert [rate(v) for v in (0.0, 0.0424, 0.42, 3.14159, 9.96, 10.0, 13.6, 1234.4)] == [
+        "0", "0.042", "0.42", "3.1", "10", "10", "14", "1234",
+    ]  # fmt: skip

@@ -409,7 +409,7 @@ class TrainConfig:
             if picked is not None:
                 choices, tile = [picked], picked.value
         stats = training_stats(data, version, tile)
-        samples = "training images" if tile is None else "training tiles"
+        samples = "training image" if tile is None else "training tile"
         scratch = from_scratch and model_config is not None
         choices += data_choices(stats, recipe, model_config, scratch, self.img_size, samples)
         given = {"epochs": self.epochs, "batch_size": self.batch_size}

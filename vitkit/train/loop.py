@@ -180,6 +180,11 @@ def _check_training_memory(
         raise refused
 
 
+def rate(per_second: float) -> str:
+    """Images a second as the epoch line shows them: whole above 10, else two significant digits (0.42, not 0)."""
+    return f"{per_second:.0f}" if per_second >= 10 else f"{per_second:.2g}"
+
+
 class Run:
     """One training run's state; `fit` drives it."""
 
@@ -504,7 +509,7 @@ class Run:
         self.info_line(
             f"epoch {metrics['epoch']}/{config.epochs}  train_loss {metrics['train_loss']:.4f}  "
             f"{task.describe(validation)}  lr {metrics['lr']:.2e}  "
-            f"{metrics['seconds']:.1f}s  {metrics['images_per_second']:.0f} img/s"
+            f"{metrics['seconds']:.1f}s  {rate(metrics['images_per_second'])} img/s"
             + (f"  skipped {len(skipped)} unreadable" if skipped else "")
         )
         if met and env.is_main:

@@ -24,6 +24,7 @@ from vitkit.data import BUILTIN_PREFIX, DIGITS_DETECT
 from vitkit.data.coco import top_level_coco
 from vitkit.data.tiles import DEFAULT_OVERLAP
 from vitkit.models.registry import CLASSIFICATION, DETECTION, Family, families, family, list_models, model_entry
+from vitkit.util import counted
 from vitkit.weights.family import saved_family
 from vitkit.weights.hub import is_hub, local_source
 
@@ -149,7 +150,7 @@ def data_choices(
     model_config: Any,
     from_scratch: bool,
     img_size: int | None = None,
-    samples: str = "training images",
+    samples: str = "training image",
 ) -> list[DataChoice]:
     """The image side, epochs, batch and (for a model trained from scratch) object queries of a detection run whose
     recipe declares a `pixel_budget`, from a `vitkit.data.DetectionStats` of its training data:
@@ -162,7 +163,7 @@ def data_choices(
     - num_queries: QUERIES_PER_OBJECT per object of the fullest image, when the model has fewer.
 
     An empty list when the recipe has no budget. A given `img_size` is kept (not a choice) and sizes the epochs.
-    `samples` names what `stats` counts as images (the training tiles of `vitkit.data.tiles.tiled_stats`).
+    `samples` names one of what `stats` counts as images (a training tile of `vitkit.data.tiles.tiled_stats`).
     """
     if recipe.pixel_budget is None:
         return []
@@ -177,11 +178,12 @@ def data_choices(
     choices = [DataChoice("img_size", side, why_side)] if img_size is None else []
     choices += [
         DataChoice(
-            "epochs", epochs, f"{stats.images} {samples} of about {side}x{side * aspect:.0f} px, a budget of "
+            "epochs", epochs, f"{counted(stats.images, samples)} of about {side}x{side * aspect:.0f} px, a budget of "
             f"{recipe.pixel_budget:.2g} pixels",
         ),
-        DataChoice("batch_size", batch, f"{stats.images} {samples}: {math.ceil(stats.images / batch)} steps an "
-                   f"epoch, more and smaller than the recipe's batch of {recipe.batch_size} would give"
+        DataChoice("batch_size", batch, f"{counted(stats.images, samples)}: "
+                   f"{counted(math.ceil(stats.images / batch), 'step')} an epoch, more and smaller than the recipe's "
+                   f"batch of {recipe.batch_size} would give"
                    if batch < recipe.batch_size else "the recipe's"),
     ]  # fmt: skip
     queries = QUERIES_PER_OBJECT * stats.max_objects
