@@ -204,7 +204,9 @@ def test_unreadable_images_are_listed_with_their_reason_every_epoch(tmp_path, ti
     assert [m["skipped"] for m in lines] == [2, 2]
 
 
-def test_batches_with_no_readable_image_still_step(tmp_path, tiny_config, digit_folder, caplog):
+def test_batches_with_no_readable_image_still_step(tmp_path, tiny_config, digit_folder, caplog, monkeypatch):
+    # files that break after the folder was read (a class of only broken files is refused when it is read)
+    monkeypatch.setattr("vitkit.data.sources._none_readable", lambda files: None)
     folder = tmp_path / "data"
     for split in ("train", "val"):
         for path in sorted(digit_folder.rglob("*.png"))[:20:2]:
@@ -355,3 +357,29 @@ def test_the_epoch_line_shows_a_slow_rate_with_two_digits_not_zero():
     assert [rate(v) for v in (0.0, 0.0424, 0.42, 3.14159, 9.96, 10.0, 13.6, 1234.4)] == [
         "0", "0.042", "0.42", "3.1", "10", "10", "14", "1234",
     ]  # fmt: skip
+
+
+def test_a_class_folder_of_only_unreadable_files_is_refused_before_training(tmp_path):
+    """A class the model could never learn: every file of it fails to read (text named .jpg, a JPEG cut short); a
+    class with one readable file among broken ones trains (its broken files are skipped and listed)."""
+    rng = np.random.default_rng(0)
+    good = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)).save(good, "JPEG")
+    for name in ("a", "b", "bad", "mixed"):
+        (tmp_path / name).mkdir()
+    for name in ("a", "b"):
+        for k in range(3):
+            Image.fromarray(rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)).save(tmp_path / name / f"{k}.png")
+    (tmp_path / "bad" / "0.jpg").write_text("not an image")
+    (tmp_path / "bad" / "1.jpg").write_bytes(good.getvalue()[: len(good.getvalue()) // 3])
+    (tmp_path / "mixed" / "0.jpg").write_text("not an image")
+    (tmp_path / "mixed" / "1.jpg").write_bytes(good.getvalue())
+    with pytest.raises(ValueError, match=r"class folder\(s\) \['bad'\] hold no readable image") as err:
+        load_folder(tmp_path)
+    assert "for example bad/0.jpg: cannot identify image file" in str(err.value)
+    (tmp_path / "bad" / "0.jpg").unlink()
+    with pytest.raises(ValueError, match=r"for example bad/1.jpg: Truncated File Read"):  # Pillow's words
+        load_folder(tmp_path)
+    (tmp_path / "bad" / "1.jpg").write_bytes(good.getvalue())  # one readable file: the class trains
+    train, val, info = load_folder(tmp_path, val_fraction=0.5)
+    assert list(info.classes) == ["a", "b", "bad", "mixed"] and len(train) + len(val) == 9

@@ -246,19 +246,41 @@ def _class_folders(root: Path) -> list[str]:
 
 
 def _scan(root: Path, classes: list[str]) -> tuple[list[Path], list[int]]:
-    """Image files under root/<class>/ (any depth), sorted, with the class index as label."""
-    paths, labels, empty = [], [], []
+    """Image files under root/<class>/ (any depth), sorted, with the class index as label. A class folder without
+    image files, or none of whose files reads as an image, is a ValueError: the model could not learn it."""
+    paths, labels, empty, unreadable = [], [], [], []
     for label, name in enumerate(classes):
         found = sorted(p for p in (root / name).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
         if not found:
             empty.append(name)
+        elif (why := _none_readable(found)) is not None:
+            unreadable.append((name, f"{why[0].relative_to(root)}: {why[1]}"))
         paths += found
         labels += [label] * len(found)
     if empty:
         raise ValueError(
             f"{root}: class folder(s) {empty} hold no images (expected files ending in {', '.join(IMAGE_EXTENSIONS)})"
         )
+    if unreadable:
+        raise ValueError(
+            f"{root}: class folder(s) {[name for name, _ in unreadable]} hold no readable image, so the model could "
+            f"not learn {'it' if len(unreadable) == 1 else 'them'} (for example {unreadable[0][1]}): replace the "
+            "files, or remove the folder"
+        )
     return paths, labels
+
+
+def _none_readable(files: list[Path]) -> tuple[Path, str] | None:
+    """(the first file, why it cannot be read) when none of `files` reads as an image; None as soon as one does (a
+    class's first file, mostly: one decode a class)."""
+    first = None
+    for path in files:
+        try:
+            open_image(path).close()
+            return None
+        except UnreadableImageError as err:
+            first = first or (path, err.reason)
+    return first
 
 
 def stratified_split(labels: list[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
