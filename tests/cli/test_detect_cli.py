@@ -136,6 +136,8 @@ def test_predict_and_eval_in_tiles(trained, capsys, tmp_path):
     assert json.loads(said.out)["ap"] == pytest.approx(result.metrics["ap"], abs=1e-12)
     assert main(["predict", "--model-dir", str(out / "final"), str(tmp_path / "big.png"), "--overlap", "0.3"]) == 2
     assert "--overlap applies to tiles: give --tile PX too" in capsys.readouterr().err
+    assert main(["predict", "--model-dir", str(out / "final"), str(tmp_path / "big.png"), "--tile", "10"]) == 2
+    assert "--tile 10: a tile of under 32 px holds a few pixels of an object" in capsys.readouterr().err
     assert main(["predict", "--model-dir", str(out / "final"), str(tmp_path / "big.png"), "--max-pixels", "1000",
                  "--out", str(tmp_path / "again")]) == 2  # fmt: skip
     err = capsys.readouterr().err

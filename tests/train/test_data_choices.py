@@ -131,3 +131,5 @@ def test_a_run_in_tiles_is_sized_from_its_tiles_and_tile_0_keeps_whole_images(tm
     whole = {c.field: c.value for c in TrainConfig(data=str(tmp_path), tile=0).data_choices()}
     assert "tile" not in whole and whole["img_size"] == 800
     assert TrainConfig(data=str(tmp_path), tile=0).resolved().tile_side is None
+    with pytest.raises(ValueError, match="tile 8: a training tile of under 32 px holds a few pixels of an object"):
+        TrainConfig(data=str(tmp_path), tile=8).resolved()

@@ -17,7 +17,7 @@ from vitkit.analysis.available import available_memory
 from vitkit.analysis.precision import AUTO, PRECISIONS, resolve_precision
 from vitkit.analysis.preflight import SettingNames, check_memory
 from vitkit.data.check import dim_image_note
-from vitkit.data.tiles import DEFAULT_OVERLAP
+from vitkit.data.tiles import DEFAULT_OVERLAP, MIN_TILE
 from vitkit.detection.postprocess import DEFAULT_THRESHOLD
 from vitkit.infer import is_detector_dir, is_detector_name, resolve_device, run_config
 from vitkit.models.registry import published_weights
@@ -251,6 +251,12 @@ def tiling(args: argparse.Namespace, saved_tile: int | None) -> tuple[int | None
     tile = saved_tile if args.tile is None else args.tile
     if tile is not None and tile < 0:
         raise ValueError(f"--tile must be a side in pixels (0: whole images), got {tile}")
+    if tile and tile < MIN_TILE:
+        raise ValueError(
+            f"--tile {tile}: a tile of under {MIN_TILE} px holds a few pixels of an object, and an image thousands of "
+            f"tiles; give at least {MIN_TILE} (about the model's input side, or the size the model was trained on), or "
+            "0 for whole images"
+        )
     overlap = DEFAULT_OVERLAP if args.overlap is None else args.overlap
     if not 0.0 <= overlap < 1.0:
         raise ValueError(f"--overlap is a share of the tile's side in [0, 1), got {overlap}")

@@ -25,6 +25,8 @@ from vitkit.data.detection_stats import DetectionStats, image_fields
 from vitkit.data.loader import Unreadable
 
 DEFAULT_OVERLAP = 0.25  # of the tile's side: objects up to this size are found whole by one tile
+MIN_TILE = 32  # the smallest tile side a run or a command takes: below, a tile holds a few pixels of an object and an
+# image thousands of tiles (a 500x375 photo in tiles of 10 px: over 2,000 forward passes)
 MIN_VISIBLE = 0.5  # a box is kept in a training tile when this share of its area lies inside
 
 

@@ -25,7 +25,7 @@ from vitkit.data import (
     load_detection,
 )
 from vitkit.data.sources import own_split
-from vitkit.data.tiles import tiled_stats
+from vitkit.data.tiles import MIN_TILE, tiled_stats
 from vitkit.detection import DETECTION_LOSSES
 from vitkit.infer.runtime import resolve_device
 from vitkit.layers.helpers import to_2tuple
@@ -289,6 +289,11 @@ class TrainConfig:
             raise ValueError(f"img_size must be positive, got {self.img_size}")
         if self.tile is not None and self.tile < 0:
             raise ValueError(f"tile must be a number of pixels (0: whole images), got {self.tile}")
+        if self.tile and self.tile < MIN_TILE:
+            raise ValueError(
+                f"tile {self.tile}: a training tile of under {MIN_TILE} px holds a few pixels of an object; give at "
+                f"least {MIN_TILE} (a few times the objects' size), or 0 for whole images"
+            )
         if self.tile and str(self.data).startswith(BUILTIN_PREFIX):
             raise ValueError(f"{self.data} is of small images: tiles are for large images, in a COCO-format folder")
         for name in ("hflip", "crop"):
