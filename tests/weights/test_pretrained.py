@@ -255,3 +255,44 @@ def test_table_sizes_are_the_files_to_download(timm_vit):
     _, folder = timm_vit
     written = (folder / "model.safetensors").stat().st_size / 1e6
     assert math.isclose(vitkit.weights.download_mb("vit_tiny_patch16_224"), written, abs_tol=0.05)
+
+
+def test_without_network_the_cache_is_read_at_once_and_the_error_says_why(tmp_path, monkeypatch):
+    """Not offline by setting, but the Hub's name does not resolve: huggingface_hub is asked for the cache only (no
+    retries of a connection that cannot be made), and the error names the cause; behind an HTTPS proxy, which
+    resolves the name itself, the network is tried."""
+    import socket
+
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from vitkit.weights import hub
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+    def no_dns(host, *args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    asked = []
+
+    def download(*args, **kwargs):
+        asked.append(kwargs.get("local_files_only"))
+        raise LocalEntryNotFoundError("not in the cache")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    hub.unreachable_hub.cache_clear()
+    hub._snapshot.cache_clear()
+    with pytest.raises(NotCached, match=r"the Hub could not be reached: its address huggingface.co does not resolve"):
+        hub_snapshot("hf-hub:org/none")
+    assert asked == [True]
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    hub.unreachable_hub.cache_clear()
+    with pytest.raises(NotCached):
+        hub_snapshot("hf-hub:org/other")
+    assert asked == [True, False]
+    hub.unreachable_hub.cache_clear()  # the next test asks again

@@ -20,6 +20,9 @@ import hashlib
 import logging
 import os
 import re
+import socket
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,8 +154,9 @@ def _download(repo: str, filename: str, revision: str | None) -> str:
     )
 
     at = f" at revision {revision!r}" if revision else ""
+    cache_only = not offline() and unreachable_hub() is not None  # no network: the cache, without retries
     try:
-        return hf_hub_download(repo, filename, revision=revision, library_name="vitkit")
+        return hf_hub_download(repo, filename, revision=revision, library_name="vitkit", local_files_only=cache_only)
     except LocalEntryNotFoundError as err:
         raise not_cached(repo, [filename], revision) from err
     except GatedRepoError as err:
@@ -232,12 +236,34 @@ def _snapshot_dir(repo: str, commit: str) -> Path:
     return _repo_folder(repo) / "snapshots" / commit
 
 
+@functools.lru_cache(maxsize=1)
+def unreachable_hub() -> str | None:
+    """Why the Hub cannot be reached at all, its host name not resolving (a machine without network), or None
+    (also behind an HTTPS proxy, which resolves it); asked once a process, so that huggingface_hub's retries of a
+    connection that cannot be made (half a minute) are not spent before the cache is read."""
+    from huggingface_hub import constants
+
+    proxies = urllib.request.getproxies()
+    if proxies.get("https") or proxies.get("all"):  # the proxy resolves the Hub's name, not this machine
+        return None
+    host = urllib.parse.urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as err:
+        return f"its address {host} does not resolve ({err.strerror or err}; no network?)"
+    return None
+
+
 def not_cached(repo: str, files: list[str], revision: str | None) -> NotCached:
     """The error for files of `repo` that are neither in the cache nor downloadable now: what was looked for, where,
     the command that fetches them on a connected machine and how to pass them as a local folder instead."""
     at = f" --revision {revision}" if revision else ""
     partial = sorted(p.name for p in (_repo_folder(repo) / "blobs").glob("*.incomplete"))
-    cause = "HF_HUB_OFFLINE=1" if offline() else "the Hub could not be reached"
+    if offline():
+        cause = "HF_HUB_OFFLINE=1"
+    else:
+        why = unreachable_hub()
+        cause = "the Hub could not be reached" + (f": {why}" if why else "")
     message = (
         f"{HUB_PREFIX}{repo}: {' and '.join(files)} not found in the Hugging Face cache ({_repo_folder(repo)}), and "
         f"{cause}. "
