@@ -40,6 +40,12 @@ def test_from_pretrained_overrides(tmp_path):
 def test_from_pretrained_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json not found"):
         vitkit.from_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"nowhere does not exist: expected a model directory") as err:
+        vitkit.from_pretrained(tmp_path / "nowhere")
+    assert "is a model's name" not in str(err.value)
+    hint = r"vit_tiny_patch16_224 is a model's name: vitkit.create_model\('vit_tiny_patch16_224', pretrained=True\)"
+    with pytest.raises(FileNotFoundError, match=hint):  # a registered name, where a folder was expected
+        vitkit.from_pretrained("vit_tiny_patch16_224")
     model = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=32)
     vitkit.save_pretrained(model, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from vitkit.models.registry import build_model, create_model, family_of, model_entry, replace_config
+from vitkit.models.registry import build_model, create_model, family_of, list_models, model_entry, replace_config
 from vitkit.util import atomic_write, listed
 from vitkit.weights import hf, shapes
 from vitkit.weights.errors import CheckpointMismatch, LayoutMismatch, ModelNeeded, ModelNotNeeded, shown_models
@@ -630,6 +630,18 @@ def _from_directory(
 def _directory_config(directory: Path) -> dict[str, Any]:
     """The parsed config.json of a vitkit or Hugging Face model directory; FileNotFoundError without one."""
     config_path = directory / CONFIG_NAME
+    if not directory.exists():
+        name = str(directory).split(".")[0]  # a registered name, or name.tag
+        hint = (
+            f"; {directory} is a model's name: vitkit.create_model({str(directory)!r}, pretrained=True) loads its "
+            f"published weights, `--model {directory} --pretrained` on the command line"
+            if name in list_models()
+            else ""
+        )
+        raise FileNotFoundError(
+            f"{directory} does not exist: expected a model directory (written by vitkit.save_pretrained, vitkit "
+            f"train or Hugging Face transformers), a checkpoint file, or hf-hub:ORG/REPO{hint}"
+        )
     if not config_path.is_file():
         raise FileNotFoundError(
             f"{config_path} not found: expected a directory written by vitkit.save_pretrained or by Hugging Face "
