@@ -59,6 +59,16 @@ def test_an_output_under_a_file_is_refused_before_the_work(tmp_path, capsys, com
     assert f"{blocked} is a file, not a folder" in err and MISSING not in err
 
 
+@pytest.mark.parametrize("inside", [False, True], ids=["the_file", "under_it"])
+def test_a_training_run_into_a_file_is_refused_naming_it(tmp_path, capsys, inside):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a folder")
+    out = blocked / "run" if inside else blocked
+    assert main(["train", "--epochs", "1", "--out", str(out)]) == 2
+    said = f"cannot use {out} as the output folder: {blocked} is a file, not a folder"
+    assert said in capsys.readouterr().err and blocked.read_text() == "not a folder"
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes everywhere")
 def test_a_folder_that_cannot_be_written_is_named(tmp_path, capsys):
     locked = tmp_path / "locked"

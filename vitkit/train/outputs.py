@@ -80,7 +80,11 @@ class OutLock:
                     self.out.mkdir(parents=True, exist_ok=True)
                 outcome = self._take(given) if self.out.is_dir() else "missing"
             except OSError as err:  # said in every process, not left for the others to wait on
-                outcome = f"cannot use {self.out} as the output folder: {err}"
+                taken = next((p for p in (self.out, *self.out.parents) if p.exists()), None)
+                if taken is not None and not taken.is_dir():
+                    outcome = f"cannot use {self.out} as the output folder: {taken} is a file, not a folder"
+                else:
+                    outcome = f"cannot use {self.out} as the output folder: {err}"
         outcome = broadcast_object(outcome, self.env)
         if outcome not in (None, "missing"):
             raise ValueError(outcome)
