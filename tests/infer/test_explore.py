@@ -154,6 +154,19 @@ def test_explore_cli_writes_the_page(tmp_path, capsys):
     assert "expected an .html file name" in capsys.readouterr().err
 
 
+def test_a_large_page_says_how_to_keep_fewer_maps(tmp_path, capsys, monkeypatch):
+    from vitkit.cli import explore, main
+
+    picture().save(tmp_path / "a.png")
+    monkeypatch.setattr(explore, "LARGE_PAGE", 1000)  # bytes: any page here is larger
+    args = ["explore", "--model", "vit_tiny_patch16_224", str(tmp_path / "a.png")]  # 12 layers
+    assert main([*args, "--out", str(tmp_path / "all.html")]) == 0
+    note = capsys.readouterr().err
+    assert "opens slowly; it holds every layer's maps: --layers 11 (or 0,11) and --heads 0,1 keep fewer" in note
+    assert main([*args, "--layers", "11", "--out", str(tmp_path / "one.html")]) == 0
+    assert "opens slowly" not in capsys.readouterr().err  # chosen already
+
+
 def test_a_page_that_would_not_fit_in_memory_is_refused_before_it_runs(monkeypatch):
     import vitkit.infer.explore as explore
 

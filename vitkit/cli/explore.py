@@ -5,6 +5,7 @@ attention rollout, the prediction and the model's costs (`vitkit.viz.explorer`).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from vitkit.cli.options import (
@@ -49,6 +50,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     add_threshold_option(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     add_memory_option(parser)
+
+
+LARGE_PAGE = 50 * 2**20  # bytes above which a page is slow to open, and keeping fewer maps is worth saying
 
 
 def _write(out: Path, data: dict) -> None:
@@ -105,4 +109,12 @@ def run(args: argparse.Namespace) -> int:
         f"explorer of {len(images)} image(s), {len(data['layers'])} layer(s){heads}: "
         f"{out} ({_size(out.stat().st_size)}); open it in a browser"
     )
+    if out.stat().st_size > LARGE_PAGE and args.layers is None and args.heads is None:
+        last = len(data["layers"]) - 1  # every layer is kept: the last one's index
+        fewer = f"--layers {last} (or 0,{last})" + (" and --heads 0,1" if heads else "")
+        print(
+            f"vitkit explore: note: a page of {_size(out.stat().st_size)} opens slowly; it holds every layer's maps: "
+            f"{fewer} keep fewer",
+            file=sys.stderr,
+        )
     return 0
