@@ -188,3 +188,20 @@ def test_bad_entries_say_what_is_wrong(tmp_path):
         "skipped images; for example image 1: bad image entry (width must be a positive integer, got 40.0); "
         "annotation 1: bad annotation entry (category_id must be an integer, got '1')"
     )
+
+
+def test_a_windows_path_in_file_name_is_read_in_its_parts(tmp_path):
+    """`sub\\1.png`, as a tool on Windows writes it, is the file sub/1.png; a name that is missing either way is
+    still skipped as missing."""
+    path = write_split(tmp_path, "train", [(1, 40, 30), (2, 40, 30)], [*GOOD, box(2, 2, [2, 2, 10, 10])])
+    (tmp_path / "train" / "sub").mkdir()
+    (tmp_path / "train" / "1.png").rename(tmp_path / "train" / "sub" / "1.png")
+    data = json.loads(path.read_text())
+    data["images"][0]["file_name"] = "sub\\1.png"
+    data["images"][1]["file_name"] = "sub\\nowhere.png"
+    path.write_text(json.dumps(data))
+    split = CocoDetection(path, tmp_path / "train", short_side=None)
+    assert [s.path for s in split.samples] == [tmp_path / "train" / "sub" / "1.png"]
+    assert [(s.kind, s.id, s.reason) for s in split.report.skipped if s.kind == "image"] == [
+        ("image", 2, "missing file")
+    ]

@@ -18,7 +18,7 @@ import math
 import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Any
 
 import numpy as np
@@ -374,6 +374,8 @@ class CocoDetection(Dataset):
                 continue
             listed.add(image_id)
             file = folder / entry["file_name"]
+            if not file.is_file() and "\\" in entry["file_name"]:  # a Windows tool's path: its parts, here
+                file = folder.joinpath(*PureWindowsPath(entry["file_name"]).parts)
             if not file.is_file():
                 self._skip("image", image_id, "missing file", str(file))
                 continue
