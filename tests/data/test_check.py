@@ -216,3 +216,20 @@ def test_an_area_larger_than_its_box_is_warned_of(shapes, tmp_path):
     text = "\n".join(check.warnings)
     assert f"train: 3 of {split.stats.boxes} objects have an area larger than their box" in text
     assert check_detection_folder(shapes).splits[0].area_over_box == (0, "")  # masks' areas fit their boxes
+
+
+def test_a_category_without_a_box_anywhere_is_named_once(shapes, tmp_path):
+    """labelme2coco's `_background_` (id 0, no annotation): a class the model would learn to score, named as unused
+    rather than as rare."""
+    root = tmp_path / "background"
+    shutil.copytree(shapes, root)
+
+    def add_background(data):
+        data["categories"].insert(0, {"id": 0, "name": "_background_"})
+
+    _edit(root, "train", add_background)
+    _edit(root, "val", add_background)
+    check = check_detection_folder(root)
+    text = "\n".join(check.warnings)
+    assert "categories without a box in any split: _background_: each is still a class" in text
+    assert "_background_ (0)" not in text

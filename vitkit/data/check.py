@@ -270,7 +270,18 @@ def _warnings(check: DataCheck) -> list[str]:
     by_split = {s.split: s for s in check.splits}
     train, val = by_split.get("train"), by_split.get("val")
     if train is not None:
-        rare = [f"{name} ({n})" for name, n in zip(check.classes, train.stats.boxes_per_class, strict=True) if n < RARE]
+        boxes = [sum(counts) for counts in zip(*(s.stats.boxes_per_class for s in check.splits), strict=True)]
+        unused = [name for name, n in zip(check.classes, boxes, strict=True) if n == 0]
+        if unused:
+            out.append(
+                f"categories without a box in any split: {', '.join(unused)}: each is still a class the model learns "
+                "to score (labelme2coco writes _background_ so); remove them from the file's categories"
+            )
+        rare = [
+            f"{name} ({n})"
+            for name, n, total in zip(check.classes, train.stats.boxes_per_class, boxes, strict=True)
+            if n < RARE and total > 0
+        ]
         if rare:
             out.append(
                 f"rare classes in train, fewer than {RARE} boxes: {', '.join(rare)}: the model sees too few to learn "
