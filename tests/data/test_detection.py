@@ -305,6 +305,16 @@ def test_digits_round_trip_through_a_coco_folder(tmp_path, digits):
     )
     assert f"put the images to train on in {whole / 'train'}/ with their .json" in str(err.value)
     assert is_detection_data(str(whole))
+    labelme = tmp_path / "labelme"  # labelme's own files, one per image, at the top or in train/
+    (labelme / "train").mkdir(parents=True)
+    for name in ("a", "b"):
+        one = {"version": "5", "shapes": [{"label": "cat", "points": [[1, 2], [3, 4]]}], "imagePath": f"{name}.jpg"}
+        (labelme / "train" / f"{name}.json").write_text(json.dumps(one))
+    with pytest.raises(ValueError, match="found labelme's annotation files, one .json per image") as err:
+        load_coco_folder(labelme)
+    assert "(train/a.json and train/b.json), not COCO files: convert each split's into one COCO file" in str(err.value)
+    (labelme / "train").rename(labelme / "annotated")
+    assert is_detection_data(str(labelme)) and is_detection_data(str(labelme / "annotated"))
     classes = tmp_path / "classes"
     (classes / "cat").mkdir(parents=True)
     (classes / "dataset.json").write_text('{"mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2, 0.2]}')

@@ -616,8 +616,15 @@ def _find_split(root: Path, split: str) -> tuple[Path, Path]:
             return jsons[0], folders[0]
     seen = sorted({str(p.relative_to(root)) for p in [*root.glob("*.json"), *root.glob("*/*.json")]})
     seen_text = f"found the .json files {seen[:8]}{' ...' if len(seen) > 8 else ''}" if seen else "found no .json file"
-    whole = top_level_coco(root)
-    if whole:  # labelme2coco's and many tools' export: one file for every image, no split
+    whole, labelme = top_level_coco(root), labelme_files(root)
+    if labelme:  # labelme's own files, one per image
+        shown = listed([str(p.relative_to(root)) for p in labelme[:3]]) + (" ..." if len(labelme) > 3 else "")
+        seen_text = (
+            f"found labelme's annotation files, one .json per image ({shown}), not COCO files: convert each "
+            "split's into one COCO file (labelme's examples/instance_segmentation/labelme2coco.py writes one with "
+            f"its images), then put them in {root / 'train'}/ and {root / 'val'}/"
+        )
+    elif whole:  # labelme2coco's and many tools' export: one file for every image, no split
         seen_text = (
             f"found {listed([p.name for p in whole])} at its top, a COCO file of the whole set without a train / val "
             f"split: put the images to train on in {root / 'train'}/ with their .json, those to score on in "
@@ -628,6 +635,22 @@ def _find_split(root: Path, split: str) -> tuple[Path, Path]:
         f"{split}*/ (COCO's layout), one annotations/{split}*.json with its images in the folder of the same name, "
         f"or one {split}*/ folder holding the images and one .json; {seen_text}"
     )
+
+
+def labelme_files(root: Path, looked: int = 3) -> list[Path]:
+    """The .json files at the top of `root` and in its folders that are labelme's (an object with "shapes" and
+    "imagePath": one image's annotations), of the first `looked` .json files of each folder."""
+    found = []
+    for folder in [root, *sorted(p for p in root.iterdir() if p.is_dir())] if root.is_dir() else []:
+        for path in sorted(folder.glob("*.json"))[:looked]:
+            try:
+                with open(path) as handle:
+                    data = json.load(handle)
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and "shapes" in data and "imagePath" in data:
+                found.append(path)
+    return found
 
 
 def top_level_coco(root: Path) -> list[Path]:

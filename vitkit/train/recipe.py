@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.data import BUILTIN_PREFIX, DIGITS_DETECT
-from vitkit.data.coco import top_level_coco
+from vitkit.data.coco import labelme_files, top_level_coco
 from vitkit.data.tiles import DEFAULT_OVERLAP
 from vitkit.models.registry import CLASSIFICATION, DETECTION, Family, families, family, list_models, model_entry
 from vitkit.util import counted
@@ -204,7 +204,8 @@ def is_detection_data(source: str) -> bool:
         return True
     if any(any(folder.glob("*.json")) for folder in root.glob("train*") if folder.is_dir()):
         return True
-    return bool(top_level_coco(root))  # a whole set in one file: detection data, whose loading names the layouts
+    # a whole set in one file, or labelme's files: detection data, whose loading names the layouts and the fix
+    return bool(top_level_coco(root)) or bool(labelme_files(root))
 
 
 def model_task(model: str | None = None, init: str | None = None) -> str | None:
