@@ -179,3 +179,21 @@ def test_a_batch_size_below_one_is_refused_not_replaced_by_the_default(model, da
     directory = save_pretrained(model, tmp_path / "run", ModelInfo(CLASSES, MEAN, STD))
     assert main(["eval", "--model-dir", str(directory), "--data", str(data), "--batch-size", batch]) == 2
     assert f"batch_size must be positive, got {batch}" in capsys.readouterr().err
+
+
+def test_a_folder_of_some_of_the_models_classes_is_scored_on_them(model, data, capsys, tmp_path):
+    """A test set of two of the model's three classes: each image keeps its class's index in the model; a class the
+    model does not know is refused naming it."""
+    directory = save_pretrained(model, tmp_path / "run", ModelInfo(CLASSES, MEAN, STD))
+    some = tmp_path / "some"
+    for name in CLASSES[1:]:
+        (some / name).mkdir(parents=True)
+        for path in (data / name).glob("[0-9].png"):
+            (some / name / path.name).write_bytes(path.read_bytes())
+    report, _ = _eval(directory, some, capsys)
+    assert {k: report[k] for k in ("images", "loss", "top1")} == pytest.approx(_expected(model, some), rel=1e-4)
+    assert report["images"] == 8
+    (some / "hexagon").mkdir()
+    (some / "hexagon" / "0.png").write_bytes((data / CLASSES[0] / "0.png").read_bytes())
+    assert main(["eval", "--model-dir", str(directory), "--data", str(some)]) == 2
+    assert "['hexagon'] are not among them" in capsys.readouterr().err

@@ -412,7 +412,7 @@ def load_eval_split(source: str | None, info: DataInfo) -> ImageSource:
     """The images to evaluate a model trained on the data `info` describes.
 
     With `source` None: the held-out part of the training data, split as in training. Otherwise `eval_split`'s
-    images of `source`, whose class names must be the model's.
+    images of `source`, whose class names must be the model's or some of them (`eval_classes`).
     """
     if source is None:
         # A fixed split is saved as fraction 0, which means "none given" here.
@@ -420,11 +420,20 @@ def load_eval_split(source: str | None, info: DataInfo) -> ImageSource:
         classes = found.classes
     else:
         held, classes = eval_split(source)
-    check_eval_classes(source or info.source, classes, info.classes)
-    return held
+    return eval_classes(source or info.source, held, classes, info.classes)
 
 
-def check_eval_classes(source: str, found: Sequence[str], expected: Sequence[str]) -> None:
-    """ValueError unless the class names `found` in `source` are the model's (`expected`), in the same order."""
-    if tuple(found) != tuple(expected):
-        raise ValueError(f"{source} has classes {list(found)}, the model knows {list(expected)}")
+def eval_classes(source: str, held: ImageSource, found: Sequence[str], expected: Sequence[str]) -> ImageSource:
+    """`held` (labelled by the class names `found` in `source`) labelled by the model's classes `expected`: as it
+    is when the names are the model's, in its order; relabelled by name when they are some of them (a test set of
+    a few classes); ValueError naming those the model does not know otherwise."""
+    if tuple(found) == tuple(expected):
+        return held
+    unknown = [name for name in found if name not in expected]
+    if unknown or not isinstance(held, ImageFiles):
+        raise ValueError(
+            f"{source} has classes {list(found)}, the model knows {list(expected)}"
+            + (f": {unknown} are not among them" if unknown else "")
+        )
+    index = [list(expected).index(name) for name in found]  # the data's label -> the model's
+    return ImageFiles(held.paths, [index[label] for label in held.labels])

@@ -23,8 +23,8 @@ from vitkit.data import (
     EpochSampler,
     TransformedImages,
     Unreadable,
-    check_eval_classes,
     detection_sampler,
+    eval_classes,
     eval_split,
     eval_transform,
     load_data,
@@ -207,14 +207,14 @@ def evaluate_model_dir(
             )
         # A fixed split is saved as fraction 0, which means "none given" here.
         _, held, found = load_data(saved.data, saved.val_fraction or None, saved.split_seed or 0)
-        check_eval_classes(saved.data, found.classes, info.classes)
+        held = eval_classes(saved.data, held, found.classes, info.classes)
     else:
         held, found = eval_split(data)
         if saved.data is None and saved.classes is None:
             if len(found) != len(info.classes):
                 raise ValueError(f"{data} has {len(found)} classes {list(found)}, the model has {len(info.classes)}")
             info = replace(info, classes=found)
-        check_eval_classes(data, found, info.classes)
+        held = eval_classes(data, held, found, info.classes)
     transform = eval_transform(to_2tuple(model.config.img_size), model.config.in_chans)
     images = TransformedImages(held, transform)
     loader = make_loader(images, EpochSampler(len(images), shuffle=False, pad=False), batch_size, workers)
