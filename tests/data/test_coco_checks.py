@@ -205,3 +205,14 @@ def test_a_windows_path_in_file_name_is_read_in_its_parts(tmp_path):
     assert [(s.kind, s.id, s.reason) for s in split.report.skipped if s.kind == "image"] == [
         ("image", 2, "missing file")
     ]
+
+
+def test_a_folder_with_a_train_split_only_is_told_how_to_make_one_to_score_on(tmp_path):
+    write_split(tmp_path, "train", [(1, 40, 30)], GOOD)
+    with pytest.raises(ValueError, match="no COCO-format val split") as err:
+        load_coco_folder(tmp_path)
+    assert "a detection folder needs a split to score on: move about a tenth of the training images to" in str(
+        err.value
+    )
+    write_split(tmp_path, "val", [(1, 40, 30)], GOOD)
+    assert len(load_coco_folder(tmp_path, short_side=None)[1]) == 1

@@ -630,6 +630,12 @@ def _find_split(root: Path, split: str) -> tuple[Path, Path]:
             f"split: put the images to train on in {root / 'train'}/ with their .json, those to score on in "
             f"{root / 'val'}/ with theirs (COCO's format, the file_name of each image relative to its folder)"
         )
+    elif split == "val" and not any(root.glob("val*")):  # read after train: the training split is there
+        seen_text += (
+            f"; a detection folder needs a split to score on: move about a tenth of the training images to "
+            f"{root / 'val'}/ with a .json of their own (vitkit does not split one: which images are held out is "
+            "kept fixed in the folder, the same for every run and tool)"
+        )
     raise ValueError(
         f"{root}: no COCO-format {split} split: expected one annotations/instances_{split}*.json with its images in "
         f"{split}*/ (COCO's layout), one annotations/{split}*.json with its images in the folder of the same name, "
