@@ -195,7 +195,9 @@ def _unreadable(data: CocoDetection) -> tuple[str, ...]:
         height, width = sample.size
         try:
             with Image.open(sample.path) as image:
-                stored, turned = image.size, image.getexif().get(0x0112) in TURNED
+                stored = image.size
+                # the EXIF block only where the stored size is not the annotations' (a PNG's is read to its end)
+                turned = stored != (width, height) and image.getexif().get(0x0112) in TURNED
         except (OSError, ValueError, Image.DecompressionBombError) as err:
             found.append(f"{sample.path}: {err}")
             continue
