@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vitkit.data.coco import TURNED, CocoDetection, load_coco_folder
+from vitkit.data.coco import CocoDetection, header_problem, load_coco_folder
 from vitkit.data.detection_stats import SMALL_OBJECT, DetectionStats, detection_stats
 from vitkit.data.transforms import integer_depth
 from vitkit.util import counted, listed
@@ -187,22 +187,13 @@ def _dim(data: CocoDetection) -> tuple[int, int, int, int]:
 
 
 def _unreadable(data: CocoDetection) -> tuple[str, ...]:
-    """For each image of `data` that training will skip, "file: why", from the files' headers (no pixel decoded):
-    one that cannot be opened as an image, or whose size is not the annotations' (upright by its EXIF orientation or
-    as stored, as `vitkit.data.coco.open_annotated` accepts it). A file damaged further in shows only when decoded."""
+    """For each image of `data` that training will skip, "file: why", from the files' headers
+    (`vitkit.data.coco.header_problem`)."""
     found = []
     for sample in data.samples:
         height, width = sample.size
-        try:
-            with Image.open(sample.path) as image:
-                stored = image.size
-                # the EXIF block only where the stored size is not the annotations' (a PNG's is read to its end)
-                turned = stored != (width, height) and image.getexif().get(0x0112) in TURNED
-        except (OSError, ValueError, Image.DecompressionBombError) as err:
-            found.append(f"{sample.path}: {err}")
-            continue
-        if (width, height) not in (stored, stored[::-1] if turned else stored):
-            found.append(f"{sample.path}: the file is {stored[0]}x{stored[1]}, the annotations say {width}x{height}")
+        if (problem := header_problem(sample.path, height, width)) is not None:
+            found.append(f"{sample.path}: {problem}")
     return tuple(found)
 
 

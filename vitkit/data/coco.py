@@ -288,10 +288,29 @@ def open_annotated(path: str | os.PathLike, height: int, width: int) -> Image.Im
     stored = open_image(path, upright=False)
     if stored.size == (width, height):
         return stored
-    turned = f" ({image.size[0]}x{image.size[1]} upright by its EXIF orientation)" if stored.size != image.size else ""
-    raise UnreadableImageError(
-        path, f"the file is {stored.size[0]}x{stored.size[1]}{turned}, the annotations say {width}x{height}"
-    )
+    raise UnreadableImageError(path, _other_size(stored.size, image.size, width, height))
+
+
+def _other_size(stored: tuple[int, int], upright: tuple[int, int], width: int, height: int) -> str:
+    """Why a file of `stored` (width, height) pixels, `upright` by its EXIF orientation, is not the annotations'."""
+    turned = f" ({upright[0]}x{upright[1]} upright by its EXIF orientation)" if upright != stored else ""
+    return f"the file is {stored[0]}x{stored[1]}{turned}, the annotations say {width}x{height}"
+
+
+def header_problem(path: str | os.PathLike, height: int, width: int) -> str | None:
+    """What makes `open_annotated` refuse the image file at `path`, from its header alone (no pixel is decoded): it
+    does not open as an image, or neither its stored nor its upright size is `width` x `height`; None when the
+    header passes (a file damaged further in shows only when decoded). The EXIF block is read only where the stored
+    size is not the annotations' (a PNG's is read to the file's end)."""
+    try:
+        with Image.open(path) as image:
+            stored = image.size
+            if stored == (width, height):
+                return None
+            upright = stored[::-1] if image.getexif().get(0x0112) in TURNED else stored
+    except (OSError, ValueError, Image.DecompressionBombError) as err:
+        return str(err)
+    return None if upright == (width, height) else _other_size(stored, upright, width, height)
 
 
 def _to_model_input(image: Image.Image, channels: int, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
@@ -616,7 +635,7 @@ def _find_split(root: Path, split: str) -> tuple[Path, Path]:
             return jsons[0], folders[0]
     seen = sorted({str(p.relative_to(root)) for p in [*root.glob("*.json"), *root.glob("*/*.json")]})
     seen_text = f"found the .json files {seen[:8]}{' ...' if len(seen) > 8 else ''}" if seen else "found no .json file"
-    whole, labelme = top_level_coco(root), labelme_files(root)
+    whole, labelme = other_annotations(root)
     if labelme:  # labelme's own files, one per image
         shown = listed([str(p.relative_to(root)) for p in labelme[:3]]) + (" ..." if len(labelme) > 3 else "")
         seen_text = (
@@ -643,35 +662,26 @@ def _find_split(root: Path, split: str) -> tuple[Path, Path]:
     )
 
 
-def labelme_files(root: Path, looked: int = 3) -> list[Path]:
-    """The .json files at the top of `root` and in its folders that are labelme's (an object with "shapes" and
-    "imagePath": one image's annotations), of the first `looked` .json files of each folder."""
-    found = []
+def other_annotations(root: Path, looked: int = 3) -> tuple[list[Path], list[Path]]:
+    """Annotation files in layouts `load_coco_folder` does not read, each read once, of the first `looked` .json
+    files at the top of `root` and in each of its folders: (COCO files of a whole set at its top: an object with
+    "images" and "annotations", no train / val split; labelme's files: an object with "shapes" and "imagePath", one
+    image's annotations each)."""
+    whole, labelme = [], []
     for folder in [root, *sorted(p for p in root.iterdir() if p.is_dir())] if root.is_dir() else []:
         for path in sorted(folder.glob("*.json"))[:looked]:
             try:
                 with open(path) as handle:
                     data = json.load(handle)
-            except (OSError, ValueError):
+            except (OSError, ValueError):  # unreadable or not JSON: annotations of no layout
                 continue
-            if isinstance(data, dict) and "shapes" in data and "imagePath" in data:
-                found.append(path)
-    return found
-
-
-def top_level_coco(root: Path) -> list[Path]:
-    """The .json files at the top of folder `root` that hold COCO detection data (an object with "images" and
-    "annotations"): a whole set exported without a train / val split, which `load_coco_folder` does not read."""
-    found = []
-    for path in sorted(root.glob("*.json")):
-        try:
-            with open(path) as handle:
-                data = json.load(handle)
-        except (OSError, ValueError):  # unreadable or not JSON: not COCO data either
-            continue
-        if isinstance(data, dict) and "images" in data and "annotations" in data:
-            found.append(path)
-    return found
+            if not isinstance(data, dict):
+                continue
+            if folder == root and "images" in data and "annotations" in data:
+                whole.append(path)
+            elif "shapes" in data and "imagePath" in data:
+                labelme.append(path)
+    return whole, labelme
 
 
 def load_coco_folder(

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.data import BUILTIN_PREFIX, DIGITS_DETECT
-from vitkit.data.coco import labelme_files, top_level_coco
+from vitkit.data.coco import other_annotations
 from vitkit.data.tiles import DEFAULT_OVERLAP
 from vitkit.models.registry import CLASSIFICATION, DETECTION, Family, families, family, list_models, model_entry
 from vitkit.util import counted
@@ -205,7 +205,7 @@ def is_detection_data(source: str) -> bool:
     if any(any(folder.glob("*.json")) for folder in root.glob("train*") if folder.is_dir()):
         return True
     # a whole set in one file, or labelme's files: detection data, whose loading names the layouts and the fix
-    return bool(top_level_coco(root)) or bool(labelme_files(root))
+    return any(other_annotations(root))
 
 
 def model_task(model: str | None = None, init: str | None = None) -> str | None:
