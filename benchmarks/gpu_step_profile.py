@@ -1,12 +1,16 @@
-"""Where a bf16 training step's time goes on a GPU: `torch.profiler` (CPU and CUDA) over a few steps of `vitkit
-bench`'s training candidates, after warm-ups: the operators by host time and by device time, then the calls that
-make the host wait or copy (synchronisations, copies, `.item()`, `nonzero`); for vitkit's detection step, the host
-time and kernel launches of each part (model, criterion, backward, optimizer).
+"""Where a bf16 (or `--precision fp32`) training step's time goes on a GPU (or `--device cpu`): `torch.profiler`
+(CPU and CUDA) over a few steps of `vitkit bench`'s training candidates, after warm-ups: the operators by host time
+and by device time, then the calls that make the host wait or copy (synchronisations, copies, `.item()`,
+`nonzero`); for vitkit's detection step, the host time and kernel launches of each part (model, criterion,
+backward, optimizer).
 
     python benchmarks/gpu_step_profile.py                                  # DETR-R50, batch 8 at 512 px
     python benchmarks/gpu_step_profile.py --model vit_base_patch16_224 --batch 64 --img-size 224 --compare timm
+    python benchmarks/gpu_step_profile.py --model deformable_detr_small --batch 2 --img-size 128 --compare none \
+        --device cpu --precision fp32                                      # the default detector's step on a CPU
 
-The figures behind BENCHMARKS.md's "On a GPU" (what bounds DETR-R50's training step).
+The figures behind BENCHMARKS.md's "On a GPU" (what bounds DETR-R50's training step) and the default detector's step
+on a CPU ("Detection from scratch").
 """
 
 from __future__ import annotations
@@ -29,15 +33,16 @@ def main() -> None:
     parser.add_argument("--compare", default="transformers", help="timm, transformers or none")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps, after as many warm-ups")
     parser.add_argument("--device", default="cuda", help="cuda; cpu for a try of the script (no launches there)")
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp32"), help="the candidates profiled")
     args = parser.parse_args()
     device = torch.device(args.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     compare = None if args.compare == "none" else args.compare
     size = (args.img_size, args.img_size)
-    candidates = build_candidates(args.model, args.batch, size, "bf16", False, True, compare, device, adamw)
-    for name, (_, step) in candidates.items():
-        if "fp32" in name:
+    candidates = build_candidates(args.model, args.batch, size, args.precision, False, True, compare, device, adamw)
+    for name, (precision, step) in candidates.items():
+        if precision != args.precision:
             continue
         try:
             for _ in range(args.steps):
