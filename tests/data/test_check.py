@@ -82,7 +82,8 @@ def test_each_problem_gets_its_warning(shapes, tmp_path):
     assert "train: 6 of" in text and "6 wholly outside" in text
     assert "val: 5 of 6 images have no box" in text
     assert f"1 image of val also in train (000003.png = {first_val})" in text
-    assert "entries left out (6 outside image)" in text
+    assert "entries left out (outside image: 6)" in text
+    assert "loading: skipped 6 (outside image: 6)" in check.report()
 
 
 @pytest.mark.parametrize("augmented", [False, True], ids=["stored", "augmented"])

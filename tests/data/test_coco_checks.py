@@ -58,8 +58,8 @@ def test_a_train_split_without_a_usable_box_is_refused(tmp_path):
     write_split(tmp_path, "val", [(1, 40, 30)], GOOD)
     expected = (
         f"{path}: no boxes to train on: the file lists 2 images and 4 annotations; kept 1 image and 0 annotations; "
-        "skipped 1 image (1 missing file); skipped 2 annotations (1 unknown category, 1 empty box); left out 1 crowd "
-        "annotation; left out 1 annotation of skipped images; for example image 2: missing file "
+        "skipped 1 image (missing file: 1); skipped 2 annotations (unknown category: 1, empty box: 1); "
+        "left out 1 crowd annotation; left out 1 annotation of skipped images; for example image 2: missing file "
         f"({tmp_path / 'train' / '2.png'}); annotation 1: unknown category (category_id 9); annotation 2: empty box "
         "(bbox [2, 2, 0, 10])"
     )
@@ -91,7 +91,8 @@ def test_a_val_split_without_a_box_is_refused_for_training_and_evaluation(tmp_pa
         load_coco_folder(tmp_path, val_only=True)
     assert str(err.value) == (
         f"{path}: no boxes to evaluate on (COCO mAP is undefined without ground-truth boxes): the file lists 1 image "
-        "and 2 annotations; kept 1 image and 0 annotations; skipped 2 annotations (1 outside image, 1 unknown image); "
+        "and 2 annotations; kept 1 image and 0 annotations; "
+        "skipped 2 annotations (outside image: 1, unknown image: 1); "
         "for example annotation 1: outside image (bbox [50, 5, 5, 5] in a 40x30 image); annotation 2: unknown image "
         "(image_id 7)"
     )
@@ -184,8 +185,9 @@ def test_bad_entries_say_what_is_wrong(tmp_path):
     with pytest.raises(ValueError) as err:
         load_coco_folder(tmp_path, val_only=True)
     assert str(err.value).endswith(
-        "skipped 1 image (1 bad image entry); skipped 1 annotation (1 bad annotation entry); left out 1 annotation of "
-        "skipped images; for example image 1: bad image entry (width must be a positive integer, got 40.0); "
+        "skipped 1 image (bad image entry: 1); skipped 1 annotation (bad annotation entry: 1); "
+        "left out 1 annotation of skipped images; "
+        "for example image 1: bad image entry (width must be a positive integer, got 40.0); "
         "annotation 1: bad annotation entry (category_id must be an integer, got '1')"
     )
 

@@ -92,13 +92,13 @@ class DataCheck:
                 f"{counted(s.empty_images, 'image')} without a box"
             )
             if s.skipped or s.clipped or s.crowd:
-                left = ", ".join(f"{n} {reason}" for reason, n in s.skipped.items())
+                left = ", ".join(f"{reason}: {n}" for reason, n in s.skipped.items())
                 lines.append(
                     "  loading: "
                     + "; ".join(
                         part
                         for part in (
-                            f"skipped {left}" if left else "",
+                            f"skipped {sum(s.skipped.values())} ({left})" if left else "",
                             f"clipped {_boxes(s.clipped)}" if s.clipped else "",
                             f"left out {counted(s.crowd, 'crowd annotation')}" if s.crowd else "",
                         )
@@ -329,7 +329,7 @@ def _warnings(check: DataCheck) -> list[str]:
                 f"them ({shown}): replace the files, or correct their entries' width and height"
             )
         if s.skipped:
-            reasons = ", ".join(f"{n} {reason}" for reason, n in s.skipped.items())
+            reasons = ", ".join(f"{reason}: {n}" for reason, n in s.skipped.items())
             out.append(f"{s.split}: entries left out ({reasons}): `vitkit train` lists each with its id")
     if check.duplicates:
         shown = ", ".join(f"{Path(a).name} = {Path(b).name}" for a, b in check.duplicates[:3])

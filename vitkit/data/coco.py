@@ -602,7 +602,7 @@ def _require_boxes(data: CocoDetection, split: str) -> None:
     for kind in ("image", "annotation"):
         reasons = Counter(s.reason for s in report.skipped if s.kind == kind)
         if reasons:
-            detail = ", ".join(f"{n} {reason}" for reason, n in reasons.items())
+            detail = ", ".join(f"{reason}: {n}" for reason, n in reasons.items())
             parts.append(f"skipped {counted(sum(reasons.values()), kind)} ({detail})")
     if report.crowd:
         parts.append(f"left out {counted(report.crowd, 'crowd annotation')}")
