@@ -124,6 +124,42 @@ def test_an_export_never_mixes_two_models_files_in_one_folder(tmp_path, capsys):
     one_file = r"out is a folder; timm weights are one file: name it, e.g. .*model.safetensors"
     with pytest.raises(ValueError, match=one_file):
         vitkit.export_weights(model, hf_dir, "timm")
-    # the command says it the same way
-    assert main(["convert", str(hf_dir), str(hf_dir), "--to", "vitkit"]) == 2
+    # the command says it the same way, replacing what is there only with --force
+    vk_dir = vitkit.export_weights(model, tmp_path / "vk", "vitkit", info)
+    assert main(["convert", str(vk_dir), "--out", str(hf_dir), "--force"]) == 2
     assert "which the vitkit weights do not replace: the folder would mix two models' files" in capsys.readouterr().err
+
+
+def test_convert_replaces_nothing_unless_forced_and_never_its_source(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=3)
+    hf_dir = vitkit.export_weights(model, tmp_path / "hf", "hf")
+    trained = vitkit.export_weights(model, tmp_path / "run" / "final", "vitkit")
+    before = {p: p.read_bytes() for p in [*hf_dir.iterdir(), *trained.iterdir()]}
+
+    # the source's own files, whatever the layout written, with or without --force
+    for out, to in ((hf_dir, "vitkit"), (hf_dir / "model.safetensors", "timm"), (hf_dir, "hf")):
+        for force in ([], ["--force"]):
+            assert main(["convert", str(hf_dir), "--to", to, "--out", str(out), *force]) == 2
+            err = capsys.readouterr().err
+            assert f"{out} would replace files of the folder being converted" in err, err
+            assert err.rstrip().endswith(f"write to a new {'file' if to == 'timm' else 'folder'}")
+    assert main(["convert", str(hf_dir / "model.safetensors"), "--model", "vit_tiny_patch16_224", "--model-arg",
+                 "img_size=32", "--model-arg", "depth=1", "--model-arg", "num_classes=3", "--to", "timm",
+                 "--out", str(hf_dir / "model.safetensors"), "--force"]) == 2  # fmt: skip
+    assert "would replace the file being converted" in capsys.readouterr().err
+
+    # a trained model, a checkpoint file: refused without --force, replaced with it
+    assert main(["convert", str(hf_dir), "--out", str(trained)]) == 2
+    assert f"{trained} holds 2 files already: converting would replace them. Write to a new folder, or replace " \
+        "what is there with --force" in capsys.readouterr().err
+    ckpt = tmp_path / "run" / "checkpoint.pt"
+    ckpt.write_bytes(b"a run's checkpoint")
+    assert main(["convert", str(hf_dir), "--to", "timm", "--out", str(ckpt)]) == 2
+    assert f"{ckpt} is a file already: converting would replace it" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in before} == before and ckpt.read_bytes() == b"a run's checkpoint"
+    with pytest.raises(FileExistsError, match=r"replace what is there with force=True"):
+        vitkit.weights.convert(hf_dir, trained)
+    assert main(["convert", str(hf_dir), "--out", str(trained), "--force"]) == 0
+    assert main(["convert", str(hf_dir), "--to", "timm", "--out", str(ckpt), "--force"]) == 0
+    assert torch.equal(vitkit.from_pretrained(trained).pos_embed, model.pos_embed)

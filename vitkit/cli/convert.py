@@ -61,6 +61,11 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reset-head", action="store_true", help="skip the checkpoint's classifier; keep a freshly initialised one"
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace what DST holds: the file, or the files of the same names in the folder (never SRC's own)",
+    )
 
 
 # What people call the layouts, beside vitkit's names for them
@@ -100,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             model_name=args.model,
             reset_head=args.reset_head,
             overrides=overrides,
+            force=args.force,
         )
     except STRUCTURED as err:  # the ways out in this command's flags, not the library's arguments
         raise ValueError(cli_message(err, CONVERT)) from None

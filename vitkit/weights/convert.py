@@ -32,8 +32,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from vitkit.errors import OptionFileExistsError
 from vitkit.models.registry import build_model, create_model, family_of, list_models, model_entry, replace_config
-from vitkit.util import atomic_write, listed
+from vitkit.util import atomic_write, counted, listed
 from vitkit.weights import hf, shapes
 from vitkit.weights.errors import CheckpointMismatch, LayoutMismatch, ModelNeeded, ModelNotNeeded, shown_models
 from vitkit.weights.family import FamilyWeights, family_weights, hf_model_types, registered_weights, source_formats
@@ -730,6 +731,7 @@ def convert(
     model_name: str | None = None,
     reset_head: bool = False,
     overrides: Mapping[str, Any] | None = None,
+    force: bool = False,
 ) -> tuple[LoadReport, Path]:
     """Read weights in one library's layout and write them in another's (what `vitkit convert` does).
 
@@ -744,6 +746,8 @@ def convert(
         model_name: the registered model for a checkpoint file; not for what builds its own model.
         reset_head: keep the built model's freshly initialised classifier, not the checkpoint's.
         overrides: config fields to replace, e.g. ``{"num_classes": 10}``.
+        force: write where something is already: replace the file `dst`, or the files of the same names in the
+            folder `dst`. Never `src`'s own files: that is refused whatever `force` says.
 
     What a model directory holds beside its config (`ModelInfo`) is written with the weights where the layout of
     `dst` has a place for it (not the entries about the classes when the classifier is reset).
@@ -752,6 +756,7 @@ def convert(
         (what loading `src` did, the path written).
     """
     src, overrides = Path(src), dict(overrides or {})
+    _check_destination(src, Path(dst), dst_format, force)
     if not model_name:
         model = from_pretrained(src, src_format, reset_head, **overrides)
         report = load_report(model)
@@ -766,6 +771,41 @@ def convert(
             raise
         report.kept = kept_fields(model, model_name, overrides)
     return report, export_weights(model.eval(), dst, dst_format, model_info(model))
+
+
+def _check_destination(src: Path, dst: Path, dst_format: str, force: bool) -> None:
+    """Refuse a conversion that would replace what it reads (`src` itself, or a file of the folder `src`), and,
+    unless `force`, one that would replace anything: the file `dst`, or files in the folder `dst` (a trained model,
+    a run's `final/`)."""
+    sources = [p for p in (src.iterdir() if src.is_dir() else [src]) if p.is_file()] if src.exists() else []
+    if dst_format in DIRECTORY_FORMATS:
+        replaced = [p for p in sources if p.parent.resolve() == dst.resolve()]
+    else:
+        replaced = [p for p in sources if p.resolve() == dst.resolve()]
+    if replaced:
+        raise ValueError(
+            f"{dst} would replace {'the file' if src.is_file() else 'files of the folder'} being converted "
+            f"({listed([str(p) for p in replaced][:3])}): write to a new {_kind(dst_format)}"
+        )
+    if force:
+        return
+    if dst.is_file():
+        held = "is a file already"
+    elif dst.is_dir() and any(dst.iterdir()):
+        held = f"holds {counted(len(list(dst.iterdir())), 'file')} already"
+    else:
+        return
+    raise OptionFileExistsError(
+        lambda name: (
+            f"{dst} {held}: converting would replace {'it' if dst.is_file() else 'them'}. Write to a new "
+            f"{_kind(dst_format)}, or replace what is there with {name('force', True)}"
+        )
+    )
+
+
+def _kind(dst_format: str) -> str:
+    """What `export_weights` writes for a format: "folder" or "file"."""
+    return "folder" if dst_format in DIRECTORY_FORMATS else "file"
 
 
 def kept_fields(model: nn.Module, name: str, overrides: Mapping[str, Any]) -> dict[str, str]:
