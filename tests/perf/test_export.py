@@ -13,6 +13,7 @@ from torch import nn
 import vitkit
 from vitkit.cli import main
 from vitkit.layers import attention_layers
+from vitkit.perf import export as export_module
 from vitkit.perf.export import CHECK_BATCHES, EXPORT_BATCH, export_model
 
 TEST_BATCHES = (1, 4)  # batch sizes this file runs the exported models at
@@ -150,7 +151,7 @@ class BatchBaked(nn.Module):
 @pytest.mark.parametrize(
     "shape, message",
     [
-        (False, r"outputs differ from PyTorch's by up to .* at batch size 1, more than atol 0.0001"),
+        (False, r"outputs differ from PyTorch's by up to .* at batch size 1, more than atol 0.0001; nothing"),
         (True, r"returned shape \(2, 3\) at batch size 1, PyTorch \(1, 3\): its batch axis is not dynamic"),
     ],
 )
@@ -212,3 +213,44 @@ def test_a_bf16_optimized_model_is_refused_and_profiled(tmp_path):
     assert not list(tmp_path.iterdir())
     ours, theirs = (profile(m, 224, dtype=torch.bfloat16) for m in (optimized.model, model))
     assert (ours.macs, ours.flops) == (theirs.macs, theirs.flops) and ours.activation_bytes < theirs.activation_bytes
+
+
+class Scaled(nn.Module):
+    """Outputs of a chosen size: the per-channel means of the images times `scale`."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3)) * self.scale  # (B, C)
+
+
+@pytest.mark.parametrize(
+    "scale, error, passes",
+    [
+        (20.0, 1e-3, True),  # a mask logit's size: 1e-3 is 5e-5 of it
+        (20.0, 3e-3, False),  # 1.5e-4 of it
+        (0.5, 9e-5, True),
+        (0.5, 2e-4, False),  # small values: absolute
+        (0.5, float("nan"), False),
+    ],
+)
+def test_the_check_is_absolute_for_small_values_and_relative_for_large_ones(tmp_path, scale, error, passes):
+    model = Scaled(scale)
+    x = torch.rand(2, 3, 4, 4, generator=torch.Generator().manual_seed(0)) + 0.5  # means near 1: outputs near `scale`
+    signature = export_module.Signature(("images",), ("output",), False)
+    expected = model(x).numpy()
+
+    def run(inputs):
+        return [expected + error]
+
+    check = [(x,)]
+    if passes:
+        worst, held = export_module._max_abs_diff(run, model, check, signature, "onnx", tmp_path / "m.onnx", 1e-4)
+        assert worst == pytest.approx(error, rel=0.01)  # float32's rounding of `expected + error`
+        assert held == pytest.approx(error / max(1.0, float(expected.max())), rel=0.01)
+    else:
+        largest = r" x .*, the largest of PyTorch's values" if scale > 1 else ""
+        with pytest.raises(ValueError, match=rf"differ from PyTorch's by up to .*, more than atol 0.0001{largest};"):
+            export_module._max_abs_diff(run, model, check, signature, "onnx", tmp_path / "m.onnx", 1e-4)

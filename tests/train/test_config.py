@@ -63,6 +63,14 @@ def test_default_model_is_the_digits_vit_with_no_replaced_fields():
     assert (digits.num_heads, digits.mlp_ratio, digits.num_classes) == (4, 2.0, 10)
 
 
+def test_a_recipe_warmup_is_at_most_a_fifth_of_a_short_run():
+    assert TrainConfig().resolved().warmup_epochs == 2.0  # the recipe's, in its 40 epochs
+    assert TrainConfig(epochs=2).resolved().warmup_epochs == pytest.approx(0.4)
+    assert TrainConfig(epochs=1).resolved().warmup_epochs == pytest.approx(0.2)
+    assert TrainConfig(epochs=10).resolved().warmup_epochs == 2.0
+    assert TrainConfig(epochs=2, warmup_epochs=2.0).resolved().warmup_epochs == 2.0  # given: kept
+
+
 def _tree(root, splits=("train", "val")):
     for split in splits:
         for name in ("a", "b"):

@@ -28,7 +28,11 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         help="224 or HxW (default: the model's size; for a DETR of any size, the size it is exported at)",
     )
     parser.add_argument(
-        "--atol", type=float, default=1e-4, help="largest output difference from PyTorch allowed (default 1e-4)"
+        "--atol",
+        type=float,
+        default=1e-4,
+        help="largest output difference from PyTorch allowed: absolute for outputs up to 1, relative to the largest "
+        "value above (default 1e-4)",
     )
     add_out_option(parser, "FILE", "the file to write, e.g. model.onnx or model.pt")
 

@@ -3,8 +3,8 @@
 A classifier's exported file takes images (B, C, H, W) of one fixed size and any batch size B, and returns
 `output`. Before the file appears at its path, it is loaded back (ONNX Runtime for ONNX, `torch.jit.load` for
 TorchScript) and run on random images at batch sizes other than the one it was exported with; its outputs must match
-the PyTorch model's within `atol`. The file is written under a temporary name and renamed only then, so a failed
-check leaves nothing at the path.
+the PyTorch model's within `atol` (times the output's largest value where that is over 1). The file is written under a
+temporary name and renamed only then, so a failed check leaves nothing at the path.
 
 A detector's exported file (a model of a family registered with task "detection", `VitkitDetector`) takes images
 (B, C, H, W) and pixel_mask (B, H, W) (bool, True on real pixels, as `vitkit.detection.pad_images` makes it) and
@@ -79,6 +79,7 @@ class ExportReport:
     outputs: tuple[str, ...] = (OUTPUT_NAME,)  # graph outputs in order: ("output",), or DETECTOR_OUTPUTS
     dynamic_img_size: bool = False  # H and W are dynamic too (a detector with config.dynamic_img_size)
     check_sizes: tuple[tuple[int, int], ...] = ()  # the (H, W) each batch of `batch_sizes` was run at
+    max_diff: float = 0.0  # what `atol` holds: the largest difference, relative to the output's largest value if over 1
 
     def summary(self) -> str:
         H, W = self.img_size
@@ -95,8 +96,9 @@ class ExportReport:
             checked = " (images " + ", ".join(f"{h}x{w}" for h, w in self.check_sizes) + ")"
         return (
             f"wrote {self.format} model to {self.path} ({signature}; attention backend {self.attn_backend})\n"
-            f"checked against PyTorch at batch sizes {batches}{checked}: max abs diff {self.max_abs_diff:.3g} "
-            f"<= atol {self.atol:g}"
+            f"checked against PyTorch at batch sizes {batches}{checked}: max abs diff {self.max_abs_diff:.3g}"
+            + (f" ({self.max_diff:.3g} of the largest value)" if self.max_diff < self.max_abs_diff else "")
+            + f" <= atol {self.atol:g}"
         )
 
 
@@ -264,9 +266,10 @@ def _max_abs_diff(
     format: str,
     path: Path,
     atol: float,
-) -> float:
-    """Largest |exported - PyTorch| over `checks`; ValueError when a shape differs or a value is beyond `atol`."""
-    worst = 0.0
+) -> tuple[float, float]:
+    """(largest |exported - PyTorch|, the largest of each output's over the largest of its PyTorch values where that
+    is over 1) over `checks`; ValueError when a shape differs or the second is beyond `atol`."""
+    worst = worst_scaled = 0.0
     for inputs in checks:
         B, _, H, W = inputs[0].shape
         where = f"batch size {B}" + (f", images {H}x{W}" if signature.dynamic_img_size else "")
@@ -286,15 +289,17 @@ def _max_abs_diff(
                     f"exported {format} model returned {label}shape {g.shape} at {where}, PyTorch {e.shape}: "
                     f"its {axis} not dynamic; nothing written to {path}"
                 )
-            diff = float(np.abs(g - e).max())
-            if not diff <= atol:  # also catches NaN
+            error = np.abs(g.astype(np.float64) - e)
+            size = max(1.0, float(np.abs(e).max()))  # absolute up to 1; relative to the largest above (mask logits)
+            if not error.max() <= atol * size:  # also catches NaN
                 label = "" if len(signature.outputs) == 1 else f" ({name})"
+                scale = "" if size == 1.0 else f" x {size:.3g}, the largest of PyTorch's values"
                 raise ValueError(
-                    f"exported {format} model's outputs{label} differ from PyTorch's by up to {diff:.3g} at {where}, "
-                    f"more than atol {atol:g}; nothing written to {path}"
+                    f"exported {format} model's outputs{label} differ from PyTorch's by up to {np.nanmax(error):.3g} "
+                    f"at {where}, more than atol {atol:g}{scale}; nothing written to {path}"
                 )
-            worst = max(worst, diff)
-    return worst
+            worst, worst_scaled = max(worst, float(error.max())), max(worst_scaled, float(error.max()) / size)
+    return worst, worst_scaled
 
 
 def export_model(
@@ -320,7 +325,9 @@ def export_model(
             (``torch.jit.load(path)``).
         img_size: input size, an int for square or (H, W); default the model's `config.img_size`. For a detector
             with `dynamic_img_size`, the size it is exported and first checked at.
-        atol: largest absolute difference allowed between exported and PyTorch outputs.
+        atol: largest difference allowed between exported and PyTorch outputs: absolute for an output whose values
+            are at most 1 in size, relative to the largest for one with larger values (a detector's mask logits
+            reach tens; float32 keeps 7 digits).
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
@@ -348,12 +355,12 @@ def export_model(
     checks = [_random_inputs(signature, b, in_chans, s, generator) for b, s in zip(CHECK_BATCHES, sizes, strict=True)]
     with torch.no_grad():
         reference(*example)  # the model's own input check, before any export work
-    diff = 0.0
+    diff = scaled = 0.0
 
     def write_and_check(tmp: str) -> None:
-        nonlocal diff
+        nonlocal diff, scaled
         export(exported, example, signature, tmp)
-        diff = _max_abs_diff(load(tmp, signature), reference, checks, signature, format, path, atol)
+        diff, scaled = _max_abs_diff(load(tmp, signature), reference, checks, signature, format, path, atol)
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, write_and_check)  # renamed to `path` only if the check passed
@@ -369,6 +376,7 @@ def export_model(
         signature.outputs,
         signature.dynamic_img_size,
         tuple(sizes),
+        scaled,
     )
 
 

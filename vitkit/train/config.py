@@ -49,6 +49,9 @@ from vitkit.weights.io import read_json
 
 CONFIG_NAME = "config.json"
 DEFAULT_OUT = "runs/train"
+DERIVED = ("warmup_epochs", "min_lr")  # options whose default depends on others given (epochs, lr)
+MAX_WARMUP_SHARE = 0.2  # a recipe's warmup is at most this share of a run's epochs (a run of 2 epochs warms up for
+# 0.4, not the classifier recipe's 2, which would end it at the peak rate); a warmup given is kept as given
 CLASSIFICATION_ONLY = ("label_smoothing", "mixup", "cutmix", "randaugment", "min_scale")
 DETECTION_ONLY = (
     "backbone_lr", "detection_loss", "box_cls_loss", "detection_top_k", "nms_iou", "scale_jitter", "crop", "tile"
@@ -159,7 +162,11 @@ class TrainConfig:
         None, help=f"learning rate at the end of the cosine decay ({recipe_defaults('min_lr')})"
     )
     # fractions allowed, at most the whole run
-    warmup_epochs: float | None = option(None, help=f"linear warmup, in epochs ({recipe_defaults('warmup_epochs')})")
+    warmup_epochs: float | None = option(
+        None,
+        help=f"linear warmup, in epochs ({recipe_defaults('warmup_epochs')}; at most a fifth of a shorter run's "
+        "epochs)",
+    )
     # never on norms, biases, tokens, position tables
     weight_decay: float | None = option(
         None, help=f"decoupled weight decay on weight matrices ({recipe_defaults('weight_decay')})"
@@ -376,6 +383,9 @@ class TrainConfig:
                     "min_lr of at most lr"
                 )
             fill["min_lr"] = lr * recipe.min_lr / recipe.lr  # the recipe's end, as a share of the rate given
+        epochs = self.epochs or fill.get("epochs")
+        if "warmup_epochs" in fill and epochs:  # a recipe's warmup in a short run: a share of it, so the rate decays
+            fill["warmup_epochs"] = min(fill["warmup_epochs"], MAX_WARMUP_SHARE * epochs)
         if self.precision == AUTO:  # the faster of the two on the run's device, as measured
             fill["precision"] = resolve_precision(AUTO, resolve_device(self.device))
         if self._own_split(task) is not None:
@@ -440,7 +450,10 @@ class TrainConfig:
         if bare.resolved().model != target.model:  # the model first: its recipe fills the rest
             bare = dataclasses.replace(bare, model=self.model)
         filled = bare.resolved()
-        keep = {k: getattr(self, k) for k in optional if getattr(filled, k) != getattr(target, k)}
+        keep = {k: getattr(self, k) for k in optional if getattr(filled, k) != getattr(target, k) and k not in DERIVED}
+        if any(getattr(filled, k) != getattr(target, k) for k in DERIVED):  # filled from the options kept?
+            filled = dataclasses.replace(bare, **keep).resolved()
+            keep.update({k: getattr(self, k) for k in DERIVED if getattr(filled, k) != getattr(target, k)})
         if keep.get("device") == resolve_device(None):  # a resumed run's saved device: what this machine picks anyway
             del keep["device"]
         return dataclasses.replace(bare, **keep)
