@@ -21,7 +21,7 @@ from vitkit.train import TrainConfig, build_training_model, enable_grad_checkpoi
 from vitkit.train.model import describe_init
 from vitkit.util import counted
 from vitkit.viz import write_curves
-from vitkit.weights import CheckpointMismatch, load_report, read_model_info
+from vitkit.weights import CheckpointMismatch, ModelInfo, load_report, read_model_info
 
 # The layout of the tiny ViT that `tiny_config` trains (tests/train/conftest.py).
 TINY_MODEL = {"img_size": 28, "patch_size": 7, "embed_dim": 16, "depth": 2, "num_heads": 2, "mlp_ratio": 1.0}
@@ -174,6 +174,21 @@ def test_finetune_from_a_trained_model(tmp_path, tiny_config):
     assert tuned.config.num_classes == 3 and tuned.config.img_size == 14 and tuned.pos_embed.shape[1] == 1 + 4
     assert read_model_info(tmp_path / "tuned" / "final").classes == ("class0", "class1", "class2")
     assert tuned.config.embed_dim == base.config.embed_dim
+
+
+def test_finetuning_normalises_images_as_the_initial_weights_were(tmp_path, tiny_config, caplog):
+    config = tiny_config(tmp_path / "run", init=str(tmp_path / "start"), model=None, epochs=1)
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16_224", **config.model_args, num_classes=10)
+    save_pretrained(model, tmp_path / "start", ModelInfo(mean=(0.5,) * 3, std=(0.25,) * 3))  # as timm's augreg
+    with caplog.at_level(logging.INFO, logger="vitkit.train"):
+        fit(config)
+    saved = read_model_info(tmp_path / "run" / "final")
+    assert (saved.mean, saved.std) == ((0.5,) * 3, (0.25,) * 3)
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "normalised as the initial weights were trained: mean (0.5, 0.5, 0.5), std (0.25, 0.25, 0.25)" in said
+    fit(tiny_config(tmp_path / "scratch", epochs=1))  # from scratch: the data's
+    assert read_model_info(tmp_path / "scratch" / "final").mean == (0.485, 0.456, 0.406)
 
 
 def _reason(path: Path) -> str:

@@ -207,6 +207,15 @@ class Run:
         self.model = build_training_model(config, self.task.num_classes).to(env.device)
         # the published weights the model started from (directly, or through the model directory it was saved in)
         self.task.info = dataclasses.replace(self.task.info, weights=model_info(self.model).weights)
+        # weights trained on images normalised their own way (timm's CLIP, SigLIP, augreg: mean and std 0.5) are
+        # fine-tuned on images normalised that way, and saved so
+        started = model_info(self.model)
+        self.own_normalisation = started.mean is not None and (started.mean, started.std) != (
+            self.task.info.mean,
+            self.task.info.std,
+        )
+        if self.own_normalisation:
+            self.task.info = dataclasses.replace(self.task.info, mean=started.mean, std=started.std)
         # before the optimizer state and the first batch: refuse a run that would exhaust memory
         _check_training_memory(self.model, config, env, allow_memory, memory_names or SettingNames())
         net = self.task.prepare(self.model)  # the model, or the model with the task's training-only parts
@@ -297,6 +306,9 @@ class Run:
         init = load_report(self.model)
         if init is not None and init.adapted:  # what the checkpoint gave, where the model is not it as it was
             lines.insert(1, f"  init    {init.format} layout: {describe_init(init, task.num_classes)}")
+        if self.own_normalisation:
+            mean, std = (", ".join(f"{v:.4g}" for v in values) for values in (task.info.mean, task.info.std))
+            lines.insert(2, f"  input   normalised as the initial weights were trained: mean ({mean}), std ({std})")
         return "\n".join(lines)
 
     def state(self, weights: bool = True) -> dict[str, Any]:
