@@ -30,11 +30,15 @@ def test_save_pretrained_keeps_names_and_normalisation(tmp_path):
     assert (saved["classes"], saved["mean"], saved["std"]) == (list(NAMES), list(MEAN), list(STD))
     loaded = vitkit.from_pretrained(tmp_path / "m")
     assert loaded.pretrained_info == ModelInfo(NAMES, MEAN, STD) == read_model_info(tmp_path / "m")
-    # Written only when given: a model fine-tuned on other classes must not pass on the names it was loaded with.
+    # Not given: what the model carries, as timm's and transformers' models keep their labels and preprocessing ...
     vitkit.save_pretrained(loaded, tmp_path / "again")
-    assert read_model_info(tmp_path / "again") == ModelInfo()
-    vitkit.save_pretrained(loaded, tmp_path / "again", model_info(loaded))
     assert read_model_info(tmp_path / "again") == ModelInfo(NAMES, MEAN, STD)
+    vitkit.save_pretrained(loaded, tmp_path / "empty", ModelInfo())  # ... an empty one writes nothing
+    assert read_model_info(tmp_path / "empty") == ModelInfo()
+    # ... without the names once the classifier has another number of outputs
+    resized = vitkit.from_pretrained(tmp_path / "m", reset_head=True, num_classes=5)
+    vitkit.save_pretrained(resized, tmp_path / "five")
+    assert read_model_info(tmp_path / "five") == ModelInfo(mean=MEAN, std=STD)
     # Without names nothing is written, and nothing is made up when reading.
     vitkit.save_pretrained(tiny_vit(), tmp_path / "bare")
     assert set(json.loads((tmp_path / "bare" / "config.json").read_text())) == {"format_version", "family", "config"}

@@ -891,8 +891,8 @@ def _from_file(path: Path, format: str, reset_head: bool, fields: dict[str, Any]
 def export_weights(model: nn.Module, path: str | os.PathLike, format: str, info: ModelInfo | None = None) -> Path:
     """Write `model`'s weights in another library's layout; returns the path written.
 
-    What the model needs beside its weights (`info`: class names, normalisation, ...), when given, goes where the
-    layout has a place for it: "vitkit" into config.json (every entry; see `save_pretrained`); "hf" the class names
+    What the model needs beside its weights (`info`, or what the model carries: class names, normalisation, ...) goes
+    where the layout has a place for it: "vitkit" into config.json (every entry; see `save_pretrained`); "hf" the class names
     as `id2label` / `label2id` in config.json (transformers' default LABEL_i names when none are given) and, for the
     families whose transformers classes read images through `ViTImageProcessor` (ViT, DeiT, Swin) with a
     normalisation given, a `preprocessor_config.json` for it. The single-file formats hold weights only.
@@ -907,7 +907,7 @@ def export_weights(model: nn.Module, path: str | os.PathLike, format: str, info:
             (its code reads ``torch.load(path)["model"]``); a `.safetensors` file, which holds one flat mapping of
             tensors, the state dict itself.
         format: one of `formats()`: "vitkit", "timm", "torchvision", "hf", ...
-        info: e.g. ``model_info(model)`` for a model read by `from_pretrained`.
+        info: what to write beside the weights; None: what the model carries (see `vitkit.save_pretrained`).
     """
     if format not in formats():
         raise ValueError(f"format must be one of {formats()}, got {format!r}")

@@ -67,8 +67,8 @@ class ModelInfo:
 
     `from_pretrained` sets it on the model it returns as `model.pretrained_info` (`model_info(model)`), without
     the entries about the classes when the classifier is not the saved one; `save_pretrained` and
-    `export_weights` write what they are given, e.g. ``save_pretrained(model, path, model_info(model))``, never
-    what a model merely carries (after fine-tuning on other classes it would be wrong).
+    `export_weights` write what they are given, or else what the model carries (its class names only while its
+    classifier has as many outputs); give `info` for a model fine-tuned on other classes of the same number.
     """
 
     classes: tuple[str, ...] | None = None  # class names, one per class (classifier output), in label order
@@ -172,10 +172,16 @@ def model_info(model: nn.Module) -> ModelInfo:
 
 
 def info_for(model: nn.Module, info: ModelInfo | None, source: str) -> ModelInfo:
-    """`info` (None: an empty one) checked against `model`: as many classes, mean / std values for its channels."""
+    """`info` checked against `model`: as many classes, mean / std values for its channels. None: what the model
+    carries (`model_info`: what `from_pretrained` or `create_model(..., pretrained=True)` set on it), without its
+    class names where they no longer number the classifier's outputs."""
     config = model.config
     num_classes, in_chans = getattr(config, "num_classes", 0), getattr(config, "in_chans", None)
-    values = {} if info is None else {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
+    if info is None:
+        info = model_info(model)
+        if info.classes is not None and len(info.classes) != num_classes:
+            info = info.without_classes()
+    values = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
     return check_model_info(values, num_classes, source, in_chans)
 
 
@@ -192,7 +198,9 @@ def save_pretrained(
         model: a vitkit model.
         directory: created if missing.
         info: what the model needs to be used without its training data (class names, normalisation, ...; see
-            `ModelInfo`); None: nothing beside the config.
+            `ModelInfo`); None: what the model carries, as timm's and transformers' models keep their labels and
+            preprocessing (`model_info`: set by `from_pretrained` and `create_model(..., pretrained=True)`; nothing
+            for a model built fresh), its class names only while the classifier has as many outputs.
         state_dict: the weights to write, when not `model.state_dict()`: a sharded model's, gathered
             (`vitkit.train.sharding.full_state_dict`).
 
