@@ -892,9 +892,9 @@ def export_weights(model: nn.Module, path: str | os.PathLike, format: str, info:
     """Write `model`'s weights in another library's layout; returns the path written.
 
     What the model needs beside its weights (`info`, or what the model carries: class names, normalisation, ...) goes
-    where the layout has a place for it: "vitkit" into config.json (every entry; see `save_pretrained`); "hf" the class names
-    as `id2label` / `label2id` in config.json (transformers' default LABEL_i names when none are given) and, for the
-    families whose transformers classes read images through `ViTImageProcessor` (ViT, DeiT, Swin) with a
+    where the layout has a place for it: "vitkit" into config.json (every entry; see `save_pretrained`); "hf" the
+    class names as `id2label` / `label2id` in config.json (transformers' default LABEL_i names when none are given)
+    and, for the families whose transformers classes read images through `ViTImageProcessor` (ViT, DeiT, Swin) with a
     normalisation given, a `preprocessor_config.json` for it. The single-file formats hold weights only.
 
     Args:
