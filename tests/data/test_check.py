@@ -205,6 +205,9 @@ def test_an_area_larger_than_its_box_is_warned_of(shapes, tmp_path):
     def whole_image(data):
         for a in data["annotations"][:3]:
             a["area"] = image["width"] * image["height"]
+        x, y, w, h = data["annotations"][3]["bbox"]  # two thirds outside the image, its area the whole box's:
+        data["annotations"][3]["bbox"] = [-x - 2 * w, y, x + 3 * w, h]  # clipped to a third, yet no error
+        data["annotations"][3]["area"] = (x + 3 * w) * h
 
     _edit(root, "train", whole_image)
     check = check_detection_folder(root)

@@ -128,11 +128,14 @@ AREA_MARGIN = 1.5  # an object's area above this many times its box's area is no
 
 def _area_over_box(data: CocoDetection) -> tuple[int, str]:
     """`SplitCheck.area_over_box`: objects of `data` whose annotated area is above `AREA_MARGIN` times their box's
-    (an export writing the image's area, or a wrong unit), and the first as "AREA px for a WxH box"."""
+    (an export writing the image's area, or a wrong unit), and the first as "AREA px for a WxH box". A box on the
+    image's border is left out: it may have been clipped to the image, and its area be that of the whole object."""
     count, first = 0, ""
     for sample in data.samples:
         sides = sample.boxes[:, 2:] - sample.boxes[:, :2]  # (n, 2) width, height of the (clipped) boxes
-        over = sample.areas > AREA_MARGIN * sides.prod(1)
+        height, width = sample.size
+        inside = (sample.boxes[:, :2] > 0).all(1) & (sample.boxes[:, 2] < width) & (sample.boxes[:, 3] < height)
+        over = inside & (sample.areas > AREA_MARGIN * sides.prod(1))
         if over.any() and not first:
             k = int(over.argmax())
             first = f"{sample.areas[k]:.0f} px for a {sides[k, 0]:.0f}x{sides[k, 1]:.0f} box in {sample.path.name}"
