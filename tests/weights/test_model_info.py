@@ -12,7 +12,7 @@ import transformers
 from PIL import Image
 
 import vitkit
-from vitkit.data import preprocess
+from vitkit.data import Framing, preprocess
 from vitkit.weights import ModelInfo, convert, export_weights, model_info, read_model_info
 
 TINY = dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=3)
@@ -101,23 +101,34 @@ def test_a_directory_of_the_split_layout_says_what_its_config_lacks(tmp_path, fi
     assert " and ".join(files) in str(caught.value) and "vitkit train" in str(caught.value)
 
 
-def test_names_go_out_to_transformers_and_come_back(tmp_path):
+@pytest.mark.parametrize(
+    "framing, processor_class",
+    [
+        ({}, "BitImageProcessor"),  # vitkit's default: the shorter side to the model's, the centre cut out
+        ({"crop_pct": 0.8, "interpolation": "bicubic"}, "BitImageProcessor"),  # as timm's and torchvision's
+        ({"crop_mode": "squash"}, "ViTImageProcessor"),  # transformers' ViT: the whole image, squashed
+    ],
+)
+def test_names_go_out_to_transformers_and_come_back(tmp_path, framing, processor_class):
     torch.manual_seed(0)
     model = tiny_vit()
-    export_weights(model, tmp_path / "hf", "hf", ModelInfo(NAMES, MEAN, STD))
+    export_weights(model, tmp_path / "hf", "hf", ModelInfo(NAMES, MEAN, STD, **framing))
     theirs = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
     assert theirs.config.id2label == dict(enumerate(NAMES))
     assert theirs.config.label2id == {name: i for i, name in enumerate(NAMES)}
     processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
-    assert type(processor).__name__.startswith("ViTImageProcessor")
+    assert type(processor).__name__.startswith(processor_class)
     assert (list(processor.image_mean), list(processor.image_std)) == (list(MEAN), list(STD))
-    # transformers' processor gives the input vitkit's evaluation gives (an image of the model's size).
-    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8))
-    expected = preprocess(image, (32, 32), 3, MEAN, STD)
-    torch.testing.assert_close(processor(image, return_tensors="pt")["pixel_values"][0], expected)
+    # transformers' processor gives the input vitkit's evaluation gives, on an image of another shape and size
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (50, 76, 3), dtype=np.uint8))
+    expected = preprocess(image, (32, 32), 3, MEAN, STD, Framing(**framing))
+    got = processor(image, return_tensors="pt")["pixel_values"][0]
+    level = 1 / 255 / min(STD)  # one grey level, normalised: its resize rounds a few pixels the other way
+    torch.testing.assert_close(got, expected, atol=level * 1.01, rtol=0)
+    assert (got - expected).abs().gt(1e-5).float().mean() < 0.01
 
     back = vitkit.from_pretrained(tmp_path / "hf")
-    assert back.pretrained_info == ModelInfo(NAMES, MEAN, STD)
+    assert back.pretrained_info == ModelInfo(NAMES, MEAN, STD, **framing)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(back(x), theirs(pixel_values=x).logits, atol=1e-5, rtol=1e-5)

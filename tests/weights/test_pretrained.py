@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import timm
 import torch
 import torchvision
 import transformers
+from PIL import Image, ImageFilter
 
 import vitkit
+from vitkit.data import preprocess
 from vitkit.models.registry import list_pretrained, published_weights
 from vitkit.weights import DamagedDownload, HubRepositoryError, NotCached, load_report, model_info
 from vitkit.weights.hub import hub_snapshot
@@ -50,6 +53,26 @@ def test_create_model_pretrained_loads_the_default_weights_from_the_cache(hub_ca
     ):
         pairs = zip(same.state_dict().values(), model.state_dict().values(), strict=True)
         assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_images_are_framed_as_timm_evaluates_the_weights(hub_cache, timm_vit, tmp_path):
+    """timm's pretrained_cfg (crop_pct 0.9, bicubic for these weights): `predict`'s input is timm's own eval
+    transform's on an image of another shape, and a saved copy keeps it."""
+    theirs, folder = timm_vit
+    hub_cache.put(TIMM_REPO, folder)
+    model = vitkit.create_model("vit_tiny_patch16_224", pretrained=True).eval()
+    info = model_info(model)
+    assert (info.crop_pct, info.interpolation, info.crop_mode) == (0.9, "bicubic", None)  # "center": the default
+    transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=theirs))
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (300, 451, 3), dtype=np.uint8)).filter(ImageFilter.GaussianBlur(2))
+    expected = transform(image)  # (3, 224, 224): the shorter side to 248, bicubic, the centre 224
+    got = preprocess(image, (224, 224), 3, info.mean, info.std, info.framing())
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    vitkit.save_pretrained(model, tmp_path / "copy")
+    assert vitkit.weights.read_model_info(tmp_path / "copy").framing() == info.framing()
+    with torch.no_grad():  # the same top classes as timm's on its own input
+        assert torch.equal(model(got[None]).topk(5).indices, theirs(expected[None]).topk(5).indices)
 
 
 def test_another_number_of_classes_keeps_a_fresh_head(hub_cache, timm_vit):

@@ -227,6 +227,6 @@ def run(args: argparse.Namespace) -> int:
         if args.json not in (None, STDOUT):
             print(f"JSON written to {write_json(found.to_dicts(), args.json)}", file=notes)
     img_size = to_2tuple(model.config.img_size)
-    for note in filter(None, (crop_note(p, img_size) for p in found.predictions)):
+    for note in filter(None, (crop_note(p, img_size, info.framing()) for p in found.predictions)):
         print(f"vitkit predict: note: {note}", file=sys.stderr)
     return _finish(found.skipped, len(paths), len(found.predictions))

@@ -39,6 +39,7 @@ from vitkit.data.sources import (
     write_image_folder,
 )
 from vitkit.data.transforms import (
+    Framing,
     ImageModeError,
     center_crop_share,
     channel_stats,
@@ -69,6 +70,7 @@ __all__ = [
     "DetectionStats",
     "DigitsDetection",
     "EpochSampler",
+    "Framing",
     "ImageFiles",
     "ImageModeError",
     "Skipped",

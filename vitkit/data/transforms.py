@@ -19,6 +19,10 @@ serves any mix of files:
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import torch
 from PIL import Image
@@ -143,39 +147,106 @@ def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, .
     return (images.float() / 255 - mean_t) / std_t
 
 
-class ResizeToCover:
-    """PIL image -> the image resized (bilinear, aspect kept) to the smallest size that covers (H, W): scaled by the
-    larger of H / height and W / width, so a centre crop of (H, W) leaves no side short. For a square (H, W) it is
-    torchvision's `Resize(H)` (the shorter side to H)."""
+INTERPOLATIONS = {
+    "bilinear": v2.InterpolationMode.BILINEAR,
+    "bicubic": v2.InterpolationMode.BICUBIC,
+    "nearest": v2.InterpolationMode.NEAREST,
+}  # how an evaluation resize samples: the names timm's pretrained_cfg uses
+CROP_MODES = ("center", "squash")  # timm's crop_mode names
 
-    def __init__(self, size: tuple[int, int]) -> None:
+
+@dataclass(frozen=True)
+class Framing:
+    """How an image becomes a model's input in evaluation, as the weights were evaluated by their publishers
+    (timm's pretrained_cfg: crop_pct, interpolation, crop_mode; transformers' image processors).
+
+    "center": resized, its aspect kept, to the smallest size that covers (H / crop_pct, W / crop_pct) (the shorter
+    side to floor(H / crop_pct) for a square model, timm's and torchvision's `Resize(int)`), then the centre
+    (H, W) cut out. "squash": resized to (floor(H / crop_pct), floor(W / crop_pct)) whatever its aspect, then the
+    centre (H, W) (transformers' ViTImageProcessor: crop_pct 1, the whole image squashed to (H, W)).
+    """
+
+    crop_pct: float = 1.0  # the share of the resized image's side the crop keeps, in (0, 1]
+    interpolation: str = "bilinear"  # one of INTERPOLATIONS
+    crop_mode: str = "center"  # one of CROP_MODES
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.crop_pct, int | float) and 0 < self.crop_pct <= 1):
+            raise ValueError(f"crop_pct must be a number in (0, 1], got {self.crop_pct!r}")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {list(INTERPOLATIONS)}, got {self.interpolation!r}")
+        if self.crop_mode not in CROP_MODES:
+            raise ValueError(f"crop_mode must be one of {list(CROP_MODES)}, got {self.crop_mode!r}")
+
+    def resized_size(self, image_size: tuple[int, int], img_size: tuple[int, int]) -> tuple[int, int] | int:
+        """What an image of `image_size` (h, w) is resized to before the centre crop of `img_size` (H, W): (h', w'),
+        or one int, the shorter side's length (torchvision's `Resize(int)`, the long side truncated), for a square
+        model in "center" mode."""
+        (h, w), (H, W) = image_size, img_size
+        Hs, Ws = math.floor(H / self.crop_pct + 1e-6), math.floor(W / self.crop_pct + 1e-6)  # 224 / 0.875 = 256
+        if self.crop_mode == "squash":
+            return Hs, Ws
+        if Hs == Ws:
+            return Hs
+        factor = max(Hs / h, Ws / w)
+        return max(Hs, round(h * factor)), max(Ws, round(w * factor))
+
+    def crop_box(self, image_size: tuple[int, int], img_size: tuple[int, int]) -> tuple[float, float, float, float]:
+        """The part of an image of `image_size` (h, w) the model sees, in its pixels: (left, top, right, bottom)."""
+        (h, w), (H, W) = image_size, img_size
+        size = self.resized_size(image_size, img_size)
+        if isinstance(size, int):  # the shorter side to `size`: the same scale on both sides
+            scale_y = scale_x = size / min(h, w)
+        else:
+            scale_y, scale_x = size[0] / h, size[1] / w
+        crop_h, crop_w = min(H / scale_y, h), min(W / scale_x, w)
+        left, top = (w - crop_w) / 2, (h - crop_h) / 2
+        return left, top, left + crop_w, top + crop_h
+
+    def resize(self, image: Image.Image, img_size: tuple[int, int]) -> Image.Image:
+        size = self.resized_size((image.height, image.width), img_size)
+        return v2.functional.resize(
+            image, size if isinstance(size, int) else list(size), INTERPOLATIONS[self.interpolation], antialias=True
+        )
+
+
+def non_default_framing(entries: dict[str, Any]) -> dict[str, Any]:
+    """`Framing` entries (crop_pct, interpolation, crop_mode; None: not said) as a model's `ModelInfo` keeps them:
+    those given that differ from the default (checked: ValueError for a value `Framing` refuses)."""
+    default = Framing()
+    Framing(**{k: v for k, v in entries.items() if v is not None})
+    return {k: v for k, v in entries.items() if v is not None and v != getattr(default, k)}
+
+
+class ResizeToCover:
+    """PIL image -> the image resized as `framing` says before its centre crop of (H, W); by default (bilinear,
+    aspect kept) to the smallest size that covers (H, W): scaled by the larger of H / height and W / width, so a
+    centre crop of (H, W) leaves no side short. For a square (H, W) it is torchvision's `Resize(H)` (the shorter
+    side to H)."""
+
+    def __init__(self, size: tuple[int, int], framing: Framing | None = None) -> None:
         self.size = size
+        self.framing = framing or Framing()
 
     def __call__(self, image: Image.Image) -> Image.Image:
-        H, W = self.size
-        if H == W:
-            return v2.functional.resize(image, H, antialias=True)
-        factor = max(H / image.height, W / image.width)
-        size = (max(H, round(image.height * factor)), max(W, round(image.width * factor)))
-        return v2.functional.resize(image, list(size), antialias=True)
+        return self.framing.resize(image, self.size)
 
 
-def center_crop_share(image_size: tuple[int, int], img_size: tuple[int, int]) -> float:
+def center_crop_share(image_size: tuple[int, int], img_size: tuple[int, int], framing: Framing | None = None) -> float:
     """The share of an image of `image_size` (height, width) that `eval_transform` keeps for a model of `img_size`
-    (H, W): the centre crop's area over the area of the image resized to cover it (`ResizeToCover`); 1.0 for an
-    image of the model's shape, 0.5 for a 2:1 one under a square model."""
-    (h, w), (H, W) = image_size, img_size
-    factor = max(H / h, W / w)  # the cover resize's scale
-    return min(1.0, H * W / (h * factor * w * factor))
+    (H, W): the crop's area over the image's (`Framing.crop_box`); 1.0 for an image of the model's shape, 0.5 for
+    a 2:1 one under a square model (by default)."""
+    left, top, right, bottom = (framing or Framing()).crop_box(image_size, img_size)
+    return min(1.0, (right - left) * (bottom - top) / (image_size[0] * image_size[1]))
 
 
-def eval_transform(img_size: tuple[int, int], channels: int) -> v2.Compose:
-    """PIL image -> uint8 (C, H, W): the model's channels (`convert_image`), resized to cover `img_size` (the
-    shorter side to its side, for a square model), centre crop of `img_size`."""
+def eval_transform(img_size: tuple[int, int], channels: int, framing: Framing | None = None) -> v2.Compose:
+    """PIL image -> uint8 (C, H, W): the model's channels (`convert_image`), resized as `framing` says (by default:
+    to cover `img_size`, the shorter side to its side for a square model, bilinear), centre crop of `img_size`."""
     return v2.Compose(
         [
             ConvertImage(channels),
-            ResizeToCover(tuple(img_size)),
+            ResizeToCover(tuple(img_size), framing),
             v2.CenterCrop(img_size),
             v2.PILToTensor(),
         ]
@@ -183,10 +254,15 @@ def eval_transform(img_size: tuple[int, int], channels: int) -> v2.Compose:
 
 
 def preprocess(
-    image: Image.Image, img_size: tuple[int, int], channels: int, mean: tuple[float, ...], std: tuple[float, ...]
+    image: Image.Image,
+    img_size: tuple[int, int],
+    channels: int,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    framing: Framing | None = None,
 ) -> torch.Tensor:
     """One image as a model sees it in evaluation: `eval_transform`, then `normalize` -> float (C, H, W)."""
-    return normalize(eval_transform(img_size, channels)(image), mean, std)
+    return normalize(eval_transform(img_size, channels, framing)(image), mean, std)
 
 
 def train_transform(

@@ -26,17 +26,24 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vitkit.data import preprocess
+from vitkit.data import Framing, preprocess
 from vitkit.layers import capture_attention, to_2tuple
 from vitkit.models.interface import require_model
 from vitkit.models.registry import family_of
 from vitkit.util import counted
 from vitkit.viz.attention import AttentionMaps, PrefixShares, check_alpha, draw_attention, model_view, overlay
+from vitkit.weights import model_info
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 HEADS_PER_ROW = 6  # `head="all"` wraps the heads of a layer into rows of at most this many maps
+
+
+def framing_of(model: nn.Module) -> Framing:
+    """How `model` frames an image (`vitkit.data.Framing`): as its weights' publishers evaluated them, where it was
+    loaded with what they said (`model_info`), else vitkit's default."""
+    return model_info(model).framing()
 
 
 def _fuse_heads(attn: torch.Tensor, head: int | None) -> torch.Tensor:
@@ -261,9 +268,10 @@ def attention_overlay(
     """
     img_size = to_2tuple(require_model(model, "attention maps").config.img_size)
     device = next(model.parameters()).device
-    pixels = preprocess(image, img_size, model.config.in_chans, mean, std)[None].to(device)  # (1, C, H, W)
+    framing, channels = framing_of(model), model.config.in_chans
+    pixels = preprocess(image, img_size, channels, mean, std, framing)[None].to(device)  # (1, C, H, W)
     heat = attention_map(model, pixels, layer, head, rollout)[0].cpu()  # (Hp, Wp)
-    return overlay(model_view(image, img_size, channels=model.config.in_chans), heat, alpha)
+    return overlay(model_view(image, img_size, channels=channels, framing=framing), heat, alpha)
 
 
 def _check_options(layer: int | None, head: int | str | None, rollout: bool, grid: bool) -> None:
@@ -321,7 +329,8 @@ def attention_maps(
         raise ValueError(f"{len(class_names)} class names for a model with {num_classes} classes")
     img_size = to_2tuple(config.img_size)
     device = next(model.parameters()).device
-    pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std))[None].to(device)  # (1, C, H, W)
+    framing = framing_of(model)
+    pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std), framing)[None].to(device)
     output, layers, names, token_grid = capture_layers(model, pixels)
     layers = [attn.float().cpu() for attn in layers]  # each (1, h, N, N)
     fused, titles, columns, what = _selected_maps(layers, layer, head, rollout, grid)
@@ -332,7 +341,7 @@ def attention_maps(
     grid = f"a {token_grid[0]}x{token_grid[1]} grid of {patch}-px patches"
     described = f"{family_of(model).display_name}, {counted(L, 'layer')} x {counted(h, 'head')}, {grid}"
     return AttentionMaps(
-        view=model_view(image, img_size, channels=config.in_chans),
+        view=model_view(image, img_size, channels=config.in_chans, framing=framing_of(model)),
         heats=_patches(rows, P, token_grid),  # (n, Hp, Wp)
         titles=titles,
         columns=columns,

@@ -15,7 +15,15 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vitkit.data import Unreadable, center_crop_share, eval_transform, normalize, open_image, preprocess
+from vitkit.data import (
+    Framing,
+    Unreadable,
+    center_crop_share,
+    eval_transform,
+    normalize,
+    open_image,
+    preprocess,
+)
 from vitkit.infer.files import image_loader, progress_bar
 from vitkit.infer.runtime import autocast
 from vitkit.layers import to_2tuple
@@ -72,13 +80,15 @@ def predict(
     """The `top_k` most probable classes of each image, as (class name, probability), most probable first.
 
     Images are preprocessed as in evaluation: converted to the model's channels, resized and centre-cropped to
-    the model's img_size, normalised with the training data's statistics saved in `info`.
+    the model's img_size as `info` frames them (`ModelInfo.framing`), normalised with the statistics saved in
+    `info`.
     """
     _check_classes(model, info.classes, top_k)
     config = model.config
     img_size = to_2tuple(config.img_size)
     device = next(model.parameters()).device
-    batch = torch.stack([preprocess(image, img_size, config.in_chans, info.mean, info.std) for image in images])
+    framing = info.framing()
+    batch = torch.stack([preprocess(im, img_size, config.in_chans, info.mean, info.std, framing) for im in images])
     batch = batch.to(device)  # (B, C, H, W)
     probs = model.eval()(batch).float().softmax(dim=-1)  # (B, K)
     return _top(probs, info.classes, top_k)
@@ -122,7 +132,7 @@ def predict_paths(
     """
     _check_classes(model, info.classes, top_k)
     config = model.config
-    transform = eval_transform(to_2tuple(config.img_size), config.in_chans)
+    transform = eval_transform(to_2tuple(config.img_size), config.in_chans, info.framing())
     loader = image_loader(paths, transform, batch_size, workers, sizes=True)
     device = next(model.parameters()).device
     model.eval()
@@ -145,18 +155,18 @@ def predict_paths(
     return Predictions(predictions, skipped)
 
 
-def crop_note(prediction: Prediction, img_size: tuple[int, int]) -> str | None:
+def crop_note(prediction: Prediction, img_size: tuple[int, int], framing: Framing | None = None) -> str | None:
     """A note for an image of which a classifier of `img_size` (H, W) saw less than `MIN_KEPT` of the area (its
     centre crop, `eval_transform`): the share and the pixels it saw, and how to have all of it seen; None for
     any other image, and for one of unknown size."""
     if prediction.size is None:
         return None
-    share = center_crop_share(prediction.size, img_size)
+    share = center_crop_share(prediction.size, img_size, framing)
     if share >= MIN_KEPT:
         return None
     (h, w), (H, W) = prediction.size, img_size
-    factor = max(H / h, W / w)  # the cover resize's scale
-    seen = f"{round(W / factor)}x{round(H / factor)}"  # the crop in the image's pixels, width x height
+    left, top, right, bottom = (framing or Framing()).crop_box(prediction.size, img_size)
+    seen = f"{round(right - left)}x{round(bottom - top)}"  # the crop in the image's pixels, width x height
     shape = "a square" if H == W else f"the model's {W}:{H} (width:height)"
     return (
         f"{prediction.image}: the model saw {share:.1%} of it, the centre {seen} of its {w}x{h} pixels (width x "

@@ -215,7 +215,7 @@ def evaluate_model_dir(
                 raise ValueError(f"{data} has {len(found)} classes {list(found)}, the model has {len(info.classes)}")
             info = replace(info, classes=found)
         held = eval_classes(data, held, found, info.classes)
-    transform = eval_transform(to_2tuple(model.config.img_size), model.config.in_chans)
+    transform = eval_transform(to_2tuple(model.config.img_size), model.config.in_chans, info.framing())
     images = TransformedImages(held, transform)
     loader = make_loader(images, EpochSampler(len(images), shuffle=False, pad=False), batch_size, workers)
     return evaluate(model, loader, info, precision=precision), info

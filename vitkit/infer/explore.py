@@ -39,7 +39,7 @@ from vitkit.analysis.profile import category, group_key
 from vitkit.analysis.report import grouped, shape_flow, shares
 from vitkit.data import preprocess
 from vitkit.errors import OptionError
-from vitkit.infer.attention import capture_layers, prefix_token_names, rollouts
+from vitkit.infer.attention import capture_layers, framing_of, prefix_token_names, rollouts
 from vitkit.infer.detect import add_masks, detector_inputs, detector_outputs, image_detections, reading
 from vitkit.infer.object_attention import sampled_points
 from vitkit.layers import AttentionPool, attention_layers, capture_attention, to_2tuple
@@ -105,7 +105,8 @@ def image_data(
     config = model.config
     img_size = to_2tuple(config.img_size)
     device = next(model.parameters()).device
-    pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std))[None].to(device)  # (1, C, H, W)
+    framing = framing_of(model)
+    pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std), framing)[None].to(device)
     output, maps, _, _ = capture_layers(model, pixels)
     L = _selected(len(maps), layers, "layer")
     H = _selected(maps[0].shape[1], heads, "head")
@@ -117,7 +118,7 @@ def image_data(
     top = _top(model, output, class_names)
     return {
         "label": label,
-        "view": _png(model_view(image, img_size, channels=config.in_chans)),
+        "view": _png(model_view(image, img_size, channels=config.in_chans, framing=framing_of(model))),
         "attention": _packed(codes),
         "scales": _packed(scales),
         "rollout": _packed(rollout_codes),
@@ -405,7 +406,8 @@ def grid_explorer_data(
     layers: list[dict[str, Any]] = []
     pages = []
     for label, image in images:
-        pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std))[None].to(device)
+        framing = framing_of(model)
+        pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std), framing)[None].to(device)
         model.eval()
         with capture_attention(model) as maps:
             output = model(pixels)
@@ -429,7 +431,7 @@ def grid_explorer_data(
         pages.append(
             {
                 "label": label,
-                "view": _png(model_view(image, img_size, channels=config.in_chans)),
+                "view": _png(model_view(image, img_size, channels=config.in_chans, framing=framing_of(model))),
                 "layers": weights,
                 "top": _top(model, output, class_names),
             }

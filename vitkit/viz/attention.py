@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from vitkit.data.transforms import convert_image
+from vitkit.data.transforms import Framing, convert_image
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -72,19 +72,20 @@ def overlay(image: Image.Image, heat: torch.Tensor, alpha: float = 0.5) -> Image
 
 
 def model_view(
-    image: Image.Image, img_size: tuple[int, int], min_side: int = 224, channels: int = 3
+    image: Image.Image,
+    img_size: tuple[int, int],
+    min_side: int = 224,
+    channels: int = 3,
+    framing: Framing | None = None,
 ) -> Image.Image:
     """The part of `image` a model of `img_size` and `channels` sees in evaluation (`vitkit.data.eval_transform`:
-    its channels by `convert_image`, transparency on white; resized to cover, centre crop), as RGB, drawn at a whole
-    multiple of `img_size` at least `min_side` pixels high so that small inputs stay visible."""
+    its channels by `convert_image`, transparency on white; resized and centre-cropped as `framing` says, by default
+    to cover), as RGB, drawn at a whole multiple of `img_size` at least `min_side` pixels high so that small inputs
+    stay visible."""
     scale = max(1, math.ceil(min_side / min(img_size)))
     H, W = img_size[0] * scale, img_size[1] * scale
-    factor = max(H / image.height, W / image.width)
-    resized = convert_image(image, channels).convert("RGB").resize(
-        (max(W, round(image.width * factor)), max(H, round(image.height * factor))), Image.Resampling.BICUBIC
-    )
-    left, top = (resized.width - W) // 2, (resized.height - H) // 2
-    return resized.crop((left, top, left + W, top + H))
+    box = (framing or Framing()).crop_box((image.height, image.width), img_size)
+    return convert_image(image, channels).convert("RGB").resize((W, H), Image.Resampling.BICUBIC, box=box)
 
 
 @dataclass(frozen=True)

@@ -699,12 +699,15 @@ def _hf_info(directory: Path, saved: dict[str, Any]) -> ModelInfo:
     """Class names from a transformers config's id2label, normalisation from `preprocessor_config.json`."""
     names = hf.class_names(saved, str(directory / CONFIG_NAME))
     mean = std = None
+    framing: dict[str, Any] = {}
     processor = directory / hf.PREPROCESSOR_NAME
     if processor.is_file():
         settings = read_json(processor)
         if isinstance(settings, dict) and settings.get("do_normalize", True):
             mean, std = settings.get("image_mean"), settings.get("image_std")
-    values = {"classes": names, "mean": mean, "std": std}
+        if isinstance(settings, dict):
+            framing = hf.processor_framing(settings)
+    values = {"classes": names, "mean": mean, "std": std, **framing}
     return check_model_info(values, len(names or ()), str(processor))
 
 
@@ -988,7 +991,9 @@ def _write_hf_directory(
     config.update(hf.labels(model.config.num_classes, info.classes))
     processor = None
     if weights.hf_image_processor:
-        processor = hf.image_processor(model.config.img_size, model.config.in_chans, info.mean, info.std)
+        processor = hf.image_processor(
+            model.config.img_size, model.config.in_chans, info.mean, info.std, info.framing()
+        )
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(renamed, tmp, metadata={"format": "pt"}))
     for name, content in ((CONFIG_NAME, config), (hf.PREPROCESSOR_NAME, processor)):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vitkit.data.transforms import Framing, non_default_framing
 from vitkit.weights.family import State
 from vitkit.weights.rename import Layout
 
@@ -86,26 +87,76 @@ def class_names(hf: dict[str, Any], source: str) -> tuple[str, ...] | None:
 PREPROCESSOR_NAME = "preprocessor_config.json"
 
 
+# PIL's resampling codes, as transformers' image processors store them ("resample"), and vitkit's names for them
+PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+
+
 def image_processor(
-    img_size: int | tuple[int, int], in_chans: int, mean: tuple[float, ...] | None, std: tuple[float, ...] | None
+    img_size: int | tuple[int, int],
+    in_chans: int,
+    mean: tuple[float, ...] | None,
+    std: tuple[float, ...] | None,
+    framing: Framing | None = None,
 ) -> dict | None:
-    """A `preprocessor_config.json` for transformers' `ViTImageProcessor` (ViT, DeiT and Swin checkpoints use it):
-    resize to the model's `img_size`, scale by 1/255, normalise with `mean` / `std` for `in_chans` channels. None for
-    an unknown normalisation."""
+    """A `preprocessor_config.json` that frames images as vitkit does (`framing`), scales by 1/255 and normalises
+    with `mean` / `std` for `in_chans` channels. transformers' `ViTImageProcessor` (what ViT, DeiT and Swin
+    checkpoints name) where it does the same, resizing to the model's `img_size` whatever the aspect ("squash",
+    crop_pct 1); otherwise its `BitImageProcessor` (resize, then centre crop: a shorter side of floor(H / crop_pct)
+    for a square model, else the squashed size). None for an unknown normalisation."""
     if mean is None or std is None:
         return None
+    framing = framing or Framing()
     H, W = (img_size, img_size) if isinstance(img_size, int) else img_size
-    return {
-        "image_processor_type": "ViTImageProcessor",
-        "do_resize": True,
-        "size": {"height": H, "width": W},
-        "resample": 2,  # PIL's bilinear, as vitkit's evaluation resize
+    resample = {name: code for code, name in PIL_RESAMPLE.items()}[framing.interpolation]
+    normalisation = {
         "do_rescale": True,
         "rescale_factor": 1 / 255,
         "do_normalize": True,
         "image_mean": _per_channel(mean, in_chans),
         "image_std": _per_channel(std, in_chans),
     }
+    if framing.crop_mode == "squash" and framing.crop_pct == 1:
+        size = {"height": H, "width": W}
+        return {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": size, "resample": resample,
+                **normalisation}  # fmt: skip
+    resized = framing.resized_size((H, W), (H, W))
+    size = {"shortest_edge": resized} if isinstance(resized, int) else {"height": resized[0], "width": resized[1]}
+    return {
+        "image_processor_type": "BitImageProcessor",
+        "do_resize": True,
+        "size": size,
+        "resample": resample,
+        "do_center_crop": True,
+        "crop_size": {"height": H, "width": W},
+        "do_convert_rgb": in_chans == 3,
+        **normalisation,
+    }
+
+
+def processor_framing(settings: dict[str, Any]) -> dict[str, Any]:
+    """The `ModelInfo` framing entries of a transformers image processor's settings (`preprocessor_config.json`):
+    "squash" for a resize to a height and width, "center" for a shorter side; crop_pct from the centre crop's size
+    over the resized one; the resampling where vitkit has it. {} where it does not resize, or says it unclearly."""
+    size, crop = settings.get("size"), settings.get("crop_size")
+    if not settings.get("do_resize", True) or size is None:
+        return {}
+    if isinstance(size, int):  # older files: one number, a square
+        size = {"height": size, "width": size}
+    if isinstance(crop, int):
+        crop = {"height": crop, "width": crop}
+    found: dict[str, Any] = {}
+    if isinstance(size, dict) and isinstance(size.get("shortest_edge"), int) and size["shortest_edge"] > 0:
+        found["crop_mode"], side = "center", size["shortest_edge"]
+    elif isinstance(size, dict) and isinstance(size.get("height"), int) and size["height"] > 0:
+        found["crop_mode"], side = "squash", size["height"]
+    else:
+        return {}
+    if settings.get("do_center_crop") and isinstance(crop, dict) and isinstance(crop.get("height"), int):
+        found["crop_pct"] = min(1.0, crop["height"] / side)
+    elif found["crop_mode"] == "center":
+        return {}  # a shorter side without a crop: the input's size follows the image's aspect
+    found["interpolation"] = PIL_RESAMPLE.get(settings.get("resample", 2))
+    return non_default_framing(found)
 
 
 def _per_channel(values: tuple[float, ...], channels: int) -> list[float]:

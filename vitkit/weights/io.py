@@ -10,7 +10,8 @@ A vitkit `config.json` (format_version 7, the format vitkit writes) holds:
     settings), and "data" (what it was trained on: "builtin:NAME" or a folder) with, for a classifier's data,
     "val_fraction" and "split_seed" (the share of each class held out for validation, 0 where the data has its own
     split, and the seed of that split), and "weights" (the published weights it was loaded or fine-tuned from, at
-    which revision: "hf-hub:ORG/REPO@COMMIT" or a URL).
+    which revision: "hf-hub:ORG/REPO@COMMIT" or a URL), and for a classifier whose publishers evaluated it otherwise
+    than vitkit does by default, "crop_pct", "interpolation" and "crop_mode" (`vitkit.data.Framing`).
 `vitkit train` writes every entry; `save_pretrained`, `export_weights` and `vitkit convert` those they are given.
 `read_model_dir` is the one reader: a file of another format_version, lacking a config field, or with an entry
 that is not one of these is refused with a message naming what is wrong. Files of format_version 5 are read too:
@@ -39,6 +40,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vitkit.data.sources import check_normalisation
+from vitkit.data.transforms import CROP_MODES, INTERPOLATIONS, Framing
 from vitkit.models.registry import DETECTION, family, family_of
 from vitkit.util import atomic_write
 from vitkit.weights.pdparams import is_pdparams, read_pdparams
@@ -86,6 +88,9 @@ class ModelInfo:
     # "hf-hub:ORG/REPO@COMMIT" or a torchvision file's URL (`vitkit.weights.hub`)
     tile: int | None = None  # a detector's: the side of the tiles it was trained on, cut from larger images
     # (`vitkit.data.tiles`); predict and eval cut larger images into such tiles. None: trained on whole images
+    crop_pct: float | None = None  # a classifier's evaluation framing (`vitkit.data.Framing`), as its weights'
+    interpolation: str | None = None  # publishers evaluated them (timm's pretrained_cfg, a transformers image
+    crop_mode: str | None = None  # processor); None: Framing's defaults (crop_pct 1, bilinear, centre crop)
 
     def to_json(self) -> dict[str, Any]:
         """The known entries, as config.json stores them (tuples as lists)."""
@@ -97,10 +102,23 @@ class ModelInfo:
         }
 
     def without_classes(self) -> ModelInfo:
-        """The entries that stay true of a model whose classifier is not the saved one: the normalisation and the
-        reading of detections and the weights it started from (the classes, their category ids and the data they came
-        from dropped)."""
-        return ModelInfo(mean=self.mean, std=self.std, postprocess=self.postprocess, weights=self.weights)
+        """The entries that stay true of a model whose classifier is not the saved one: the normalisation, the
+        framing, the reading of detections and the weights it started from (the classes, their category ids and the
+        data they came from dropped)."""
+        return ModelInfo(
+            mean=self.mean,
+            std=self.std,
+            postprocess=self.postprocess,
+            weights=self.weights,
+            crop_pct=self.crop_pct,
+            interpolation=self.interpolation,
+            crop_mode=self.crop_mode,
+        )
+
+    def framing(self) -> Framing:
+        """How images become the model's input in evaluation (`vitkit.data.eval_transform`)."""
+        given = {"crop_pct": self.crop_pct, "interpolation": self.interpolation, "crop_mode": self.crop_mode}
+        return Framing(**{k: v for k, v in given.items() if v is not None})
 
 
 INFO_ENTRIES = tuple(f.name for f in dataclasses.fields(ModelInfo))  # config.json's entries beside the config
@@ -132,6 +150,9 @@ _ENTRY_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "split_seed": (_integer, "an integer"),
     "weights": (lambda v: isinstance(v, str) and bool(v), "where the weights came from (a string)"),
     "tile": (lambda v: _integer(v) and v > 0, "a positive number of pixels"),
+    "crop_pct": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "interpolation": (lambda v: isinstance(v, str) and v in INTERPOLATIONS, f"one of {', '.join(INTERPOLATIONS)}"),
+    "crop_mode": (lambda v: isinstance(v, str) and v in CROP_MODES, f"one of {', '.join(CROP_MODES)}"),
 }
 
 

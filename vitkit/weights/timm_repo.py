@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from vitkit.data.transforms import CROP_MODES, INTERPOLATIONS, non_default_framing
 from vitkit.models.registry import list_models, model_entry
 from vitkit.weights.family import family_weights
 from vitkit.weights.hub import HUB_PREFIX, published_labels
@@ -71,8 +72,21 @@ def timm_info(saved: dict[str, Any], directory: Path, classes: tuple[str, ...] |
         names = published_labels(f"{HUB_PREFIX}timm/{saved.get('architecture')}.{cfg['tag']}")
     if names is not None and len(names) != num_classes:
         names = None
-    values = {"classes": names, "mean": cfg.get("mean"), "std": cfg.get("std")}
+    values = {"classes": names, "mean": cfg.get("mean"), "std": cfg.get("std"), **timm_framing(cfg)}
     return check_model_info(values, num_classes, str(directory / CONFIG_NAME))
+
+
+def timm_framing(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The `ModelInfo` framing entries of a timm pretrained_cfg: its crop_pct, interpolation and crop_mode where
+    vitkit has them (`vitkit.data.Framing`; timm's "border" mode and other resamplings are left to the defaults)."""
+    found = {k: cfg.get(k) for k in ("crop_pct", "interpolation", "crop_mode")}
+    for name, known in (("interpolation", INTERPOLATIONS), ("crop_mode", CROP_MODES)):
+        if not (isinstance(found[name], str) and found[name] in known):
+            found[name] = None
+    crop = found["crop_pct"]
+    if not (isinstance(crop, int | float) and not isinstance(crop, bool) and 0 < crop <= 1):
+        found["crop_pct"] = None
+    return non_default_framing(found)
 
 
 def _names(labels: Any, descriptions: Any) -> tuple[str, ...] | None:
