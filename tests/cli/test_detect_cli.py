@@ -87,6 +87,25 @@ def test_eval_prints_the_map_of_the_final_epoch(trained, capsys, tmp_path):
     assert Image.open(plot).size[0] > 600
 
 
+def test_eval_names_category_ids_that_differ_from_the_model_s(trained, capsys, tmp_path):
+    out, data = trained
+    other = tmp_path / "renumbered"
+    shutil.copytree(data, other)
+    path = other / "annotations" / "instances_val.json"
+    coco = json.loads(path.read_text())
+    top = max(c["id"] for c in coco["categories"])
+    ids = {c["id"]: top - c["id"] + 100 for c in coco["categories"]}  # the same names, under ids in reverse order
+    for c in coco["categories"]:
+        c["id"] = ids[c["id"]]
+    for a in coco["annotations"]:
+        a["category_id"] = ids[a["category_id"]]
+    path.write_text(json.dumps(coco))
+    assert main(["eval", "--model-dir", str(out / "final"), "--data", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"{other} numbers the model's classes with other category ids: {{100: " in err, err
+    assert "give the annotations the model's ids" in err
+
+
 def test_eval_batches_a_detector_as_its_run_validated_it(trained, monkeypatch, tmp_path):
     """Padding within a batch moves a detector's outputs near the image borders, so eval takes the batch size (and
     the precision) of the run that wrote the directory (its config.json one folder up), else 8 (and fp32), unless
