@@ -286,6 +286,23 @@ def test_attention_draws_each_detection_with_its_map(trained, capsys, tmp_path):
     assert "a detector's figure shows each object" in capsys.readouterr().err
 
 
+def test_attention_and_explore_note_a_model_trained_on_tiles(trained, capsys, tmp_path):
+    out, data = trained
+    tiled = tmp_path / "tiled"
+    shutil.copytree(out / "final", tiled)
+    config = json.loads((tiled / "config.json").read_text())
+    (tiled / "config.json").write_text(json.dumps({**config, "tile": 32}))
+    image = sorted((data / "val").glob("*.png"))[0]
+    width, height = Image.open(image).size
+    note = f"the model was trained on tiles of 32 px, and shows {image.name} ({width}x{height}) whole, resized"
+    assert main(["attention", "--model-dir", str(tiled), str(image), "--out", str(tmp_path / "a.png")]) == 0
+    assert f"vitkit attention: note: {note}" in capsys.readouterr().err
+    assert main(["explore", "--model-dir", str(tiled), str(image), "--out", str(tmp_path / "e.html")]) == 0
+    assert f"vitkit explore: note: {note}" in capsys.readouterr().err
+    assert main(["attention", "--model-dir", str(out / "final"), str(image), "--out", str(tmp_path / "b.png")]) == 0
+    assert "tiles" not in capsys.readouterr().err
+
+
 def test_train_alone_on_detection_data_trains_the_default_detector(monkeypatch, tmp_path):
     seen = {}
 

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from vitkit.cli.options import add_memory_option, add_threshold_option, check_inference_memory, note_dim_images
+from vitkit.cli.options import (
+    add_memory_option,
+    add_threshold_option,
+    check_inference_memory,
+    note_dim_images,
+    note_tiled_model,
+)
 from vitkit.data import open_image
 from vitkit.infer import (
     attention_figure,
@@ -94,8 +101,10 @@ def _run_detector(args: argparse.Namespace) -> int:
     threshold = postprocessing.shown_above(args.threshold)
     check_inference_memory(model, args, capture=True)
     _note(missing_info_note(args.model_dir))
+    image = open_image(args.image)
+    note_tiled_model("attention", info.tile, [(Path(args.image).name, image)])
     figure, detections, what = detection_attention_figure(
-        model, info, open_image(args.image), threshold, postprocessing, layer, head, args.alpha, args.model_dir
+        model, info, image, threshold, postprocessing, layer, head, args.alpha, args.model_dir
     )
     print(what)  # the layer, the heads and the objects, as the figure's title says
     for d in detections:

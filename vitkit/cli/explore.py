@@ -16,6 +16,7 @@ from vitkit.cli.options import (
     check_model_source,
     load_source,
     note_dim_images,
+    note_tiled_model,
     source_is_detector,
 )
 from vitkit.data import open_image
@@ -70,6 +71,7 @@ def _run_detector(args: argparse.Namespace, out: Path) -> int:
     threshold = postprocessing.shown_above(args.threshold)
     check_inference_memory(model, args, capture=True)
     images = [(Path(p).name, open_image(p)) for p in args.images]
+    note_tiled_model("explore", info.tile, images)
     data = detector_explorer_data(model, info, images, threshold, postprocessing, args.model_dir or args.model)
     _write(out, data)
     found = sum(len(page["detections"]) for page in data["images"])

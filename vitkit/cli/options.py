@@ -240,6 +240,21 @@ def note_dim_images(command: str, paths: list) -> None:
         print(f"vitkit {command}: note: {len(notes) - 3} more images read nearly black too", file=sys.stderr)
 
 
+def note_tiled_model(command: str, tile: int | None, images: list[tuple[str, Image.Image]]) -> None:
+    """A note on stderr for each image larger than the tiles a detector was trained on (`ModelInfo.tile`): the view
+    shows the whole image resized, where `predict` and `eval` detect in tiles; three at most."""
+    if tile is None:
+        return
+    larger = [(name, image) for name, image in images if max(image.size) > tile]
+    for name, image in larger[:3]:
+        print(
+            f"vitkit {command}: note: the model was trained on tiles of {tile} px, and shows {name} "
+            f"({image.width}x{image.height}) whole, resized, its objects smaller than in training; `vitkit predict` "
+            f"detects in tiles. For the view of one tile, crop a part of {tile} px",
+            file=sys.stderr,
+        )
+
+
 def _size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
