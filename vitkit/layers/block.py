@@ -124,7 +124,10 @@ class Block(nn.Module):
         windows = window_partition(patches, M).reshape(-1, M[0] * M[1], C)  # (B * nW, M * M, C)
         nW = windows.shape[0] // B
         if prefix:
-            windows = torch.cat([head.repeat_interleave(nW, dim=0), windows], dim=1)  # (B * nW, P + M * M, C)
+            # (expand, not repeat_interleave(nW, dim=0): the ONNX exporter tiles a symbolic repeat count on the
+            # wrong axis, so the copies come out B, not B * nW, once the image size is dynamic)
+            copies = head[:, None].expand(B, nW, prefix, C).reshape(B * nW, prefix, C)  # (B * nW, P, C)
+            windows = torch.cat([copies, windows], dim=1)  # (B * nW, P + M * M, C)
         windows = self.attn(windows, pos=self._position_term(M, prefix))
         patches = window_reverse(windows[:, prefix:].reshape(-1, *M, C), M, Hp, Wp)[:, :H, :W]  # (B, H, W, C)
         head = windows[:, :prefix].reshape(B, nW, prefix, C).mean(dim=1)  # (B, P, C): the mean of the copies

@@ -32,7 +32,9 @@ def window_reverse(windows: torch.Tensor, window_size: tuple[int, int], H: int, 
 
 def padded_size(size: tuple[int, int], window_size: tuple[int, int]) -> tuple[int, int]:
     """(H, W) rounded up to whole windows."""
-    return tuple(-(-n // w) * w for n, w in zip(size, window_size, strict=True))  # type: ignore[return-value]
+    # (n + w - 1) // w, not -(-n // w): under torch.export n is symbolic and the ONNX exporter turns its floor
+    # division into ONNX Div, which truncates toward zero, so a negative dividend rounds the wrong way (-8 // 14 -> 0)
+    return tuple((n + w - 1) // w * w for n, w in zip(size, window_size, strict=True))  # type: ignore[return-value]
 
 
 def window_tokens(size: tuple[int, int], window_size: tuple[int, int]) -> torch.Tensor:

@@ -34,7 +34,7 @@ from vitkit.layers import (
     to_2tuple,
 )
 from vitkit.layers.helpers import take_indices
-from vitkit.layers.window import window_partition, window_reverse
+from vitkit.layers.window import padded_size, window_partition, window_reverse
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import (
     TimmTag,
@@ -252,8 +252,7 @@ class SwinBlock(nn.Module):
 
     def _padded(self, H: int, W: int) -> tuple[int, int]:
         """(H, W) rounded up to whole windows."""
-        Wh, Ww = self.window_size
-        return -(-H // Wh) * Wh, -(-W // Ww) * Ww
+        return padded_size((H, W), self.window_size)
 
     def _mask(
         self, size: tuple[int, int], device: torch.device | None = None, dtype: torch.dtype = torch.float32
