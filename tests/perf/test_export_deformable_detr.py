@@ -88,13 +88,20 @@ def test_torchscript_keeps_the_batch_dynamic_and_fixes_the_image_size(tmp_path):
     assert_matches_pytorch(model, report.path, "torchscript", [SIZE], fixed=True)  # padded batches, the mask read
 
 
-def test_onnx_of_a_vit_backbone_takes_any_size_and_a_swin_backbone_its_own(tmp_path):
-    """A ViT backbone (its maps padded to the pyramid's multiple, upsampled by 2x2 blocks) exports for any image
-    size; a Swin backbone at the size it was traced at (its windows fix it), which the export says."""
+# ViTDet's windows (5x5 patches: no side of the grids checked is a multiple) and a global block, with the class
+# token copied into every window
+WINDOWED = dict(depth=2, window_size=5, global_blocks=(1,), rel_pos=True)
+
+
+@pytest.mark.parametrize("backbone_args", [dict(depth=1), WINDOWED], ids=["plain", "windowed"])
+def test_onnx_of_a_vit_backbone_takes_any_size_and_a_swin_backbone_its_own(tmp_path, backbone_args):
+    """A ViT backbone (its maps padded to the pyramid's multiple, upsampled by 2x2 blocks; with windows, its grid
+    padded to whole windows) exports for any image size; a Swin backbone at the size it was traced at (its windows
+    fix it), which the export says."""
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     torch.manual_seed(0)
-    vit = dict(backbone="vit_tiny_patch16_224", backbone_args=dict(depth=1), backbone_scales=(2.0, 1.0, 0.5))
+    vit = dict(backbone="vit_tiny_patch16_224", backbone_args=backbone_args, backbone_scales=(2.0, 1.0, 0.5))
     model = vitkit.create_model("deformable_detr_digits", **TINY, **vit, enc_layers=1, dec_layers=1).eval()
     report = export_model(model, tmp_path / "m.onnx", "onnx", img_size=SIZE)
     # checked by the export on padded batches at 96x128 and 120x168 (no multiple of the backbone's 32)
@@ -102,6 +109,15 @@ def test_onnx_of_a_vit_backbone_takes_any_size_and_a_swin_backbone_its_own(tmp_p
     assert 0 <= report.max_diff <= report.atol
     session = ort.InferenceSession(str(report.path), providers=["CPUExecutionProvider"])
     assert session.get_inputs()[0].shape == ["batch", 3, "height", "width"]
+    if backbone_args is WINDOWED:  # at other sizes too, on padded batches: 1 to 3 windows a side
+        for size in [(160, 224), (64, 80)]:
+            for images, mask in batches(size):
+                got = session.run(None, {"images": images.numpy(), "pixel_mask": mask.numpy()})
+                with torch.no_grad():
+                    expected = model(images, mask)
+                for name, value in zip(OUTPUTS, got, strict=False):
+                    torch.testing.assert_close(torch.from_numpy(value), expected[name], atol=1e-4, rtol=0)
+        return
     swin = dict(backbone="swin_tiny_patch4_window7_224", backbone_args=dict(depths=(1, 1, 1, 1)))
     model = vitkit.create_model("deformable_detr_digits", **TINY, **swin, enc_layers=1, dec_layers=1)
     assert not _signature(model, "onnx").dynamic_img_size  # exported at one size (exported and checked there)
