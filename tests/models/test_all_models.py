@@ -22,7 +22,7 @@ from torch import nn
 import vitkit
 from vitkit.layers import SampledAttention, capture_attention, set_attention_backend, to_2tuple
 from vitkit.models.interface import VitkitDetector, VitkitModel, has_no_object_logit, predicts_masks
-from vitkit.models.registry import DETECTION, families, family_of, model_entry, replace_config
+from vitkit.models.registry import DETECTION, families, family, family_of, model_entry, replace_config
 
 
 def task_outputs(model: nn.Module) -> object:
@@ -264,6 +264,35 @@ def test_model_provides_the_interface(name):
         T = prefix + Hp * Wp
         probe = {(2, 1, T)} if getattr(config, "global_pool", None) == "map" else set()
         assert shapes == {(2, T, T)} | probe
+
+
+CLASSIFIERS = [n for n in ALL if family(model_entry(n).family).task != DETECTION]
+
+
+@pytest.mark.parametrize("name", CLASSIFIERS)
+def test_reset_classifier_as_timm_s(name):
+    """timm's `reset_classifier(num_classes)` and `get_classifier()`: a fresh head on the same pooled features, the
+    config following; 0 classes: the pooled features out."""
+    model = small_model(name).double().eval()
+    x = images(model).double()
+    with torch.no_grad():
+        pooled = model.forward_head(model.forward_features(x), pre_logits=True)
+        model.reset_classifier(7)
+        head = model.get_classifier()
+        assert isinstance(head, nn.Linear) and head.weight.dtype == torch.float64 and model.config.num_classes == 7
+        torch.nn.init.normal_(head.weight)
+        logits = model(x)
+        if getattr(model.config, "distilled", False):  # the mean of the class and distillation tokens' heads
+            tokens = model.forward_features(x)
+            expected = (head(tokens[:, 0]) + model.head_dist(tokens[:, 1])) / 2
+        else:
+            expected = head(pooled)
+        torch.testing.assert_close(logits, expected)
+        model.reset_classifier(0)
+        assert model.config.num_classes == 0 and isinstance(model.get_classifier(), nn.Identity)
+        torch.testing.assert_close(model(x), pooled)
+    with pytest.raises(ValueError, match="num_classes must be >= 0"):
+        model.reset_classifier(-1)
 
 
 def test_every_family_has_a_row():

@@ -57,6 +57,8 @@ def inference_info(model: nn.Module) -> ModelInfo:
     ImageNet's mean / std."""
     saved = model_info(model)
     num_classes = getattr(model.config, "num_classes", 0)
+    if saved.classes is not None and len(saved.classes) != num_classes:  # a classifier reset since it was loaded
+        saved = saved.without_classes()
     classes = saved.classes if saved.classes is not None else tuple(str(k) for k in range(num_classes))
     mean, std = (saved.mean, saved.std) if saved.mean is not None else (IMAGENET_MEAN, IMAGENET_STD)
     category_ids = saved.category_ids

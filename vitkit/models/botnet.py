@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vitkit.layers import Attention2d, BilinearPool, check_backend, to_2tuple
+from vitkit.layers.helpers import fresh_classifier
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import TimmTag, check_field_types, check_positive, register_family, register_model
 from vitkit.models.resnet import (
@@ -196,8 +197,8 @@ class ClassifierHead(nn.Module):
     ) -> None:
         super().__init__()
         self.pool = BilinearPool(in_features, reduce_dim=bilinear_dim) if global_pool == "bilinear" else None
-        pooled = self.pool.num_features if self.pool is not None else in_features
-        self.fc = nn.Linear(pooled, num_classes) if num_classes > 0 else nn.Identity()
+        self.num_features = self.pool.num_features if self.pool is not None else in_features  # what fc reads
+        self.fc = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.pool is not None:
@@ -294,6 +295,16 @@ class BotNet(CostFromImages, ResNet):
         """Images (B, C, H, W) -> feature map (B, num_features, H / 32, W / 32)."""
         self.check_input(x)
         return self.forward_stages(x)[-1]
+
+    def get_classifier(self) -> nn.Module:
+        """The classifier (timm's name): a Linear, Identity without classes."""
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh classifier for `num_classes` classes (0: none, `forward` returns the pooled features), as timm's;
+        the config follows. The pool (a bilinear pool's projection too) is kept."""
+        self.head.fc = fresh_classifier(self.head.fc, self.head.num_features, num_classes)
+        self.config = replace(self.config, num_classes=num_classes)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Feature map (B, C, H', W') -> logits (B, num_classes), or pooled features (B, C) with `pre_logits`."""

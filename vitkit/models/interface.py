@@ -42,6 +42,8 @@ class VitkitModel(Protocol):
       none (``attention_layout()``: a clause for messages, "its blocks attend within 7x7 windows ...").
     - ``no_weight_decay()``: parameters that take no weight decay besides every one of ndim <= 1 (timm's
       convention: learned tokens, position tables).
+    - a classifier's ``get_classifier()`` and ``reset_classifier(num_classes)``, as timm's: its head, and a fresh one
+      for `num_classes` classes on the same pooled features (0: none, `forward` returns them); the config follows.
 
     A detector (DETR) reads the same methods its way: ``forward(images, pixel_mask=None)`` returns a dict of
     predictions, always with the same keys; ``forward_features`` the decoder's outputs (L, B, Q, D),

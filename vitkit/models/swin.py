@@ -18,7 +18,7 @@ nW windows per image.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -33,7 +33,7 @@ from vitkit.layers import (
     check_backend,
     to_2tuple,
 )
-from vitkit.layers.helpers import take_indices
+from vitkit.layers.helpers import fresh_classifier, take_indices
 from vitkit.layers.window import padded_size, window_partition, window_reverse
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import (
@@ -505,6 +505,16 @@ class SwinTransformer(CostFromImages, nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> the normalised last-stage map (B, H/32, W/32, num_features) (channels last)."""
         return self.norm(self.layers(self._embed(x)))
+
+    def get_classifier(self) -> nn.Module:
+        """The classifier (timm's name): a Linear, Identity without classes."""
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh classifier for `num_classes` classes (0: none, `forward` returns the pooled features), as timm's;
+        the config follows."""
+        self.head.fc = fresh_classifier(self.head.fc, self.num_features, num_classes)
+        self.config = replace(self.config, num_classes=num_classes)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Map (B, H, W, C) -> logits (B, num_classes), or the pooled features (B, C) with `pre_logits`."""

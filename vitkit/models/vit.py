@@ -20,7 +20,7 @@ Letters: B batch, N patch tokens, P prefix tokens (class, distillation, register
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -37,7 +37,7 @@ from vitkit.layers import (
     sincos_2d_pos_embed,
     to_2tuple,
 )
-from vitkit.layers.helpers import take_indices
+from vitkit.layers.helpers import fresh_classifier, take_indices
 from vitkit.layers.mlp import ACTIVATIONS
 from vitkit.layers.window import window_tokens
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
@@ -249,6 +249,19 @@ class VisionTransformer(CostFromImages, nn.Module):
     @property
     def num_features(self) -> int:
         return self.config.embed_dim
+
+    def get_classifier(self) -> nn.Module:
+        """The classifier (timm's name): a Linear, Identity without classes."""
+        return self.head
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh classifier for `num_classes` classes (0: none, `forward` returns the pooled features), as timm's;
+        the config follows. A distilled model's distillation head too."""
+        pooled = self.pool.num_features if self.pool is not None else self.config.embed_dim
+        self.head = fresh_classifier(self.head, pooled, num_classes)
+        if self.config.distilled:
+            self.head_dist = fresh_classifier(self.head_dist, self.config.embed_dim, num_classes)
+        self.config = replace(self.config, num_classes=num_classes)
 
     def _rel_pos_size(self, i: int) -> tuple[int, int]:
         """What block i's relative position tables are sized for: its window, or the grid at img_size."""
