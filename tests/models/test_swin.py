@@ -256,6 +256,11 @@ def test_forward_intermediates_match_timm():
     torch.testing.assert_close(nhwc[0], features, rtol=0, atol=0)
     torch.testing.assert_close(last_two[0], expected[2], atol=1e-5, rtol=1e-5)
     assert model.num_features == 256
+    with torch.no_grad():  # timm's default: the final features too
+        final, both = reference.forward_intermediates(x, indices=[1])
+        mine, ours_both = model.forward_intermediates(x, indices=[1], intermediates_only=False)
+    for a, b in zip([mine, *ours_both], [final, *both], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="output_fmt"):
         model.forward_intermediates(x, output_fmt="NLC")
     with pytest.raises(ValueError, match="stage index 4"):

@@ -76,6 +76,11 @@ def test_forward_intermediates_equal_timm(fmt, indices):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     if fmt == "NCHW":
         assert got[0].shape == (2, 192, 4, 6)
+    with torch.no_grad():  # timm's default: the final features too
+        final, both = theirs.forward_intermediates(x, indices=indices, output_fmt=fmt)
+        mine, ours_both = ours.forward_intermediates(x, indices=indices, output_fmt=fmt, intermediates_only=False)
+    for a, b in zip([mine, *ours_both], [final, *both], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_forward_intermediates_bad_arguments():

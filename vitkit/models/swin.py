@@ -591,7 +591,8 @@ class SwinTransformer(CostFromImages, nn.Module):
         indices: int | list[int] | tuple[int, ...] | None = None,
         output_fmt: str = "NCHW",
         norm: bool = False,
-    ) -> list[torch.Tensor]:
+        intermediates_only: bool = True,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
         """Outputs of chosen stages.
 
         Args:
@@ -600,18 +601,20 @@ class SwinTransformer(CostFromImages, nn.Module):
                 (negative ones count from the end).
             output_fmt: "NCHW" for (B, C_s, H_s, W_s) maps, "NHWC" for channels-last (B, H_s, W_s, C_s).
             norm: apply the final norm to the last stage's output (the only stage it is sized for).
+            intermediates_only: return the outputs alone (vitkit's default); False: (`forward_features(x)`, the
+                outputs), as timm's default (every stage runs).
         """
         if output_fmt not in ("NCHW", "NHWC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
         take = take_indices(len(self.layers), indices, unit="stage")
         x = self._embed(x)
         outputs = []
-        for i, stage in enumerate(self.layers[: max(take) + 1]):
+        for i, stage in enumerate(self.layers[: len(self.layers) if not intermediates_only else max(take) + 1]):
             x = stage(x)  # (B, H_s, W_s, C_s)
             if i in take:
                 y = self.norm(x) if norm and i == len(self.layers) - 1 else x
                 outputs.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)  # (B, C_s, H_s, W_s)
-        return outputs
+        return outputs if intermediates_only else (self.norm(x), outputs)
 
 
 register_family(

@@ -461,7 +461,8 @@ class VisionTransformer(CostFromImages, nn.Module):
         indices: int | list[int] | tuple[int, ...] | None = None,
         output_fmt: str = "NCHW",
         norm: bool = False,
-    ) -> list[torch.Tensor]:
+        intermediates_only: bool = True,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
         """Outputs of chosen blocks, patch tokens only (prefix tokens dropped).
 
         Args:
@@ -470,6 +471,8 @@ class VisionTransformer(CostFromImages, nn.Module):
                 (negative ones count from the end).
             output_fmt: "NCHW" for feature maps (B, D, Hp, Wp), "NLC" for tokens (B, Hp*Wp, D).
             norm: apply the final norm to each output.
+            intermediates_only: return the outputs alone (vitkit's default); False: (`forward_features(x)`, the
+                outputs), as timm's default (every block runs).
         """
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
@@ -477,14 +480,14 @@ class VisionTransformer(CostFromImages, nn.Module):
         x, (Hp, Wp) = self._embed(x)
         x = self.norm_pre(x)
         outputs = []
-        for i, block in enumerate(self.blocks[: max(take) + 1]):
+        for i, block in enumerate(self.blocks[: len(self.blocks) if not intermediates_only else max(take) + 1]):
             x = block(x, (Hp, Wp), self.num_prefix_tokens)
             if i in take:
                 y = (self.norm(x) if norm else x)[:, self.num_prefix_tokens :]  # (B, N, D)
                 if output_fmt == "NCHW":
                     y = y.reshape(y.shape[0], Hp, Wp, -1).permute(0, 3, 1, 2).contiguous()  # (B, D, Hp, Wp)
                 outputs.append(y)
-        return outputs
+        return outputs if intermediates_only else (self.norm(x), outputs)
 
 
 register_family(
