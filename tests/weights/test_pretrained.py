@@ -75,6 +75,27 @@ def test_images_are_framed_as_timm_evaluates_the_weights(hub_cache, timm_vit, tm
         assert torch.equal(model(got[None]).topk(5).indices, theirs(expected[None]).topk(5).indices)
 
 
+@pytest.mark.parametrize("channels", [1, 4])
+def test_other_input_channels_fit_the_rgb_weights_as_timm_does(hub_cache, timm_vit, channels):
+    """A grey (or 4-channel) model from RGB weights: the patch embedding summed over R, G and B (or repeated and
+    scaled), timm's `adapt_input_conv`; everything else as loaded, and the load report says so."""
+    from timm.models._manipulate import adapt_input_conv
+
+    theirs, folder = timm_vit
+    hub_cache.put(TIMM_REPO, folder)
+    model = vitkit.create_model("vit_tiny_patch16_224", pretrained=True, in_chans=channels).eval()
+    expected = adapt_input_conv(channels, theirs.patch_embed.proj.weight.detach())
+    assert torch.equal(model.patch_embed.proj.weight, expected)
+    assert torch.equal(model.blocks[0].attn.qkv.weight, theirs.blocks[0].attn.qkv.weight)
+    assert load_report(model).resampled[0].startswith(f"patch_embed.proj.weight: 3 -> {channels} input channels")
+    if channels == 1:  # a grey image gives what the RGB model gives on it repeated in R, G and B
+        x = torch.randn(2, 1, 224, 224)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), theirs(x.repeat(1, 3, 1, 1)), atol=1e-4, rtol=1e-4)
+    info = model_info(model)  # the published normalisation (its mean read for one channel), names and all
+    assert info.mean == (0.5, 0.5, 0.5) and info.classes is not None
+
+
 def test_another_number_of_classes_keeps_a_fresh_head(hub_cache, timm_vit):
     theirs, folder = timm_vit
     hub_cache.put(TIMM_REPO, folder)

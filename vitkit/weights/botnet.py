@@ -31,6 +31,7 @@ def read_fields(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 
 
 WEIGHTS = FamilyWeights(
+    input_conv="stem.conv1.conv.weight",
     markers=("stem.conv1.conv.weight", "stages.0.0.conv1_1x1.conv.weight"),
     head=("head.fc.",),
     read_fields=read_fields,

@@ -312,6 +312,7 @@ def _load_state(
     expected = model.state_dict()
     names_note = "" if fmt == "vitkit" else " (named as in vitkit)"
     part = layout.part if layout is not None else ""
+    channels = _fit_input_channels(weights.input_conv, expected, state)
     if strict:
         _check_architecture(fam, expected, state, name, layout, model.config)
     classes = weights.head + weights.class_sized  # the keys sized by the number of classes
@@ -335,7 +336,7 @@ def _load_state(
     report.reset = [k for k in expected if k in own and k.startswith(classes)]
     report.uncovered = [k for k in expected if k in own and not k.startswith(classes)]
     try:
-        report.resampled = weights.adapt(model, state)
+        report.resampled = channels + weights.adapt(model, state)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from err
 
@@ -351,6 +352,24 @@ def _load_state(
     report.loaded_keys = [k for k in expected if k in state]
     report.loaded = len(state)
     return report
+
+
+def _fit_input_channels(
+    key: str | None, expected: Mapping[str, torch.Tensor], state: dict[str, torch.Tensor]
+) -> list[str]:
+    """An RGB checkpoint's input convolution `key` fitted, in place, to a model of other input channels (a grey
+    model from ImageNet weights, `shapes.adapt_input_channels`); a line saying so, or none."""
+    if key is None or key not in state or key not in expected:
+        return []
+    ours, theirs = expected[key], state[key]
+    if ours.shape[1] == theirs.shape[1] or ours.shape[0] != theirs.shape[0] or ours.shape[2:] != theirs.shape[2:]:
+        return []
+    fitted = shapes.adapt_input_channels(theirs, ours.shape[1])
+    if fitted is None:
+        return []
+    state[key] = fitted
+    how = "summed over R, G and B" if ours.shape[1] == 1 else f"repeated, scaled by 3/{ours.shape[1]}"
+    return [f"{key}: 3 -> {ours.shape[1]} input channels ({how}, as timm does)"]
 
 
 def _classes_of(state: Mapping[str, torch.Tensor], weights: FamilyWeights) -> int | None:

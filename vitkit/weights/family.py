@@ -52,6 +52,8 @@ class FamilyWeights:
     # none
     adapt: Callable[[nn.Module, State], list[str]] = unchanged  # fits size-dependent tensors to the model, in place,
     # before the shape check; returns a line per tensor changed; ValueError when one cannot be fitted
+    input_conv: str | None = None  # vitkit key of the convolution that reads the images: an RGB checkpoint's is fitted
+    # to a model of other channels as timm fits it (`vitkit.weights.shapes.adapt_input_channels`)
     extra_outputs: int = 0  # classifier rows beyond num_classes (DETR's "no object")
     layouts: tuple[Layout, ...] = ()  # one rename table per source format (`Layout.format`), in the order the
     # family lists its formats

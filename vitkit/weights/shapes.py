@@ -76,3 +76,16 @@ def show_value(value: Any) -> str:
 
 
 __all__ = ["conv_fields", "count", "describe", "differences", "models_with", "per_stage", "same", "show_value"]
+
+
+def adapt_input_channels(weight: torch.Tensor, channels: int) -> torch.Tensor | None:
+    """An RGB checkpoint's input convolution (O, 3, kh, kw) for a model of `channels` input channels, as timm's
+    `adapt_input_conv` fits it: summed over R, G and B for one channel (a grey image repeated in R, G and B gives
+    what it gave), else repeated and scaled by 3 / channels. None when it is not a 3-channel convolution or the model
+    has 3 channels."""
+    if weight.ndim != 4 or weight.shape[1] != 3 or channels == 3 or channels < 1:
+        return None
+    if channels == 1:
+        return weight.sum(dim=1, keepdim=True)
+    repeats = -(-channels // 3)
+    return weight.repeat(1, repeats, 1, 1)[:, :channels] * (3 / channels)

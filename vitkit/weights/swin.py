@@ -268,6 +268,7 @@ def to_hf(config: SwinConfig, state: State) -> tuple[State, dict[str, Any]]:
 
 
 WEIGHTS = FamilyWeights(
+    input_conv="patch_embed.proj.weight",
     markers=("patch_embed.proj.weight", "layers.0.blocks.0.attn.relative_position_bias_table"),
     head=("head.fc.",),
     layouts=(TORCHVISION, HF),

@@ -110,6 +110,7 @@ def to_hf(config: ViTConfig, state: State) -> tuple[State, dict[str, Any]]:
 
 
 WEIGHTS = FamilyWeights(
+    input_conv="patch_embed.proj.weight",
     markers=("patch_embed.proj.weight", "pos_embed"),
     head=("head.", "head_dist."),
     adapt=resample_pos_embed,
