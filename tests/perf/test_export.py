@@ -1,6 +1,7 @@
 """`vitkit export` / `export_model`: ONNX and TorchScript files with a dynamic batch axis, checked here against
 PyTorch independently of the export's own check (the ONNX file is run with ONNX Runtime in the test itself)."""
 
+import json
 import re
 import sys
 import warnings
@@ -101,7 +102,10 @@ def only_file(folder):
 @pytest.mark.parametrize("format", ["onnx", "torchscript"])
 def test_cli_exports_a_saved_model(tmp_path, capsys, format):
     model = tiny_vit()
-    vitkit.save_pretrained(model, tmp_path / "model")
+    info = vitkit.weights.ModelInfo(
+        tuple(f"class {k}" for k in range(model.config.num_classes)), (0.5,) * 3, (0.25,) * 3, crop_pct=0.875
+    )
+    vitkit.save_pretrained(model, tmp_path / "model", info)
     out = tmp_path / "export" / f"vit.{format}"
     assert main(["export", "--model-dir", str(tmp_path / "model"), "--format", format, "--out", str(out)]) == 0
     assert only_file(out.parent) == out
@@ -109,6 +113,16 @@ def test_cli_exports_a_saved_model(tmp_path, capsys, format):
     assert f"wrote {format} model to {out}" in printed
     assert "batch sizes 1, 3: max abs diff" in printed
     assert_matches_pytorch(model, out, format, (32, 32))
+    # what the model needs beside its weights travels in the file: names, normalisation, framing
+    if format == "onnx":
+        ort = pytest.importorskip("onnxruntime")
+        session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+        carried = session.get_modelmeta().custom_metadata_map["vitkit.model_info"]
+    else:
+        extra = {"vitkit.model_info": ""}
+        torch.jit.load(str(out), _extra_files=extra)
+        carried = extra["vitkit.model_info"]
+    assert json.loads(carried) == info.to_json()
 
 
 @pytest.mark.parametrize("format", ["onnx", "torchscript"])

@@ -4,7 +4,8 @@ A classifier's exported file takes images (B, C, H, W) of one fixed size and any
 `output`. Before the file appears at its path, it is loaded back (ONNX Runtime for ONNX, `torch.jit.load` for
 TorchScript) and run on random images at batch sizes other than the one it was exported with; its outputs must match
 the PyTorch model's within `atol` (times the output's largest value where that is over 1). The file is written under a
-temporary name and renamed only then, so a failed check leaves nothing at the path.
+temporary name and renamed only then, so a failed check leaves nothing at the path. The file carries the model's
+`ModelInfo` as JSON under `METADATA_KEY` (ONNX metadata_props; TorchScript extra files).
 
 A detector's exported file (a model of a family registered with task "detection", `VitkitDetector`) takes images
 (B, C, H, W) and pixel_mask (B, H, W) (bool, True on real pixels, as `vitkit.detection.pad_images` makes it) and
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import json
 import os
 import warnings
 from collections.abc import Callable
@@ -47,6 +49,7 @@ from vitkit.models.interface import VitkitDetector, predicts_masks
 from vitkit.models.registry import DETECTION, family_of
 from vitkit.perf.optimize import OptimizedModel, PackedLinear
 from vitkit.util import atomic_write
+from vitkit.weights import model_info
 
 FORMATS = ("onnx", "torchscript")
 BACKENDS = {"onnx": "math", "torchscript": "sdpa"}  # dense attention's backend in each format (see above)
@@ -59,6 +62,8 @@ DETECTOR_INPUTS = ("images", "pixel_mask")  # a detector's graph inputs: (B, C, 
 DETECTOR_OUTPUTS = ("pred_logits", "pred_boxes")  # a detector's graph outputs: (B, Q, K + 1 | K), (B, Q, 4)
 MASK_OUTPUTS = ("pred_masks",)  # and a detector's that `predicts_masks`: (B, Q, H / 4, W / 4)
 SIZE_STEP = (24, 40)  # a dynamic-size model is also checked at (H, W) + this: no multiple of the backbone stride
+METADATA_KEY = "vitkit.model_info"  # the file's metadata entry holding, as JSON, what the model carries beside its
+# weights (`vitkit.weights.ModelInfo`: class names, normalisation, framing, a detector's category ids and reading)
 EXTRA_HINT = "pip install 'vitkit[export]'"
 # ONNX export: torch's torch.export-based exporter writes through onnx and onnxscript; onnxruntime runs the check.
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
@@ -203,7 +208,9 @@ def _pytorch_outputs(model: nn.Module, inputs: Inputs, signature: Signature) -> 
     return [out.numpy()]
 
 
-def _export_onnx(model: nn.Module, example: Inputs, signature: Signature, path: str) -> None:
+def _export_onnx(
+    model: nn.Module, example: Inputs, signature: Signature, path: str, metadata: dict[str, str]
+) -> None:
     # Axes named by strings: the exporter makes each a `Dim.DYNAMIC` (whose range torch.export may narrow, e.g. to
     # images large enough that no feature map is 1 pixel wide) and gives the graph's axes these names.
     if signature.dynamic_img_size:
@@ -222,6 +229,7 @@ def _export_onnx(model: nn.Module, example: Inputs, signature: Signature, path: 
             output_names=list(signature.outputs),
             verbose=False,
         )
+    program.model.metadata_props.update(metadata)  # the model's metadata_props, as onnxruntime's modelmeta reads them
     # One self-contained file (weights inside): a model file renamed after writing keeps no side files to follow.
     program.save(path, external_data=False)
 
@@ -236,13 +244,15 @@ def _onnx_runner(path: str, signature: Signature) -> Runner:
     )
 
 
-def _export_torchscript(model: nn.Module, example: Inputs, signature: Signature, path: str) -> None:
+def _export_torchscript(
+    model: nn.Module, example: Inputs, signature: Signature, path: str, metadata: dict[str, str]
+) -> None:
     with warnings.catch_warnings(), torch.no_grad():
         # The tracer warns where shape checks become constants: the image size and channels, fixed in the export.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
         traced = torch.jit.trace(model, example, check_trace=False)  # checked below at other batch sizes
-    traced.save(path)
+    traced.save(path, _extra_files=metadata)  # torch.jit.load(path, _extra_files=...) reads them back
 
 
 def _torchscript_runner(path: str, signature: Signature) -> Runner:
@@ -347,6 +357,7 @@ def export_model(
     (H, W), in_chans = _input_size(model, img_size)
     signature = _signature(model, format)
     reference, exported = _models(model, format, signature)
+    metadata = {METADATA_KEY: json.dumps(model_info(model).to_json())}
     sizes = [(H, W)] * len(CHECK_BATCHES)
     if signature.dynamic_img_size:  # the first check at the exported size, the others at another one
         sizes[1:] = [(H + SIZE_STEP[0], W + SIZE_STEP[1])] * (len(CHECK_BATCHES) - 1)
@@ -359,7 +370,7 @@ def export_model(
 
     def write_and_check(tmp: str) -> None:
         nonlocal diff, scaled
-        export(exported, example, signature, tmp)
+        export(exported, example, signature, tmp, metadata)
         diff, scaled = _max_abs_diff(load(tmp, signature), reference, checks, signature, format, path, atol)
 
     path.parent.mkdir(parents=True, exist_ok=True)
