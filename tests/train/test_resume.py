@@ -250,6 +250,7 @@ def test_a_resume_of_a_sharded_run_without_a_checkpoint_names_the_sharded_checkp
 def test_a_stopped_run_names_its_best_model_so_far(tmp_path, tiny_config, monkeypatch, caplog):
     stopping = loop.Run.sync_stop
     monkeypatch.setattr(loop.Run, "sync_stop", lambda self, stop: self.epoch == 1 or stopping(self, stop))
+    caplog.set_level(logging.INFO, logger="vitkit.train")  # as `vitkit train` shows it; alone, the root's WARNING
     result = fit(tiny_config(tmp_path))
     assert result.interrupted
     best = f"{result.best_value:.4f}"
