@@ -102,8 +102,8 @@ def test_eval_names_category_ids_that_differ_from_the_model_s(trained, capsys, t
     path.write_text(json.dumps(coco))
     assert main(["eval", "--model-dir", str(out / "final"), "--data", str(other)]) == 2
     err = capsys.readouterr().err
-    assert f"{other} numbers the model's classes with other category ids: {{100: " in err, err
-    assert "give the annotations the model's ids" in err
+    assert f"{other} numbers the model's classes otherwise: {{100: " in err, err
+    assert "give the annotations the model's ids and names" in err
 
 
 def test_eval_batches_a_detector_as_its_run_validated_it(trained, monkeypatch, tmp_path):

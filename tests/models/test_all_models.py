@@ -275,22 +275,27 @@ def test_reset_classifier_as_timm_s(name):
     config following; 0 classes: the pooled features out."""
     model = small_model(name).double().eval()
     x = images(model).double()
+    distilled = getattr(model.config, "distilled", False)
     with torch.no_grad():
         pooled = model.forward_head(model.forward_features(x), pre_logits=True)
         model.reset_classifier(7)
-        head = model.get_classifier()
+        head = model.get_classifier()[0] if distilled else model.get_classifier()
         assert isinstance(head, nn.Linear) and head.weight.dtype == torch.float64 and model.config.num_classes == 7
         torch.nn.init.normal_(head.weight)
         logits = model(x)
-        if getattr(model.config, "distilled", False):  # the mean of the class and distillation tokens' heads
+        if distilled:  # the mean of the class and distillation tokens' heads
             tokens = model.forward_features(x)
             expected = (head(tokens[:, 0]) + model.head_dist(tokens[:, 1])) / 2
         else:
             expected = head(pooled)
         torch.testing.assert_close(logits, expected)
         model.reset_classifier(0)
-        assert model.config.num_classes == 0 and isinstance(model.get_classifier(), nn.Identity)
+        assert model.config.num_classes == 0
+        heads = model.get_classifier() if distilled else [model.get_classifier()]
+        assert all(isinstance(h, nn.Identity) for h in heads)
         torch.testing.assert_close(model(x), pooled)
+        model.reset_classifier(3)  # from none: in the model's dtype
+        assert model(x).shape == (2, 3) and model(x).dtype == torch.float64
     with pytest.raises(ValueError, match="num_classes must be >= 0"):
         model.reset_classifier(-1)
 

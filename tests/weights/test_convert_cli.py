@@ -151,8 +151,8 @@ def test_convert_replaces_nothing_unless_forced_and_never_its_source(tmp_path, c
 
     # a trained model, a checkpoint file: refused without --force, replaced with it
     assert main(["convert", str(hf_dir), "--out", str(trained)]) == 2
-    assert f"{trained} holds 2 files already: converting would replace them. Write to a new folder, or replace " \
-        "what is there with --force" in capsys.readouterr().err
+    assert f"{trained} holds config.json and model.safetensors already: converting would replace them. Write to a " \
+        "new folder, or replace what is there with --force" in capsys.readouterr().err
     ckpt = tmp_path / "run" / "checkpoint.pt"
     ckpt.write_bytes(b"a run's checkpoint")
     assert main(["convert", str(hf_dir), "--to", "timm", "--out", str(ckpt)]) == 2

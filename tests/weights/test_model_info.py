@@ -161,3 +161,24 @@ def test_convert_carries_names_and_drops_them_with_a_new_head(tmp_path):
     assert read_model_info(tmp_path / "vk4") == ModelInfo(None, MEAN, STD)  # the names were the old head's
     convert(tmp_path / "vk2", tmp_path / "vk3", reset_head=True)
     assert read_model_info(tmp_path / "vk3") == ModelInfo(None, MEAN, STD)  # a new head of the same size too
+
+
+@pytest.mark.parametrize(
+    "settings, framing",
+    [
+        ({"image_processor_type": "ViTImageProcessor", "size": {"height": 224, "width": 224}}, {"crop_mode": "squash"}),
+        ({"image_processor_type": "ViTImageProcessor", "size": 224, "resample": 3}, {"crop_mode": "squash",
+                                                                                        "interpolation": "bicubic"}),
+        ({"feature_extractor_type": "CLIPFeatureExtractor", "size": 224, "crop_size": 224, "do_center_crop": True},
+         {"interpolation": "bicubic"}),  # an older file: one number, the shorter side; CLIP's bicubic default
+        ({"image_processor_type": "BitImageProcessor", "size": {"shortest_edge": 256}, "do_center_crop": True,
+          "crop_size": {"height": 224, "width": 224}, "resample": 3}, {"crop_pct": 0.875, "interpolation": "bicubic"}),
+        ({"image_processor_type": "DeiTImageProcessor", "size": {"height": 256, "width": 256}, "do_center_crop": True,
+          "crop_size": {"height": 224, "width": 224}}, {"crop_mode": "squash", "crop_pct": 0.875,
+                                                        "interpolation": "bicubic"}),
+        ({"image_processor_type": "BitImageProcessor", "size": {"shortest_edge": 224}}, {}),  # no crop: unclear
+        ({"do_resize": False, "size": {"height": 224, "width": 224}}, {}),
+    ],
+)  # fmt: skip
+def test_a_transformers_processor_s_framing(settings, framing):
+    assert vitkit.weights.hf.processor_framing(settings) == framing

@@ -156,16 +156,18 @@ def predict_paths(
 
 
 def crop_note(prediction: Prediction, img_size: tuple[int, int], framing: Framing | None = None) -> str | None:
-    """A note for an image of which a classifier of `img_size` (H, W) saw less than `MIN_KEPT` of the area (its
-    centre crop, `eval_transform`): the share and the pixels it saw, and how to have all of it seen; None for
-    any other image, and for one of unknown size."""
+    """A note for an image of which a classifier of `img_size` (H, W) saw less than `MIN_KEPT` of what it sees of an
+    image of its own shape (its centre crop, `eval_transform`; `framing`'s crop_pct aside): the share and the pixels
+    it saw, and how to have all of it seen; None for any other image, for one of unknown size, and where the model
+    squashes images whole."""
     if prediction.size is None:
         return None
+    framing = framing or Framing()
     share = center_crop_share(prediction.size, img_size, framing)
-    if share >= MIN_KEPT:
+    if framing.crop_mode == "squash" or share / framing.crop_pct**2 >= MIN_KEPT:  # the shape's loss, not the crop's
         return None
     (h, w), (H, W) = prediction.size, img_size
-    left, top, right, bottom = (framing or Framing()).crop_box(prediction.size, img_size)
+    left, top, right, bottom = framing.crop_box(prediction.size, img_size)
     seen = f"{round(right - left)}x{round(bottom - top)}"  # the crop in the image's pixels, width x height
     shape = "a square" if H == W else f"the model's {W}:{H} (width:height)"
     return (

@@ -376,12 +376,14 @@ def evaluate_detector_dir(
             raise ValueError(f"{data} has {len(found.classes)} classes, the model has {len(info.classes)}")
         info = replace(info, classes=found.classes, category_ids=found.category_ids)
     if found.classes != info.classes:
-        if sorted(found.classes) == sorted(info.classes) and info.category_ids is not None:
+        numbered = info.category_ids is not None and found.category_ids is not None
+        if sorted(found.classes) == sorted(info.classes) and numbered:
             theirs = dict(zip(found.category_ids, found.classes, strict=True))
             ours = dict(zip(info.category_ids, info.classes, strict=True))
+            which = "names" if tuple(found.category_ids) == tuple(info.category_ids) else "numbers"
             raise ValueError(
-                f"{source} numbers the model's classes with other category ids: {theirs}, the model {ours}; give "
-                "the annotations the model's ids (category_id of each annotation and id of each category)"
+                f"{source} {which} the model's classes otherwise: {theirs}, the model {ours}; give the annotations "
+                "the model's ids and names (category_id of each annotation, id and name of each category)"
             )
         raise ValueError(f"{source} has classes {list(found.classes)}, the model knows {list(info.classes)}")
     if tile is not None:

@@ -36,13 +36,13 @@ def take_indices(depth: int, indices: int | list[int] | tuple[int, ...] | None, 
 
 
 
-def fresh_classifier(like: nn.Module, in_features: int, num_classes: int) -> nn.Module:
-    """A new classifier in place of `like` (on its device, in its dtype): a Linear from `in_features` to
-    `num_classes` (PyTorch's initialisation, as timm's `reset_classifier`), or Identity for 0 classes."""
+def fresh_classifier(model: nn.Module, in_features: int, num_classes: int) -> nn.Module:
+    """A new classifier for `model` (on its device, in its dtype): a Linear from `in_features` to `num_classes`
+    (PyTorch's initialisation, as timm's `reset_classifier`), or Identity for 0 classes."""
     if num_classes < 0:
         raise ValueError(f"num_classes must be >= 0 (0: no classifier, the pooled features out), got {num_classes}")
     if num_classes == 0:
         return nn.Identity()
-    reference = next(like.parameters(), None)
+    reference = next(model.parameters(), None)
     linear = nn.Linear(in_features, num_classes)
     return linear if reference is None else linear.to(reference.device, reference.dtype)

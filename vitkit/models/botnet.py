@@ -303,7 +303,7 @@ class BotNet(CostFromImages, ResNet):
     def reset_classifier(self, num_classes: int) -> None:
         """A fresh classifier for `num_classes` classes (0: none, `forward` returns the pooled features), as timm's;
         the config follows. The pool (a bilinear pool's projection too) is kept."""
-        self.head.fc = fresh_classifier(self.head.fc, self.head.num_features, num_classes)
+        self.head.fc = fresh_classifier(self, self.head.num_features, num_classes)
         self.config = replace(self.config, num_classes=num_classes)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

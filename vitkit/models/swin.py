@@ -513,7 +513,7 @@ class SwinTransformer(CostFromImages, nn.Module):
     def reset_classifier(self, num_classes: int) -> None:
         """A fresh classifier for `num_classes` classes (0: none, `forward` returns the pooled features), as timm's;
         the config follows."""
-        self.head.fc = fresh_classifier(self.head.fc, self.num_features, num_classes)
+        self.head.fc = fresh_classifier(self, self.num_features, num_classes)
         self.config = replace(self.config, num_classes=num_classes)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

@@ -250,17 +250,18 @@ class VisionTransformer(CostFromImages, nn.Module):
     def num_features(self) -> int:
         return self.config.embed_dim
 
-    def get_classifier(self) -> nn.Module:
-        """The classifier (timm's name): a Linear, Identity without classes."""
-        return self.head
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
+        """The classifier (timm's name): a Linear, Identity without classes; a distilled model's two, (head,
+        head_dist), as timm's."""
+        return (self.head, self.head_dist) if self.config.distilled else self.head
 
     def reset_classifier(self, num_classes: int) -> None:
         """A fresh classifier for `num_classes` classes (0: none, `forward` returns the pooled features), as timm's;
         the config follows. A distilled model's distillation head too."""
         pooled = self.pool.num_features if self.pool is not None else self.config.embed_dim
-        self.head = fresh_classifier(self.head, pooled, num_classes)
+        self.head = fresh_classifier(self, pooled, num_classes)
         if self.config.distilled:
-            self.head_dist = fresh_classifier(self.head_dist, self.config.embed_dim, num_classes)
+            self.head_dist = fresh_classifier(self, self.config.embed_dim, num_classes)
         self.config = replace(self.config, num_classes=num_classes)
 
     def _rel_pos_size(self, i: int) -> tuple[int, int]:

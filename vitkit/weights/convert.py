@@ -34,7 +34,7 @@ from torch import nn
 
 from vitkit.errors import OptionFileExistsError
 from vitkit.models.registry import build_model, create_model, family_of, list_models, model_entry, replace_config
-from vitkit.util import atomic_write, counted, listed
+from vitkit.util import atomic_write, listed
 from vitkit.weights import hf, shapes
 from vitkit.weights.errors import CheckpointMismatch, LayoutMismatch, ModelNeeded, ModelNotNeeded, shown_models
 from vitkit.weights.family import FamilyWeights, family_weights, hf_model_types, registered_weights, source_formats
@@ -800,8 +800,9 @@ def _check_destination(src: Path, dst: Path, dst_format: str, force: bool) -> No
     unless `force`, one that would replace anything: the file `dst`, or files in the folder `dst` (a trained model,
     a run's `final/`)."""
     sources = [p for p in (src.iterdir() if src.is_dir() else [src]) if p.is_file()] if src.exists() else []
-    if dst_format in DIRECTORY_FORMATS:
-        replaced = [p for p in sources if p.parent.resolve() == dst.resolve()]
+    if dst_format in DIRECTORY_FORMATS:  # the files a folder export writes
+        written = (CONFIG_NAME, WEIGHTS_NAME, hf.PREPROCESSOR_NAME)
+        replaced = [p for p in sources if p.parent.resolve() == dst.resolve() and p.name in written]
     else:
         replaced = [p for p in sources if p.resolve() == dst.resolve()]
     if replaced:
@@ -814,7 +815,8 @@ def _check_destination(src: Path, dst: Path, dst_format: str, force: bool) -> No
     if dst.is_file():
         held = "is a file already"
     elif dst.is_dir() and any(dst.iterdir()):
-        held = f"holds {counted(len(list(dst.iterdir())), 'file')} already"
+        names = sorted(entry.name for entry in dst.iterdir())
+        held = f"holds {listed(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''} already"
     else:
         return
     raise OptionFileExistsError(

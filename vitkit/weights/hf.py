@@ -102,7 +102,9 @@ def image_processor(
     with `mean` / `std` for `in_chans` channels. transformers' `ViTImageProcessor` (what ViT, DeiT and Swin
     checkpoints name) where it does the same, resizing to the model's `img_size` whatever the aspect ("squash",
     crop_pct 1); otherwise its `BitImageProcessor` (resize, then centre crop: a shorter side of floor(H / crop_pct)
-    for a square model, else the squashed size). None for an unknown normalisation."""
+    for a square model). For a model that is not square it squashes to the resized size before the crop, which
+    vitkit's "center" framing does not (it keeps the aspect): those images differ. None for an unknown
+    normalisation."""
     if mean is None or std is None:
         return None
     framing = framing or Framing()
@@ -140,8 +142,9 @@ def processor_framing(settings: dict[str, Any]) -> dict[str, Any]:
     size, crop = settings.get("size"), settings.get("crop_size")
     if not settings.get("do_resize", True) or size is None:
         return {}
-    if isinstance(size, int):  # older files: one number, a square
-        size = {"height": size, "width": size}
+    kind = str(settings.get("image_processor_type") or settings.get("feature_extractor_type") or "")
+    if isinstance(size, int):  # older files: one number, a square for ViT's processor, else the shorter side
+        size = {"height": size, "width": size} if kind.startswith("ViT") else {"shortest_edge": size}
     if isinstance(crop, int):
         crop = {"height": crop, "width": crop}
     found: dict[str, Any] = {}
@@ -155,7 +158,8 @@ def processor_framing(settings: dict[str, Any]) -> dict[str, Any]:
         found["crop_pct"] = min(1.0, crop["height"] / side)
     elif found["crop_mode"] == "center":
         return {}  # a shorter side without a crop: the input's size follows the image's aspect
-    found["interpolation"] = PIL_RESAMPLE.get(settings.get("resample", 2))
+    default = 2 if kind.startswith("ViT") or not kind else 3  # ViT's processor bilinear; CLIP's, BiT's, DeiT's bicubic
+    found["interpolation"] = PIL_RESAMPLE.get(settings.get("resample", default))
     return non_default_framing(found)
 
 

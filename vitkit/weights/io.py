@@ -103,8 +103,8 @@ class ModelInfo:
 
     def without_classes(self) -> ModelInfo:
         """The entries that stay true of a model whose classifier is not the saved one: the normalisation, the
-        framing, the reading of detections and the weights it started from (the classes, their category ids and the
-        data they came from dropped)."""
+        framing, the reading of detections, the tiles and the weights it started from (the classes, their category
+        ids and the data they came from dropped)."""
         return ModelInfo(
             mean=self.mean,
             std=self.std,
@@ -113,6 +113,7 @@ class ModelInfo:
             crop_pct=self.crop_pct,
             interpolation=self.interpolation,
             crop_mode=self.crop_mode,
+            tile=self.tile,
         )
 
     def framing(self) -> Framing:

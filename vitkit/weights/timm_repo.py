@@ -79,7 +79,10 @@ def timm_info(saved: dict[str, Any], directory: Path, classes: tuple[str, ...] |
 def timm_framing(cfg: dict[str, Any]) -> dict[str, Any]:
     """The `ModelInfo` framing entries of a timm pretrained_cfg: its crop_pct, interpolation and crop_mode where
     vitkit has them (`vitkit.data.Framing`; timm's "border" mode and other resamplings are left to the defaults)."""
-    found = {k: cfg.get(k) for k in ("crop_pct", "interpolation", "crop_mode")}
+    if not cfg:
+        return {}
+    defaults = {"crop_pct": 0.875, "interpolation": "bicubic", "crop_mode": None}  # timm's, where a cfg has none
+    found = {k: cfg.get(k, default) for k, default in defaults.items()}
     for name, known in (("interpolation", INTERPOLATIONS), ("crop_mode", CROP_MODES)):
         if not (isinstance(found[name], str) and found[name] in known):
             found[name] = None
