@@ -182,3 +182,13 @@ def test_convert_carries_names_and_drops_them_with_a_new_head(tmp_path):
 )  # fmt: skip
 def test_a_transformers_processor_s_framing(settings, framing):
     assert vitkit.weights.hf.processor_framing(settings) == framing
+
+
+def test_a_timm_pretrained_cfg_s_framing():
+    from vitkit.weights.timm_repo import timm_framing
+
+    cfg = {"mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 0.9, "interpolation": "bicubic", "crop_mode": "center"}
+    assert timm_framing(cfg) == {"crop_pct": 0.9, "interpolation": "bicubic"}  # "center" is vitkit's default
+    assert timm_framing({"mean": [0.5] * 3}) == {"crop_pct": 0.875, "interpolation": "bicubic"}  # timm's defaults
+    assert timm_framing({"crop_pct": 1.0, "interpolation": "bilinear", "crop_mode": "border"}) == {}  # border: unread
+    assert timm_framing({}) == {}
