@@ -171,11 +171,11 @@ class Framing:
     crop_mode: str = "center"  # one of CROP_MODES
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.crop_pct, int | float) and 0 < self.crop_pct <= 1):
+        if isinstance(self.crop_pct, bool) or not (isinstance(self.crop_pct, int | float) and 0 < self.crop_pct <= 1):
             raise ValueError(f"crop_pct must be a number in (0, 1], got {self.crop_pct!r}")
-        if self.interpolation not in INTERPOLATIONS:
+        if not isinstance(self.interpolation, str) or self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"interpolation must be one of {list(INTERPOLATIONS)}, got {self.interpolation!r}")
-        if self.crop_mode not in CROP_MODES:
+        if not isinstance(self.crop_mode, str) or self.crop_mode not in CROP_MODES:
             raise ValueError(f"crop_mode must be one of {list(CROP_MODES)}, got {self.crop_mode!r}")
 
     def resized_size(self, image_size: tuple[int, int], img_size: tuple[int, int]) -> tuple[int, int] | int:

@@ -341,7 +341,7 @@ def attention_maps(
     grid = f"a {token_grid[0]}x{token_grid[1]} grid of {patch}-px patches"
     described = f"{family_of(model).display_name}, {counted(L, 'layer')} x {counted(h, 'head')}, {grid}"
     return AttentionMaps(
-        view=model_view(image, img_size, channels=config.in_chans, framing=framing_of(model)),
+        view=model_view(image, img_size, channels=config.in_chans, framing=framing),
         heats=_patches(rows, P, token_grid),  # (n, Hp, Wp)
         titles=titles,
         columns=columns,

@@ -118,7 +118,7 @@ def image_data(
     top = _top(model, output, class_names)
     return {
         "label": label,
-        "view": _png(model_view(image, img_size, channels=config.in_chans, framing=framing_of(model))),
+        "view": _png(model_view(image, img_size, channels=config.in_chans, framing=framing)),
         "attention": _packed(codes),
         "scales": _packed(scales),
         "rollout": _packed(rollout_codes),
@@ -405,8 +405,8 @@ def grid_explorer_data(
     device = next(model.parameters()).device
     layers: list[dict[str, Any]] = []
     pages = []
+    framing = framing_of(model)
     for label, image in images:
-        framing = framing_of(model)
         pixels = preprocess(image, img_size, config.in_chans, tuple(mean), tuple(std), framing)[None].to(device)
         model.eval()
         with capture_attention(model) as maps:
@@ -431,7 +431,7 @@ def grid_explorer_data(
         pages.append(
             {
                 "label": label,
-                "view": _png(model_view(image, img_size, channels=config.in_chans, framing=framing_of(model))),
+                "view": _png(model_view(image, img_size, channels=config.in_chans, framing=framing)),
                 "layers": weights,
                 "top": _top(model, output, class_names),
             }

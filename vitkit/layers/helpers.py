@@ -34,8 +34,6 @@ def take_indices(depth: int, indices: int | list[int] | tuple[int, ...] | None, 
     return take
 
 
-
-
 def fresh_classifier(model: nn.Module, in_features: int, num_classes: int) -> nn.Module:
     """A new classifier for `model` (on its device, in its dtype): a Linear from `in_features` to `num_classes`
     (PyTorch's initialisation, as timm's `reset_classifier`), or Identity for 0 classes."""

@@ -357,7 +357,8 @@ def export_model(
     (H, W), in_chans = _input_size(model, img_size)
     signature = _signature(model, format)
     reference, exported = _models(model, format, signature)
-    metadata = {METADATA_KEY: json.dumps(info_for(model, None, "export_model").to_json())} if _is_vitkit(model) else {}
+    carried = info_for(model, None, "export_model") if hasattr(model, "config") else None  # any module: nothing
+    metadata = {METADATA_KEY: json.dumps(carried.to_json())} if carried is not None else {}
     sizes = [(H, W)] * len(CHECK_BATCHES)
     if signature.dynamic_img_size:  # the first check at the exported size, the others at another one
         sizes[1:] = [(H + SIZE_STEP[0], W + SIZE_STEP[1])] * (len(CHECK_BATCHES) - 1)
@@ -389,15 +390,6 @@ def export_model(
         tuple(sizes),
         scaled,
     )
-
-
-def _is_vitkit(model: nn.Module) -> bool:
-    """Whether `model` is a registered family's (it has the config `ModelInfo` is checked against)."""
-    try:
-        family_of(model)
-    except ValueError:
-        return False
-    return True
 
 
 def _format_functions(format: str) -> tuple[Callable[..., None], Callable[[str, Signature], Runner]]:

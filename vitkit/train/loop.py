@@ -206,16 +206,14 @@ class Run:
         torch.manual_seed(config.seed)
         self.model = build_training_model(config, self.task.num_classes).to(env.device)
         # the published weights the model started from (directly, or through the model directory it was saved in)
-        self.task.info = dataclasses.replace(self.task.info, weights=model_info(self.model).weights)
+        started = model_info(self.model)
+        self.task.info = dataclasses.replace(self.task.info, weights=started.weights)
         # a classifier's weights trained on images normalised their own way (timm's CLIP, SigLIP, augreg: mean and
         # std 0.5) are fine-tuned on images normalised that way, and saved so (a detection folder's images are
         # normalised as it was read)
-        started = model_info(self.model)
+        data = (self.task.info.mean, self.task.info.std)
         own = self.task.name == CLASSIFICATION and started.mean is not None
-        self.own_normalisation = own and (started.mean, started.std) != (
-            self.task.info.mean,
-            self.task.info.std,
-        )
+        self.own_normalisation = own and (started.mean, started.std) != data
         if self.own_normalisation:
             self.task.info = dataclasses.replace(self.task.info, mean=started.mean, std=started.std)
         # before the optimizer state and the first batch: refuse a run that would exhaust memory

@@ -792,7 +792,7 @@ def convert(
             _builds_own_model(src, src_format, err)
             raise
         report.kept = kept_fields(model, model_name, overrides)
-    return report, export_weights(model.eval(), dst, dst_format, model_info(model))
+    return report, export_weights(model.eval(), dst, dst_format)  # with what the model carries
 
 
 def _check_destination(src: Path, dst: Path, dst_format: str, force: bool) -> None:
@@ -918,8 +918,9 @@ def export_weights(model: nn.Module, path: str | os.PathLike, format: str, info:
     What the model needs beside its weights (`info`, or what the model carries: class names, normalisation, ...) goes
     where the layout has a place for it: "vitkit" into config.json (every entry; see `save_pretrained`); "hf" the
     class names as `id2label` / `label2id` in config.json (transformers' default LABEL_i names when none are given)
-    and, for the families whose transformers classes read images through `ViTImageProcessor` (ViT, DeiT, Swin) with a
-    normalisation given, a `preprocessor_config.json` for it. The single-file formats hold weights only.
+    and, for the families whose transformers classes read images through an image processor (ViT, DeiT, Swin) with
+    a normalisation given, a `preprocessor_config.json` with it and the framing (`hf.image_processor`). The
+    single-file formats hold weights only.
 
     Args:
         model: a vitkit model.

@@ -66,7 +66,7 @@ class FamilyWeights:
     # reader of its config.json
     hf_export: HfExporter | None = None  # writes a model as transformers' save_pretrained does; None: no such class
     hf_image_processor: bool = False  # whether an exported Hugging Face directory gets a `preprocessor_config.json`
-    # for transformers' ViTImageProcessor (resize, rescale, normalise) when the normalisation is known
+    # (`vitkit.weights.hf.image_processor`: resize and crop, rescale, normalise) when the normalisation is known
     timm_fixed: Mapping[str, Any] = field(default_factory=dict)  # timm model arguments that are no config field, with
     # the value the family's models have (a timm directory's "model_args" naming another value are refused)
 

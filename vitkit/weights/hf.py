@@ -154,8 +154,9 @@ def processor_framing(settings: dict[str, Any]) -> dict[str, Any]:
         found["crop_mode"], side = "squash", size["height"]
     else:
         return {}
-    if settings.get("do_center_crop") and isinstance(crop, dict) and isinstance(crop.get("height"), int):
-        found["crop_pct"] = min(1.0, crop["height"] / side)
+    crop_side = crop.get("height") if isinstance(crop, dict) else None
+    if settings.get("do_center_crop") and isinstance(crop_side, int) and crop_side > 0:
+        found["crop_pct"] = min(1.0, crop_side / side)
     elif found["crop_mode"] == "center":
         return {}  # a shorter side without a crop: the input's size follows the image's aspect
     default = 2 if kind.startswith("ViT") or not kind else 3  # ViT's processor bilinear; CLIP's, BiT's, DeiT's bicubic

@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from vitkit.data.transforms import CROP_MODES, INTERPOLATIONS, non_default_framing
+from vitkit.data.transforms import non_default_framing
 from vitkit.models.registry import list_models, model_entry
 from vitkit.weights.family import family_weights
 from vitkit.weights.hub import HUB_PREFIX, published_labels
@@ -82,13 +82,13 @@ def timm_framing(cfg: dict[str, Any]) -> dict[str, Any]:
     if not cfg:
         return {}
     defaults = {"crop_pct": 0.875, "interpolation": "bicubic", "crop_mode": None}  # timm's, where a cfg has none
-    found = {k: cfg.get(k, default) for k, default in defaults.items()}
-    for name, known in (("interpolation", INTERPOLATIONS), ("crop_mode", CROP_MODES)):
-        if not (isinstance(found[name], str) and found[name] in known):
+    found = {}
+    for name, default in defaults.items():
+        value = cfg.get(name, default)
+        try:
+            found[name] = non_default_framing({name: value}).get(name)
+        except ValueError:  # one vitkit does not read (timm's "border" mode): the default
             found[name] = None
-    crop = found["crop_pct"]
-    if not (isinstance(crop, int | float) and not isinstance(crop, bool) and 0 < crop <= 1):
-        found["crop_pct"] = None
     return non_default_framing(found)
 
 
