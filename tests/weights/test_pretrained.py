@@ -75,6 +75,22 @@ def test_images_are_framed_as_timm_evaluates_the_weights(hub_cache, timm_vit, tm
         assert torch.equal(model(got[None]).topk(5).indices, theirs(expected[None]).topk(5).indices)
 
 
+def test_a_features_model_from_the_published_weights(hub_cache, timm_vit):
+    """`features_only=True` with `pretrained=True`: timm's features model of the loaded weights (its last three
+    blocks' maps), carrying the weights' normalisation and framing but no class names."""
+    theirs, folder = timm_vit
+    hub_cache.put(TIMM_REPO, folder)
+    model = vitkit.create_model("vit_tiny_patch16_224", pretrained=True, features_only=True).eval()
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        expected = theirs.forward_intermediates(x, indices=3, intermediates_only=True)
+        for a, b in zip(model(x), expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    info = model_info(model)
+    assert info.mean == (0.5, 0.5, 0.5) and info.crop_pct == 0.9 and info.classes is None
+    assert info.weights == f"hf-hub:{TIMM_REPO}@{COMMIT}"
+
+
 @pytest.mark.parametrize("channels", [1, 4])
 def test_other_input_channels_fit_the_rgb_weights_as_timm_does(hub_cache, timm_vit, channels):
     """A grey (or 4-channel) model from RGB weights: the patch embedding summed over R, G and B (or repeated and

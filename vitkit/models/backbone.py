@@ -231,3 +231,72 @@ def check_backbone_choice(config: Any, outs: Sequence[int]) -> None:
         raise ValueError(f"backbone must be 'resnet' or a registered Swin or ViT variant: {err}") from None
     check_backbone_outputs(config.backbone, outs, config.backbone_scales, dict(config.backbone_args))
     backbone_config(config.backbone, dict(config.backbone_args), config.in_chans)
+
+
+class FeatureInfo:
+    """timm's `feature_info` of a features model: each output's channels (`num_chs`) and stride in pixels
+    (`reduction`), in output order."""
+
+    def __init__(self, outputs: Sequence[tuple[int, int]]) -> None:
+        self.info = [{"num_chs": c, "reduction": s} for c, s in outputs]
+
+    def channels(self, idx: int | None = None) -> int | list[int]:
+        return self.info[idx]["num_chs"] if idx is not None else [i["num_chs"] for i in self.info]
+
+    def reduction(self, idx: int | None = None) -> int | list[int]:
+        return self.info[idx]["reduction"] if idx is not None else [i["reduction"] for i in self.info]
+
+    def __len__(self) -> int:
+        return len(self.info)
+
+    def __getitem__(self, idx: int) -> dict[str, int]:
+        return self.info[idx]
+
+    def __repr__(self) -> str:
+        return f"FeatureInfo(channels={self.channels()}, reduction={self.reduction()})"
+
+
+class FeatureMaps(nn.Module):
+    """A classifier as timm's features model (`create_model(name, features_only=True)`): images (B, C, H, W) -> the
+    outputs of chosen stages or blocks, a list of maps (B, C_i, H / s_i, W / s_i), with `feature_info` giving
+    each one's channels and stride. The model is pruned of what those outputs do not use (later blocks or stages,
+    the classifier; the final norm unless `norm`), as timm prunes it; its parameters keep their names under
+    `model.`, as timm's ViT features model keeps them.
+
+    Args:
+        model: a model whose family has `forward_intermediates`, `feature_info` and `prune_intermediate_layers`
+            (ViT, DeiT, Swin).
+        out_indices: which outputs: None for the family's default (timm's: a ViT's last three blocks, every Swin
+            stage), an int n for the last n, or indices counted from 0 (negative ones from the end).
+        output_fmt: "NCHW", or "NHWC" for channels-last maps (what timm's Swin features model returns).
+        norm: apply the final norm where the family does (`forward_intermediates(norm=True)`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        out_indices: int | Sequence[int] | None = None,
+        output_fmt: str = "NCHW",
+        norm: bool = False,
+    ) -> None:
+        super().__init__()
+        if not callable(getattr(model, "prune_intermediate_layers", None)):
+            name = type(model).__name__
+            raise ValueError(
+                f"features_only needs a model with timm's forward_intermediates and prune_intermediate_layers (ViT, "
+                f"DeiT, Swin); a {name} has none (a detector's backbone gives its maps: model.backbone(images))"
+            )
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        outputs = model.feature_info()
+        indices = model.default_feature_outputs if out_indices is None else out_indices
+        if not isinstance(indices, int) and indices is not None:
+            indices = list(indices)
+        self.out_indices = model.prune_intermediate_layers(indices, prune_norm=not norm)
+        self.model = model
+        self.output_fmt, self.norm = output_fmt, norm
+        self.feature_info = FeatureInfo([outputs[i] for i in self.out_indices])
+
+    def forward(self, images: Tensor) -> list[Tensor]:
+        maps = self.model.forward_intermediates(images, self.out_indices, output_fmt="NCHW", norm=self.norm)
+        return maps if self.output_fmt == "NCHW" else [m.permute(0, 2, 3, 1) for m in maps]

@@ -575,6 +575,26 @@ class SwinTransformer(CostFromImages, nn.Module):
         c = self.config
         return [(c.embed_dim * 2**s, c.patch_size * 2**s) for s in range(len(c.depths))]
 
+    # timm's default outputs of a features model (`create_model(..., features_only=True)`): every stage
+    default_feature_outputs: int | None = None
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] | None = None, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop what `forward_intermediates(x, indices)` does not use, as timm's: the stages after the last output,
+        the final norm (`prune_norm`, or when the last stage goes: it is sized for that stage only), the classifier
+        (`prune_head`, or when the last stage goes). Returns the outputs' indices, counted from the first stage. The
+        pruned model serves `forward_intermediates` (a features model); its config still describes the model it was
+        cut from."""
+        take = take_indices(len(self.layers), indices, unit="stage")
+        cut = max(take) < len(self.layers) - 1
+        if prune_norm or cut:
+            self.norm = nn.Identity()
+        self.layers = self.layers[: max(take) + 1]
+        if prune_head or cut:
+            self.reset_classifier(0)
+        return take
+
     def check_feature_outputs(self, indices: Sequence[int]) -> None:
         """ValueError unless `forward_intermediates(x, indices, norm=True)` uses every parameter (as a detector's
         backbone must, to train under DDP and to take a checkpoint whole): the last stage among the outputs."""

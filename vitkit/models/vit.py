@@ -439,6 +439,25 @@ class VisionTransformer(CostFromImages, nn.Module):
         """(channels, stride) of each block's output as `forward_intermediates` gives it: D at the patch's stride."""
         return [(self.config.embed_dim, self.config.patch_size)] * self.config.depth
 
+    # timm's default outputs of a features model (`create_model(..., features_only=True)`): the last three blocks
+    default_feature_outputs: int | None = 3
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] | None = None, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop what `forward_intermediates(x, indices)` does not use, as timm's: the blocks after the last output,
+        the final norm (`prune_norm`), the pooling and classifier (`prune_head`). Returns the outputs' indices,
+        counted from the first block. The pruned model serves `forward_intermediates` (a features model); its
+        config still describes the model it was cut from."""
+        take = take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: max(take) + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm, self.pool, self.attn_pool = nn.Identity(), None, None
+            self.reset_classifier(0)
+        return take
+
     def check_feature_outputs(self, indices: Sequence[int]) -> None:
         """ValueError unless `forward_intermediates(x, indices, norm=True)` uses every parameter (as a detector's
         backbone must, to train under DDP and to take a checkpoint whole): the last block among the outputs, and

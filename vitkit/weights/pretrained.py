@@ -12,20 +12,28 @@ checked against it as `vitkit.load_weights` checks any checkpoint (every key, ev
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from vitkit.models import registry
+from vitkit.models.backbone import FeatureMaps
 from vitkit.models.registry import ModelEntry, PublishedWeights, published_weights, replace_config
 from vitkit.weights.convert import REPORT_ATTRIBUTE, LoadReport, load_weights, read_model_info, with_info
 from vitkit.weights.hub import hub_snapshot, label_names, torch_hub_file
-from vitkit.weights.io import CONFIG_NAME, ModelInfo, read_json
+from vitkit.weights.io import CONFIG_NAME, INFO_ATTRIBUTE, ModelInfo, model_info, read_json
 from vitkit.weights.timm_repo import timm_info
 
 
-def create_model(name: str, pretrained: bool | str = False, **overrides: Any) -> nn.Module:
+def create_model(
+    name: str,
+    pretrained: bool | str = False,
+    features_only: bool = False,
+    out_indices: int | Sequence[int] | None = None,
+    **overrides: Any,
+) -> nn.Module:
     """The registered model `name`, with config fields replaced by `overrides`, loaded with published weights when
     `pretrained` is True (the model's default weights) or a tag ("augreg_in21k", see `vitkit.list_pretrained`).
 
@@ -39,10 +47,28 @@ def create_model(name: str, pretrained: bool | str = False, **overrides: Any) ->
     revision), which `save_pretrained(model, path, model_info(model))` writes. Weights are downloaded once, into
     huggingface_hub's or torch.hub's cache (`vitkit.weights.hub`: offline use, errors).
 
+    `features_only=True` gives timm's features model (`vitkit.models.backbone.FeatureMaps`): images -> a list of
+    (B, C_i, H_i, W_i) maps, the outputs `out_indices` of a ViT's blocks or a Swin's stages (timm's defaults: a
+    ViT's last three blocks, every Swin stage), with `feature_info.channels()` and `.reduction()`; the model is
+    pruned of what those maps do not use, as timm prunes it.
+
     Example: ``create_model("vit_base_patch16_224", pretrained=True)``,
     ``create_model("deformable_detr_resnet50", pretrained="coco")``,
-    ``create_model("swin_tiny_patch4_window7_224.ms_in22k_ft_in1k", pretrained=True, num_classes=5)``.
+    ``create_model("swin_tiny_patch4_window7_224.ms_in22k_ft_in1k", pretrained=True, num_classes=5)``,
+    ``create_model("swin_tiny_patch4_window7_224", pretrained=True, features_only=True, out_indices=(1, 2, 3))``.
     """
+    if out_indices is not None and not features_only:
+        raise ValueError(f"out_indices={out_indices!r} chooses a features model's outputs: pass features_only=True too")
+    model = _create(name, pretrained, **overrides)
+    if not features_only:
+        return model
+    features = FeatureMaps(model, out_indices)
+    setattr(features, INFO_ATTRIBUTE, model_info(model).without_classes())
+    return features
+
+
+def _create(name: str, pretrained: bool | str = False, **overrides: Any) -> nn.Module:
+    """`create_model` without features_only."""
     if not pretrained and "." not in name:
         return registry.create_model(name, **overrides)
     entry, weights = published_weights(name, pretrained if isinstance(pretrained, str) else True)
