@@ -180,3 +180,24 @@ def test_a_run_folder_given_for_a_model_names_its_models(tmp_path):
     vitkit.save_pretrained(tiny_vit(), tmp_path / "final")
     with pytest.raises(ValueError, match=re.escape(f"(the epoch that validated best) or {tmp_path / 'final'}")):
         vitkit.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("saved", "model", "fix"),
+    [
+        (dict(), dict(global_pool="avg"), dict(global_pool="avg", fc_norm=False)),
+        (dict(global_pool="avg"), dict(), dict(global_pool="avg")),
+    ],
+    ids=["norm-into-fc_norm", "fc_norm-into-norm"],
+)
+def test_the_final_norm_on_the_other_side_of_the_pooling_names_fc_norm(tmp_path, saved, model, fix):
+    """No shape tells a norm before the pooling from one after it: the error names the setting, which loads."""
+    path = tmp_path / "w.safetensors"
+    save_file(tiny_vit(**saved).state_dict(), path)
+    expected = "build the model with fc_norm=False" if "fc_norm" in fix else "build the model with fc_norm=True"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        vitkit.load_weights(tiny_vit(**model), path)
+    vitkit.load_weights(tiny_vit(**fix), path)
+    with pytest.raises(ValueError) as caught:  # other missing keys: no such words
+        vitkit.load_weights(tiny_vit(**model, reg_tokens=1), path)
+    assert "fc_norm=" not in str(caught.value)

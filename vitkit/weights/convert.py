@@ -341,7 +341,7 @@ def _load_state(
         raise ValueError(f"{name}: {err}") from err
 
     if strict:
-        check_state_dict(model, {**state, **own}, source=name, unmatched=unmatched)
+        check_state_dict(model, {**state, **own}, source=name, unmatched=unmatched, hint=weights.key_hint)
     else:
         report.missing = [k for k in expected if k not in state and k not in own]
         report.unexpected = [*unmatched, *(k for k in state if k not in expected)]

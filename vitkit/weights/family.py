@@ -36,6 +36,11 @@ def unchanged(model: nn.Module, state: State) -> list[str]:
     return []
 
 
+def no_hint(missing: Sequence[str], unexpected: Sequence[str]) -> str:
+    """For families whose key mismatches need no words beyond the keys."""
+    return ""
+
+
 def no_fields(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """For families without a shape reader: the key-by-key check reports a checkpoint of another size."""
     return {}
@@ -69,6 +74,8 @@ class FamilyWeights:
     # (`vitkit.weights.hf.image_processor`: resize and crop, rescale, normalise) when the normalisation is known
     timm_fixed: Mapping[str, Any] = field(default_factory=dict)  # timm model arguments that are no config field, with
     # the value the family's models have (a timm directory's "model_args" naming another value are refused)
+    key_hint: Callable[[Sequence[str], Sequence[str]], str] = no_hint  # (keys the checkpoint lacks, keys the model
+    # lacks) -> the setting that would make them fit, in words, where the shapes cannot tell it (a ViT's fc_norm)
 
     def __post_init__(self) -> None:
         listed = [layout.format for layout in self.layouts]

@@ -265,11 +265,16 @@ def check_finite(state: Mapping[str, torch.Tensor], source: str, names_note: str
 
 
 def check_state_dict(
-    model: nn.Module, state: dict[str, torch.Tensor], source: str, unmatched: typing.Sequence[str] = ()
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    source: str,
+    unmatched: typing.Sequence[str] = (),
+    hint: typing.Callable[[list[str], list[str]], str] | None = None,
 ) -> None:
     """Raise ValueError listing missing, unexpected and shape-mismatched keys (a few of each, with counts).
 
     `unmatched`: checkpoint keys that a converter could not rename, reported as unexpected under their own names.
+    `hint`: (missing, unexpected) -> the setting that would make them fit, in words ("" when none does).
     """
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
@@ -286,7 +291,9 @@ def check_state_dict(
         for what, items in (("missing", missing), ("unexpected", unexpected), ("shape-mismatched", mismatched))
         if items
     ]
-    raise ValueError(f"{source} does not fit {type(model).__name__}: " + "; ".join(parts))
+    words = hint(missing, unexpected) if hint is not None and not mismatched else ""
+    words = f". {words}" if words else ""
+    raise ValueError(f"{source} does not fit {type(model).__name__}: " + "; ".join(parts) + words)
 
 
 def _config_from_dict(config_cls: type, fields: dict[str, Any], source: str = "") -> Any:

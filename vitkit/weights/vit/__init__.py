@@ -14,7 +14,7 @@ of another image size has its position table resampled to the model's token grid
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -82,6 +82,24 @@ def read_fields(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     return fields
 
 
+def key_hint(missing: Sequence[str], unexpected: Sequence[str]) -> str:
+    """The final norm on the other side of the pooling: a checkpoint that normalises before it (`norm`, class-token
+    models) read into one that normalises after it (`fc_norm`, what global_pool="avg" gives by default), or the
+    other way round. No shape tells them apart, so the error names the setting."""
+    ours, theirs = {k.split(".")[0] for k in missing}, {k.split(".")[0] for k in unexpected}
+    if (ours, theirs) == ({"fc_norm"}, {"norm"}):
+        return (
+            "The checkpoint normalises the tokens before pooling (norm), the model after it (fc_norm, the default "
+            "with global_pool='avg'): build the model with fc_norm=False to pool the checkpoint's normalised tokens"
+        )
+    if (ours, theirs) == ({"norm"}, {"fc_norm"}):
+        return (
+            "The checkpoint normalises after pooling (fc_norm), the model before it (norm): build the model with "
+            "fc_norm=True (and global_pool='avg', as the checkpoint was most likely trained)"
+        )
+    return ""
+
+
 # transformers' files: import accepts every name of every class's table; export writes one class's names (`to_hf`).
 HF = HfViTLayout(
     format="hf", rules=VIT_BODY + VIT_HEADS + DINOV2_RULES + CLIP_RULES + SIGLIP_RULES + VITDET_RULES, **HF_COMMON
@@ -117,6 +135,7 @@ WEIGHTS = FamilyWeights(
     layouts=(TORCHVISION, HF, VITPYTORCH, PADDLEVIT),
     read_fields=read_fields,
     unread_fields=("num_heads",),  # qkv is (3D, D) for any head count that divides D
+    key_hint=key_hint,
     hf_model_types={
         "vit": config_from_hf,
         "deit": config_from_hf,
