@@ -21,8 +21,9 @@ SMALL = {
     "deit_tiny_distilled_patch16_224": dict(depth=3),
     "vit_small_patch14_reg4_dinov2": dict(depth=3, img_size=56),
     "swin_tiny_patch4_window7_224": dict(depths=(1, 1, 2, 1), embed_dim=32, num_heads=(1, 2, 4, 8), img_size=64),
+    "botnet26t_256": dict(img_size=128),  # timm's own depths and widths (no arguments of its)
 }
-SIZE = {"vit_small_patch14_reg4_dinov2": 56, "swin_tiny_patch4_window7_224": 64}
+SIZE = {"vit_small_patch14_reg4_dinov2": 56, "swin_tiny_patch4_window7_224": 64, "botnet26t_256": 128}
 
 
 def features_pair(name: str, out_indices=None, norm: bool = False):
@@ -42,8 +43,8 @@ def features_pair(name: str, out_indices=None, norm: bool = False):
         theirs = timm.create_model(name, features_only=True, **SMALL[name], **chosen).double()
         if hasattr(theirs, "model"):  # a ViT's features model keeps the model under `model.`
             keyed = {f"model.{k}": v for k, v in weights.items()}
-        else:  # Swin's flattens its stages to `layers_<i>`
-            keyed = {re.sub(r"^layers\.(\d+)", r"layers_\1", k): v for k, v in weights.items()}
+        else:  # Swin's and BoTNet's flatten their stages (`layers_<i>`, `stages_<i>`) and stem (`stem_conv1`)
+            keyed = {re.sub(r"^(layers|stages|stem)\.([^.]+)", r"\1_\2", k): v for k, v in weights.items()}
         theirs.load_state_dict({k: v for k, v in keyed.items() if k in theirs.state_dict()}, strict=True)
     ours = vitkit.create_model(name, **SMALL[name]).double()
     ours.load_state_dict(weights)
@@ -59,6 +60,8 @@ def features_pair(name: str, out_indices=None, norm: bool = False):
         ("vit_small_patch14_reg4_dinov2", (-2, -1)),
         ("swin_tiny_patch4_window7_224", None),  # every stage
         ("swin_tiny_patch4_window7_224", (1, 2)),  # the last stage, its norm and the head pruned
+        ("botnet26t_256", None),  # the stem's output before its pool, then every stage
+        ("botnet26t_256", (0, 2)),  # the last two stages and the head pruned
     ],
 )
 def test_features_equal_timm(name, out_indices):
@@ -109,8 +112,32 @@ def test_features_only_errors():
     with pytest.raises(ValueError, match=r"out_indices=\(1, 2\) chooses a features model's outputs: pass features"):
         vitkit.create_model("vit_tiny_patch16_224", out_indices=(1, 2))
     with pytest.raises(ValueError, match="features_only needs a model with timm's forward_intermediates"):
-        vitkit.create_model("botnet26t_256", features_only=True)
+        vitkit.create_model("detr_tiny", features_only=True)
     with pytest.raises(ValueError, match="block index 12 is out of range for a 12-block model"):
         vitkit.create_model("vit_tiny_patch16_224", features_only=True, out_indices=(12,))
     with pytest.raises(ValueError, match="output_fmt must be 'NCHW' or 'NHWC', got 'NLC'"):
         FeatureMaps(vitkit.create_model("vit_tiny_patch16_224", depth=2), output_fmt="NLC")
+
+
+def test_botnet_forward_intermediates_equal_timm():
+    """timm's ByobNet numbering (0 the stem before its pool, 1..4 the stages) and its default, the final features
+    too."""
+    torch.manual_seed(0)
+    theirs = timm.create_model("botnet26t_256", img_size=128).double().eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ours = vitkit.create_model("botnet26t_256", img_size=128).double().eval()
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(1, 3, 128, 128, dtype=torch.float64)
+    with torch.no_grad():
+        final, expected = theirs.forward_intermediates(x, indices=[0, -2])
+        mine, got = ours.forward_intermediates(x, indices=[0, -2], intermediates_only=False)
+        last_two = ours.forward_intermediates(x, indices=2)
+    for a, b in zip([mine, *got], [final, *expected], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    assert [tuple(m.shape) for m in got] == [(1, 64, 64, 64), (1, 1024, 8, 8)]
+    assert [m.shape[1] for m in last_two] == [1024, 2048]
+    assert ours.feature_info() == [(64, 2), (256, 4), (512, 8), (1024, 16), (2048, 32)]
+    with pytest.raises(ValueError, match="output index 5 is out of range for a 5-output model"):
+        ours.forward_intermediates(x, indices=[5])

@@ -265,9 +265,10 @@ class FeatureMaps(nn.Module):
 
     Args:
         model: a model whose family has `forward_intermediates`, `feature_info` and `prune_intermediate_layers`
-            (ViT, DeiT, Swin).
+            (ViT, DeiT, Swin, BoTNet).
         out_indices: which outputs: None for the family's default (timm's: a ViT's last three blocks, every Swin
-            stage), an int n for the last n, or indices counted from 0 (negative ones from the end).
+            stage, BoTNet's stem and every stage), an int n for the last n, or indices counted from 0 (negative
+            ones from the end).
         output_fmt: "NCHW", or "NHWC" for channels-last maps (what timm's Swin features model returns).
         norm: apply the final norm where the family does (`forward_intermediates(norm=True)`).
     """
@@ -284,7 +285,7 @@ class FeatureMaps(nn.Module):
             name = type(model).__name__
             raise ValueError(
                 f"features_only needs a model with timm's forward_intermediates and prune_intermediate_layers (ViT, "
-                f"DeiT, Swin); a {name} has none (a detector's backbone gives its maps: model.backbone(images))"
+                f"DeiT, Swin, BoTNet); a {name} has none (a detector's backbone gives its maps: model.backbone(images))"
             )
         if output_fmt not in ("NCHW", "NHWC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")

@@ -22,7 +22,7 @@ Letters: B batch, C channels, H, W feature-map height and width, N = H * W posit
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitkit.layers import Attention2d, BilinearPool, check_backend, to_2tuple
-from vitkit.layers.helpers import fresh_classifier
+from vitkit.layers.helpers import fresh_classifier, take_indices
 from vitkit.models.interface import CostFromImages, SpatialAttention, checkpoint_blocks
 from vitkit.models.registry import TimmTag, check_field_types, check_positive, register_family, register_model
 from vitkit.models.resnet import (
@@ -295,6 +295,69 @@ class BotNet(CostFromImages, ResNet):
         """Images (B, C, H, W) -> feature map (B, num_features, H / 32, W / 32)."""
         self.check_input(x)
         return self.forward_stages(x)[-1]
+
+    # timm's default outputs of a features model (`create_model(..., features_only=True)`): the stem's and every stage's
+    default_feature_outputs: int | None = None
+
+    def feature_info(self) -> list[tuple[int, int]]:
+        """(channels, stride) of each output as `forward_intermediates` gives it: the stem's before its max pool
+        (stride 2, timm's first), then each stage's."""
+        c = self.config
+        info, stride = [(c.stem_chs, 2)], 4
+        for plan, width in zip(stage_plan(c.depths), c.widths, strict=True):
+            stride *= plan[0][0]
+            info.append((width, stride))
+        return info
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | tuple[int, ...] | None = None,
+        output_fmt: str = "NCHW",
+        norm: bool = False,
+        intermediates_only: bool = True,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Outputs of the stem (before its max pool) and of the stages, as timm's ByobNet numbers them: 0 the stem's,
+        1..4 the stages'.
+
+        Args:
+            x: images (B, C, H, W) of the model's size.
+            indices: None for every output, an int n for the last n, or a list of indices (negative ones count from
+                the end).
+            output_fmt: "NCHW" only (timm's ByobNet gives no other).
+            norm: timm's argument; BoTNet has no final norm, so it changes nothing.
+            intermediates_only: return the outputs alone (vitkit's default); False: (`forward_features(x)`, the
+                outputs), as timm's default (every stage runs).
+        """
+        if output_fmt != "NCHW":
+            raise ValueError(f"output_fmt must be 'NCHW' (BoTNet's maps), got {output_fmt!r}")
+        self.check_input(x)
+        stages = [stage for _, stage in self.stage_list()]
+        take = take_indices(1 + len(stages), indices, unit="output")
+        *convs, (_, pool) = self.stem_modules()
+        for _, module in convs:
+            x = module(x)  # (B, stem_chs, H / 2, W / 2)
+        outputs = [x] if 0 in take else []
+        x = pool(x)
+        for s, stage in enumerate(stages[: len(stages) if not intermediates_only else max(take)], start=1):
+            x = stage(x)
+            if s in take:
+                outputs.append(x)
+        return outputs if intermediates_only else (x, outputs)
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] | None = None, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop what `forward_intermediates(x, indices)` does not use, as timm's: the stages after the last output,
+        the pooling and classifier (`prune_head`). `prune_norm` is timm's argument (BoTNet has no final norm).
+        Returns the outputs' indices, the stem's 0. The pruned model serves `forward_intermediates` (a features
+        model); its config still describes the model it was cut from."""
+        take = take_indices(1 + len(self.stage_list()), indices, unit="output")
+        self.stages = self.stages[: max(take)]
+        if prune_head:
+            self.head.pool, self.head.num_features = None, self.config.widths[-1]
+            self.reset_classifier(0)
+        return take
 
     def get_classifier(self) -> nn.Module:
         """The classifier (timm's name): a Linear, Identity without classes."""
