@@ -176,8 +176,10 @@ def test_finetune_from_a_trained_model(tmp_path, tiny_config):
     assert tuned.config.embed_dim == base.config.embed_dim
 
 
-def test_finetuning_normalises_images_as_the_initial_weights_were(tmp_path, tiny_config, caplog):
-    config = tiny_config(tmp_path / "run", init=str(tmp_path / "start"), model=None, epochs=1)
+@pytest.mark.parametrize("named", [False, True], ids=["folder", "folder-and-model"])
+def test_finetuning_normalises_images_as_the_initial_weights_were(tmp_path, tiny_config, caplog, named):
+    """From a model folder, with `--model` naming its architecture or not: the folder's normalisation."""
+    config = tiny_config(tmp_path / "run", init=str(tmp_path / "start"), epochs=1, **({} if named else {"model": None}))
     torch.manual_seed(0)
     model = create_model("vit_tiny_patch16_224", **config.model_args, num_classes=10)
     save_pretrained(model, tmp_path / "start", ModelInfo(mean=(0.5,) * 3, std=(0.25,) * 3))  # as timm's augreg

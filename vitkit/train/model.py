@@ -14,10 +14,10 @@ from vitkit.models.interface import require_model
 from vitkit.models.registry import DETECTION, create_model, family_of
 from vitkit.weights import CheckpointMismatch, LoadReport, ModelNeeded, from_pretrained, load_report, load_weights
 from vitkit.weights.backbone import classifier_backbone, load_backbone
-from vitkit.weights.convert import REPORT_ATTRIBUTE, detect_format, unwrap_state_dict, with_info
+from vitkit.weights.convert import REPORT_ATTRIBUTE, detect_format, read_model_info, unwrap_state_dict, with_info
 from vitkit.weights.family import family_weights, saved_family
 from vitkit.weights.hub import hub_snapshot, is_hub, local_source
-from vitkit.weights.io import ModelInfo, model_info, read_checkpoint
+from vitkit.weights.io import CONFIG_NAME, ModelInfo, model_info, read_checkpoint
 
 
 def load_for_finetune(
@@ -59,11 +59,15 @@ def load_for_finetune(
     if model is not None:
         built = create_model(model, num_classes=num_classes, **overrides)
         local = local_source(source)
-        if classifier_backbone(built) is not None and not _holds_family(local, family_of(built).name):
+        backbone = classifier_backbone(built) is not None and not _holds_family(local, family_of(built).name)
+        if backbone:
             report = load_backbone(built, source)  # a Swin's or ViT's weights: the backbone alone
         else:
             report = _keeping_fresh_head(lambda reset_head: load_weights(built, local, reset_head=reset_head))
-        if is_hub(source):  # where the weights came from, at which commit
+        if not backbone and (Path(local) / CONFIG_NAME).is_file():  # a model directory: its normalisation, framing
+            # and names, as from_pretrained carries them (a Hub one with where it came from, at which commit)
+            with_info(built, read_model_info(source), reset_head=report.head_reset)
+        elif is_hub(source):  # where the weights came from, at which commit
             with_info(built, ModelInfo(weights=hub_snapshot(source).source))
     elif not is_hub(source) and not Path(source).is_dir():
         raise ModelNeeded(source)
