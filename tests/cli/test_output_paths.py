@@ -75,3 +75,66 @@ def test_a_folder_that_cannot_be_written_is_named(tmp_path, capsys):
     locked.mkdir(mode=0o500)
     assert main(["export", "--model-dir", MISSING, "--format", "onnx", "--out", str(locked / "m.onnx")]) == 2
     assert f"may not write in {locked}" in capsys.readouterr().err
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A tiny classifier's and a tiny detector's folders, and a folder of two PNG images."""
+    torch.manual_seed(0)
+    vitkit.save_pretrained(
+        vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=3), tmp_path / "cls"
+    )
+    vitkit.save_pretrained(vitkit.create_model("detr_digits", num_classes=3), tmp_path / "det")
+    images = tmp_path / "images"
+    images.mkdir()
+    from PIL import Image
+
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (40, 30), (90, 120, 150)).save(images / name)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (
+            ["predict", "--model-dir", "{cls}", "{images}/a.png", "--json={cls}/config.json"],
+            "a file of the model folder",
+        ),
+        (["predict", "--model-dir", "{cls}", "{images}", "--csv={images}/b.png"], "--csv takes the CSV file to write"),
+        (
+            ["predict", "--model-dir", "{cls}", "{images}", "--csv={cls}/model.safetensors"],
+            "is a file of the model folder",
+        ),
+        (["predict", "--model-dir", "{det}", "{images}/a.png", "--json={images}/a.png"], "--json takes the JSON file"),
+        (
+            ["predict", "--model-dir", "{det}", "{images}", "--out", "{images}"],
+            "would be written to {images}/a.png, an image this command reads",
+        ),
+        (
+            ["attention", "--model-dir", "{cls}", "{images}/a.png", "--out", "{images}/a.png"],
+            "is {images}/a.png, which this command reads",
+        ),
+    ],
+    ids=["json-config", "csv-image", "csv-weights", "json-image", "pictures-over-images", "attention-input"],
+)
+def test_an_output_never_replaces_what_the_command_reads(saved, capsys, command, said):
+    """Before any work: a report or picture written over an image read, or over a file of the model folder, is
+    refused, and both stay as they were."""
+    before = {p: p.read_bytes() for p in saved.rglob("*") if p.is_file()}
+    fill = {"{cls}": str(saved / "cls"), "{det}": str(saved / "det"), "{images}": str(saved / "images")}
+
+    def filled(text: str) -> str:
+        for key, value in fill.items():
+            text = text.replace(key, value)
+        return text
+
+    assert main([filled(part) for part in command]) == 2
+    assert filled(said) in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in saved.rglob("*") if p.is_file()} == before
+
+
+def test_a_plot_over_an_image_of_the_data_is_refused(saved, capsys):
+    """check-data's picture over an image of the folder it reads."""
+    assert main(["check-data", str(saved / "images"), "--plot", str(saved / "images" / "b.png")]) == 2
+    assert f"is an image of {saved / 'images'}, which this command reads" in capsys.readouterr().err

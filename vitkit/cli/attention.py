@@ -28,7 +28,7 @@ from vitkit.infer import (
     resolve_device,
 )
 from vitkit.infer.attention import prefix_table
-from vitkit.viz.attention import check_picture_path, picture_formats, save_picture
+from vitkit.viz.attention import check_keeps_inputs, check_picture_path, picture_formats, save_picture
 from vitkit.weights import from_pretrained
 
 HELP = (
@@ -115,6 +115,7 @@ def _run_detector(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     check_picture_path(args.out, figure=True)  # before loading and running the model
+    check_keeps_inputs(args.out, [args.image, args.model_dir], "--out")
     note_dim_images("attention", [args.image])
     if is_detector_dir(args.model_dir):
         return _run_detector(args)

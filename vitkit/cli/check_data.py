@@ -17,7 +17,7 @@ from torchvision.ops import box_convert
 from vitkit.data import load_coco_folder
 from vitkit.data.check import check_detection_folder
 from vitkit.data.coco import COCO_AUGMENT, open_annotated
-from vitkit.viz.attention import check_picture_path
+from vitkit.viz.attention import check_keeps_inputs, check_picture_path
 from vitkit.viz.detection import draw_detections, labelled_grid
 
 HELP = (
@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--augmented changes what --plot draws: give --plot PNG")
     if args.plot:
         check_picture_path(args.plot)
+        check_keeps_inputs(args.plot, [args.data], "--plot")
     check = check_detection_folder(args.data)
     if args.json:
         print(json.dumps(asdict(check), indent=2, default=str))

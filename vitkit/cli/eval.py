@@ -19,7 +19,7 @@ from vitkit.infer import (
     missing_info_note,
     run_config,
 )
-from vitkit.viz.attention import check_picture_path, picture_formats, save_picture
+from vitkit.viz.attention import check_keeps_inputs, check_picture_path, picture_formats, save_picture
 from vitkit.viz.plots import confusion_figure, pr_curves_figure
 from vitkit.weights import read_model_info
 
@@ -80,6 +80,7 @@ def _skipped(skipped: tuple[Unreadable, ...]) -> None:
 def _run_detector(args: argparse.Namespace) -> int:
     if args.plot:  # before the evaluation, not after it
         check_picture_path(args.plot, figure=True)
+        check_keeps_inputs(args.plot, [p for p in (args.data, args.model_dir) if p], "--plot")
     run = run_config(args.model_dir)
     batch = args.batch_size if args.batch_size is not None else run.get("batch_size") or DETECTOR_BATCH
     precision = run_precision(args)
@@ -140,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     set_max_pixels(args)
     if args.plot:  # before the evaluation, not after it
         check_picture_path(args.plot, figure=True)
+        check_keeps_inputs(args.plot, [p for p in (args.data, args.model_dir) if p], "--plot")
     precision = run_precision(args)
     batch = args.batch_size if args.batch_size is not None else CLASSIFIER_BATCH
     result, info = evaluate_model_dir(args.model_dir, args.data, batch, args.device, args.workers, precision)

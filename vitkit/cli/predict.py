@@ -42,6 +42,7 @@ from vitkit.infer import (
     image_paths,
     inference_info,
     missing_info_note,
+    picture_paths,
     predict_paths,
     resolve_device,
     write_detections,
@@ -49,7 +50,7 @@ from vitkit.infer import (
     write_predictions_csv,
 )
 from vitkit.layers import to_2tuple
-from vitkit.viz.attention import check_writable
+from vitkit.viz.attention import check_keeps_inputs, check_writable
 from vitkit.weights import model_info
 
 HELP = "classify images with a trained or converted model, or find objects with a detector"
@@ -108,11 +109,13 @@ def _check(args: argparse.Namespace, detector: bool) -> None:
         kind, other = ("a detector", "classifier") if detector else ("a classifier", "detector")
         verb = "apply" if len(unused) > 1 else "applies"
         raise ValueError(f"{', '.join(map(_flag, unused))} only {verb} to a {other}; {_source(args)} is {kind}")
-    if args.json not in (None, STDOUT) and Path(args.json).suffix.lower() in IMAGE_EXTENSIONS:
-        raise ValueError(
-            f"--json takes the JSON file to write, got the image {args.json}: put --json after the images, "
-            "or write --json=FILE"
-        )
+    for name, kind in (("json", "JSON"), ("csv", "CSV")):
+        value = getattr(args, name, None)
+        if value not in (None, STDOUT) and Path(value).suffix.lower() in IMAGE_EXTENSIONS:
+            raise ValueError(
+                f"--{name} takes the {kind} file to write, got the image {value}: put --{name} after the images, "
+                f"or write --{name}=FILE"
+            )
     for name, value in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -121,6 +124,22 @@ def _check(args: argparse.Namespace, detector: bool) -> None:
     for name in ("json", "csv"):
         if getattr(args, name, None) not in (None, STDOUT):
             check_writable(getattr(args, name))
+
+
+def _check_keeps_inputs(args: argparse.Namespace, paths: list[Path], detector: bool) -> None:
+    """Before any work: no output replaces an image read or a file of the model folder."""
+    reads = [*([args.model_dir] if args.model_dir else []), *paths]
+    for name in ("json", "csv"):
+        if getattr(args, name, None) not in (None, STDOUT):
+            check_keeps_inputs(getattr(args, name), reads, _flag(name))
+    if detector:
+        inputs = {path.resolve() for path in paths}
+        for path, picture in zip(paths, picture_paths(paths, args.out), strict=True):
+            if picture.resolve() in inputs:
+                raise ValueError(
+                    f"--out {args.out}: the picture of {path} would be written to {picture}, an image this command "
+                    "reads, and replace it; choose another folder"
+                )
 
 
 def _source(args: argparse.Namespace) -> str:
@@ -155,6 +174,7 @@ def _finish(skipped: list[Unreadable], total: int, read: int) -> int:
 
 def _run_detector(args: argparse.Namespace) -> int:
     paths = image_paths(args.images)
+    _check_keeps_inputs(args, paths, detector=True)
     model = load_source(args).to(resolve_device(args.device))
     info = inference_info(model)
     postprocessing = detection_reading(model, args.model_dir).one_per_query()  # one box per object, with its best class
@@ -204,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
     if detector:
         return _run_detector(args)
     paths = image_paths(args.images)
+    _check_keeps_inputs(args, paths, detector=False)
     set_max_pixels(args)
     check_image_sizes(paths, args.ignore_memory_check)
     note_dim_images("predict", paths)

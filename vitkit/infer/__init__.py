@@ -37,7 +37,13 @@ from vitkit.infer.object_attention import (
     detection_attention_figure,
     detection_sampling,
 )
-from vitkit.infer.output import format_predictions, write_detections, write_json, write_predictions_csv
+from vitkit.infer.output import (
+    format_predictions,
+    picture_paths,
+    write_detections,
+    write_json,
+    write_predictions_csv,
+)
 from vitkit.infer.runtime import autocast, resolve_device
 
 __all__ = [
@@ -79,6 +85,7 @@ __all__ = [
     "is_detector_name",
     "run_config",
     "missing_info_note",
+    "picture_paths",
     "predict",
     "predict_files",
     "predict_paths",

@@ -56,6 +56,18 @@ def write_json(rows: Any, path: str | os.PathLike) -> Path:
     return path
 
 
+def picture_paths(images: Sequence[str | os.PathLike], out: str | os.PathLike) -> list[Path]:
+    """Where `write_detections` draws each of `images`: OUT/<image name>.png, images of the same name from other
+    folders numbered (name_1.png, ...)."""
+    pictures: list[Path] = []
+    for image in images:
+        stem, k = Path(image).stem, 0
+        while (picture := Path(out) / (f"{stem}_{k}.png" if k else f"{stem}.png")) in pictures:
+            k += 1
+        pictures.append(picture)
+    return pictures
+
+
 def write_detections(
     found: Sequence[ImageDetections],
     out: str | os.PathLike,
@@ -69,12 +81,9 @@ def write_detections(
     Images of the same name from different folders get a numbered suffix (name_1.png, ...)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    pictures: list[Path] = []
+    pictures = picture_paths([item.image for item in found], out)
     rows = []
-    for item in found:
-        stem, k = Path(item.image).stem, 0
-        while (picture := out / (f"{stem}_{k}.png" if k else f"{stem}.png")) in pictures:
-            k += 1
+    for item, picture in zip(found, pictures, strict=True):
         detections = item.detections
         drawn = draw_detections(
             open_image(item.image),
@@ -86,7 +95,6 @@ def write_detections(
             [d.mask_array() for d in detections] if any(d.mask is not None for d in detections) else None,
         )
         drawn.save(picture)
-        pictures.append(picture)
         rows.append({**item.to_dict(), "picture": str(picture)})
     path = out / "detections.json"
     path.write_text(json.dumps(rows, indent=2) + "\n")

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from vitkit.data.sources import IMAGE_EXTENSIONS
 from vitkit.data.transforms import Framing, convert_image
 
 if TYPE_CHECKING:
@@ -309,6 +310,33 @@ def check_writable(path: str | os.PathLike, folder: bool = False) -> Path:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise PermissionError(f"cannot write {path}: this user may not write in {ancestor}")
     return path
+
+
+def check_keeps_inputs(path: str | os.PathLike, reads: Sequence[str | os.PathLike], flag: str) -> None:
+    """ValueError when writing the file `path` would replace a file the command reads: one of `reads` (files), a
+    file of a model folder among them (a folder holding a config.json) or an image below a folder among them.
+    Called before any work, with the command's option `flag` ("--out") in the message."""
+    target = Path(path)
+    if not target.is_file():
+        return  # nothing there to replace
+    target = target.resolve()
+    for item in reads:
+        source = Path(item)
+        if source.is_file() and source.resolve() == target:
+            raise ValueError(
+                f"{flag} {path} is {item}, which this command reads: writing it would replace it; choose another name"
+            )
+        if source.is_dir() and target.is_relative_to(source.resolve()):
+            if (source / "config.json").is_file():
+                raise ValueError(
+                    f"{flag} {path} is a file of the model folder {item}, which this command reads: writing it "
+                    "would replace it; choose a path outside that folder"
+                )
+            if target.suffix.lower() in IMAGE_EXTENSIONS:
+                raise ValueError(
+                    f"{flag} {path} is an image of {item}, which this command reads: writing it would replace it; "
+                    "choose another name"
+                )
 
 
 def save_picture(picture: Image.Image | Figure, path: str | os.PathLike) -> Path:
