@@ -5,8 +5,10 @@ checkpoint; models keep working from another folder and --init takes checkpoint 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +21,9 @@ from vitkit.cli import main
 from vitkit.data import load_builtin, write_image_folder
 from vitkit.train import loop
 from vitkit.train.checkpoint import save_checkpoint
-from vitkit.train.outputs import ASIDE_MARK, LOCK_NAME
+from vitkit.train.config import TrainConfig
+from vitkit.train.distributed import DistEnv
+from vitkit.train.outputs import ASIDE_MARK, LOCK_NAME, OutLock, RunHints
 
 TINY = ["--model", "vit_tiny_patch16_224", "--model-arg", "img_size=28", "--model-arg", "patch_size=7"]
 TINY += ["--model-arg", "embed_dim=16", "--model-arg", "depth=1", "--model-arg", "num_heads=2"]
@@ -242,6 +246,47 @@ def test_a_second_run_in_the_same_folder_is_refused_naming_the_first(data, tmp_p
         holder.wait()
     assert main(_train(data, out, "--resume", "--epochs", "2")) == 0
     assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_killed_run_frees_its_folder_though_its_loader_workers_live_on(tmp_path):
+    """The lock is the run's process's alone: a child forked with the lock file open (a loader worker, which
+    outlives a `kill -9` of its parent for a while) does not keep OUT held."""
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_WITH_CHILD, str(out)], stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        child = int(holder.stdout.readline())
+        holder.kill()  # kill -9: the child lives on, the file still open in it
+        holder.wait()
+        os.kill(child, 0)  # still running
+        lock = OutLock(out, DistEnv(0, 1, 0, torch.device("cpu"), False), RunHints())
+        lock.acquire(TrainConfig(out=str(out)))
+        assert lock.held
+        lock.release()
+    finally:
+        holder.kill()
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
+
+
+HOLD_WITH_CHILD = """
+import os, sys, time
+from pathlib import Path
+from vitkit.train.config import TrainConfig
+from vitkit.train.distributed import DistEnv
+from vitkit.train.outputs import OutLock, RunHints
+import torch
+lock = OutLock(Path(sys.argv[1]), DistEnv(0, 1, 0, torch.device("cpu"), False), RunHints())
+lock.acquire(TrainConfig(out=sys.argv[1]))
+print("held", flush=True)
+pid = os.fork()
+if pid == 0:
+    time.sleep(600)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(600)
+"""
 
 
 HOLD = """

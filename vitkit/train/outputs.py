@@ -58,9 +58,12 @@ def _same_file(handle: Any, path: Path) -> bool:
 
 
 class OutLock:
-    """OUT held by one training run. Rank 0 takes an advisory lock (flock) on OUT/.vitkit-train.lock and writes who
-    holds it there; the system releases it when the process ends, so a crashed run leaves nothing that blocks the
-    next. `acquire` raises ValueError in every process of the run when another run holds OUT."""
+    """OUT held by one training run. Rank 0 takes an advisory lock on OUT/.vitkit-train.lock and writes who holds it
+    there; the system releases it when the process ends, so a crashed run leaves nothing that blocks the next. The
+    lock is POSIX's (`fcntl.lockf`), which belongs to the process alone: the loader's worker processes, forked with
+    the file open, do not hold it, so a run killed with `kill -9` frees OUT at once, not when its orphaned workers
+    notice and exit (as a `flock`, shared with them, would). `acquire` raises ValueError in every process of the run
+    when another run holds OUT."""
 
     def __init__(self, out: Path, env: DistEnv, hints: RunHints) -> None:
         self.out, self.env, self.hints = out, env, hints
@@ -96,7 +99,7 @@ class OutLock:
         path = self.out / LOCK_NAME
         handle = open(path, "a+")  # noqa: SIM115 (held open while the run trains)
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if not _same_file(handle, path):  # unlinked by a run that ended just now: lock the new one
                 handle.close()
                 return self._take(given)
