@@ -104,3 +104,28 @@ def test_the_label_embedding_is_not_exported(tmp_path):
     assert all(torch.equal(v, expected[k]) for k, v in back.state_dict().items())
     original = deformable_detr.ORIGINAL.from_vitkit(trained.state_dict())
     assert not any("label_embed" in k for k in original) and "transformer.enc_output.weight" in original
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "swin_tiny_patch4_window7_224", "detr_digits"])
+def test_a_fresh_classifier_drops_the_class_names_of_the_one_it_replaced(tmp_path, name):
+    """Class names are about the classifier they were loaded with: after `reset_classifier`, of the same number of
+    classes too, the model carries none and saves none; copies and loads keep them."""
+    import copy
+
+    from vitkit.weights import ModelInfo, model_info, read_model_info
+
+    small = {
+        "detr_digits": {},
+        "swin_tiny_patch4_window7_224": {"img_size": 32, "window_size": 4, "depths": (1, 1, 1, 1)},
+    }
+    model = vitkit.create_model(name, num_classes=3, **small.get(name, {"img_size": 32, "depth": 1}))
+    vitkit.save_pretrained(
+        model, tmp_path / "saved", ModelInfo(classes=("cat", "dog", "fox"), mean=(0.5,) * 3, std=(0.5,) * 3)
+    )
+    loaded = vitkit.from_pretrained(tmp_path / "saved")
+    loaded.load_state_dict(loaded.state_dict())
+    assert model_info(copy.deepcopy(loaded)).classes == model_info(loaded).classes == ("cat", "dog", "fox")
+    loaded.reset_classifier(3)
+    assert model_info(loaded).classes is None and model_info(loaded).mean is not None
+    vitkit.save_pretrained(loaded, tmp_path / "reset")
+    assert read_model_info(tmp_path / "reset").classes is None

@@ -42,6 +42,7 @@ from vitkit.weights.hub import HUB_PREFIX, HubSnapshot, hub_snapshot, is_hub, pu
 from vitkit.weights.io import (
     CONFIG_NAME,
     INFO_ATTRIBUTE,
+    INFO_CONFIG_ATTRIBUTE,
     PDPARAMS_SUFFIX,
     PICKLE_SUFFIXES,
     WEIGHTS_NAME,
@@ -737,6 +738,7 @@ def with_info(model: nn.Module, info: ModelInfo, reset_head: bool = False) -> nn
     if reset_head or (info.classes is not None and len(info.classes) != num_classes):
         info = info.without_classes()
     setattr(model, INFO_ATTRIBUTE, info)
+    setattr(model, INFO_CONFIG_ATTRIBUTE, model.config)  # the names are about this classifier (`model_info`)
     return model
 
 

@@ -53,6 +53,9 @@ READ_VERSIONS = (5, 6, 7)  # the versions read
 # earlier models were built with (6: Deformable DETR's choice of backbone; 7: DETR's)
 ADDED = {6: ("backbone", "backbone_args", "backbone_scales"), 7: ("backbone", "backbone_args", "backbone_scales")}
 INFO_ATTRIBUTE = "pretrained_info"  # the `ModelInfo` that from_pretrained sets on a model
+# the model's config when `INFO_ATTRIBUTE` was set: its class names are about that model's classifier, and a fresh
+# classifier (`reset_classifier`, of any number of classes) comes with a new config (a deep copy keeps the two one)
+INFO_CONFIG_ATTRIBUTE = "pretrained_info_config"
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # files written by torch.save
 PDPARAMS_SUFFIX = ".pdparams"  # files written by Paddle's paddle.save (PaddleViT's weights)
 # Weight files looked for, in this order, when a checkpoint path is a directory (vitkit's and Hugging Face's names).
@@ -188,9 +191,15 @@ def check_model_info(
 
 
 def model_info(model: nn.Module) -> ModelInfo:
-    """The `ModelInfo` that `from_pretrained` set on `model` (an empty one otherwise)."""
+    """The `ModelInfo` that `from_pretrained` set on `model` (an empty one otherwise), without its class names once
+    the classifier they name was replaced (`reset_classifier`: a fresh head, of any number of classes)."""
     info = getattr(model, INFO_ATTRIBUTE, None)
-    return info if isinstance(info, ModelInfo) else ModelInfo()
+    if not isinstance(info, ModelInfo):
+        return ModelInfo()
+    config = getattr(model, INFO_CONFIG_ATTRIBUTE, None)
+    if info.classes is not None and config is not None and getattr(model, "config", None) is not config:
+        return info.without_classes()
+    return info
 
 
 def info_for(model: nn.Module, info: ModelInfo | None, source: str) -> ModelInfo:
