@@ -221,7 +221,9 @@ def test_unreadable_images_are_listed_with_their_reason_every_epoch(tmp_path, ti
     assert [m["skipped"] for m in lines] == [2, 2]
 
 
-def test_batches_with_no_readable_image_still_step(tmp_path, tiny_config, digit_folder, caplog, monkeypatch):
+def test_an_epoch_with_no_readable_image_is_refused(tmp_path, tiny_config, digit_folder, caplog, monkeypatch):
+    """Batches of unreadable images step through (nothing crashes), but an epoch that read none stops the run with
+    the files and their reasons, and saves no model: it learnt nothing."""
     # files that break after the folder was read (a class of only broken files is refused when it is read)
     monkeypatch.setattr("vitkit.data.sources._none_readable", lambda files: None)
     folder = tmp_path / "data"
@@ -230,13 +232,15 @@ def test_batches_with_no_readable_image_still_step(tmp_path, tiny_config, digit_
             target = folder / split / path.parent.name / path.name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(path.read_bytes() if split == "val" else b"broken")
-    with caplog.at_level(logging.WARNING):
-        result = fit(tiny_config(tmp_path / "run", data=str(folder), epochs=1))  # val_fraction 0.25 given
-    assert result.last["skipped"] == 10 and result.last["train_loss"] == 0.0
+    with caplog.at_level(logging.WARNING), pytest.raises(ValueError) as caught:
+        fit(tiny_config(tmp_path / "run", data=str(folder), epochs=1))  # val_fraction 0.25 given
+    said = str(caught.value)
+    assert said.startswith("no training image of epoch 1 could be read; skipped 10 unreadable images:")
+    assert str(folder / "train") in said and "Fix or remove them" in said
     message = f"val_fraction 0.25 is ignored: {folder} has a val/ folder, which is the validation split"
     assert [r.getMessage() for r in caplog.records].count(message) == 1  # said once, by the run, not the loader
     assert json.loads((tmp_path / "run" / "config.json").read_text())["val_fraction"] is None
-    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    assert not (tmp_path / "run" / "final").exists()
 
 
 def _torchvision_vit(num_classes: int):

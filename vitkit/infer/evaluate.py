@@ -31,6 +31,7 @@ from vitkit.data import (
     load_detection,
     make_loader,
     normalize,
+    summarize_unreadable,
 )
 from vitkit.data.coco import CocoDetection, open_annotated
 from vitkit.data.detection import detection_target
@@ -167,7 +168,7 @@ def evaluate(
         totals, confusion = _sum_over_processes(totals, device), _sum_over_processes(confusion, device)
     count = int(totals[3])
     if count == 0:
-        raise ValueError("no readable images to evaluate")
+        raise ValueError(_none_readable(skipped))
     loss, top1, top5 = (totals[:3] / count).tolist()
     return EvalResult(
         loss, top1, top5 if k < num_classes else None, count, confusion, tuple(skipped), tuple(info.classes)
@@ -266,9 +267,15 @@ def evaluate_detector(
     return _detection_result(evaluator, skipped, info)
 
 
+def _none_readable(skipped: list[Unreadable]) -> str:
+    """Why there is nothing to evaluate: the images met, each with why it could not be read."""
+    said = summarize_unreadable(skipped)
+    return "no readable images to evaluate" + (f"; {said}" if said else "")
+
+
 def _detection_result(evaluator: CocoEvaluator, skipped: list[Unreadable], info: ModelInfo) -> DetectionResult:
     if len(evaluator) == 0:
-        raise ValueError("no readable images to evaluate")
+        raise ValueError(_none_readable(skipped))
     metrics = evaluator.compute()
     recall, precision = evaluator.pr_curves()
     return DetectionResult(

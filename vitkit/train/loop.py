@@ -496,12 +496,17 @@ class Run:
         """Validate, log, then write the metrics line, the curves, the best model and the checkpoint."""
         env, config, task = self.env, self.config, self.task
         started = time.perf_counter()
-        validation, val_skipped = task.evaluate(self.eval_model)
         sums = ["loss_sum", *task.loss_parts, "images"]
         totals = torch.tensor([self.partial[name] for name in sums], dtype=torch.float64)
         totals = dict(zip(sums, all_reduce_sum(totals.to(env.device), env).tolist(), strict=True))
         images = totals["images"]
         met = [item for items in gather_objects(self.skipped, env) for item in items]
+        if images == 0:  # every training image of the epoch unreadable: nothing was learnt, so nothing is saved
+            raise ValueError(
+                f"no training image of epoch {self.epoch + 1} could be read; {summarize_unreadable(met)}. Fix or "
+                f"remove them (vitkit check-data names problems in a detection folder), then train again"
+            )
+        validation, val_skipped = task.evaluate(self.eval_model)
         met += val_skipped  # the evaluation's, with their reasons (`vitkit.data.Unreadable`)
         skipped = {item.name for item in met}
         train_seconds = self.partial["seconds"]
