@@ -134,6 +134,25 @@ def test_16_bit_images_that_would_be_black_in_8_bits_are_warned_of(shapes, tmp_p
         assert dark == []
 
 
+def test_images_that_decode_but_training_refuses_are_warned_of(shapes, tmp_path):
+    """Float TIFFs of 0..255 (ImageJ's float output) decode, but vitkit reads float images as 0..1 and training
+    would skip them: the check decodes a sample as training does and names them with the reason."""
+    root = tmp_path / "float"
+    shutil.copytree(shapes, root)
+    train = json.loads((root / "annotations" / "instances_train.json").read_text())
+    for entry in train["images"]:
+        path = root / "train" / entry["file_name"]
+        grey = np.asarray(Image.open(path).convert("L")).astype(np.float32)
+        Image.fromarray(grey, "F").save(path.with_suffix(".tif"))
+        path.unlink()
+        entry["file_name"] = Path(entry["file_name"]).with_suffix(".tif").name
+    (root / "annotations" / "instances_train.json").write_text(json.dumps(train))
+    (warning,) = [w for w in check_detection_folder(root).warnings if "cannot be read" in w]
+    assert warning.startswith("train: 8 image files cannot be read")
+    assert "000000.tif: float image (mode F) has values in [" in warning
+    assert "vitkit reads float images as intensities in [0, 1]" in warning
+
+
 def test_a_coco_file_without_image_sizes_reads_them_from_the_files(shapes, tmp_path):
     """Some exporters leave out `width` and `height`: the sizes come from the files' headers, the boxes are the
     same, the report says how many were read; a wrong size given is still refused."""

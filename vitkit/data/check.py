@@ -21,6 +21,7 @@ from PIL import Image
 
 from vitkit.data.coco import CocoDetection, header_problem, load_coco_folder
 from vitkit.data.detection_stats import SMALL_OBJECT, DetectionStats, detection_stats
+from vitkit.data.sources import UnreadableImageError, open_image
 from vitkit.data.transforms import integer_depth
 from vitkit.util import counted, listed
 
@@ -190,14 +191,24 @@ def _dim(data: CocoDetection) -> tuple[int, int, int, int]:
 
 
 def _unreadable(data: CocoDetection) -> tuple[str, ...]:
-    """For each image of `data` that training will skip, "file: why", from the files' headers
-    (`vitkit.data.coco.header_problem`)."""
-    found = []
+    """For each image of `data` that training will skip, "file: why": from every file's header
+    (`vitkit.data.coco.header_problem`), and for `DEPTH_SAMPLE` evenly spaced images, from decoding them as training
+    does (`vitkit.data.open_image`: a mode or values it does not convert, such as a float image beyond 0..1)."""
+    found = {}
     for sample in data.samples:
         height, width = sample.size
         if (problem := header_problem(sample.path, height, width)) is not None:
-            found.append(f"{sample.path}: {problem}")
-    return tuple(found)
+            found[sample.path] = f"{sample.path}: {problem}"
+    picks = np.linspace(0, len(data.samples) - 1, min(DEPTH_SAMPLE, len(data.samples))).round().astype(int)
+    for i in dict.fromkeys(picks.tolist()):
+        path = data.samples[i].path
+        if path in found:
+            continue
+        try:
+            open_image(path)
+        except UnreadableImageError as err:
+            found[path] = f"{path}: {err.reason}"
+    return tuple(found.values())
 
 
 def _split(split: str, data: CocoDetection) -> SplitCheck:
