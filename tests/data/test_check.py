@@ -153,6 +153,20 @@ def test_images_that_decode_but_training_refuses_are_warned_of(shapes, tmp_path)
     assert "vitkit reads float images as intensities in [0, 1]" in warning
 
 
+def test_objects_without_a_segmentation_among_masked_ones_are_warned_of(shapes, tmp_path):
+    """Masks train only when every object has one: a few without turn the mask head off, and the check says so."""
+    root = tmp_path / "partial"
+    shutil.copytree(shapes, root)
+    _edit(root, "train", lambda data: [ann.pop("segmentation") for ann in data["annotations"][:3]])
+    check = check_detection_folder(root)
+    (train,) = [s for s in check.splits if s.split == "train"]
+    (warning,) = [w for w in check.warnings if "segmentation" in w]
+    assert warning.startswith(
+        f"train: 3 of {train.stats.boxes} objects have no segmentation: the mask head trains only"
+    )
+    assert not [w for w in check_detection_folder(shapes).warnings if "segmentation" in w]
+
+
 def test_a_coco_file_without_image_sizes_reads_them_from_the_files(shapes, tmp_path):
     """Some exporters leave out `width` and `height`: the sizes come from the files' headers, the boxes are the
     same, the report says how many were read; a wrong size given is still refused."""

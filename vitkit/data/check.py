@@ -50,6 +50,7 @@ class SplitCheck:
     # 32-bit and nearly black once scaled to 8 bits, how many were decoded, their bits, their largest value)
     unreadable: tuple[str, ...] = ()  # "file: why" for each image file training will skip, as its header shows
     area_over_box: tuple[int, str] = (0, "")  # objects whose annotated area exceeds their box's, and the first one
+    segmented: int = 0  # objects with a segmentation (masks train when every object has one)
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,7 @@ def _split(split: str, data: CocoDetection) -> SplitCheck:
         dim=_dim(data),
         unreadable=_unreadable(data),
         area_over_box=_area_over_box(data),
+        segmented=report.masks,
     )
 
 
@@ -334,6 +336,12 @@ def _warnings(check: DataCheck) -> list[str]:
                 f"{s.split}: {over} of {s.stats.boxes} objects have an area larger than their box (for example "
                 f"{first}): COCO's small / medium / large counts above and AP_small / medium / large read the area; "
                 "set it to the object's pixels (its mask's, or its box's width x height)"
+            )
+        if s.split == "train" and 0 < s.segmented < s.stats.boxes:
+            out.append(
+                f"train: {s.stats.boxes - s.segmented} of {s.stats.boxes} objects have no segmentation: the mask head "
+                "trains only when every object has one, so training learns boxes only; give those objects their "
+                "segmentation to train masks"
             )
         if s.unreadable:
             shown = "; ".join(s.unreadable[:3]) + (" ..." if len(s.unreadable) > 3 else "")
