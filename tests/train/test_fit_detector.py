@@ -378,3 +378,15 @@ def test_a_folder_with_masks_trains_the_mask_head_and_says_so(tmp_path, caplog):
     assert model.config.masks
     with torch.no_grad():
         assert model.predict(torch.randn(1, 3, 64, 64))["pred_masks"].shape == (1, model.config.num_queries, 16, 16)
+
+
+def test_a_model_whose_mask_head_cannot_be_built_trains_boxes_and_says_why(tmp_path):
+    """detr_digits' width (128 with 4 heads) gives DETR's mask head widths GroupNorm cannot divide: on a folder with
+    segmentations the run resolves to boxes only, saying why, instead of failing."""
+    from vitkit.data.shapes import write_shapes_folder
+
+    write_shapes_folder(tmp_path / "shapes", train=8, val=4)
+    config = TrainConfig(data=str(tmp_path / "shapes"), model="detr_digits", out=str(tmp_path / "run"), epochs=1)
+    (choice,) = [c for c in config.data_choices() if c.field == "masks"]
+    assert choice.value is False and "this model's mask head cannot be built (DETR's mask head has widths" in choice.why
+    vitkit.create_model("detr_digits", **config.resolved().model_args)  # builds

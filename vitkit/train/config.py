@@ -438,6 +438,11 @@ class TrainConfig:
             return []
         if model_config.masks or not training_stats(data, version).masks:
             return []
+        try:  # a model whose mask head cannot be built at its size (DETR's needs widths that GroupNorm divides)
+            dataclasses.replace(model_config, masks=True)
+        except ValueError as err:
+            why = f"the annotations have segmentations, but this model's mask head cannot be built ({err}): boxes only"
+            return [DataChoice("masks", False, why)]
         why = "every training annotation has a segmentation: the mask head (pred_masks) trains beside the boxes"
         return [DataChoice("masks", True, why)]
 
