@@ -35,9 +35,13 @@ def test_swin_stage_maps_equal_timm_in_float64():
     theirs = nudge(theirs.double())
     ours = ClassifierBackbone("swin_tiny_patch4_window7_224", (2, 3, 4), fields=SMALL_SWIN).double().eval()
     ours.body.load_state_dict(theirs.state_dict())
-    features = timm.create_model(
-        "swin_tiny_patch4_window7_224", features_only=True, out_indices=(1, 2, 3), **SMALL_SWIN, **TIMM_ANY_SIZE
-    ).double().eval()
+    features = (
+        timm.create_model(
+            "swin_tiny_patch4_window7_224", features_only=True, out_indices=(1, 2, 3), **SMALL_SWIN, **TIMM_ANY_SIZE
+        )
+        .double()
+        .eval()
+    )
     renamed = {k.replace("layers.", "layers_", 1): v for k, v in theirs.state_dict().items()}  # FeatureListNet's
     features.load_state_dict({k: renamed[k] for k in features.state_dict()})  # every tensor it has (no final norm)
     x = torch.randn(2, 3, 96, 128, dtype=torch.float64)  # another size than the config's: 3x4 windows of 4
@@ -62,7 +66,7 @@ def test_vit_simple_feature_pyramid_has_the_papers_shapes():
     x = torch.randn(1, 3, 256, 320)
     with torch.no_grad():
         maps = backbone(x)
-        (last,) = backbone.body.forward_intermediates(x, [2], norm=True)
+        (last,) = backbone.body.forward_intermediates(x, [2], norm=True, intermediates_only=True)
     assert [tuple(m.shape) for m in maps] == [(1, 16, 64, 80), (1, 32, 32, 40), (1, 64, 16, 20), (1, 64, 8, 10)]
     assert backbone.out_channels == [16, 32, 64, 64] and backbone.strides == [4.0, 8.0, 16.0, 32.0]
     assert backbone.feature_sizes((256, 320)) == [tuple(m.shape[-2:]) for m in maps]

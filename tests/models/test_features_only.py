@@ -132,8 +132,8 @@ def test_botnet_forward_intermediates_equal_timm():
     x = torch.randn(1, 3, 128, 128, dtype=torch.float64)
     with torch.no_grad():
         final, expected = theirs.forward_intermediates(x, indices=[0, -2])
-        mine, got = ours.forward_intermediates(x, indices=[0, -2], intermediates_only=False)
-        last_two = ours.forward_intermediates(x, indices=2)
+        mine, got = ours.forward_intermediates(x, indices=[0, -2])
+        last_two = ours.forward_intermediates(x, indices=2, intermediates_only=True)
     for a, b in zip([mine, *got], [final, *expected], strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
     assert [tuple(m.shape) for m in got] == [(1, 64, 64, 64), (1, 1024, 8, 8)]

@@ -246,9 +246,9 @@ def test_forward_intermediates_match_timm():
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         expected = reference.forward_intermediates(x, norm=True, intermediates_only=True)
-        nchw = model.forward_intermediates(x, norm=True)
-        nhwc = model.forward_intermediates(x, indices=[-1], output_fmt="NHWC", norm=True)
-        last_two = model.forward_intermediates(x, indices=2)
+        nchw = model.forward_intermediates(x, norm=True, intermediates_only=True)
+        nhwc = model.forward_intermediates(x, indices=[-1], output_fmt="NHWC", norm=True, intermediates_only=True)
+        last_two = model.forward_intermediates(x, indices=2, intermediates_only=True)
         features = model.forward_features(x)
     assert [tuple(y.shape) for y in nchw] == [(2, 32, 16, 16), (2, 64, 8, 8), (2, 128, 4, 4), (2, 256, 2, 2)]
     for ours, theirs in zip(nchw, expected, strict=True):
@@ -258,7 +258,7 @@ def test_forward_intermediates_match_timm():
     assert model.num_features == 256
     with torch.no_grad():  # timm's default: the final features too
         final, both = reference.forward_intermediates(x, indices=[1])
-        mine, ours_both = model.forward_intermediates(x, indices=[1], intermediates_only=False)
+        mine, ours_both = model.forward_intermediates(x, indices=[1])
     for a, b in zip([mine, *ours_both], [final, *both], strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="output_fmt"):

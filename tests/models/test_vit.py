@@ -68,9 +68,9 @@ def test_forward_intermediates_equal_timm(fmt, indices):
     x = torch.randn(2, 3, 64, 96)
     with torch.no_grad():
         expected = theirs.forward_intermediates(x, indices=indices, output_fmt=fmt, intermediates_only=True)
-        got = ours.forward_intermediates(x, indices=indices, output_fmt=fmt)
+        got = ours.forward_intermediates(x, indices=indices, output_fmt=fmt, intermediates_only=True)
         expected_norm = theirs.forward_intermediates(x, indices=indices, norm=True, intermediates_only=True)
-        got_norm = ours.forward_intermediates(x, indices=indices, norm=True)
+        got_norm = ours.forward_intermediates(x, indices=indices, norm=True, intermediates_only=True)
     assert len(got) == len(expected)
     for a, b in zip(got + got_norm, expected + expected_norm, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
@@ -78,7 +78,7 @@ def test_forward_intermediates_equal_timm(fmt, indices):
         assert got[0].shape == (2, 192, 4, 6)
     with torch.no_grad():  # timm's default: the final features too
         final, both = theirs.forward_intermediates(x, indices=indices, output_fmt=fmt)
-        mine, ours_both = ours.forward_intermediates(x, indices=indices, output_fmt=fmt, intermediates_only=False)
+        mine, ours_both = ours.forward_intermediates(x, indices=indices, output_fmt=fmt)
     for a, b in zip([mine, *ours_both], [final, *both], strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 

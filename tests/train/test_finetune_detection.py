@@ -331,7 +331,9 @@ def test_a_dinov2_directory_fills_a_vit_backbone_and_the_detector_trains(tmp_pat
     plain = load_for_finetune(tmp_path / "dinov2", 4, model="deformable_detr_vit_small_dinov2", **fields_global)
     x = torch.randn(1, 3, 112, 140)
     with torch.no_grad():
-        ours = plain.backbone.body.forward_intermediates(x, [1], norm=True)[0]  # (1, 64, 8, 10)
+        ours = plain.backbone.body.forward_intermediates(x, [1], norm=True, intermediates_only=True)[
+            0
+        ]  # (1, 64, 8, 10)
         ref = theirs(pixel_values=x).last_hidden_state[:, 5:]  # past the class token and the 4 registers
     torch.testing.assert_close(ours.flatten(2).transpose(1, 2), ref, atol=1e-4, rtol=1e-4)
     shapes = write_shapes_folder(tmp_path / "shapes", train=16, val=4)  # `vitkit example-data shapes`, smaller

@@ -35,7 +35,7 @@ def _vitdet(image_size, pretrain_image_size, window_size, windowed, rel_pos):
 def _assert_maps_equal(ours, theirs, x):
     with torch.no_grad():
         maps = theirs(pixel_values=x).feature_maps  # after each block, (B, D, Hp, Wp)
-        mine = ours.forward_intermediates(x, norm=False)
+        mine = ours.forward_intermediates(x, norm=False, intermediates_only=True)
     assert len(mine) == len(maps)
     for a, b in zip(mine, maps, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
@@ -79,9 +79,11 @@ def test_vitdet_round_trips_through_transformers_layout(tmp_path):
     theirs.save_pretrained(tmp_path / "theirs")
     ours = vitkit.from_pretrained(tmp_path / "theirs").double()
     vitkit.export_weights(ours, tmp_path / "back", format="hf")
-    back = transformers.VitDetBackbone.from_pretrained(
-        tmp_path / "back", out_features=[f"stage{i}" for i in range(1, 5)]
-    ).double().eval()
+    back = (
+        transformers.VitDetBackbone.from_pretrained(tmp_path / "back", out_features=[f"stage{i}" for i in range(1, 5)])
+        .double()
+        .eval()
+    )
     _assert_maps_equal(ours, back, torch.randn(1, 3, 64, 64, dtype=torch.float64))
 
 

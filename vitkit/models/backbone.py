@@ -127,7 +127,9 @@ class ClassifierBackbone(nn.Module):
     def forward(self, images: Tensor) -> list[Tensor]:
         """Images (B, C, H, W), sides multiples of `size_multiple` -> the maps (B, C_l, H / s_l, W / s_l), finest
         first."""
-        maps = self.body.forward_intermediates(images, self.indices, output_fmt="NCHW", norm=True)
+        maps = self.body.forward_intermediates(
+            images, self.indices, output_fmt="NCHW", norm=True, intermediates_only=True
+        )
         if self.pyramid is None:
             return maps
         return [layer(maps[s]) for layer, s in zip(self.pyramid, self.sources, strict=True)]
@@ -299,5 +301,7 @@ class FeatureMaps(nn.Module):
         self.feature_info = FeatureInfo([outputs[i] for i in self.out_indices])
 
     def forward(self, images: Tensor) -> list[Tensor]:
-        maps = self.model.forward_intermediates(images, self.out_indices, output_fmt="NCHW", norm=self.norm)
+        maps = self.model.forward_intermediates(
+            images, self.out_indices, output_fmt="NCHW", norm=self.norm, intermediates_only=True
+        )
         return maps if self.output_fmt == "NCHW" else [m.permute(0, 2, 3, 1) for m in maps]

@@ -315,7 +315,7 @@ class BotNet(CostFromImages, ResNet):
         indices: int | list[int] | tuple[int, ...] | None = None,
         output_fmt: str = "NCHW",
         norm: bool = False,
-        intermediates_only: bool = True,
+        intermediates_only: bool = False,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
         """Outputs of the stem (before its max pool) and of the stages, as timm's ByobNet numbers them: 0 the stem's,
         1..4 the stages'.
@@ -326,8 +326,8 @@ class BotNet(CostFromImages, ResNet):
                 the end).
             output_fmt: "NCHW" only (timm's ByobNet gives no other).
             norm: timm's argument; BoTNet has no final norm, so it changes nothing.
-            intermediates_only: return the outputs alone (vitkit's default); False: (`forward_features(x)`, the
-                outputs), as timm's default (every stage runs).
+            intermediates_only: False (timm's default): (`forward_features(x)`, the outputs), every stage runs;
+                True: the outputs alone, what follows the last output skipped.
         """
         if output_fmt != "NCHW":
             raise ValueError(f"output_fmt must be 'NCHW' (BoTNet's maps), got {output_fmt!r}")

@@ -611,7 +611,7 @@ class SwinTransformer(CostFromImages, nn.Module):
         indices: int | list[int] | tuple[int, ...] | None = None,
         output_fmt: str = "NCHW",
         norm: bool = False,
-        intermediates_only: bool = True,
+        intermediates_only: bool = False,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
         """Outputs of chosen stages.
 
@@ -621,8 +621,8 @@ class SwinTransformer(CostFromImages, nn.Module):
                 (negative ones count from the end).
             output_fmt: "NCHW" for (B, C_s, H_s, W_s) maps, "NHWC" for channels-last (B, H_s, W_s, C_s).
             norm: apply the final norm to the last stage's output (the only stage it is sized for).
-            intermediates_only: return the outputs alone (vitkit's default); False: (`forward_features(x)`, the
-                outputs), as timm's default (every stage runs).
+            intermediates_only: False (timm's default): (`forward_features(x)`, the outputs), every stage runs;
+                True: the outputs alone, what follows the last output skipped.
         """
         if output_fmt not in ("NCHW", "NHWC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")

@@ -481,7 +481,7 @@ class VisionTransformer(CostFromImages, nn.Module):
         indices: int | list[int] | tuple[int, ...] | None = None,
         output_fmt: str = "NCHW",
         norm: bool = False,
-        intermediates_only: bool = True,
+        intermediates_only: bool = False,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
         """Outputs of chosen blocks, patch tokens only (prefix tokens dropped).
 
@@ -491,8 +491,8 @@ class VisionTransformer(CostFromImages, nn.Module):
                 (negative ones count from the end).
             output_fmt: "NCHW" for feature maps (B, D, Hp, Wp), "NLC" for tokens (B, Hp*Wp, D).
             norm: apply the final norm to each output.
-            intermediates_only: return the outputs alone (vitkit's default); False: (`forward_features(x)`, the
-                outputs), as timm's default (every block runs).
+            intermediates_only: False (timm's default): (`forward_features(x)`, the outputs), every block runs;
+                True: the outputs alone, what follows the last output skipped.
         """
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
