@@ -141,3 +141,25 @@ def test_botnet_forward_intermediates_equal_timm():
     assert ours.feature_info() == [(64, 2), (256, 4), (512, 8), (1024, 16), (2048, 32)]
     with pytest.raises(ValueError, match="output index 5 is out of range for a 5-output model"):
         ours.forward_intermediates(x, indices=[5])
+
+
+def test_a_features_model_from_a_folder_and_its_errors(tmp_path):
+    """`from_pretrained(path, features_only=True)` cuts the saved model, keeping its normalisation (not its class
+    names); a features model refuses a checkpoint of the whole model, naming the ways that load one."""
+    from vitkit.weights import ModelInfo, model_info
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=3, img_size=32, num_classes=2).eval()
+    vitkit.save_pretrained(model, tmp_path / "saved", ModelInfo(classes=("a", "b"), mean=(0.5,) * 3, std=(0.5,) * 3))
+    features = vitkit.from_pretrained(tmp_path / "saved", features_only=True, out_indices=(0, 1)).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        expected = model.forward_intermediates(x, indices=(0, 1), intermediates_only=True)
+        for a, b in zip(features(x), expected, strict=True):
+            torch.testing.assert_close(a, b)
+    assert len(features.model.blocks) == 2 and model_info(features).mean == (0.5,) * 3
+    assert model_info(features).classes is None
+    with pytest.raises(ValueError, match=r"a features model takes its weights before it is cut.*from_pretrained"):
+        vitkit.load_weights(features, tmp_path / "saved")
+    with pytest.raises(ValueError, match="pass features_only=True too"):
+        vitkit.from_pretrained(tmp_path / "saved", out_indices=1)

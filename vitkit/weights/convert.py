@@ -23,7 +23,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vitkit.errors import OptionFileExistsError
+from vitkit.models.backbone import FeatureMaps
 from vitkit.models.registry import build_model, create_model, family_of, list_models, model_entry, replace_config
 from vitkit.util import atomic_write, listed
 from vitkit.weights import hf, shapes
@@ -267,6 +268,13 @@ def load_weights(
     Returns:
         a `LoadReport`.
     """
+    if isinstance(model, FeatureMaps):  # cut from a model: the checkpoint is the whole model's
+        raise ValueError(
+            "a features model takes its weights before it is cut from its model: "
+            "vitkit.from_pretrained(PATH, features_only=True, out_indices=...) for a model directory or Hub "
+            "repository, or load_weights into vitkit.create_model(NAME) and then "
+            "vitkit.models.backbone.FeatureMaps(model, out_indices) for a checkpoint file"
+        )
     if isinstance(source, Mapping):
         return _load(model, source, "state dict", format, strict, reset_head)
     return _load(model, read_checkpoint(source), str(source), format, strict, reset_head)
@@ -528,11 +536,27 @@ def _check_head(
         )
 
 
+def features_model(model: nn.Module, out_indices: int | Sequence[int] | None) -> FeatureMaps:
+    """`model` as timm's features model (`vitkit.models.backbone.FeatureMaps`) of its outputs `out_indices`, carrying
+    its `ModelInfo` without the class names (it has no classifier)."""
+    features = FeatureMaps(model, out_indices)
+    setattr(features, INFO_ATTRIBUTE, model_info(model).without_classes())
+    return features
+
+
+def check_features_args(features_only: bool, out_indices: Any) -> None:
+    """ValueError for `out_indices` without `features_only`."""
+    if out_indices is not None and not features_only:
+        raise ValueError(f"out_indices={out_indices!r} chooses a features model's outputs: pass features_only=True too")
+
+
 def from_pretrained(
     path: str | os.PathLike,
     format: str = "auto",
     reset_head: bool = False,
     revision: str | None = None,
+    features_only: bool = False,
+    out_indices: int | Sequence[int] | None = None,
     **overrides: Any,
 ) -> nn.Module:
     """The model saved at `path`, built and loaded, in eval mode: the one way to load a model whose architecture the
@@ -565,8 +589,20 @@ def from_pretrained(
         format: "auto", or the layout `path` must be in (a directory: "vitkit" / "timm" or "hf").
         reset_head: keep the built model's own classifier (e.g. with ``num_classes=10`` in `overrides`).
         revision: of a Hub repository, the branch, tag or commit to read (as "hf-hub:ORG/REPO@REVISION" does).
+        features_only: the loaded model as timm's features model (`create_model(..., features_only=True)`): its
+            outputs `out_indices` as feature maps, pruned of the rest.
+        out_indices: with `features_only`, which outputs (None: timm's default for the family).
         overrides: config fields to replace, e.g. ``attn_backend="math"`` or ``dynamic_img_size=True``.
     """
+    check_features_args(features_only, out_indices)
+    model = _from_pretrained(path, format, reset_head, revision, **overrides)
+    return features_model(model, out_indices) if features_only else model
+
+
+def _from_pretrained(
+    path: str | os.PathLike, format: str, reset_head: bool, revision: str | None, **overrides: Any
+) -> nn.Module:
+    """`from_pretrained` without features_only."""
     if format not in ("auto", *formats()):
         raise ValueError(f"format must be one of {('auto', *formats())}, got {format!r}")
     if is_hub(path):

@@ -19,11 +19,18 @@ import torch
 from torch import nn
 
 from vitkit.models import registry
-from vitkit.models.backbone import FeatureMaps
 from vitkit.models.registry import ModelEntry, PublishedWeights, published_weights, replace_config
-from vitkit.weights.convert import REPORT_ATTRIBUTE, LoadReport, load_weights, read_model_info, with_info
+from vitkit.weights.convert import (
+    REPORT_ATTRIBUTE,
+    LoadReport,
+    check_features_args,
+    features_model,
+    load_weights,
+    read_model_info,
+    with_info,
+)
 from vitkit.weights.hub import hub_snapshot, label_names, torch_hub_file
-from vitkit.weights.io import CONFIG_NAME, INFO_ATTRIBUTE, ModelInfo, model_info, read_json
+from vitkit.weights.io import CONFIG_NAME, ModelInfo, read_json
 from vitkit.weights.timm_repo import timm_info
 
 
@@ -57,14 +64,9 @@ def create_model(
     ``create_model("swin_tiny_patch4_window7_224.ms_in22k_ft_in1k", pretrained=True, num_classes=5)``,
     ``create_model("swin_tiny_patch4_window7_224", pretrained=True, features_only=True, out_indices=(1, 2, 3))``.
     """
-    if out_indices is not None and not features_only:
-        raise ValueError(f"out_indices={out_indices!r} chooses a features model's outputs: pass features_only=True too")
+    check_features_args(features_only, out_indices)
     model = _create(name, pretrained, **overrides)
-    if not features_only:
-        return model
-    features = FeatureMaps(model, out_indices)
-    setattr(features, INFO_ATTRIBUTE, model_info(model).without_classes())
-    return features
+    return features_model(model, out_indices) if features_only else model
 
 
 def _create(name: str, pretrained: bool | str = False, **overrides: Any) -> nn.Module:
