@@ -136,3 +136,20 @@ def test_a_head_count_kept_from_the_named_model_is_said(tmp_path, capsys):
     fields = {"img_size": 32, "num_classes": 5, "embed_dim": 192}
     report, _ = convert(path, tmp_path / "lib", model_name="vit_small_patch16_224", overrides=fields)
     assert list(report.kept) == ["num_heads"] and report.summary().endswith("give num_heads=N")
+
+
+def test_a_training_checkpoint_given_as_a_model_names_its_runs_models(tmp_path, capsys):
+    """A run's checkpoint.pt holds no config, but its run's best/ and final/ do: the error names them."""
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=3)
+    run = tmp_path / "run"
+    vitkit.save_pretrained(model, run / "final")
+    torch.save({"model": model.state_dict(), "epoch": 1}, run / "checkpoint.pt")
+    from PIL import Image
+
+    Image.new("RGB", (32, 32)).save(tmp_path / "x.png")
+    for command in (["eval", "--model-dir"], ["predict", str(tmp_path / "x.png"), "--model-dir"]):
+        assert main([*command, str(run / "checkpoint.pt")]) == 2
+        err = capsys.readouterr().err
+        assert f"it is a training run's checkpoint; give one of the run's models: {run / 'final'}" in err
+    with pytest.raises(ValueError, match=r"load one of its run's model directories instead: .*final"):
+        vitkit.from_pretrained(run / "checkpoint.pt")

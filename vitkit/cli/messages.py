@@ -64,6 +64,9 @@ def cli_message(err: Exception, flags: Flags | None = None) -> str:
     error's with `flags` (`str(err)` for any other error)."""
     if isinstance(err, OptionMessage):
         return err.message(cli_option)
+    if isinstance(err, ModelNeeded) and err.run_models:  # a training checkpoint: its run's models hold configs
+        models = " or ".join(err.run_models)
+        return f"{err.problem}: it is a training run's checkpoint; give one of the run's models: {models}"
     if isinstance(err, ModelNeeded) and flags is None:  # a command that reads models, not checkpoint files
         return (
             f"{err.problem}: make it a model directory with the registered model it fits, vitkit convert "

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from vitkit.models.registry import MODELS_LISTED
@@ -64,10 +65,17 @@ class ModelNeeded(ValueError):
     def __init__(self, path: str, detail: str = "") -> None:
         self.path = path
         self.detail = detail  # what else was found, e.g. ", and not in the vit-pytorch layout; it looks like ..."
-        super().__init__(
-            f"{self.problem}: build the registered model it fits and load the file into it "
-            f"(vitkit.create_model(name), vitkit.load_weights(model, path); see {MODELS_LISTED})"
-        )
+        # a training run's checkpoint: the model directories beside it, which hold their configs
+        beside = Path(path).parent
+        self.run_models = tuple(str(beside / n) for n in ("best", "final") if (beside / n / "config.json").is_file())
+        if self.run_models:
+            way = f"load one of its run's model directories instead: {' or '.join(self.run_models)}"
+        else:
+            way = (
+                "build the registered model it fits and load the file into it (vitkit.create_model(name), "
+                f"vitkit.load_weights(model, path); see {MODELS_LISTED})"
+            )
+        super().__init__(f"{self.problem}: {way}")
 
     @property
     def problem(self) -> str:
