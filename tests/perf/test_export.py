@@ -268,3 +268,19 @@ def test_the_check_is_absolute_for_small_values_and_relative_for_large_ones(tmp_
         largest = r" x .*, the largest of PyTorch's values" if scale > 1 else ""
         with pytest.raises(ValueError, match=rf"differ from PyTorch's by up to .*, more than atol 0.0001{largest};"):
             export_module._max_abs_diff(run, model, check, signature, "onnx", tmp_path / "m.onnx", 1e-4)
+
+
+def test_the_check_line_says_which_difference_atol_holds():
+    """Up to 1 the absolute difference is held to atol; above, its share of the output's largest value, and the
+    line says so rather than comparing the absolute difference with atol."""
+    from pathlib import Path
+
+    from vitkit.perf.export import ExportReport
+
+    common = dict(format="onnx", path=Path("m.onnx"), batch_sizes=(1, 3), img_size=(8, 8), attn_backend="math")
+    plain = ExportReport(max_abs_diff=2e-6, atol=1e-4, max_diff=2e-6, **common).summary()
+    assert plain.endswith("max abs diff 2e-06 <= atol 0.0001")
+    scaled = ExportReport(max_abs_diff=4.4e-4, atol=1e-4, max_diff=2.71e-5, **common).summary()
+    assert scaled.endswith(
+        "max abs diff 0.00044, 2.71e-05 of the largest value <= atol 0.0001 (relative for outputs above 1)"
+    )

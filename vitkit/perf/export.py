@@ -102,8 +102,11 @@ class ExportReport:
         return (
             f"wrote {self.format} model to {self.path} ({signature}; attention backend {self.attn_backend})\n"
             f"checked against PyTorch at batch sizes {batches}{checked}: max abs diff {self.max_abs_diff:.3g}"
-            + (f" ({self.max_diff:.3g} of the largest value)" if self.max_diff < self.max_abs_diff else "")
-            + f" <= atol {self.atol:g}"
+            + (
+                f", {self.max_diff:.3g} of the largest value <= atol {self.atol:g} (relative for outputs above 1)"
+                if self.max_diff < self.max_abs_diff
+                else f" <= atol {self.atol:g}"
+            )
         )
 
 
