@@ -207,8 +207,8 @@ def _unreadable(data: CocoDetection) -> tuple[str, ...]:
             continue
         try:
             open_image(path)
-        except UnreadableImageError as err:
-            found[path] = f"{path}: {err.reason}"
+        except OSError as err:  # `UnreadableImageError` with its reason, or the file gone since its header was read
+            found[path] = f"{path}: {err.reason if isinstance(err, UnreadableImageError) else err}"
     return tuple(found.values())
 
 
