@@ -270,6 +270,25 @@ def test_a_killed_run_frees_its_folder_though_its_loader_workers_live_on(tmp_pat
             os.kill(child, signal.SIGKILL)
 
 
+def test_a_second_run_in_the_same_process_is_refused_and_leaves_the_first_its_lock(tmp_path):
+    """A POSIX lock is the whole process's: a second run into the same folder from this process (a thread, a
+    notebook) is refused all the same, and its refusal leaves the first run's lock in place for other processes."""
+    out = tmp_path / "run"
+    env = DistEnv(0, 1, 0, torch.device("cpu"), False)
+    first = OutLock(out, env, RunHints())
+    first.acquire(TrainConfig(out=str(out)))
+    try:
+        with pytest.raises(ValueError, match=rf"is in use by another training run \(process {os.getpid()}, this one\)"):
+            OutLock(out, env, RunHints()).acquire(TrainConfig(out=str(out)))
+        other = subprocess.run([sys.executable, "-c", HOLD, str(out)], capture_output=True, text=True, timeout=60)
+        assert "is in use by another training run" in other.stderr  # still held against other processes
+    finally:
+        first.release()
+    second = OutLock(out, env, RunHints())
+    second.acquire(TrainConfig(out=str(out)))  # free once the first lets it go
+    second.release()
+
+
 HOLD_WITH_CHILD = """
 import os, sys, time
 from pathlib import Path

@@ -49,6 +49,7 @@ def test_finetune_from_a_timm_repository_on_the_hub(hub_cache, timm_vit):
         assert torch.equal(model.blocks[11].attn.qkv.weight, theirs.blocks[11].attn.qkv.weight)
         assert load_report(model).source == f"{source}@0123456789abcdef0123456789abcdef01234567"
         assert model_info(model).classes is None  # ImageNet's names are not the data's
+        assert model_info(model).mean == (0.5, 0.5, 0.5)  # the weights' normalisation, with --model too
 
 
 def test_finetune_refuses_shapes_it_cannot_adapt(tmp_path):
@@ -93,3 +94,17 @@ def test_grad_checkpointing_recomputes_blocks_and_keeps_gradients():
 def test_grad_checkpointing_needs_a_vitkit_model():
     with pytest.raises(ValueError, match="gradient checkpointing needs a vitkit model .* Linear lacks config, "):
         enable_grad_checkpointing(torch.nn.Linear(2, 2))
+
+
+def test_finetune_with_a_model_named_reads_a_folder_whose_config_is_none_of_a_model(tmp_path):
+    """A folder of weights beside a config.json that names no model (another tool's): with --model naming the
+    architecture its weights load, as before, and nothing is read from that config."""
+    from safetensors.torch import save_file
+
+    source = create_model("vit_tiny_patch16_224", **TINY)
+    save_file(source.state_dict(), tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text('{"note": "written by another tool"}')
+    fields = {k: v for k, v in TINY.items() if k != "num_classes"}
+    model = load_for_finetune(str(tmp_path), num_classes=TINY["num_classes"], model="vit_tiny_patch16_224", **fields)
+    assert torch.equal(model.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
+    assert model_info(model).mean is None

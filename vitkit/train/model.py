@@ -17,7 +17,7 @@ from vitkit.weights.backbone import classifier_backbone, load_backbone
 from vitkit.weights.convert import REPORT_ATTRIBUTE, detect_format, read_model_info, unwrap_state_dict, with_info
 from vitkit.weights.family import family_weights, saved_family
 from vitkit.weights.hub import hub_snapshot, is_hub, local_source
-from vitkit.weights.io import CONFIG_NAME, ModelInfo, model_info, read_checkpoint
+from vitkit.weights.io import ModelInfo, model_info, read_checkpoint
 
 
 def load_for_finetune(
@@ -64,8 +64,8 @@ def load_for_finetune(
             report = load_backbone(built, source)  # a Swin's or ViT's weights: the backbone alone
         else:
             report = _keeping_fresh_head(lambda reset_head: load_weights(built, local, reset_head=reset_head))
-        if not backbone and (Path(local) / CONFIG_NAME).is_file():  # a model directory: its normalisation, framing
-            # and names, as from_pretrained carries them (a Hub one with where it came from, at which commit)
+        if not backbone and saved_family(local) is not None:  # a model directory (vitkit's, timm's, transformers'):
+            # its normalisation, framing and names, as from_pretrained carries them (a Hub one with its commit)
             with_info(built, read_model_info(source), reset_head=report.head_reset)
         elif is_hub(source):  # where the weights came from, at which commit
             with_info(built, ModelInfo(weights=hub_snapshot(source).source))

@@ -57,6 +57,9 @@ def _same_file(handle: Any, path: Path) -> bool:
         return False
 
 
+_HELD: set[str] = set()  # the lock files runs of this process hold (a POSIX lock is the whole process's)
+
+
 class OutLock:
     """OUT held by one training run. Rank 0 takes an advisory lock on OUT/.vitkit-train.lock and writes who holds it
     there; the system releases it when the process ends, so a crashed run leaves nothing that blocks the next. The
@@ -68,6 +71,7 @@ class OutLock:
     def __init__(self, out: Path, env: DistEnv, hints: RunHints) -> None:
         self.out, self.env, self.hints = out, env, hints
         self.handle = None
+        self.key = ""  # the lock file's real path while held
         self.held = False
 
     def acquire(self, given: TrainConfig, create: bool = True) -> None:
@@ -97,6 +101,10 @@ class OutLock:
         if fcntl is None:
             return None
         path = self.out / LOCK_NAME
+        key = os.path.realpath(path)
+        if key in _HELD:  # by a run of this process: refused here, without opening the file (closing any descriptor
+            # of it would free that run's lock)
+            return self._refusal(f"process {os.getpid()}, this one", given)
         handle = open(path, "a+")  # noqa: SIM115 (held open while the run trains)
         try:
             fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -116,15 +124,7 @@ class OutLock:
                 who = f"process {holder['pid']} on {holder['host']}, started {holder['started']}: {holder['command']}"
             except (ValueError, KeyError, TypeError):
                 who = "another process"
-            try:
-                new = self.hints.start(dataclasses.replace(given.minimal(), out=os.fspath(new_folder(self.out))))
-            except (ValueError, OSError):  # the run itself cannot be resolved: the refusal still reaches every rank
-                new = f"the same command with another output folder, e.g. {new_folder(self.out)}"
-            return (
-                f"{self.out} is in use by another training run ({who}); two runs in one folder would write over each "
-                f"other's checkpoints and metrics. Wait for it to end, or stop it, then run this again; or train in "
-                f"a new folder: {new}"
-            )
+            return self._refusal(who, given)
         handle.seek(0)
         handle.truncate()
         holder = {
@@ -135,8 +135,20 @@ class OutLock:
         }
         handle.write(json.dumps(holder) + "\n")
         handle.flush()
-        self.handle = handle
+        self.handle, self.key = handle, key
+        _HELD.add(key)
         return None
+
+    def _refusal(self, who: str, given: TrainConfig) -> str:
+        try:
+            new = self.hints.start(dataclasses.replace(given.minimal(), out=os.fspath(new_folder(self.out))))
+        except (ValueError, OSError):  # the run itself cannot be resolved: the refusal still reaches every rank
+            new = f"the same command with another output folder, e.g. {new_folder(self.out)}"
+        return (
+            f"{self.out} is in use by another training run ({who}); two runs in one folder would write over each "
+            f"other's checkpoints and metrics. Wait for it to end, or stop it, then run this again; or train in "
+            f"a new folder: {new}"
+        )
 
     def release(self) -> None:
         """Let OUT go (the lock file is removed)."""
@@ -144,6 +156,7 @@ class OutLock:
             (self.out / LOCK_NAME).unlink(missing_ok=True)
             self.handle.close()
             self.handle = None
+            _HELD.discard(self.key)
         self.held = False
 
 
