@@ -153,3 +153,6 @@ def test_a_training_checkpoint_given_as_a_model_names_its_runs_models(tmp_path, 
         assert f"it is a training run's checkpoint; give one of the run's models: {run / 'final'}" in err
     with pytest.raises(ValueError, match=r"load one of its run's model directories instead: .*final"):
         vitkit.from_pretrained(run / "checkpoint.pt")
+    torch.save(model.state_dict(), run / "downloaded.pth")  # another file beside them is no checkpoint of the run
+    with pytest.raises(ValueError, match=r"build the registered model it fits and load the file into it"):
+        vitkit.from_pretrained(run / "downloaded.pth")

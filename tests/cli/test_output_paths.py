@@ -138,3 +138,12 @@ def test_a_plot_over_an_image_of_the_data_is_refused(saved, capsys):
     """check-data's picture over an image of the folder it reads."""
     assert main(["check-data", str(saved / "images"), "--plot", str(saved / "images" / "b.png")]) == 2
     assert f"is an image of {saved / 'images'}, which this command reads" in capsys.readouterr().err
+
+
+def test_an_earlier_output_in_the_model_folder_is_replaced(saved):
+    """Only the model's own files (configs, weights) are kept from being written over: a report written into its
+    folder by an earlier run of the command is replaced on the next."""
+    report = saved / "cls" / "preds.json"
+    report.write_text("[]")
+    assert main(["predict", "--model-dir", str(saved / "cls"), str(saved / "images"), f"--json={report}"]) == 0
+    assert report.read_text() != "[]"

@@ -163,3 +163,16 @@ def test_a_features_model_from_a_folder_and_its_errors(tmp_path):
         vitkit.load_weights(features, tmp_path / "saved")
     with pytest.raises(ValueError, match="pass features_only=True too"):
         vitkit.from_pretrained(tmp_path / "saved", out_indices=1)
+
+
+def test_feature_info_follows_the_maps_for_any_order_asked():
+    """The maps come in block order, once each, whatever the order of out_indices: feature_info follows them."""
+    model = vitkit.create_model(
+        "swin_tiny_patch4_window7_224",
+        features_only=True,
+        out_indices=(3, 1, 3),
+        **SMALL["swin_tiny_patch4_window7_224"],
+    )
+    maps = model(torch.randn(1, 3, 64, 64))
+    assert [m.shape[1] for m in maps] == model.feature_info.channels() == [64, 256]
+    assert model.out_indices == [1, 3]

@@ -295,7 +295,8 @@ class FeatureMaps(nn.Module):
         indices = model.default_feature_outputs if out_indices is None else out_indices
         if not isinstance(indices, int) and indices is not None:
             indices = list(indices)
-        self.out_indices = model.prune_intermediate_layers(indices, prune_norm=not norm)
+        # in the order the maps come, once each (forward_intermediates returns them so, whatever the order asked)
+        self.out_indices = sorted(set(model.prune_intermediate_layers(indices, prune_norm=not norm)))
         self.model = model
         self.output_fmt, self.norm = output_fmt, norm
         self.feature_info = FeatureInfo([outputs[i] for i in self.out_indices])

@@ -312,9 +312,19 @@ def check_writable(path: str | os.PathLike, folder: bool = False) -> Path:
     return path
 
 
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".pdparams")  # weights, exports
+
+
+def _model_file(path: Path) -> bool:
+    """Whether `path`, in a model folder, is part of the model (its configs, weights or exports) rather than an
+    output written there earlier (a picture, a report)."""
+    return path.name.endswith("config.json") or path.suffix.lower() in MODEL_FILE_SUFFIXES
+
+
 def check_keeps_inputs(path: str | os.PathLike, reads: Sequence[str | os.PathLike], flag: str) -> None:
     """ValueError when writing the file `path` would replace a file the command reads: one of `reads` (files), a
-    file of a model folder among them (a folder holding a config.json) or an image below a folder among them.
+    model file (configs, weights) of a model folder among them (a folder holding a config.json), or an image below
+    a folder among them.
     Called before any work, with the command's option `flag` ("--out") in the message."""
     target = Path(path)
     if not target.is_file():
@@ -327,7 +337,7 @@ def check_keeps_inputs(path: str | os.PathLike, reads: Sequence[str | os.PathLik
                 f"{flag} {path} is {item}, which this command reads: writing it would replace it; choose another name"
             )
         if source.is_dir() and target.is_relative_to(source.resolve()):
-            if (source / "config.json").is_file():
+            if (source / "config.json").is_file() and _model_file(target):
                 raise ValueError(
                     f"{flag} {path} is a file of the model folder {item}, which this command reads: writing it "
                     "would replace it; choose a path outside that folder"

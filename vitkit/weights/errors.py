@@ -59,15 +59,22 @@ class LayoutMismatch(ValueError):
         return f"{self.path} is in the {shown} layout, not {self.given}'s"
 
 
+RUN_CHECKPOINT = "checkpoint.pt"  # the file a training run keeps beside its best/ and final/ (`vitkit.train`)
+
+
 class ModelNeeded(ValueError):
     """A checkpoint file that holds weights but no architecture: the registered model it fits must be named."""
 
     def __init__(self, path: str, detail: str = "") -> None:
         self.path = path
         self.detail = detail  # what else was found, e.g. ", and not in the vit-pytorch layout; it looks like ..."
-        # a training run's checkpoint: the model directories beside it, which hold their configs
+        # a training run's checkpoint (`vitkit.train`'s checkpoint.pt): the model directories beside it, which hold
+        # their configs
         beside = Path(path).parent
-        self.run_models = tuple(str(beside / n) for n in ("best", "final") if (beside / n / "config.json").is_file())
+        ran = Path(path).name == RUN_CHECKPOINT
+        self.run_models = tuple(
+            str(beside / n) for n in ("best", "final") if ran and (beside / n / "config.json").is_file()
+        )
         if self.run_models:
             way = f"load one of its run's model directories instead: {' or '.join(self.run_models)}"
         else:
