@@ -182,7 +182,7 @@ def _gradients_worker(rank: int, port: int, folder: str, out: str, precision: st
     finally:
         cleanup(env)
     # the gradients are saved and the group left: exit without the interpreter's teardown, where Gloo's threads can
-    # can still abort the process now and then ("terminate called without an active exception", SIGABRT)
+    # still abort the process now and then ("terminate called without an active exception", SIGABRT)
     os._exit(0)
 
 
