@@ -293,8 +293,6 @@ class FeatureMaps(nn.Module):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
         outputs = model.feature_info()
         indices = model.default_feature_outputs if out_indices is None else out_indices
-        if not isinstance(indices, int) and indices is not None:
-            indices = list(indices)
         # in the order the maps come, once each (forward_intermediates returns them so, whatever the order asked)
         self.out_indices = sorted(set(model.prune_intermediate_layers(indices, prune_norm=not norm)))
         self.model = model

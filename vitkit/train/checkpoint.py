@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from vitkit.util import atomic_write
+from vitkit.weights.errors import RUN_CHECKPOINT
 from vitkit.weights.io import read_checkpoint
 
-CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_NAME = RUN_CHECKPOINT  # one name: loading's errors recognise a run's checkpoint by it
 
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:

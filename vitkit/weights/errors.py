@@ -59,7 +59,8 @@ class LayoutMismatch(ValueError):
         return f"{self.path} is in the {shown} layout, not {self.given}'s"
 
 
-RUN_CHECKPOINT = "checkpoint.pt"  # the file a training run keeps beside its best/ and final/ (`vitkit.train`)
+RUN_CHECKPOINT = "checkpoint.pt"  # the file a training run keeps beside its best/ and final/ (`vitkit.train` names
+# its checkpoint with it)
 
 
 class ModelNeeded(ValueError):
