@@ -102,4 +102,12 @@ def run(args: argparse.Namespace) -> int:
         )
     except STRUCTURED as err:  # the ways out in this command's flags, not the library's arguments
         raise ValueError(cli_message(err, TRAIN)) from None
-    return 130 if result.interrupted else 0
+    code = 130 if result.interrupted else 0
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun process whose run is done and group left: end here,
+        # without the interpreter's teardown, where Gloo's threads can still abort it ("terminate called without an
+        # active exception", SIGABRT) and turn a finished run into a failed one
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
+    return code
