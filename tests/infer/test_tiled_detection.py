@@ -175,7 +175,8 @@ def test_tiled_evaluation_scores_the_whole_images(tmp_path):
 
 def test_tiled_evaluation_scores_the_masks_placed_in_the_whole_image(tmp_path):
     """A model that predicts masks, on a split whose objects have polygons: each tile's masks are placed in the whole
-    image and scored against the objects' (segm AP), as pycocotools scores the same detections against the file."""
+    image and scored against the objects' (segm AP), as pycocotools scores the same detections against the file,
+    where a tenth of the squares are crowd regions, whose detections it ignores."""
     image, truth = scene(600, 900, 256, 0.25, seed=12)
     image.save(tmp_path / "big.png")
     annotations = []
@@ -183,12 +184,14 @@ def test_tiled_evaluation_scores_the_masks_placed_in_the_whole_image(tmp_path):
         bbox = [x0, y0, x1 - x0, y1 - y0]
         annotations.append({"id": len(annotations) + 1, "image_id": 1, "bbox": bbox, "area": bbox[2] * bbox[3],
                             "segmentation": [[x0, y0, x1, y0, x1, y1, x0, y1]],
-                            "category_id": 3 if label == "grey" else 7, "iscrowd": 0})  # fmt: skip
+                            "category_id": 3 if label == "grey" else 7,
+                            "iscrowd": int(len(annotations) % 10 == 9)})  # fmt: skip
     categories = [{"id": 3, "name": "grey"}, {"id": 7, "name": "white"}]
     listing = {"images": [{"id": 1, "file_name": "big.png", "height": 600, "width": 900}],
                "annotations": annotations, "categories": categories}  # fmt: skip
     (tmp_path / "val.json").write_text(json.dumps(listing))
     data = CocoDetection(tmp_path / "val.json", tmp_path, short_side=None, max_size=None)
+    assert data.report.crowd == len(truth) // 10 > 0
     model = Squares(256, queries=60, masks=True)
     result = evaluate_detector_tiled(model, data, INFO, tile=256, overlap=0.25, progress=False)
     assert result.metrics["segm_ap50"] > 0.95  # each square's mask where the square is, found once

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vitkit.data.coco import CocoDetection, header_problem, load_coco_folder
+from vitkit.data.coco import CocoDetection, crowd_objects_words, crowd_words, header_problem, load_coco_folder
 from vitkit.data.detection_stats import SMALL_OBJECT, DetectionStats, detection_stats
 from vitkit.data.sources import UnreadableImageError, open_image
 from vitkit.data.transforms import integer_depth
@@ -45,12 +45,13 @@ class SplitCheck:
     skipped: dict[str, int]  # entries left out, per reason (`vitkit.data.coco.SKIP_REASONS`)
     clipped: int  # boxes clipped to their image
     outside: int  # boxes with no part inside their image (skipped)
-    crowd: int  # crowd annotations, left out
+    crowd: int  # crowd regions, out of training and ignored by evaluation
     dim: tuple[int, int, int, int] = (0, 0, 0, 0)  # of the images decoded for their depth: (how many are 16- or
     # 32-bit and nearly black once scaled to 8 bits, how many were decoded, their bits, their largest value)
     unreadable: tuple[str, ...] = ()  # "file: why" for each image file training will skip, as its header shows
     area_over_box: tuple[int, str] = (0, "")  # objects whose annotated area exceeds their box's, and the first one
     segmented: int = 0  # objects with a segmentation (masks train when every object has one)
+    crowd_as_objects: int = 0  # crowd annotations read as objects (every annotation of the file is marked crowd)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class DataCheck:
                 f"  objects per image: median {st.median_objects:g}, at most {st.max_objects}; "
                 f"{counted(s.empty_images, 'image')} without a box"
             )
-            if s.skipped or s.clipped or s.crowd:
+            if s.skipped or s.clipped or s.crowd or s.crowd_as_objects:
                 left = ", ".join(f"{reason}: {n}" for reason, n in s.skipped.items())
                 lines.append(
                     "  loading: "
@@ -102,7 +103,8 @@ class DataCheck:
                         for part in (
                             f"skipped {sum(s.skipped.values())} ({left})" if left else "",
                             f"clipped {_boxes(s.clipped)}" if s.clipped else "",
-                            f"left out {counted(s.crowd, 'crowd annotation')}" if s.crowd else "",
+                            crowd_words(s.crowd) if s.crowd else "",
+                            crowd_objects_words(s.crowd_as_objects) if s.crowd_as_objects else "",
                         )
                         if part
                     )
@@ -225,6 +227,7 @@ def _split(split: str, data: CocoDetection) -> SplitCheck:
         clipped=len(report.clipped),
         outside=skipped.get("outside image", 0),
         crowd=report.crowd,
+        crowd_as_objects=report.crowd_as_objects,
         dim=_dim(data),
         unreadable=_unreadable(data),
         area_over_box=_area_over_box(data),

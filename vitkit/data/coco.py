@@ -27,6 +27,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
+from torchvision.ops import box_convert
 from torchvision.transforms.v2 import functional as F_v2
 
 from vitkit.data.detection import (
@@ -84,7 +85,8 @@ class CocoReport:
     listed_annotations: int = 0  # annotation entries the file lists, kept or not
     skipped: list[Skipped] = field(default_factory=list)  # images and annotations left out
     clipped: list[Any] = field(default_factory=list)  # ids of annotations whose box was clipped to the image
-    crowd: int = 0  # crowd annotations (iscrowd 1), left out of the targets as DETR's training does
+    crowd: int = 0  # crowd regions (iscrowd 1): out of training, as DETR's; evaluation ignores detections on them
+    crowd_as_objects: int = 0  # crowd annotations read as objects: every annotation of the file is marked crowd
     sized_from_files: int = 0  # images whose entry gives no width and height: read from the file's header
     masks: int = 0  # kept annotations with a segmentation (polygons or RLE)
 
@@ -103,7 +105,9 @@ class CocoReport:
             else:
                 lines.append(f"  clipped {len(self.clipped)} boxes to their images: annotations {shown}{more}")
         if self.crowd:
-            lines.append(f"  left out {counted(self.crowd, 'crowd annotation')}")
+            lines.append(f"  {crowd_words(self.crowd)}")
+        if self.crowd_as_objects:
+            lines.append(f"  {crowd_objects_words(self.crowd_as_objects)}")
         if 0 < self.masks < self.annotations:
             lines.append(
                 f"  masks not used: {self.annotations - self.masks} of {counted(self.annotations, 'annotation')} "
@@ -116,6 +120,22 @@ class CocoReport:
         return "\n".join(lines)
 
 
+def crowd_words(n: int) -> str:
+    """What becomes of `n` crowd annotations (iscrowd 1) of a file, in words."""
+    return (
+        f"{counted(n, 'crowd annotation')} (iscrowd 1) kept as regions, not objects: training leaves them out, "
+        "evaluation ignores the detections that cover them, as COCO's does (set iscrowd 0 to have one learnt)"
+    )
+
+
+def crowd_objects_words(n: int) -> str:
+    """Why `n` crowd annotations were read as objects, in words."""
+    return (
+        f"read {counted(n, 'crowd annotation')} as objects: every annotation of the file is marked iscrowd 1, as "
+        "CVAT's COCO export marks its mask annotations (a file of crowd regions alone has no object to learn)"
+    )
+
+
 @dataclass(frozen=True)
 class CocoImage:
     image_id: int
@@ -125,6 +145,11 @@ class CocoImage:
     labels: np.ndarray  # (n,) int64 class indices
     areas: np.ndarray  # (n,) float32 object areas in pixels
     masks: tuple[dict | None, ...] = ()  # per object its segmentation as pycocotools' compressed RLE (None: none)
+    # crowd regions (iscrowd 1), left out of the objects: boxes (c, 4) float32 (x0, y0, x1, y1) pixels, their class
+    # indices (c,), and when the objects have masks, each region's (its box's where it has no segmentation)
+    crowd_boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), dtype=np.float32))
+    crowd_labels: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    crowd_masks: tuple[dict, ...] = ()
 
     def decoded_masks(self) -> np.ndarray:
         """The objects' masks at the stored size: (n, H, W) uint8, 1 inside."""
@@ -132,6 +157,12 @@ class CocoImage:
         if not self.masks:
             return np.zeros((0, height, width), dtype=np.uint8)
         return np.ascontiguousarray(mask_utils.decode(list(self.masks)).transpose(2, 0, 1))  # (H, W, n) -> (n, H, W)
+
+    def decoded_crowd_masks(self) -> np.ndarray:
+        """The crowd regions' masks at the stored size: (c, H, W) uint8, 1 inside."""
+        if not self.crowd_masks:
+            return np.zeros((0, *self.size), dtype=np.uint8)
+        return np.ascontiguousarray(mask_utils.decode(list(self.crowd_masks)).transpose(2, 0, 1))
 
     def window_masks(self, kept: np.ndarray, window: tuple[int, int, int, int]) -> tuple[dict, ...]:
         """The masks of the objects `kept` as seen in `window` (x0, y0, x1, y1) of the image, as compressed RLE of
@@ -190,6 +221,12 @@ def segmentation_rle(segmentation: Any, height: int, width: int) -> tuple[dict |
     if int(mask_utils.area(rle)) == 0:
         return None, "empty mask", "its segmentation covers no pixel"
     return rle, "", ""
+
+
+def _box_rle(box: list[float], height: int, width: int) -> dict:
+    """A box (x0, y0, x1, y1) in pixels as the compressed RLE of its mask in an image of (height, width)."""
+    x0, y0, x1, y1 = box
+    return mask_utils.frPyObjects([[x0, y0, x1, y0, x1, y1, x0, y1]], height, width)[0]
 
 
 def _is_int(value: Any) -> bool:
@@ -419,6 +456,9 @@ class CocoDetection(Dataset):
         images, listed = self._read_images(data["images"], folder, check)
         class_of = {category: index for index, category in enumerate(self.category_ids)}
         objects: dict[int, list[tuple[list[float], int, float, dict | None]]] = {image_id: [] for image_id in images}
+        regions: dict[int, list[tuple[list[float], int, dict | None]]] = {image_id: [] for image_id in images}
+        entries = [ann for ann in data["annotations"] if isinstance(ann, dict)]
+        all_crowd = bool(entries) and all(ann.get("iscrowd", 0) for ann in entries)  # CVAT's masks: read as objects
         for i, ann in enumerate(data["annotations"]):
             ann_id = ann.get("id", f"#{i}") if isinstance(ann, dict) else f"#{i}"
             bbox = ann.get("bbox") if isinstance(ann, dict) else None
@@ -440,9 +480,6 @@ class CocoDetection(Dataset):
             if ann["category_id"] not in class_of:
                 self._skip("annotation", ann_id, "unknown category", f"category_id {ann['category_id']}")
                 continue
-            if ann.get("iscrowd", 0):
-                self.report.crowd += 1
-                continue
             x, y, w, h = bbox
             if w <= 0 or h <= 0:
                 self._skip("annotation", ann_id, "empty box", f"bbox {bbox}")
@@ -456,6 +493,11 @@ class CocoDetection(Dataset):
             if reason:
                 self._skip("annotation", ann_id, reason, detail)
                 continue
+            if ann.get("iscrowd", 0) and not all_crowd:  # a region of many objects: for evaluation only
+                regions[ann["image_id"]].append((box, class_of[ann["category_id"]], rle))
+                self.report.crowd += 1
+                continue
+            self.report.crowd_as_objects += bool(ann.get("iscrowd", 0))
             if box != [x, y, x + w, y + h]:
                 self.report.clipped.append(ann_id)
             area = ann.get("area")
@@ -466,7 +508,7 @@ class CocoDetection(Dataset):
         with_masks = 0 < masked == total  # masks are used when every kept object has one (`with_masks`)
         samples = []
         for image_id, (file, height, width) in images.items():
-            found = objects[image_id]
+            found, crowd = objects[image_id], regions[image_id]
             samples.append(
                 CocoImage(
                     image_id,
@@ -476,6 +518,9 @@ class CocoDetection(Dataset):
                     np.array([label for _, label, *_ in found], dtype=np.int64),
                     np.array([area for _, _, area, _ in found], dtype=np.float32),
                     tuple(rle for *_, rle in found) if with_masks else (),
+                    np.array([box for box, *_ in crowd], dtype=np.float32).reshape(-1, 4),
+                    np.array([label for _, label, _ in crowd], dtype=np.int64),
+                    tuple(rle or _box_rle(box, height, width) for box, _, rle in crowd) if with_masks else (),
                 )
             )
         self.report.masks = masked
@@ -533,6 +578,8 @@ class CocoDetection(Dataset):
         if self.with_masks:  # at the model's size, resampled as the image is
             masks = F_v2.resize(_masks_as_image(sample.decoded_masks()), list(size), antialias=True)
             target["masks"] = _masks_from_image(masks, size)  # (n, h, w)
+        if len(sample.crowd_labels):  # for evaluation, which ignores the detections that cover them
+            target |= crowd_target(sample, size if self.with_masks else None)
         return tensor, target
 
     def orientations(self) -> list[int]:
@@ -570,6 +617,22 @@ class CocoDetection(Dataset):
             masks = found["masks"][found["index"]] if "masks" in found else None
             target["masks"] = _masks_from_image(masks, size)  # (n', h, w) as the augmented image
         return tensor, target
+
+
+def crowd_target(sample: CocoImage, mask_size: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
+    """A sample's crowd regions as a target's keys: `crowd_boxes` (c, 4) (cx, cy, w, h) in [0, 1] of the image and
+    `crowd_labels` (c,); with `mask_size` (h, w), `crowd_masks` (c, h, w) bool, resampled as the image is."""
+    height, width = sample.size
+    boxes = torch.from_numpy(sample.crowd_boxes).reshape(-1, 4)
+    scale = torch.tensor([width, height, width, height], dtype=torch.float32)
+    target = {
+        "crowd_boxes": box_convert(boxes, "xyxy", "cxcywh") / scale,
+        "crowd_labels": torch.from_numpy(sample.crowd_labels),
+    }
+    if mask_size is not None:
+        masks = F_v2.resize(_masks_as_image(sample.decoded_crowd_masks()), list(mask_size), antialias=True)
+        target["crowd_masks"] = _masks_from_image(masks, mask_size)
+    return target
 
 
 def _masks_as_image(masks: np.ndarray) -> tv_tensors.Image:

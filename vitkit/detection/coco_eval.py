@@ -7,8 +7,10 @@ AP averaged over IoU 0.50:0.95 and the classes with ground truth, at IoU 0.50 an
 < 32^2 pixels), medium and large (> 96^2) objects, all with up to 100 detections per image. A metric with no
 ground truth to score (no large objects, say) is NaN, where pycocotools writes -1.
 
-Crowd annotations are not part of the targets (the datasets leave them out, as DETR's training does), so a
-detection on a crowd region counts as a false positive here, where COCO's own evaluation would ignore it.
+Crowd regions (COCO's `iscrowd` 1 annotations, which the datasets leave out of the objects, as DETR's training
+does) come with a target as `crowd_boxes` and `crowd_labels` (and `crowd_masks`): they are handed to pycocotools
+as crowd ground truth, so a detection that covers one (at least the IoU threshold of the detection's own area) is
+ignored rather than counted as a false positive, as COCO's evaluation does; they are no objects to find.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torchvision.ops import box_convert, box_iou
@@ -33,6 +36,17 @@ COCO_METRICS = ("ap", "ap50", "ap75", "ap_small", "ap_medium", "ap_large")  # py
 def _xywh(boxes_xyxy: torch.Tensor) -> np.ndarray:
     """(n, 4) (x0, y0, x1, y1) -> (n, 4) float64 (x, y, w, h), COCO's box format."""
     return box_convert(boxes_xyxy.detach().double().cpu(), "xyxy", "xywh").numpy().reshape(-1, 4)
+
+
+def _crowd_cover(record: Mapping, iou: float) -> np.ndarray:
+    """(detections,) bool: each detection of an image `record` (`CocoEvaluator.images`) covers a crowd region of
+    its class, at least `iou` of the detection's area inside the region's box (pycocotools' IoU with a crowd)."""
+    detections, regions = record["boxes"], record.get("crowd_boxes")
+    if regions is None or not len(regions) or not len(detections):
+        return np.zeros(len(detections), dtype=bool)
+    cover = mask_utils.iou(detections.tolist(), regions.tolist(), [1] * len(regions))  # (detections, regions)
+    same = record["labels"][:, None] == record["crowd_labels"][None, :]
+    return ((np.asarray(cover) >= iou) & same).any(axis=1)
 
 
 def to_coco_results(
@@ -101,7 +115,8 @@ class CocoEvaluator:
                 (cx, cy, w, h) in [0, 1]; `area` (n,) in original pixels if given, else the boxes' area. With
                 masks, `masks` (n, h, w) bool at the size the predictions' masks have (the model's input), or the
                 objects' masks as compressed RLE of that size: the masks are scored there, the boxes in original
-                pixels.
+                pixels. Crowd regions, if any: `crowd_boxes` (c, 4) as `boxes`, `crowd_labels` (c,) and, with
+                masks, `crowd_masks` as `masks`.
         """
         if len(predictions) != len(targets):
             raise ValueError(f"expected one target per prediction: {len(predictions)} and {len(targets)}")
@@ -137,6 +152,21 @@ class CocoEvaluator:
                     raise ValueError(f"expected one mask per object: {len(gt_boxes)} boxes, {len(gt)} masks")
                 self.images[image_id] |= {"masks": list(prediction["masks"]), "gt_masks": gt}
                 self.with_masks = True
+            crowd = target.get("crowd_boxes")
+            if crowd is not None and len(crowd):
+                crowd_xyxy = box_convert(crowd.detach().double().cpu(), "cxcywh", "xyxy") * scale
+                region = {"crowd_boxes": _xywh(crowd_xyxy), "crowd_labels": target["crowd_labels"].cpu().numpy()}
+                if len(region["crowd_labels"]) != len(crowd):
+                    raise ValueError(f"expected a label per crowd region: {len(crowd)} regions")
+                if "masks" in prediction:
+                    if "crowd_masks" not in target:
+                        raise ValueError("masks are scored: the crowd regions need theirs (crowd_masks)")
+                    given = target["crowd_masks"]
+                    region["crowd_masks"] = encode_masks(given) if isinstance(given, torch.Tensor) else list(given)
+                    if len(region["crowd_masks"]) != len(crowd):
+                        found = len(region["crowd_masks"])
+                        raise ValueError(f"expected one mask per crowd region: {len(crowd)} regions, {found} masks")
+                self.images[image_id] |= region
 
     def gather(self) -> None:
         """Under torch.distributed, collect every process's images into each (call on all processes before
@@ -172,6 +202,20 @@ class CocoEvaluator:
                         **({"segmentation": gt_masks[i]} if gt_masks is not None else {}),
                     }
                 )
+            crowd_masks = record.get("crowd_masks")
+            regions = zip(record.get("crowd_boxes", ()), record.get("crowd_labels", ()), strict=True)
+            for i, (box, label) in enumerate(regions):
+                gts.append(
+                    {
+                        "id": len(gts) + 1,
+                        "image_id": image_id,
+                        "category_id": int(label),
+                        "bbox": box.tolist(),
+                        "area": float(box[2] * box[3]),
+                        "iscrowd": 1,  # pycocotools ignores it, and the detections it matches
+                        **({"segmentation": crowd_masks[i]} if crowd_masks is not None else {}),
+                    }
+                )
             for i, (box, score, label) in enumerate(
                 zip(record["boxes"], record["scores"], record["labels"], strict=True)
             ):
@@ -199,8 +243,9 @@ class CocoEvaluator:
     def best_threshold(self, iou: float = 0.5) -> float | None:
         """The score threshold whose detections (scores above it) best match the ground truth: the largest F1 of
         precision and recall, a detection counting as found when it has a ground-truth box of its class at IoU >=
-        `iou` not already taken by a more probable detection (COCO's greedy matching at one IoU). None when there
-        is no detection or no ground truth; the threshold lies halfway between the last detection kept and the next.
+        `iou` not already taken by a more probable detection (COCO's greedy matching at one IoU), and not at all
+        when it found none but covers a crowd region of its class. None when there is no detection or no ground
+        truth; the threshold lies halfway between the last detection kept and the next.
         """
         found, total = [], 0  # (score, matched) of every detection; ground-truth boxes
         for record in self.images.values():
@@ -214,11 +259,14 @@ class CocoEvaluator:
                 box_convert(truth, "xywh", "xyxy"),
             ).numpy()  # (detections, ground truth)
             taken = np.zeros(len(truth), dtype=bool)
+            crowd = _crowd_cover(record, iou)  # (detections,): covers a crowd region of its class
             for d in order:
                 same = (record["gt_labels"] == record["labels"][d]) & ~taken & (ious[d] >= iou)
                 hit = int(np.argmax(np.where(same, ious[d], -1.0))) if same.any() else -1
                 if hit >= 0:
                     taken[hit] = True
+                elif crowd[d]:  # on a crowd region: neither found nor wrong, as COCO ignores it
+                    continue
                 found.append((float(record["scores"][d]), hit >= 0))
         if not found or total == 0:
             return None

@@ -33,7 +33,7 @@ from vitkit.data import (
     normalize,
     summarize_unreadable,
 )
-from vitkit.data.coco import CocoDetection, open_annotated
+from vitkit.data.coco import CocoDetection, crowd_target, open_annotated
 from vitkit.data.detection import detection_target
 from vitkit.detection import CocoEvaluator, Postprocessing, collate_detection
 from vitkit.detection.coco_eval import COCO_MAX_DETECTIONS
@@ -260,7 +260,7 @@ def evaluate_detector(
                 shown = tuple(target["masks"].shape[-2:])
                 prediction["masks"] = encode_masks(detection_masks(logits, prediction["queries"], shown))
         else:
-            targets = [{k: v for k, v in t.items() if k != "masks"} for t in targets]  # boxes only
+            targets = [{k: v for k, v in t.items() if k not in ("masks", "crowd_masks")} for t in targets]  # boxes
         evaluator.update(predictions, targets)
     if distributed:
         evaluator.gather()
@@ -329,9 +329,12 @@ def evaluate_detector_tiled(
             }
             size = sample.size
             target = detection_target(sample.boxes, sample.labels, sample.areas, sample.image_id, size, size)
+            if len(sample.crowd_labels):  # regions whose detections are ignored
+                target |= crowd_target(sample)
             if masks:  # both as compressed RLE of the whole image (pycocotools reads JSON's string counts too)
                 prediction["masks"] = [d.mask for d in found]
                 target["masks"] = list(sample.masks)
+                target["crowd_masks"] = list(sample.crowd_masks)
             evaluator.update([prediction], [target])
     return _detection_result(evaluator, skipped, info)
 

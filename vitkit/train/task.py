@@ -313,7 +313,7 @@ class DetectionTask(Task):
         self.masks = False  # the model predicts masks, and the data has them (`prepare`)
         for split in (self.train_set, self.val_set):
             report = getattr(split, "report", None)  # what a COCO file's loading skipped
-            if report is not None and (report.skipped or report.clipped) and env.is_main:
+            if report is not None and (report.skipped or report.clipped or report.crowd_as_objects) and env.is_main:
                 log.warning(str(report))
 
     def _samplers(self, train: Dataset, val: Dataset) -> EpochSampler:
