@@ -30,7 +30,7 @@ def model():
         enc_layers=1, dec_layers=2, num_queries=5, img_size=64, backbone_width=8,
     )  # fmt: skip
     with torch.no_grad():  # masks that are not all empty or all full: the pixel embeddings moved off their init
-        net.mask_head.pixel_proj.bias.normal_(0, 2)
+        net.mask_head.pixel_linear.bias.normal_(0, 2)
     return net.eval()
 
 

@@ -46,7 +46,7 @@ def test_library_exports_deformable_detr_at_any_batch_and_image_size(tmp_path):
     pytest.importorskip("onnxscript")
     model = tiny_deformable_detr(masks=True)  # with a mask head: its logits are a third output
     with torch.no_grad():  # pixel embeddings off their init: masks that follow the image
-        model.mask_head.pixel_proj.bias.normal_(0, 1)
+        model.mask_head.pixel_linear.bias.normal_(0, 1)
     backends = [layer.backend for _, layer in attention_layers(model)]
     report = export_model(model, tmp_path / "deformable.onnx", "onnx", img_size=SIZE)
     assert list(tmp_path.iterdir()) == [report.path]

@@ -52,6 +52,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch import nn
 
 from vitkit.models.deformable_detr import DeformableDetrConfig
 from vitkit.weights.detr import (
@@ -526,6 +527,16 @@ ORIGINAL = OriginalLayout(
 TORCHVISION = resnet_classifier("deformable_detr", f"vitkit, hf or {_ORIGINAL_FORMAT}")
 
 
+def mask_head_of(model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[str]:
+    """A checkpoint whose mask head makes its pixel embeddings as Mask DINO's does (`mask_head.pixel_conv`, the
+    models of earlier vitkit versions) loads into a model whose head is made so: the model's head is switched
+    (`QueryMasks.use_mask_dino_pixels`) before the key check. Nothing is resampled: returns []."""
+    head = getattr(model, "mask_head", None)
+    if head is not None and "mask_head.pixel_conv.weight" in state and not hasattr(head, "pixel_conv"):
+        head.use_mask_dino_pixels()
+    return []
+
+
 WEIGHTS = FamilyWeights(
     markers=("level_embed", "encoder.layers.0.norm1.weight", "decoder.layers.0.norm3.weight"),
     # the class heads only (every decoder layer's and two-stage's proposal head): the box heads predict boxes of any
@@ -534,6 +545,7 @@ WEIGHTS = FamilyWeights(
     class_sized=_TRAINING_ONLY,  # the denoising queries' label embeddings, a row per class
     extra_outputs=0,  # K sigmoid logits, no "no object"
     layouts=(TORCHVISION, HF, ORIGINAL),  # torchvision first, as the classifiers list it: one order of formats
+    adapt=mask_head_of,
     read_fields=read_fields,
     unread_fields=("num_heads", "enc_points", "dec_points"),  # the sampling offsets' rows fix only their
     # product, heads x levels x points x 2
