@@ -270,3 +270,32 @@ def test_a_category_without_a_box_anywhere_is_named_once(shapes, tmp_path):
     text = "\n".join(check.warnings)
     assert "categories without a box in any split: _background_: each is still a class" in text
     assert "_background_ (0)" not in text
+
+
+def test_masks_off_their_boxes_are_warned_of(shapes, tmp_path):
+    """Segmentations paired with other objects' boxes (two objects of an image with their polygons swapped) lie off
+    their boxes: the check counts each and names the first; the clean folder has none."""
+    root = tmp_path / "swapped"
+    shutil.copytree(shapes, root)
+    swapped = []
+
+    def swap(data):
+        by_image = {}
+        for ann in data["annotations"]:
+            by_image.setdefault(ann["image_id"], []).append(ann)
+        for anns in by_image.values():
+            if len(swapped) < 6 and len(anns) >= 2:
+                a, b = anns[:2]
+                (ax, ay, aw, ah), (bx, by, bw, bh) = a["bbox"], b["bbox"]
+                if ax + aw <= bx or bx + bw <= ax or ay + ah <= by or by + bh <= ay:  # apart: each mask off the other
+                    a["segmentation"], b["segmentation"] = b["segmentation"], a["segmentation"]
+                    swapped.extend([a["id"], b["id"]])
+
+    _edit(root, "train", swap)
+    assert len(swapped) == 6
+    check = check_detection_folder(root)
+    (train,) = [s for s in check.splits if s.split == "train"]
+    assert train.masks_off_boxes[0] == 6 and train.masks_off_boxes[1].startswith("a mask at [")
+    (warning,) = [w for w in check.warnings if "lie off their boxes" in w]
+    assert warning.startswith(f"train: 6 of {train.stats.boxes} objects' masks lie off their boxes (for example a mask")
+    assert all(s.masks_off_boxes == (0, "") for s in check_detection_folder(shapes).splits)

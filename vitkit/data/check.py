@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+from pycocotools import mask as mask_utils
 
 from vitkit.data.coco import CocoDetection, crowd_objects_words, crowd_words, header_problem, load_coco_folder
 from vitkit.data.detection_stats import SMALL_OBJECT, DetectionStats, detection_stats
@@ -52,6 +53,8 @@ class SplitCheck:
     area_over_box: tuple[int, str] = (0, "")  # objects whose annotated area exceeds their box's, and the first one
     segmented: int = 0  # objects with a segmentation (masks train when every object has one)
     crowd_as_objects: int = 0  # crowd annotations read as objects (every annotation of the file is marked crowd)
+    masks_off_boxes: tuple[int, str] = (0, "")  # objects whose mask's own box overlaps their annotated box by less
+    # than MASK_BOX_IOU, and the first one
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,33 @@ def _area_over_box(data: CocoDetection) -> tuple[int, str]:
     return count, first
 
 
+MASK_BOX_IOU = 0.5  # a mask whose own box overlaps its object's box by less is not that object's outline
+
+
+def _masks_off_boxes(data: CocoDetection) -> tuple[int, str]:
+    """`SplitCheck.masks_off_boxes`: objects of `data` whose mask's bounding box has an IoU below `MASK_BOX_IOU` with
+    the annotated box (polygons in [0, 1] rather than pixels, or segmentations paired with other boxes), and the
+    first as "a mask at [x0, y0, x1, y1] for the box [x0, y0, x1, y1] in FILE"."""
+    count, first = 0, ""
+    for sample in data.samples:
+        if not sample.masks:
+            continue
+        xywh = np.asarray(mask_utils.toBbox(list(sample.masks)), dtype=np.float64).reshape(-1, 4)
+        drawn = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1)  # (n, 4) the masks' own boxes
+        boxes = np.asarray(sample.boxes, dtype=np.float64)
+        overlap = (np.minimum(drawn[:, 2:], boxes[:, 2:]) - np.maximum(drawn[:, :2], boxes[:, :2])).clip(0).prod(1)
+        union = (drawn[:, 2:] - drawn[:, :2]).prod(1) + (boxes[:, 2:] - boxes[:, :2]).prod(1) - overlap
+        off = overlap < MASK_BOX_IOU * union
+        if off.any() and not first:
+            k = int(off.argmax())
+            first = (
+                f"a mask at [{', '.join(f'{v:.0f}' for v in drawn[k])}] for the box "
+                f"[{', '.join(f'{v:.0f}' for v in boxes[k])}] in {sample.path.name}"
+            )
+        count += int(off.sum())
+    return count, first
+
+
 STRETCH = (
     "stretch each file to its full range (for instance its 1st to 99.8th percentile to 0..65535, as microscopy "
     "tools normalise), or save it as 8 bits"
@@ -231,6 +261,7 @@ def _split(split: str, data: CocoDetection) -> SplitCheck:
         dim=_dim(data),
         unreadable=_unreadable(data),
         area_over_box=_area_over_box(data),
+        masks_off_boxes=_masks_off_boxes(data),
         segmented=report.masks,
     )
 
@@ -339,6 +370,14 @@ def _warnings(check: DataCheck) -> list[str]:
                 f"{s.split}: {over} of {s.stats.boxes} objects have an area larger than their box (for example "
                 f"{first}): COCO's small / medium / large counts above and AP_small / medium / large read the area; "
                 "set it to the object's pixels (its mask's, or its box's width x height)"
+            )
+        off, first = s.masks_off_boxes
+        if off:
+            out.append(
+                f"{s.split}: {off} of {s.stats.boxes} objects' masks lie off their boxes (for example {first}; the "
+                "mask's own box overlaps the annotated one by less than half): polygons in [0, 1] of the image rather "
+                "than pixels, or segmentations paired with other objects' boxes? The mask head learns them as they "
+                "are; draw them (--plot) and fix the export"
             )
         if s.split == "train" and 0 < s.segmented < s.stats.boxes:
             out.append(
