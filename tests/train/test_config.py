@@ -12,7 +12,7 @@ import torch
 
 import vitkit
 from vitkit.cli import build_parser
-from vitkit.data import DEFAULT_VAL_FRACTION
+from vitkit.data import DEFAULT_VAL_FRACTION, write_shapes_folder
 from vitkit.models.registry import model_entry
 from vitkit.train import DEFAULT_DETECTOR, DEFAULT_MODEL, TrainConfig
 from vitkit.train.recipe import recipe_for
@@ -201,3 +201,28 @@ def test_a_detector_run_saved_before_tiles_resumes_on_whole_images(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(classifier))
     assert TrainConfig.load(tmp_path).tile is None  # a classifier has no tiles
     assert _comparable({"tile": 0})["tile"] == _comparable({})["tile"] is None
+
+
+def test_a_hint_to_start_afresh_on_other_data_leaves_the_choices_the_old_data_made(tmp_path):
+    """A resumed run's saved settings hold what its data chose (image size, batch, masks); a hint that starts the run
+    afresh on other data leaves those for the new data to choose, and keeps what that run was given."""
+    shapes = write_shapes_folder(tmp_path / "shapes", train=8, val=4)  # segmentations: masks chosen
+    boxes = write_shapes_folder(tmp_path / "boxes", train=8, val=4, seed=1)
+    for split in ("train", "val"):
+        path = boxes / "annotations" / f"instances_{split}.json"
+        data = json.loads(path.read_text())
+        for ann in data["annotations"]:
+            ann.pop("segmentation")
+        path.write_text(json.dumps(data))
+    out = tmp_path / "run"
+    given = TrainConfig(data=str(shapes), epochs=3, lr=1e-4, out=str(out))
+    resolved = given.resolved()
+    assert resolved.model_args == {"masks": True} and resolved.img_size is not None
+    assert resolved.minimal() == given  # the data's choices, masks among them, are the data's again
+    out.mkdir()
+    resolved.save(out)
+    same = TrainConfig.for_resume(out, epochs=5)
+    assert same.fresh() == dataclasses.replace(given, epochs=5)
+    other = TrainConfig.for_resume(out, data=str(boxes))
+    assert other.fresh() == dataclasses.replace(given, data=str(boxes))  # no masks=true, no image size
+    assert other.minimal().model_args == {"masks": True}  # what the saved settings alone would name

@@ -461,7 +461,38 @@ class TrainConfig:
             keep.update({k: getattr(self, k) for k in DERIVED if getattr(filled, k) != getattr(target, k)})
         if keep.get("device") == resolve_device(None):  # a resumed run's saved device: what this machine picks anyway
             del keep["device"]
-        return dataclasses.replace(bare, **keep)
+        minimal = dataclasses.replace(bare, **keep)
+        chosen = {k: v for k, v in self.model_args.items() if k in MODEL_CHOICES}  # masks, queries: the data's?
+        if not chosen:
+            return minimal
+        own = {k: v for k, v in self.model_args.items() if k not in MODEL_CHOICES}
+        refilled = dataclasses.replace(minimal, model_args=own).resolved().model_args
+        given = {k: v for k, v in chosen.items() if refilled.get(k) != v}  # what the data would not choose
+        return dataclasses.replace(minimal, model_args={**own, **given})
+
+    def fresh(self) -> TrainConfig:
+        """`minimal()` for a hint that trains this configuration afresh where it continues the run saved in its `out`
+        (`for_resume`): on the same data, `minimal()`; on other data, the options that run was given (its own
+        `minimal()`: what resolution on its data did not fill in) with the fields set here, so that the choices its
+        data made (`data_choices`: image size, batch size, tiles, queries, masks) are made again for the new data.
+        When the run's data can no longer be read, those choices are dropped whoever made them."""
+        try:
+            saved = TrainConfig.load(self.out)
+        except (OSError, ValueError):
+            return self.minimal()
+        if absolute_data(saved.data) == absolute_data(self.data):
+            return self.minimal()
+        changed = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(saved, f.name)
+        }
+        try:
+            base = saved.minimal()
+        except (OSError, ValueError):  # its data is gone
+            kept = {k: v for k, v in saved.model_args.items() if k not in MODEL_CHOICES}
+            base = dataclasses.replace(saved, tile=None, img_size=None, batch_size=None, model_args=kept)
+        return dataclasses.replace(base, **changed).minimal()
 
     def command(self, *extra: str) -> str:
         """The `vitkit train` command line of this configuration (every option that differs from its default),

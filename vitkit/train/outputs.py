@@ -203,7 +203,7 @@ def check_out(out: Path, resume: bool, force: bool, given: TrainConfig, hints: R
     if resume and force:
         raise ValueError(
             f"{hints.option('resume', True)} continues the run in {out} and {force_option} replaces it: pass one. "
-            f"Continue: {hints.resume(out)}  or start over: {hints.start(given.minimal(), force=True)}"
+            f"Continue: {hints.resume(out)}  or start over: {hints.start(given.fresh(), force=True)}"
         )
     used = out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir())
     if resume:
@@ -219,7 +219,7 @@ def check_out(out: Path, resume: bool, force: bool, given: TrainConfig, hints: R
         )
         raise ValueError(
             f"nothing to resume: {out} {where} ({looked}); start a new run with: "
-            f"{hints.start(given.minimal(), force=used)}" + moved_aside_note(out, hints)
+            f"{hints.start(given.fresh(), force=used)}" + moved_aside_note(out, hints)
         )
     if used and not force:
         given = given.minimal()

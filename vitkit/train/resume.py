@@ -73,7 +73,7 @@ def check_resume(saved: dict[str, Any], config: TrainConfig, given: TrainConfig,
     out = config.out
     if changed:
         details = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in changed)
-        fresh = hints.start(dataclasses.replace(given.minimal(), out=os.fspath(new_folder(Path(out)))))
+        fresh = hints.start(dataclasses.replace(given.fresh(), out=os.fspath(new_folder(Path(out)))))
         raise ValueError(
             f"cannot resume the run in {out} with different settings ({details}); only "
             f"{', '.join(map(hints.option, RESUME_MAY_CHANGE))} may change. Continue it with its own settings: "
