@@ -244,8 +244,9 @@ class CocoEvaluator:
         """The score threshold whose detections (scores above it) best match the ground truth: the largest F1 of
         precision and recall, a detection counting as found when it has a ground-truth box of its class at IoU >=
         `iou` not already taken by a more probable detection (COCO's greedy matching at one IoU), and not at all
-        when it found none but covers a crowd region of its class. None when there is no detection or no ground
-        truth; the threshold lies halfway between the last detection kept and the next.
+        when it found none but covers a crowd region of its class. None when no detection found an object (or
+        there is none, or no ground truth): every cut then has an F1 of 0, and predict keeps its default threshold.
+        The threshold lies halfway between the last detection kept and the next.
         """
         found, total = [], 0  # (score, matched) of every detection; ground-truth boxes
         for record in self.images.values():
@@ -268,7 +269,7 @@ class CocoEvaluator:
                 elif crowd[d]:  # on a crowd region: neither found nor wrong, as COCO ignores it
                     continue
                 found.append((float(record["scores"][d]), hit >= 0))
-        if not found or total == 0:
+        if not any(hit for _, hit in found) or total == 0:  # no detection found an object: no cut is better
             return None
         found.sort(key=lambda pair: -pair[0])
         scores = np.array([s for s, _ in found])
