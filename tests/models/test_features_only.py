@@ -163,6 +163,9 @@ def test_a_features_model_from_a_folder_and_its_errors(tmp_path):
         vitkit.load_weights(features, tmp_path / "saved")
     with pytest.raises(ValueError, match="pass features_only=True too"):
         vitkit.from_pretrained(tmp_path / "saved", out_indices=1)
+    with pytest.raises(ValueError, match=r"save the whole model .*from_pretrained\(DIR, features_only=True"):
+        vitkit.save_pretrained(features, tmp_path / "features")  # its pruned model fits no config
+    assert not (tmp_path / "features").exists()
 
 
 def test_feature_info_follows_the_maps_for_any_order_asked():

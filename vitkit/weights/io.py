@@ -41,6 +41,7 @@ from torch import nn
 
 from vitkit.data.sources import check_normalisation
 from vitkit.data.transforms import CROP_MODES, INTERPOLATIONS, Framing
+from vitkit.models.backbone import FeatureMaps
 from vitkit.models.registry import DETECTION, family, family_of
 from vitkit.util import atomic_write
 from vitkit.weights.pdparams import is_pdparams, read_pdparams
@@ -238,6 +239,12 @@ def save_pretrained(
     Example: ``save_pretrained(model, "runs/mine", ModelInfo(classes=("cat", "dog"), mean=(0.5,) * 3,
     std=(0.25,) * 3))``.
     """
+    if isinstance(model, FeatureMaps):
+        raise ValueError(
+            "a features model (features_only=True) holds its classifier pruned to the outputs it gives, which no "
+            "config describes: save the whole model (vitkit.save_pretrained(model, DIR)) and build the features "
+            "model from it (vitkit.from_pretrained(DIR, features_only=True, out_indices=...))"
+        )
     fam = family_of(model)
     info = info_for(model, info, source="save_pretrained")
     directory = Path(directory)
