@@ -69,13 +69,24 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         help="image files, folders of them (searched at any depth) or quoted glob patterns ('imgs/**/*.png')",
     )
     parser.add_argument(
-        "--top-k", type=int, default=None, help=f"classes shown per image (default: {DEFAULTS['top_k']})"
+        "--top-k",
+        type=int,
+        default=None,
+        help=f"a classifier's: classes shown per image (default: {DEFAULTS['top_k']})",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=None, help=f"images per forward pass (default: {DEFAULTS['batch_size']})"
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"a classifier's: images per forward pass (default: {DEFAULTS['batch_size']}; a detector reads one "
+        "at a time)",
     )
-    parser.add_argument("--workers", type=int, default=0, help="data loader processes decoding images (default: 0)")
-    parser.add_argument("--csv", metavar="FILE", default=None, help="also write the table as CSV to FILE")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="a classifier's: data loader processes decoding images (default: 0)"
+    )
+    parser.add_argument(
+        "--csv", metavar="FILE", default=None, help="a classifier's: also write the table as CSV to FILE"
+    )
     parser.add_argument(
         "--json",
         nargs="?",
