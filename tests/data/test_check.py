@@ -299,3 +299,26 @@ def test_masks_off_their_boxes_are_warned_of(shapes, tmp_path):
     (warning,) = [w for w in check.warnings if "lie off their boxes" in w]
     assert warning.startswith(f"train: 6 of {train.stats.boxes} objects' masks lie off their boxes (for example a mask")
     assert all(s.masks_off_boxes == (0, "") for s in check_detection_folder(shapes).splits)
+
+
+def test_a_file_named_by_two_image_entries_is_warned_of(shapes, tmp_path):
+    """Two entries for one file (an export merged from two): each trains with its own boxes, the other's as
+    background; the check names the file and the ids."""
+    root = tmp_path / "twice"
+    shutil.copytree(shapes, root)
+
+    def split_entry(data):
+        first = data["images"][0]
+        data["images"].append({**first, "id": 9999})
+        mine = [a for a in data["annotations"] if a["image_id"] == first["id"]]
+        mine[-1]["image_id"] = 9999  # one of its objects under the second entry
+
+    _edit(root, "train", split_entry)
+    train = json.loads((root / "annotations" / "instances_train.json").read_text())
+    name, first_id = Path(train["images"][0]["file_name"]).name, train["images"][0]["id"]
+    check = check_detection_folder(root)
+    (split,) = [s for s in check.splits if s.split == "train"]
+    assert split.shared_files == ((name, (first_id, 9999)),)
+    (warning,) = [w for w in check.warnings if "more than one image entry" in w]
+    assert warning.startswith(f"train: 1 image file named by more than one image entry (for example {name}: ids ")
+    assert all(s.shared_files == () for s in check_detection_folder(shapes).splits)

@@ -55,6 +55,7 @@ class SplitCheck:
     crowd_as_objects: int = 0  # crowd annotations read as objects (every annotation of the file is marked crowd)
     masks_off_boxes: tuple[int, str] = (0, "")  # objects whose mask's own box overlaps their annotated box by less
     # than MASK_BOX_IOU, and the first one
+    shared_files: tuple[tuple[str, tuple[int, ...]], ...] = ()  # files that several image entries name: (file, ids)
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,15 @@ def _area_over_box(data: CocoDetection) -> tuple[int, str]:
             first = f"{sample.areas[k]:.0f} px for a {sides[k, 0]:.0f}x{sides[k, 1]:.0f} box in {sample.path.name}"
         count += int(over.sum())
     return count, first
+
+
+def _shared_files(data: CocoDetection) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """`SplitCheck.shared_files`: each file of `data` that more than one image entry names, with the entries' ids
+    (an export merged from several, or one entry per annotator): each entry trains with its own boxes alone."""
+    ids: dict[Path, list[int]] = defaultdict(list)
+    for sample in data.samples:
+        ids[Path(sample.path).resolve()].append(sample.image_id)
+    return tuple((path.name, tuple(found)) for path, found in ids.items() if len(found) > 1)
 
 
 MASK_BOX_IOU = 0.5  # a mask whose own box overlaps its object's box by less is not that object's outline
@@ -262,6 +272,7 @@ def _split(split: str, data: CocoDetection) -> SplitCheck:
         unreadable=_unreadable(data),
         area_over_box=_area_over_box(data),
         masks_off_boxes=_masks_off_boxes(data),
+        shared_files=_shared_files(data),
         segmented=report.masks,
     )
 
@@ -370,6 +381,13 @@ def _warnings(check: DataCheck) -> list[str]:
                 f"{s.split}: {over} of {s.stats.boxes} objects have an area larger than their box (for example "
                 f"{first}): COCO's small / medium / large counts above and AP_small / medium / large read the area; "
                 "set it to the object's pixels (its mask's, or its box's width x height)"
+            )
+        if s.shared_files:
+            name, ids = s.shared_files[0]
+            out.append(
+                f"{s.split}: {counted(len(s.shared_files), 'image file')} named by more than one image entry (for "
+                f"example {name}: ids {', '.join(map(str, ids))}): each entry trains with its own boxes only, and the "
+                "objects of the others show as background; list each file once, with all its annotations"
             )
         off, first = s.masks_off_boxes
         if off:
