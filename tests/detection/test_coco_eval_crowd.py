@@ -163,3 +163,16 @@ def test_a_file_of_crowd_annotations_alone_is_read_as_objects(tmp_path):
     assert "read 12 crowd annotations as objects" in str(data.report) and "CVAT" in str(data.report)
     _, target = data[0]
     assert len(target["labels"]) == 4 and "crowd_boxes" not in target
+
+
+def test_a_crowd_region_whose_segmentation_cannot_be_read_is_its_box(tmp_path):
+    path, folder, _ = crowd_folder(tmp_path)
+    data = json.loads(path.read_text())
+    crowd = next(a for a in data["annotations"] if a["iscrowd"])
+    crowd["segmentation"] = {"size": [1, 1], "counts": "0"}  # another size than the image's
+    path.write_text(json.dumps(data))
+    loaded = CocoDetection(path, folder, short_side=None, max_size=None)
+    assert loaded.report.crowd == 3 and not loaded.report.skipped
+    sample = next(s for s in loaded.samples if s.image_id == crowd["image_id"])
+    x, y, w, h = crowd["bbox"]
+    assert sample.decoded_crowd_masks()[0].sum() == w * h  # the box, filled

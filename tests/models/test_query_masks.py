@@ -66,3 +66,17 @@ def test_a_checkpoint_of_mask_dinos_pixel_path_loads_into_it(tmp_path):
         torch.testing.assert_close(loaded.predict(images)["pred_masks"], want)
     fresh = vitkit.create_model("deformable_detr_digits", masks=True, enc_layers=1, dec_layers=2)
     assert not hasattr(fresh.mask_head, "pixel_conv")  # a new model makes them with the depthwise block
+
+
+def test_a_lenient_load_of_the_earlier_head_takes_its_weights(tmp_path):
+    """`load_weights(..., strict=False)` of a checkpoint of the earlier head loads its pixel path's weights too."""
+    torch.manual_seed(0)
+    model = vitkit.create_model("deformable_detr_digits", masks=True, enc_layers=1, dec_layers=2)
+    model.mask_head.use_mask_dino_pixels()
+    with torch.no_grad():
+        model.mask_head.pixel_conv.weight.normal_()
+    vitkit.save_pretrained(model, tmp_path / "old")
+    fresh = vitkit.create_model("deformable_detr_digits", masks=True, enc_layers=1, dec_layers=2)
+    report = vitkit.load_weights(fresh, tmp_path / "old" / "model.safetensors", strict=False)
+    assert report.missing == [] and report.unexpected == []
+    torch.testing.assert_close(fresh.mask_head.pixel_conv.weight, model.mask_head.pixel_conv.weight)

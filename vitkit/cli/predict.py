@@ -81,9 +81,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         help=f"a classifier's: images per forward pass (default: {DEFAULTS['batch_size']}; a detector reads one "
         "at a time)",
     )
-    parser.add_argument(
-        "--workers", type=int, default=0, help="a classifier's: data loader processes decoding images (default: 0)"
-    )
+    parser.add_argument("--workers", type=int, default=0, help="data loader processes decoding images (default: 0)")
     parser.add_argument(
         "--csv", metavar="FILE", default=None, help="a classifier's: also write the table as CSV to FILE"
     )

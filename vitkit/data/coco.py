@@ -490,12 +490,13 @@ class CocoDetection(Dataset):
                 self._skip("annotation", ann_id, "outside image", f"bbox {bbox} in a {width}x{height} image")
                 continue
             rle, reason, detail = segmentation_rle(ann.get("segmentation"), height, width)
+            if ann.get("iscrowd", 0) and not all_crowd:  # a region of many objects: for evaluation only, its box
+                # standing in for a segmentation that cannot be read
+                regions[ann["image_id"]].append((box, class_of[ann["category_id"]], None if reason else rle))
+                self.report.crowd += 1
+                continue
             if reason:
                 self._skip("annotation", ann_id, reason, detail)
-                continue
-            if ann.get("iscrowd", 0) and not all_crowd:  # a region of many objects: for evaluation only
-                regions[ann["image_id"]].append((box, class_of[ann["category_id"]], rle))
-                self.report.crowd += 1
                 continue
             self.report.crowd_as_objects += bool(ann.get("iscrowd", 0))
             if box != [x, y, x + w, y + h]:

@@ -142,6 +142,7 @@ class TiledDetection(Dataset):
         boxes, kept = window_boxes(sample.boxes, window)
         size = (window[3] - window[1], window[2] - window[0])
         masks = sample.window_masks(kept, window)  # each kept object's mask, cut as its box is
+        # no crowd regions: tiles are for training, which leaves them out; evaluation in tiles reads whole images
         part = CocoImage(sample.image_id, sample.path, size, boxes, sample.labels[kept], sample.areas[kept], masks)
         return self.data.transformed(image.crop(window), part, key)
 

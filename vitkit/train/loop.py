@@ -61,7 +61,7 @@ from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.check import check_detection_folder
 from vitkit.detection import FOCAL_PRIOR
 from vitkit.layers import to_2tuple
-from vitkit.models.registry import create_model
+from vitkit.models.registry import create_model, family_of
 from vitkit.train.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint, set_rng_state
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, gather_objects, setup
@@ -76,6 +76,7 @@ from vitkit.train.task import Task, create_task
 from vitkit.util import counted
 from vitkit.viz.curves import write_curves
 from vitkit.weights import load_report, model_info
+from vitkit.weights.family import family_weights
 from vitkit.weights.hub import is_hub
 from vitkit.weights.io import save_pretrained
 
@@ -195,7 +196,11 @@ class Run:
         allow_memory: bool = False,
         memory_names: SettingNames | None = None,
         hints: RunHints | None = None,
+        resuming: dict[str, torch.Tensor] | None = None,
     ) -> None:
+        """`resuming`: the model weights of the checkpoint the run continues (a sharded one's: None), which the
+        family fits the model to before its optimizer is built (`FamilyWeights.adapt`: a mask head of an earlier
+        vitkit's layout)."""
         self.config, self.env = config, env
         self.hints = hints or RunHints()  # how messages name the ways on
         self.out = Path(config.out)
@@ -205,6 +210,8 @@ class Run:
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.model = build_training_model(config, self.task.num_classes).to(env.device)
+        if resuming is not None:
+            family_weights(family_of(self.model).name).adapt(self.model, dict(resuming))
         # the published weights the model started from (directly, or through the model directory it was saved in)
         started = model_info(self.model)
         self.task.info = dataclasses.replace(self.task.info, weights=started.weights)
@@ -603,7 +610,8 @@ def fit(
         resolved, state = resolve_run(config, env, resume, force, hints)
         if state is not None and state["epoch"] >= resolved.epochs and has_final(Path(resolved.out)):
             return _complete(resolved, state, env, hints)  # else it is written below from the checkpoint
-        run = Run(resolved, env, allow_memory, memory_names, hints)  # data, model, memory: before OUT changes
+        resuming = state.get("model") if state is not None else None
+        run = Run(resolved, env, allow_memory, memory_names, hints, resuming)  # data, model, memory: before OUT changes
         run.sized = config.data_choices() if state is None else []
         if config.precision == AUTO and env.is_main:  # what rank 0 measured and chose (`resolve_run`)
             run.precision_why = f" (auto: {auto_precision(env.device)[1]})"

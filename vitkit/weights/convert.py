@@ -348,6 +348,7 @@ def _load_state(
         report.resampled = channels + weights.adapt(model, state)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from err
+    expected = model.state_dict()  # the family may have fitted the model to the checkpoint (an older mask head)
 
     if strict:
         check_state_dict(model, {**state, **own}, source=name, unmatched=unmatched, hint=weights.key_hint)
