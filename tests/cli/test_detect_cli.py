@@ -194,9 +194,17 @@ def test_predict_shows_detections_above_the_threshold_training_chose(trained, ca
     (saved in the model's config.json); --threshold replaces it."""
     out, data = trained
     model, info, settings = _loaded(out / "final")
-    assert settings.threshold is not None and 0 <= settings.threshold < 1  # written by vitkit train
+    chosen = evaluate_detector_dir(str(out / "final"))[0].threshold  # the best F1's, None where nothing was found
+    assert settings.threshold == (None if chosen is None else pytest.approx(chosen))  # written by vitkit train
+    final = tmp_path / "final"  # a threshold of its own, as a run that found objects writes
+    shutil.copytree(out / "final", final)
+    saved = json.loads((final / "config.json").read_text())
+    saved["postprocess"]["threshold"] = 0.2
+    (final / "config.json").write_text(json.dumps(saved))
+    model, info, settings = _loaded(final)
+    assert settings.threshold == 0.2
     images = sorted((data / "val").glob("*.png"))
-    args = ["predict", "--model-dir", str(out / "final"), str(data / "val"), "--out", str(tmp_path / "p"), "--json"]
+    args = ["predict", "--model-dir", str(final), str(data / "val"), "--out", str(tmp_path / "p"), "--json"]
     assert main(args) == 0
     rows = json.loads(capsys.readouterr().out)
     shown = settings.one_per_query()

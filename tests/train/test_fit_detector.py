@@ -106,7 +106,8 @@ def test_fit_trains_a_detector_and_logs_what_pycocotools_finds(tmp_path, tiny_de
         assert saved.classes == tuple("0123456789") and saved.category_ids == tuple(range(10))
         settings = detection_reading(from_pretrained(tmp_path / name))  # with the threshold its evaluation chose
         assert dataclasses.replace(settings, threshold=None) == Postprocessing("ce", top_k=100, nms_iou=0.7)
-        assert 0 <= settings.threshold < 1
+        chosen = evaluate_detector_dir(str(tmp_path / name))[0].threshold  # None where nothing was found
+        assert settings.threshold == (None if chosen is None else pytest.approx(chosen))
     final = from_pretrained(tmp_path / "final")
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     assert all(torch.equal(v, state["model"][k]) for k, v in final.state_dict().items())
@@ -176,7 +177,8 @@ def test_every_detection_option_runs(tmp_path, tiny_detector_config, model, mode
         assert result.last["train_loss"] > result.last["loss_dn"] > 0
     settings = detection_reading(from_pretrained(tmp_path / "final"))
     assert settings.classification == "focal" and settings.no_object_logit == (model == "detr_digits")
-    assert settings.threshold is not None and 0 <= settings.threshold < 1  # the last evaluation's best F1
+    chosen = evaluate_detector_dir(str(tmp_path / "final"), precision="bf16")[0].threshold  # the last evaluation's
+    assert settings.threshold == (None if chosen is None else pytest.approx(chosen))  # best F1 (None: none found)
     final = from_pretrained(tmp_path / "final")
     assert final.config.img_size == 64
     state = load_checkpoint(tmp_path / "checkpoint.pt")
