@@ -52,7 +52,7 @@ from vitkit.detection.losses import (
     LOSS_WEIGHTS,
     check_no_object_logit,
 )
-from vitkit.detection.masks import MASK_WEIGHTS, canvas_masks, mask_losses
+from vitkit.detection.masks import MASK_WEIGHTS, canvas_masks, mask_pair_losses
 from vitkit.detection.matcher import (
     HungarianMatcher,
     canvas_size,
@@ -223,11 +223,10 @@ class SetCriterion(nn.Module):
         loss_ce = self.loss_classes(logits, wanted["labels"][box], matched, num_boxes)
         losses = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
         if "masks" in wanted and all("pred_masks" in layer for layer in layers):
-            parts = []
-            for outputs, (image, query, box, _) in zip(layers, pairs, strict=True):
-                pred = outputs["pred_masks"][image, query]  # (M_l, H / 4, W / 4)
-                parts.append(torch.stack(mask_losses(pred, wanted["masks"][box], num_boxes)))
-            losses["loss_mask"], losses["loss_dice"] = torch.stack(parts, 1)  # (2, L)
+            masks = torch.stack([layer_outputs["pred_masks"] for layer_outputs in layers])  # (L, B, Q, H / 4, W / 4)
+            per_pair = torch.stack(mask_pair_losses(masks[matched], wanted["masks"][box]))  # (2, M)
+            sums = per_pair.new_zeros(2, len(layers)).index_add(1, layer, per_pair)  # (2, L)
+            losses["loss_mask"], losses["loss_dice"] = (sums + masks.sum() * 0) / num_boxes  # in the graph if M is 0
         return losses
 
     def forward(

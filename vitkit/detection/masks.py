@@ -148,14 +148,11 @@ def mask_costs(pred: Tensor, target: Tensor, count: int | None = None) -> tuple[
     return focal, dice
 
 
-def mask_losses(pred: Tensor, target: Tensor, num_boxes: float, count: int | None = None) -> tuple[Tensor, Tensor]:
-    """(focal loss, dice loss) of matched predicted masks `pred` (M, h, w) (logits) against their objects' masks
-    `target` (M, H, W) (on the canvas), at `count` points each (`uncertain_points`; None: at every logit of a
-    mask that has at most MASK_POINTS, else MASK_POINTS points), each summed over the pairs and divided by
-    `num_boxes`."""
-    if len(pred) == 0:
-        zero = pred.sum() * 0
-        return zero, zero
+def mask_pair_losses(pred: Tensor, target: Tensor, count: int | None = None) -> tuple[Tensor, Tensor]:
+    """(focal loss, dice loss), each (M,), of matched predicted masks `pred` (M, h, w) (logits) against their
+    objects' masks `target` (M, H, W) (on the canvas), at `count` points each (`uncertain_points`; None: at every
+    logit of a mask that has at most MASK_POINTS, else MASK_POINTS points): the focal loss the mean over a pair's
+    points, neither summed nor divided."""
     if count is None and every_logit(pred):
         logits, wanted = pred.flatten(1), at_logits(target, pred.shape[-2:])  # (M, h * w)
     else:
@@ -163,7 +160,17 @@ def mask_losses(pred: Tensor, target: Tensor, num_boxes: float, count: int | Non
         logits = point_sample(pred, points)  # (M, K)
         with torch.no_grad():
             wanted = point_sample(target, points)  # (M, K)
-    focal = _focal(logits, wanted).mean(1).sum() / num_boxes
+    focal = _focal(logits, wanted).mean(1)
     p = logits.sigmoid()
     dice = 1 - (2 * (p * wanted).sum(-1) + 1) / (p.sum(-1) + wanted.sum(-1) + 1)  # (M,)
-    return focal, dice.sum() / num_boxes
+    return focal, dice
+
+
+def mask_losses(pred: Tensor, target: Tensor, num_boxes: float, count: int | None = None) -> tuple[Tensor, Tensor]:
+    """(focal loss, dice loss) of matched predicted masks `pred` (M, h, w) (logits) against their objects' masks
+    `target` (M, H, W) (`mask_pair_losses`), each summed over the pairs and divided by `num_boxes`."""
+    if len(pred) == 0:
+        zero = pred.sum() * 0
+        return zero, zero
+    focal, dice = mask_pair_losses(pred, target, count)
+    return focal.sum() / num_boxes, dice.sum() / num_boxes

@@ -177,7 +177,7 @@ class HungarianMatcher(nn.Module):
         Returns:
             per layer, what `forward` returns.
         """
-        # layers costed as one stack: consecutive ones with the same targets, predictions of one shape and no masks
+        # layers costed as one stack: consecutive ones with the same targets and predictions of one shape
         groups = consecutive_groups(layers, _stackable)
         blocks = []  # per group and image, its (G, Q, n_i) costs flattened
         for group in groups:
@@ -188,14 +188,15 @@ class HungarianMatcher(nn.Module):
             stacked = {key: torch.cat([layers[n][0][key] for n in group]) for key in ("pred_logits", "pred_boxes")}
             Q = outputs["pred_logits"].shape[1]
             cost = self.cost_matrix(stacked, targets).view(len(group), -1, Q, sum(sizes))  # (G, B, Q, T), float32
-            masks = uses_masks(outputs, targets)  # a layer with masks is a group of its own
+            masks = uses_masks(outputs, targets)  # then every layer of the group has them (`_stackable`)
             if masks and canvas is None:
                 canvas = canvas_masks(targets, canvas_size(outputs["pred_masks"]))
             for i, block in enumerate(cost.split(sizes, dim=-1)):  # block i: (G, B, Q, n_i)
                 own = block[:, i]  # (G, Q, n_i): image i's queries against its own boxes, in each layer
-                if masks and sizes[i]:
-                    focal, dice = mask_costs(outputs["pred_masks"][i].float(), canvas[i])
-                    own = own + (self.cost_mask * focal + self.cost_dice * dice)
+                if masks and sizes[i]:  # every layer's queries at once: (G Q, h, w) against the n_i masks
+                    pred = torch.cat([layers[n][0]["pred_masks"][i] for n in group]).float()
+                    focal, dice = mask_costs(pred, canvas[i])
+                    own = own + (self.cost_mask * focal + self.cost_dice * dice).view(len(group), Q, -1)
                 blocks.append(own.reshape(-1))
         costs = torch.cat(blocks).cpu() if blocks else torch.empty(0)
         if not torch.isfinite(costs).all():
@@ -241,8 +242,9 @@ def _stackable(
     other: tuple[Mapping[str, Any], Sequence[Mapping[str, torch.Tensor]]],
 ) -> bool:
     """Whether two (outputs, targets) can be costed as one stack: the same targets, predictions of the same shapes
-    and dtypes, and no masks to match."""
+    and dtypes, and masks to match in both (of one shape) or in neither."""
     (a, targets_a), (b, targets_b) = first, other
-    if targets_a is not targets_b or uses_masks(a, targets_a) or uses_masks(b, targets_b):
+    if targets_a is not targets_b or uses_masks(a, targets_a) != uses_masks(b, targets_b):
         return False
-    return all(a[key].shape == b[key].shape and a[key].dtype == b[key].dtype for key in ("pred_logits", "pred_boxes"))
+    keys = ("pred_logits", "pred_boxes", "pred_masks") if uses_masks(a, targets_a) else ("pred_logits", "pred_boxes")
+    return all(a[key].shape == b[key].shape and a[key].dtype == b[key].dtype for key in keys)
