@@ -106,10 +106,10 @@ def test_eval_names_category_ids_that_differ_from_the_model_s(trained, capsys, t
     assert "give the annotations the model's ids and names" in err
 
 
-def test_eval_batches_a_detector_as_its_run_validated_it(trained, monkeypatch, tmp_path):
+def test_eval_batches_a_detector_as_its_run_validated_it(trained, monkeypatch, tmp_path, capsys):
     """Padding within a batch moves a detector's outputs near the image borders, so eval takes the batch size (and
     the precision) of the run that wrote the directory (its config.json one folder up), else 8 (and fp32), unless
-    --batch-size (--precision) says."""
+    --batch-size (--precision) says; another batch size than the run's is noted."""
     from vitkit.cli import eval as eval_cli
 
     seen, real = [], eval_cli.evaluate_detector_dir
@@ -125,9 +125,12 @@ def test_eval_batches_a_detector_as_its_run_validated_it(trained, monkeypatch, t
     config = json.loads((out / "config.json").read_text())
     (run / "config.json").write_text(json.dumps({**config, "batch_size": 3, "precision": "bf16"}))
     shutil.copytree(out / "final", tmp_path / "alone")
+    notes = []
     for directory, extra in ((run / "final", []), (tmp_path / "alone", []), (run / "final", ["--batch-size", "5"])):
         assert main(["eval", "--model-dir", str(directory), "--device", "cpu", *extra]) == 0
+        notes.append("padding within a batch moves" in capsys.readouterr().err)
     assert seen == [(3, "bf16"), (8, "fp32"), (5, "bf16")]
+    assert notes == [False, False, True]  # only where a batch size other than the run's was given
 
 
 def test_predict_and_eval_in_tiles(trained, capsys, tmp_path):

@@ -89,6 +89,14 @@ def _run_detector(args: argparse.Namespace) -> int:
     if tile is not None:
         mine = " (the model's)" if args.tile is None else ""
         print(f"vitkit eval: whole images in tiles of {tile} px{mine}, sharing {overlap:g} of a side", file=sys.stderr)
+    validated = run.get("batch_size")
+    if tile is None and validated is not None and batch != validated:  # tiles are read one at a time
+        print(
+            f"vitkit eval: note: batches of {batch} images, where the run validated in batches of {validated}: "
+            "padding within a batch moves a detector's outputs, so AP may differ from the run's (leave out "
+            "--batch-size to evaluate as it validated)",
+            file=sys.stderr,
+        )
     result, _ = evaluate_detector_dir(
         args.model_dir, args.data, batch, args.device, args.workers, precision, tile or 0, overlap
     )
