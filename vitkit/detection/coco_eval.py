@@ -38,6 +38,22 @@ def _xywh(boxes_xyxy: torch.Tensor) -> np.ndarray:
     return box_convert(boxes_xyxy.detach().double().cpu(), "xyxy", "xywh").numpy().reshape(-1, 4)
 
 
+def _annotation(
+    number: int, image_id: int, label: int, box: np.ndarray, area: float, crowd: int, segmentation: dict | None
+) -> dict:
+    """A COCO annotation (ground truth or detection) as pycocotools reads it: `box` (x, y, w, h) pixels, its
+    `segmentation` (compressed RLE) where not None."""
+    return {
+        "id": number,
+        "image_id": image_id,
+        "category_id": int(label),
+        "bbox": box.tolist(),
+        "area": float(area),
+        "iscrowd": crowd,
+        **({"segmentation": segmentation} if segmentation is not None else {}),
+    }
+
+
 def _crowd_cover(record: Mapping, iou: float) -> np.ndarray:
     """(detections,) bool: each detection of an image `record` (`CocoEvaluator.images`) covers a crowd region of
     its class, at least `iou` of the detection's area inside the region's box (pycocotools' IoU with a crowd)."""
@@ -187,49 +203,20 @@ class CocoEvaluator:
         for image_id, record in self.images.items():
             height, width = record["size"]
             images.append({"id": image_id, "height": height, "width": width})
-            gt_masks, masks = record.get("gt_masks"), record.get("masks")
-            for i, (box, label, area) in enumerate(
-                zip(record["gt_boxes"], record["gt_labels"], record["gt_area"], strict=True)
-            ):
-                gts.append(
-                    {
-                        "id": len(gts) + 1,
-                        "image_id": image_id,
-                        "category_id": int(label),
-                        "bbox": box.tolist(),
-                        "area": float(area),
-                        "iscrowd": 0,
-                        **({"segmentation": gt_masks[i]} if gt_masks is not None else {}),
-                    }
-                )
-            crowd_masks = record.get("crowd_masks")
+            gt_masks, masks, crowd_masks = record.get("gt_masks"), record.get("masks"), record.get("crowd_masks")
+            objects = zip(record["gt_boxes"], record["gt_labels"], record["gt_area"], strict=True)
+            for i, (box, label, area) in enumerate(objects):
+                gts.append(_annotation(len(gts) + 1, image_id, label, box, area, 0, gt_masks and gt_masks[i]))
             regions = zip(record.get("crowd_boxes", ()), record.get("crowd_labels", ()), strict=True)
-            for i, (box, label) in enumerate(regions):
+            for i, (box, label) in enumerate(regions):  # pycocotools ignores them, and the detections they match
                 gts.append(
-                    {
-                        "id": len(gts) + 1,
-                        "image_id": image_id,
-                        "category_id": int(label),
-                        "bbox": box.tolist(),
-                        "area": float(box[2] * box[3]),
-                        "iscrowd": 1,  # pycocotools ignores it, and the detections it matches
-                        **({"segmentation": crowd_masks[i]} if crowd_masks is not None else {}),
-                    }
+                    _annotation(len(gts) + 1, image_id, label, box, box[2] * box[3], 1, crowd_masks and crowd_masks[i])
                 )
-            for i, (box, score, label) in enumerate(
-                zip(record["boxes"], record["scores"], record["labels"], strict=True)
-            ):
+            found = zip(record["boxes"], record["scores"], record["labels"], strict=True)
+            for i, (box, score, label) in enumerate(found):
                 dts.append(
-                    {
-                        "id": len(dts) + 1,
-                        "image_id": image_id,
-                        "category_id": int(label),
-                        "bbox": box.tolist(),
-                        "area": float(box[2] * box[3]),
-                        "score": float(score),
-                        "iscrowd": 0,
-                        **({"segmentation": masks[i]} if masks is not None else {}),
-                    }
+                    _annotation(len(dts) + 1, image_id, label, box, box[2] * box[3], 0, masks and masks[i])
+                    | {"score": float(score)}
                 )
         categories = [{"id": k, "name": str(k)} for k in range(self.num_classes)]
         with contextlib.redirect_stdout(io.StringIO()):  # createIndex prints
