@@ -82,3 +82,21 @@ def test_auto_in_a_training_run_and_in_optimize_resolves_to_the_measured_faster(
     assert vitkit.optimize(vitkit.create_model("vit_tiny_patch16_224", depth=1), "auto").precision == "bf16"
     with pytest.raises(ValueError, match="precision must be 'fp32', 'bf16', 'auto'"):
         TrainConfig(precision="fp16")
+
+
+def test_a_models_own_step_decides_where_the_products_favour_bf16():
+    """The step's times on fake steps: bf16 is kept only at FASTER_BY times fp32's speed; the timing interleaves
+    the two after one call of each."""
+    from vitkit.analysis.precision import StepTimes, time_step
+
+    assert StepTimes(fp32=0.100, bf16=0.050).choice() == "bf16"
+    assert StepTimes(fp32=0.100, bf16=0.100 / FASTER_BY * 1.01).choice() == "fp32"  # within the margin
+    assert StepTimes(fp32=0.092, bf16=0.220).choice() == "fp32"  # the small detector on a Xeon with AMX
+    assert StepTimes(fp32=0.1, bf16=0.2).describe() == (
+        "this model's training step 200 ms in bf16 against 100 in fp32: fp32"
+    )
+    calls = []
+    times = time_step(lambda autocast: calls.append(autocast), rounds=3)
+    assert calls == [False, True] * 4 and times.fp32 >= 0 and times.bf16 >= 0
+    slow = time_step(lambda autocast: __import__("time").sleep(0.02 if autocast else 0.002), rounds=2)
+    assert slow.choice() == "fp32" and slow.bf16 > slow.fp32

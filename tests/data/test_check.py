@@ -115,6 +115,42 @@ def test_plot_fills_the_masks_of_a_folder_with_segmentations(shapes, tmp_path):
     assert 0.01 < changed.mean() < 0.3  # the objects' insides, not the whole picture
 
 
+def test_plot_draws_crowd_regions_named_apart(shapes, tmp_path, monkeypatch):
+    """Crowd regions (iscrowd 1) are not training objects, yet evaluation ignores detections on them: the stored
+    plot draws each with its mask, named "crowd: CLASS", at its annotated box."""
+    root = tmp_path / "crowd"
+    shutil.copytree(shapes, root)
+    crowd = {}
+
+    def mark(data):
+        names = {c["id"]: c["name"] for c in data["categories"]}
+        seen = set()
+        for ann in data["annotations"]:
+            if ann["image_id"] not in seen:  # the first object of every image
+                seen.add(ann["image_id"])
+                ann["iscrowd"] = 1
+                x, y, w, h = ann["bbox"]
+                crowd[(x, y, x + w, y + h)] = f"crowd: {names[ann['category_id']]}"
+
+    _edit(root, "train", mark)
+    drawn = []
+
+    def draw(image, boxes, names, scores, classes, empty, masks):
+        drawn.append((boxes, names, masks))
+        return image
+
+    monkeypatch.setattr("vitkit.cli.check_data.draw_detections", draw)
+    assert main(["check-data", str(root), "--plot", str(tmp_path / "grid.png")]) == 0
+    assert len(drawn) == 12
+    for boxes, names, masks in drawn:
+        regions = [(tuple(box), name) for box, name in zip(boxes, names, strict=True) if name.startswith("crowd: ")]
+        assert len(regions) == 1  # each image's first object
+        (box, name), *_ = regions
+        assert crowd[min(crowd, key=lambda b: np.abs(np.subtract(b, box)).max())] == name
+        assert min(np.abs(np.subtract(b, box)).max() for b in crowd) < 1e-3
+        assert len(masks) == len(boxes) and masks[names.index(name)].any()
+
+
 @pytest.mark.parametrize("scale", [1, 257], ids=["8-bit values", "full range"])
 def test_16_bit_images_that_would_be_black_in_8_bits_are_warned_of(shapes, tmp_path, scale):
     """The shapes' pixels written as 16-bit PNG: 0..255 as stored (a microscope's 8-bit values in 16 bits) is nearly

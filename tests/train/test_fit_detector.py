@@ -420,3 +420,47 @@ def test_a_run_of_the_earlier_mask_head_resumes_with_it(tmp_path, monkeypatch):
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
     model = from_pretrained(tmp_path / "run" / "final")
     assert hasattr(model.mask_head, "pixel_conv")
+
+
+@pytest.mark.parametrize("faster", ["fp32", "bf16"])
+def test_auto_keeps_bf16_only_where_the_models_own_step_measures_faster(
+    tmp_path, tiny_detector_config, monkeypatch, caplog, faster
+):
+    """The products favour bf16 (the probe's rates), the model's training step decides: timed on the run's own
+    forward (faked times, the real steps run), the run trains in the faster precision and says why. Timing it leaves
+    the run as it was: an fp32 run chosen so ends with the weights of an fp32 run asked for. Resumed with auto, the
+    run keeps the precision it began in."""
+    from vitkit.analysis import precision
+    from vitkit.analysis.precision import MatmulRates, StepTimes
+    from vitkit.train import loop
+
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
+    timed = []
+
+    def fake_time_step(step, rounds=2):
+        for autocast in (False, True):
+            step(autocast)
+            timed.append(autocast)
+        return StepTimes(fp32=0.1, bf16=0.2) if faster == "fp32" else StepTimes(fp32=0.3, bf16=0.1)
+
+    monkeypatch.setattr(loop, "time_step", fake_time_step)
+    with caplog.at_level(logging.INFO, logger="vitkit.train"):
+        fit(tiny_detector_config(tmp_path / "auto", epochs=1, precision="auto", warmup_epochs=0.2))
+    assert timed == [False, True]
+    (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training ")]
+    why = "this model's training step 200 ms in bf16 against 100 in fp32: fp32" if faster == "fp32" else (
+        "this model's training step 100 ms in bf16 against 300 in fp32: bf16"
+    )
+    assert f"  device  cpu, {faster} (auto: measured on this CPU: bf16 0.65 TFLOP/s, fp32 0.10; {why})" in summary
+    assert json.loads((tmp_path / "auto" / "config.json").read_text())["precision"] == faster
+    fit(tiny_detector_config(tmp_path / "asked", epochs=1, precision=faster, warmup_epochs=0.2))
+    chosen, asked = (from_pretrained(tmp_path / name / "final").state_dict() for name in ("auto", "asked"))
+    assert all(torch.equal(chosen[k], asked[k]) for k in asked)  # buffers, random numbers, gradients untouched
+    monkeypatch.setattr(loop, "time_step", lambda *args: pytest.fail("a resumed run is not timed again"))
+    other = "bf16" if faster == "fp32" else "fp32"  # the products now favour the other one: the run keeps its own
+    rates = MatmulRates(fp32=100e9, bf16=650e9 if other == "bf16" else 50e9)
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: rates)
+    with pytest.raises(ValueError, match=r"cannot resume the run in .* with different settings \(lr: "):
+        fit(tiny_detector_config(tmp_path / "auto", epochs=2, precision="auto", lr=1e-3), resume=True)
+    fit(tiny_detector_config(tmp_path / "auto", epochs=2, precision="auto", warmup_epochs=0.2), resume=True)
+    assert json.loads((tmp_path / "auto" / "config.json").read_text())["precision"] == faster

@@ -25,6 +25,7 @@ HELP = (
     "sizes, images without boxes, files in both splits, with a warning and its fix for each problem"
 )
 SAMPLES = 12  # images a --plot grid shows
+CROWD = "crowd: "  # before a crowd region's class name in a --plot
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +42,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _panels(root: str, augmented: bool, short_side: int, classes: tuple[str, ...]) -> list[tuple[str, Image.Image]]:
-    """Evenly spaced training images with their boxes (and masks, a folder whose objects all have one): as stored, or
-    through a COCO folder's training augmentation (flip, crop, a shorter side jittered around `short_side`)."""
+    """Evenly spaced training images with their boxes (and masks, a folder whose objects all have one): as stored,
+    crowd regions drawn too and named "crowd: CLASS", or through a COCO folder's training augmentation (flip, crop,
+    a shorter side jittered around `short_side`; crowd regions are not part of a training sample)."""
     if augmented:
         train, _, _ = load_coco_folder(root, augment=COCO_AUGMENT, short_side=short_side, max_size=None)
     else:
@@ -61,17 +63,22 @@ def _panels(root: str, augmented: bool, short_side: int, classes: tuple[str, ...
             image = Image.fromarray(array.squeeze(-1) if array.shape[-1] == 1 else array)
             h, w = target["size"].tolist()
             boxes = box_convert(target["boxes"], "cxcywh", "xyxy") * torch.tensor([w, h, w, h])
-            labels = target["labels"].tolist()
+            names = [classes[k] for k in target["labels"].tolist()]
             masks = list(target["masks"].bool().numpy()) if "masks" in target else None
         else:
             try:
                 image = open_annotated(sample.path, *sample.size).convert("RGB")
             except OSError:
                 continue
-            boxes, labels = torch.as_tensor(sample.boxes), sample.labels.tolist()
-            masks = list(sample.decoded_masks().astype(bool)) if train.with_masks else None
-        names = [classes[k] for k in labels]
-        picture = draw_detections(image, boxes.tolist(), names, None, classes, "no boxes", masks)
+            # crowd regions (iscrowd 1) too, named apart: evaluation ignores detections on them, training skips them
+            boxes = torch.cat([torch.as_tensor(sample.boxes), torch.as_tensor(sample.crowd_boxes)]).reshape(-1, 4)
+            names = [classes[k] for k in sample.labels.tolist()]
+            names += [CROWD + classes[k] for k in sample.crowd_labels.tolist()]
+            masks = None
+            if train.with_masks:
+                masks = [*sample.decoded_masks().astype(bool), *sample.decoded_crowd_masks().astype(bool)]
+        palette = [*classes, *(CROWD + name for name in classes)]  # a crowd region's colour differs from its class's
+        picture = draw_detections(image, boxes.tolist(), names, None, palette, "no boxes", masks)
         panels.append((Path(sample.path).name, picture))
     return panels
 

@@ -452,7 +452,11 @@ class TrainConfig:
         target = self.resolved()
         optional = [f.name for f in dataclasses.fields(self) if f.default is None and f.name != "init"]
         bare = dataclasses.replace(self, **dict.fromkeys(optional))
-        if bare.resolved().model != target.model:  # the model first: its recipe fills the rest
+        try:
+            same_model = bare.resolved().model == target.model
+        except ValueError:  # the model arguments given fit their model only, not the one the data would choose
+            same_model = False
+        if not same_model:  # the model first: its recipe fills the rest
             bare = dataclasses.replace(bare, model=self.model)
         filled = bare.resolved()
         keep = {k: getattr(self, k) for k in optional if getattr(filled, k) != getattr(target, k) and k not in DERIVED}

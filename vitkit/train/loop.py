@@ -55,7 +55,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from vitkit.analysis.precision import AUTO, auto_precision, slow_precision
+from vitkit.analysis.precision import AUTO, auto_precision, slow_precision, time_step
 from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.check import check_detection_folder
@@ -64,7 +64,15 @@ from vitkit.layers import to_2tuple
 from vitkit.models.registry import create_model, family_of
 from vitkit.train.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint, set_rng_state
 from vitkit.train.config import TrainConfig
-from vitkit.train.distributed import DistEnv, all_reduce_sum, barrier, cleanup, gather_objects, setup
+from vitkit.train.distributed import (
+    DistEnv,
+    all_reduce_sum,
+    barrier,
+    broadcast_object,
+    cleanup,
+    gather_objects,
+    setup,
+)
 from vitkit.train.ema import ModelEma
 from vitkit.train.model import describe_init, enable_grad_checkpointing, load_for_finetune
 from vitkit.train.optim import apply_schedule, create_optimizer, warmup_cosine
@@ -72,7 +80,7 @@ from vitkit.train.outputs import CURVES_NAME, METRICS_NAME, OutLock, RunHints, a
 from vitkit.train.recipe import CLASSIFICATION, DataChoice
 from vitkit.train.resume import resolve_run
 from vitkit.train.sharding import full_state_dict, load_sharded, save_sharded, shard
-from vitkit.train.task import Task, create_task
+from vitkit.train.task import Task, create_task, outputs_sum
 from vitkit.util import counted
 from vitkit.viz.curves import write_curves
 from vitkit.weights import load_report, model_info
@@ -83,6 +91,7 @@ from vitkit.weights.io import save_pretrained
 log = logging.getLogger("vitkit.train")
 
 PROGRESS_DELAY = 3.0  # seconds an epoch runs before its progress bar appears (short epochs show none)
+PROBE_BATCH = 8  # the most images of the step `precision="auto"` times (`Run._step_precision`)
 
 
 @dataclass(frozen=True)
@@ -197,10 +206,12 @@ class Run:
         memory_names: SettingNames | None = None,
         hints: RunHints | None = None,
         resuming: dict[str, torch.Tensor] | None = None,
+        auto: bool = False,
     ) -> None:
         """`resuming`: the model weights of the checkpoint the run continues (a sharded one's: None), which the
         family fits the model to before its optimizer is built (`FamilyWeights.adapt`: a mask head of an earlier
-        vitkit's layout)."""
+        vitkit's layout). `auto`: `config.precision` is what `precision="auto"` took from the products' rates; on a
+        CPU, bf16 is then kept only if the model's own step measures faster in it (`_step_precision`)."""
         self.config, self.env = config, env
         self.hints = hints or RunHints()  # how messages name the ways on
         self.out = Path(config.out)
@@ -215,6 +226,9 @@ class Run:
         # the published weights the model started from (directly, or through the model directory it was saved in)
         started = model_info(self.model)
         self.task.info = dataclasses.replace(self.task.info, weights=started.weights)
+        self.precision_why = ""  # for the summary: why `auto` took the precision it took, as the first process measured
+        if auto and env.is_main:
+            self.precision_why = f" (auto: {auto_precision(env.device)[1]})"
         # a classifier's weights trained on images normalised their own way (timm's CLIP, SigLIP, augreg: mean and
         # std 0.5) are fine-tuned on images normalised that way, and saved so (a detection folder's images are
         # normalised as it was read)
@@ -223,9 +237,12 @@ class Run:
         self.own_normalisation = own and (started.mean, started.std) != data
         if self.own_normalisation:
             self.task.info = dataclasses.replace(self.task.info, mean=started.mean, std=started.std)
+        net = self.task.prepare(self.model)  # the model, or the model with the task's training-only parts
+        if auto and config.precision == "bf16" and env.device.type == "cpu":
+            self._step_precision(net)
+            config = self.config
         # before the optimizer state and the first batch: refuse a run that would exhaust memory
         _check_training_memory(self.model, config, env, allow_memory, memory_names or SettingNames())
-        net = self.task.prepare(self.model)  # the model, or the model with the task's training-only parts
         torch.manual_seed(config.seed + env.rank)  # dropout and mixing differ between processes
         if config.grad_checkpointing:
             enable_grad_checkpointing(self.model)
@@ -253,8 +270,36 @@ class Run:
         self.replaced: list[Path] = []  # earlier runs' outputs moved aside, deleted after the first epoch
         self.sized: list[DataChoice] = []  # the options the data chose (`TrainConfig.data_choices`), for the summary
         self.curves = True  # whether curves.png is drawn (off after matplotlib failed once)
-        self.precision_why = ""  # for the summary: why `auto` took the precision it took
 
+    def _step_precision(self, net: nn.Module) -> None:
+        """Keep bf16 only where the model's training step, timed on a synthetic batch (at most PROBE_BATCH images
+        of the run's size) by the first process, runs at least FASTER_BY times faster in it than in fp32; else fp32,
+        in every process. The run's random numbers, the model's buffers and gradients are as they were."""
+        times = None
+        if self.env.is_main:
+            task = self.task
+            batch = min(self.config.batch_size, PROBE_BATCH)
+            images = torch.randn(batch, *task.image_shape, generator=torch.Generator().manual_seed(0))
+            images = images.to(self.env.device)
+            buffers = [b.detach().clone() for b in net.buffers()]  # BatchNorm's statistics move in training mode
+
+            def step(autocast: bool) -> None:
+                with torch.autocast(self.env.device.type, torch.bfloat16, enabled=autocast):
+                    outputs = task.images_forward(net, images)
+                outputs_sum(outputs).backward()
+                net.zero_grad(set_to_none=True)
+
+            net.train()
+            with torch.random.fork_rng(devices=[]):
+                times = time_step(step)
+            with torch.no_grad():
+                for kept, buffer in zip(buffers, net.buffers(), strict=True):
+                    buffer.copy_(kept)
+        times = broadcast_object(times, self.env)
+        self.config = dataclasses.replace(self.config, precision=times.choice())
+        self.task.config = self.config
+        if self.env.is_main:
+            self.precision_why = f"{self.precision_why[:-1]}; {times.describe()})"
     def _fresh_partial(self) -> dict[str, float]:
         """Sums over this epoch's steps so far: of train_loss (`loss_sum`) and of each loss part, per image."""
         parts = dict.fromkeys(self.task.loss_parts, 0.0)
@@ -611,10 +656,9 @@ def fit(
         if state is not None and state["epoch"] >= resolved.epochs and has_final(Path(resolved.out)):
             return _complete(resolved, state, env, hints)  # else it is written below from the checkpoint
         resuming = state.get("model") if state is not None else None
-        run = Run(resolved, env, allow_memory, memory_names, hints, resuming)  # data, model, memory: before OUT changes
+        auto = config.precision == AUTO and state is None  # a resumed run keeps the precision it was started in
+        run = Run(resolved, env, allow_memory, memory_names, hints, resuming, auto)  # data, model, memory: before OUT
         run.sized = config.data_choices() if state is None else []
-        if config.precision == AUTO and env.is_main:  # what rank 0 measured and chose (`resolve_run`)
-            run.precision_why = f" (auto: {auto_precision(env.device)[1]})"
         lock.acquire(config)  # OUT is created now where it was missing
         _begin(run, state)
         return _train(run)

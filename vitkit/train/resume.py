@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vitkit.analysis.precision import AUTO, resolve_precision
+from vitkit.analysis.precision import AUTO, PRECISIONS, resolve_precision
 from vitkit.train.config import CONFIG_NAME, TrainConfig, absolute_data
 from vitkit.train.distributed import DistEnv, broadcast_object
 from vitkit.train.outputs import RunHints, check_out, new_folder
@@ -37,7 +37,7 @@ def resolve_run(
     the options given that the run does not use are logged as warnings. ValueError, with the ways on worded by
     `hints`, when OUT does not hold what `resume` / `force` expect (`vitkit.train.outputs.check_out`), or the
     settings differ from the checkpoint's beyond `RESUME_MAY_CHANGE`."""
-    original = given.init
+    original, original_precision = given.init, given.precision
     if given.precision == AUTO:  # measured by rank 0 only: every process must run the same precision
         chosen = resolve_precision(AUTO, env.device) if env.is_main else None
         given = dataclasses.replace(given, precision=broadcast_object(chosen, env))
@@ -50,7 +50,11 @@ def resolve_run(
     state = check_out(Path(config.out), resume, force, given, hints)
     if state is not None:
         compared = config if given.init == original else dataclasses.replace(config, init=_absolute(original))
-        check_resume(json.loads(state["config"]), compared, given, hints)
+        saved = json.loads(state["config"])
+        if original_precision == AUTO and saved.get("precision") in PRECISIONS:  # as the run measured when it began
+            config = dataclasses.replace(config, precision=saved["precision"])
+            compared = dataclasses.replace(compared, precision=saved["precision"])
+        check_resume(saved, compared, given, hints)
         if "sharded" in state and state["world_size"] != env.world_size:  # keep the global batch
             batch = resharded_batch(config.batch_size, state["world_size"], env.world_size)
             if env.is_main and batch != config.batch_size:

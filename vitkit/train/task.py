@@ -90,10 +90,15 @@ def _tensors(outputs: Any) -> list[torch.Tensor]:
     return [t for value in values for t in _tensors(value)]
 
 
+def outputs_sum(outputs: Any) -> torch.Tensor:
+    """The sum of every tensor in a model's outputs, in fp32: a loss that reaches every parameter the outputs used."""
+    return sum(t.float().sum() for t in _tensors(outputs))
+
+
 def _zero_loss(outputs: Any) -> torch.Tensor:
     """0 times the sum of a model's outputs: a loss that reaches every parameter the outputs used, so that a step
     without readable images keeps DDP's gradient exchange in step."""
-    return sum(t.float().sum() for t in _tensors(outputs)) * 0.0
+    return outputs_sum(outputs) * 0.0
 
 
 class Task:
@@ -172,6 +177,11 @@ class Task:
         """An evaluation forward pass of `model` on one blank image, which keeps the processes in step."""
         raise NotImplementedError
 
+    def images_forward(self, model: nn.Module, images: torch.Tensor) -> Any:
+        """The training module's forward on `images` (B, C, H, W) without targets, with whatever else the task
+        passes it: a step without readable images, and the step `precision="auto"` times (`Run`)."""
+        raise NotImplementedError
+
     def saved_info(self) -> ModelInfo:
         """What a saved model of the run carries beside its weights (`vitkit.save_pretrained` writes it into its
         config.json): the data's classes, normalisation and description."""
@@ -228,7 +238,7 @@ class ClassificationTask(Task):
                 images, targets = self.mixer(images, targets)
             loss = forward_loss(model, images, targets, self.criterion, self.config.precision)
         else:  # every image was unreadable: a zero loss through the model keeps the processes in step
-            loss = _zero_loss(model(torch.zeros(1, *self.image_shape, device=device)))
+            loss = _zero_loss(self.images_forward(model, torch.zeros(1, *self.image_shape, device=device)))
         return loss, {"train_loss": loss.detach()}, len(targets)
 
     def evaluate(self, model: nn.Module) -> tuple[dict[str, float], tuple[Unreadable, ...]]:
@@ -237,6 +247,9 @@ class ClassificationTask(Task):
 
     def idle_forward(self, model: nn.Module) -> None:
         model(torch.zeros(1, *self.image_shape, device=self.env.device))
+
+    def images_forward(self, model: nn.Module, images: torch.Tensor) -> Any:
+        return model(images)
 
     def describe(self, metrics: dict[str, Any]) -> str:
         return f"val_loss {metrics['val_loss']:.4f}  val_acc {metrics['val_acc']:.4f}"
@@ -415,19 +428,20 @@ class DetectionTask(Task):
             loss = loss + self.config.box_cls_loss * box_cls
         return loss, {"train_loss": loss.detach(), **{k: v.detach() for k, v in parts.items()}}, len(batch.targets)
 
+    def images_forward(self, model: nn.Module, images: torch.Tensor) -> Any:
+        device, extra = images.device, {}
+        if self.denoising is not None:  # padding slots only: the same parameters as a step with boxes
+            empty = {"labels": torch.zeros(0, dtype=torch.int64, device=device), "boxes": images.new_zeros(0, 4)}
+            extra["denoising"] = make_denoising([empty] * len(images), self.denoising, self.num_classes)[0]
+        if self.boxes is not None:
+            return model(images, None, [torch.zeros(0, 4, device=device)] * len(images), **extra)
+        return model(images, **extra)
+
     def _empty_step(self, model: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
         """A zero loss through the training module, and the criterion's exchange of box counts: a step without
         images that keeps the processes in step."""
         device = self.env.device
-        images = torch.zeros(1, *self.image_shape, device=device)
-        extra = {}
-        if self.denoising is not None:  # padding slots only: the same parameters as a step with boxes
-            empty = {"labels": torch.zeros(0, dtype=torch.int64, device=device), "boxes": images.new_zeros(0, 4)}
-            extra["denoising"] = make_denoising([empty], self.denoising, self.num_classes)[0]
-        if self.boxes is not None:
-            outputs = model(images, None, [torch.zeros(0, 4, device=device)], **extra)
-        else:
-            outputs = model(images, **extra)
+        outputs = self.images_forward(model, torch.zeros(1, *self.image_shape, device=device))
         average_num_boxes([], device)
         loss = _zero_loss(outputs)
         return loss, {"train_loss": loss.detach(), **{k: loss.detach() for k in self.loss_parts}}, 0
