@@ -96,7 +96,8 @@ def test_a_models_own_step_decides_where_the_products_favour_bf16():
         "this model's training step 200 ms in bf16 against 100 in fp32: fp32"
     )
     calls = []
-    times = time_step(lambda autocast: calls.append(autocast), rounds=3)
-    assert calls == [False, True] * 4 and times.fp32 >= 0 and times.bf16 >= 0
-    slow = time_step(lambda autocast: __import__("time").sleep(0.02 if autocast else 0.002), rounds=2)
+    times = time_step(lambda autocast, i: calls.append((autocast, i)), rounds=3)
+    assert calls == [(False, 0), (True, 0), (False, 1), (True, 1), (True, 2), (False, 2), (False, 3), (True, 3)]
+    assert times.fp32 >= 0 and times.bf16 >= 0
+    slow = time_step(lambda autocast, i: __import__("time").sleep(0.02 if autocast else 0.002), rounds=2)
     assert slow.choice() == "fp32" and slow.bf16 > slow.fp32

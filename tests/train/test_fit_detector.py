@@ -437,9 +437,9 @@ def test_auto_keeps_bf16_only_where_the_models_own_step_measures_faster(
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
     timed = []
 
-    def fake_time_step(step, rounds=2):
-        for autocast in (False, True):
-            step(autocast)
+    def fake_time_step(step, rounds):
+        for i, autocast in enumerate((False, True)):
+            step(autocast, i)
             timed.append(autocast)
         return StepTimes(fp32=0.1, bf16=0.2) if faster == "fp32" else StepTimes(fp32=0.3, bf16=0.1)
 

@@ -123,18 +123,20 @@ class StepTimes:
         )
 
 
-def time_step(step: Callable[[bool], object], rounds: int = 2) -> StepTimes:
-    """`step(autocast)`'s seconds without autocast (fp32) and under bf16 autocast: one call of each to set their
-    kernels up, then the medians of `rounds` calls of each, interleaved. Where the products alone favour bf16, a
-    small model on a small batch may not: its many small operators gain nothing and autocast adds casts (the small
-    detector's training step on a Xeon with AMX: 30% slower in bf16)."""
+def time_step(step: Callable[[bool, int], object], rounds: int = 3) -> StepTimes:
+    """`step(autocast, i)`'s seconds without autocast (fp32) and under bf16 autocast: one call of each (i = 0) to set
+    their kernels up, then the medians of `rounds` calls of each (i = 1..rounds), interleaved, the precision that
+    goes first alternating. Where the products alone favour bf16, a model's step may not: its many small operators
+    gain nothing, autocast adds casts, and a step at a shape not seen before sets up new kernels, which costs more in
+    bf16 (the small detector's training step on a Xeon with AMX, a new image size every step: 20-30% slower in
+    bf16). `i` lets the step take a new shape each round where training does."""
     for autocast in (False, True):
-        step(autocast)
+        step(autocast, 0)
     times: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(rounds):
-        for autocast in (False, True):
+    for i in range(1, rounds + 1):
+        for autocast in (False, True) if i % 2 else (True, False):
             start = time.perf_counter()
-            step(autocast)
+            step(autocast, i)
             times[autocast].append(time.perf_counter() - start)
     return StepTimes(fp32=statistics.median(times[False]), bf16=statistics.median(times[True]))
 

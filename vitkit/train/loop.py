@@ -92,6 +92,7 @@ log = logging.getLogger("vitkit.train")
 
 PROGRESS_DELAY = 3.0  # seconds an epoch runs before its progress bar appears (short epochs show none)
 PROBE_BATCH = 8  # the most images of the step `precision="auto"` times (`Run._step_precision`)
+PROBE_ROUNDS = 3  # its timed steps in each precision
 
 
 @dataclass(frozen=True)
@@ -272,18 +273,19 @@ class Run:
         self.curves = True  # whether curves.png is drawn (off after matplotlib failed once)
 
     def _step_precision(self, net: nn.Module) -> None:
-        """Keep bf16 only where the model's training step, timed on a synthetic batch (at most PROBE_BATCH images
-        of the run's size) by the first process, runs at least FASTER_BY times faster in it than in fp32; else fp32,
-        in every process. The run's random numbers, the model's buffers and gradients are as they were."""
+        """Keep bf16 only where the model's training step, timed by the first process on synthetic batches (at most
+        PROBE_BATCH images, of the sizes training gives the model: `Task.probe_sizes`), runs at least FASTER_BY times
+        faster in it than in fp32 (`time_step`); else fp32, in every process. The step is the task's forward and the
+        backward of its outputs' sum. The run's random numbers, the model's buffers and gradients are as they were."""
         times = None
         if self.env.is_main:
-            task = self.task
-            batch = min(self.config.batch_size, PROBE_BATCH)
-            images = torch.randn(batch, *task.image_shape, generator=torch.Generator().manual_seed(0))
-            images = images.to(self.env.device)
+            task, generator = self.task, torch.Generator().manual_seed(0)
+            batch, channels = min(self.config.batch_size, PROBE_BATCH), task.image_shape[0]
+            sizes = task.probe_sizes(PROBE_ROUNDS + 1)  # as training varies them: new kernels for new shapes
             buffers = [b.detach().clone() for b in net.buffers()]  # BatchNorm's statistics move in training mode
 
-            def step(autocast: bool) -> None:
+            def step(autocast: bool, i: int) -> None:
+                images = torch.randn(batch, channels, *sizes[i], generator=generator).to(self.env.device)
                 with torch.autocast(self.env.device.type, torch.bfloat16, enabled=autocast):
                     outputs = task.images_forward(net, images)
                 outputs_sum(outputs).backward()
@@ -291,7 +293,7 @@ class Run:
 
             net.train()
             with torch.random.fork_rng(devices=[]):
-                times = time_step(step)
+                times = time_step(step, PROBE_ROUNDS)
             with torch.no_grad():
                 for kept, buffer in zip(buffers, net.buffers(), strict=True):
                     buffer.copy_(kept)

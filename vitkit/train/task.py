@@ -182,6 +182,11 @@ class Task:
         passes it: a step without readable images, and the step `precision="auto"` times (`Run`)."""
         raise NotImplementedError
 
+    def probe_sizes(self, count: int) -> list[tuple[int, int]]:
+        """`count` input sizes (H, W) as training gives them to the model, for the step `precision="auto"` times:
+        the model's input size throughout (a detector trained at several sizes: other sizes)."""
+        return [tuple(self.image_shape[1:])] * count
+
     def saved_info(self) -> ModelInfo:
         """What a saved model of the run carries beside its weights (`vitkit.save_pretrained` writes it into its
         config.json): the data's classes, normalisation and description."""
@@ -395,6 +400,17 @@ class DetectionTask(Task):
             low, high = jittered_sides(self.train_set.short_side, config.scale_jitter)
             parts.append(f"shorter side {low}-{high} px")
         return ", ".join(parts)
+
+    def probe_sizes(self, count: int) -> list[tuple[int, int]]:
+        """Sizes spread over the shorter sides training jitters the images to, at the input's aspect: a new image
+        size at most steps, as the scale jitter, the crops and the images' own shapes give them."""
+        height, width = self.image_shape[1:]
+        if self.config.scale_jitter and getattr(self.train_set, "transform", None) is not None:
+            low, high = jittered_sides(self.train_set.short_side, self.config.scale_jitter)
+            sides = [round(low + (high - low) * i / max(count - 1, 1)) for i in range(count)]
+            return [(side, round(side * width / height)) if height <= width else (round(side * height / width), side)
+                    for side in sides]  # fmt: skip
+        return super().probe_sizes(count)
 
     def set_epoch(self, epoch: int, start: int) -> None:
         super().set_epoch(epoch, start)
