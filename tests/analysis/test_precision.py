@@ -11,6 +11,7 @@ from vitkit.analysis import precision
 from vitkit.analysis.precision import (
     FASTER_BY,
     MatmulRates,
+    StepTimes,
     auto_precision,
     choose_precision,
     cpu_matmul_rates,
@@ -87,7 +88,7 @@ def test_auto_in_a_training_run_and_in_optimize_resolves_to_the_measured_faster(
 def test_a_models_own_step_decides_where_the_products_favour_bf16():
     """The step's times on fake steps: bf16 is kept only at FASTER_BY times fp32's speed; the timing interleaves
     the two after one call of each."""
-    from vitkit.analysis.precision import StepTimes, time_step
+    from vitkit.analysis.precision import time_step
 
     assert StepTimes(fp32=0.100, bf16=0.050).choice() == "bf16"
     assert StepTimes(fp32=0.100, bf16=0.100 / FASTER_BY * 1.01).choice() == "fp32"  # within the margin
@@ -101,3 +102,42 @@ def test_a_models_own_step_decides_where_the_products_favour_bf16():
     assert times.fp32 >= 0 and times.bf16 >= 0
     slow = time_step(lambda autocast, i: __import__("time").sleep(0.02 if autocast else 0.002), rounds=2)
     assert slow.choice() == "fp32" and slow.bf16 > slow.fp32
+
+
+def test_a_commands_auto_lets_the_models_forward_decide(monkeypatch, tmp_path, capsys):
+    """eval and predict with --precision auto: where the products favour bf16, the model's inference forward is
+    timed (real forwards, faked times) and decides; a detector's images change width from round to round."""
+    import argparse
+
+    from vitkit.cli.options import run_precision
+    from vitkit.infer import runtime
+    from vitkit.infer.runtime import inference_step_times
+
+    model_dir = tmp_path / "vit"
+    vitkit.save_pretrained(vitkit.create_model("vit_tiny_patch16_224", depth=1, num_classes=3), model_dir)
+    args = argparse.Namespace(precision="auto", model_dir=str(model_dir), device="cpu", command="eval")
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
+    for times, chosen in ((StepTimes(fp32=0.02, bf16=0.04), "fp32"), (StepTimes(fp32=0.06, bf16=0.02), "bf16")):
+        ran = []
+
+        def fake(step, rounds=3, times=times, ran=ran):
+            for i, autocast in enumerate((False, True)):
+                step(autocast, i)
+                ran.append(autocast)
+            return times
+
+        monkeypatch.setattr(runtime, "time_step", fake)
+        assert run_precision(args, batch=4) == chosen and ran == [False, True]
+        assert f"vitkit eval: --precision auto: {times.describe('forward')}" in capsys.readouterr().err
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=50e9))
+    monkeypatch.setattr(runtime, "time_step", lambda *a: pytest.fail("the products decide where bf16 is slower"))
+    assert run_precision(args) == "fp32"
+    assert run_precision(argparse.Namespace(**{**vars(args), "precision": "bf16"})) == "bf16"  # as asked
+    monkeypatch.undo()
+    detector = vitkit.create_model("deformable_detr_small", num_classes=2, img_size=64)
+    shapes = []
+    detector.register_forward_pre_hook(lambda module, inputs: shapes.append(tuple(inputs[0].shape)))
+    times = inference_step_times(detector, "cpu", batch=2)
+    assert times.fp32 > 0 and times.bf16 > 0
+    assert shapes == [(2, 3, 64, 64 + 16 * i) for i in (0, 0, 1, 1, 2, 2, 3, 3)]
+    assert not detector.training

@@ -83,7 +83,7 @@ def _run_detector(args: argparse.Namespace) -> int:
         check_keeps_inputs(args.plot, [p for p in (args.data, args.model_dir) if p], "--plot")
     run = run_config(args.model_dir)
     batch = args.batch_size if args.batch_size is not None else run.get("batch_size") or DETECTOR_BATCH
-    precision = run_precision(args)
+    precision = run_precision(args, batch=batch)
     saved = read_model_info(args.model_dir).tile
     tile, overlap = tiling(args, saved)
     if tile is not None:
@@ -150,8 +150,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:  # before the evaluation, not after it
         check_picture_path(args.plot, figure=True)
         check_keeps_inputs(args.plot, [p for p in (args.data, args.model_dir) if p], "--plot")
-    precision = run_precision(args)
     batch = args.batch_size if args.batch_size is not None else CLASSIFIER_BATCH
+    precision = run_precision(args, batch=batch)
     result, info = evaluate_model_dir(args.model_dir, args.data, batch, args.device, args.workers, precision)
     _note(args)
     if args.json:

@@ -20,6 +20,7 @@ from vitkit.data.check import dim_image_note
 from vitkit.data.tiles import DEFAULT_OVERLAP, MIN_TILE
 from vitkit.detection.postprocess import DEFAULT_THRESHOLD
 from vitkit.infer import is_detector_dir, is_detector_name, resolve_device, run_config
+from vitkit.infer.runtime import inference_step_times
 from vitkit.models.registry import published_weights
 from vitkit.train.config import option_flag
 from vitkit.weights import from_pretrained
@@ -298,12 +299,22 @@ def add_precision_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_precision(args: argparse.Namespace) -> str:
+def run_precision(args: argparse.Namespace, model: nn.Module | None = None, batch: int = 1) -> str:
     """The precision a command runs its model in: `--precision`, else the one the run that wrote `--model-dir`
-    validated in, else fp32; "auto" resolved on `--device` (`vitkit.analysis.precision.resolve_precision`)."""
+    validated in, else fp32; "auto" resolved on `--device` (`vitkit.analysis.precision.resolve_precision`). Where
+    "auto" meets products that favour bf16 on a CPU, the model's own forward on `batch` images decides
+    (`inference_step_times`; the source's model is read for it when `model` is None), and the command says what it
+    measured."""
     model_dir = getattr(args, "model_dir", None)
     saved = run_config(model_dir).get("precision") if model_dir else None
-    return resolve_precision(args.precision or saved or "fp32", resolve_device(args.device))
+    given, device = args.precision or saved or "fp32", resolve_device(args.device)
+    precision = resolve_precision(given, device)
+    if given != AUTO or precision != "bf16" or device != "cpu":
+        return precision
+    model = model if model is not None else load_source(args).to(device)
+    times = inference_step_times(model, device, batch)
+    print(f"vitkit {args.command}: --precision auto: {times.describe('forward')}", file=sys.stderr)
+    return times.choice()
 
 
 def add_model_source(parser: argparse.ArgumentParser, model_help: str) -> None:

@@ -204,7 +204,7 @@ def _run_detector(args: argparse.Namespace) -> int:
     threshold = postprocessing.shown_above(args.threshold)
     found, skipped = detect_paths(
         model, info, paths, threshold, postprocessing, args.workers, on_unreadable=_warn, tile=tile, overlap=overlap,
-        precision=run_precision(args),
+        precision=run_precision(args, model, batch=1),  # a detector reads one image at a time
     )  # fmt: skip
     rows = [item.to_dict() for item in found]
     notes = sys.stdout
@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     _note(args, model)
     found = predict_paths(
         model, info, paths, args.top_k, args.batch_size, args.workers, on_unreadable=_warn,
-        precision=run_precision(args),
+        precision=run_precision(args, model, args.batch_size),
     )  # fmt: skip
     notes = sys.stdout
     if found.predictions:

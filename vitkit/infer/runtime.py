@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from vitkit.analysis.precision import StepTimes, time_step
+
 
 def resolve_device(device: str | None) -> str:
     """ "cuda" when asked for or, with `device` None, when a GPU is present; otherwise "cpu"."""
@@ -22,3 +24,29 @@ def resolve_device(device: str | None) -> str:
 def autocast(device: torch.device, precision: str) -> torch.autocast:
     """bfloat16 autocast for precision "bf16", a disabled context for "fp32"."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+PROBE_BATCH = 8  # the most images of the forward `inference_step_times` times
+
+
+def inference_step_times(model: torch.nn.Module, device: str | torch.device, batch: int = 1) -> StepTimes:
+    """`model`'s inference forward timed in fp32 and under bf16 autocast (`vitkit.analysis.precision.time_step`), on
+    random images of its input size, `batch` of them (at most PROBE_BATCH): where a command's `--precision auto`
+    meets products that favour bf16, the model decides. A detector's images change width each round, as photographs'
+    aspects do, so that each round sets up kernels for a new shape as a detector's inference does."""
+    from vitkit.layers import to_2tuple
+    from vitkit.models.interface import VitkitDetector
+
+    config, device = model.config, torch.device(device)
+    height, width = to_2tuple(config.img_size)
+    varies = isinstance(model, VitkitDetector)
+    generator = torch.Generator().manual_seed(0)
+    model.eval()
+
+    def step(autocast_on: bool, i: int) -> None:
+        size = (height, width + 16 * i) if varies else (height, width)
+        images = torch.randn(min(batch, PROBE_BATCH), config.in_chans, *size, generator=generator).to(device)
+        with torch.inference_mode(), autocast(device, "bf16" if autocast_on else "fp32"):
+            model(images)
+
+    return time_step(step)
