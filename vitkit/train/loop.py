@@ -302,6 +302,7 @@ class Run:
         self.task.config = self.config
         if self.env.is_main:
             self.precision_why = f"{self.precision_why[:-1]}; {times.describe()})"
+
     def _fresh_partial(self) -> dict[str, float]:
         """Sums over this epoch's steps so far: of train_loss (`loss_sum`) and of each loss part, per image."""
         parts = dict.fromkeys(self.task.loss_parts, 0.0)
