@@ -79,8 +79,8 @@ def test_auto_in_a_training_run_and_in_optimize_resolves_to_the_measured_faster(
     assert TrainConfig(precision="auto", device="cpu").resolved().precision == "fp32"
     assert vitkit.optimize(vitkit.create_model("vit_tiny_patch16_224", depth=1), "auto").precision == "fp32"
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=220e9))
-    assert TrainConfig(precision="auto", device="cpu").resolved().precision == "bf16"
-    assert vitkit.optimize(vitkit.create_model("vit_tiny_patch16_224", depth=1), "auto").precision == "bf16"
+    assert TrainConfig(precision="auto", device="cpu").resolved().precision == "bf16"  # a run then times its step
+    # (tests/train/test_fit_detector.py), and optimize its two copies (below)
     with pytest.raises(ValueError, match="precision must be 'fp32', 'bf16', 'auto'"):
         TrainConfig(precision="fp16")
 
@@ -141,3 +141,31 @@ def test_a_commands_auto_lets_the_models_forward_decide(monkeypatch, tmp_path, c
     assert times.fp32 > 0 and times.bf16 > 0
     assert shapes == [(2, 3, 64, 64 + 16 * i) for i in (0, 0, 1, 1, 2, 2, 3, 3)]
     assert not detector.training
+
+
+def test_optimize_auto_returns_the_copy_whose_forward_measures_faster(monkeypatch):
+    """Where the products favour bf16, `optimize(model, "auto")` builds both copies, times their forwards (real
+    forwards, faked times) and returns the faster with its times; the products decide alone where bf16 is slower."""
+    import importlib
+
+    optimizing = importlib.import_module("vitkit.perf.optimize")  # the module: the package exports the function
+
+    model = vitkit.create_model("vit_tiny_patch16_224", depth=1)
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
+    for times, chosen in ((StepTimes(fp32=0.02, bf16=0.04), "fp32"), (StepTimes(fp32=0.06, bf16=0.02), "bf16")):
+        ran = []
+
+        def fake(step, rounds=3, times=times, ran=ran):
+            for i, bf16 in enumerate((False, True)):
+                step(bf16, i)
+                ran.append(bf16)
+            return times
+
+        monkeypatch.setattr(optimizing, "time_step", fake)
+        fast = vitkit.optimize(model, "auto", batch=2)
+        assert fast.precision == chosen and fast.measured == times and ran == [False, True]
+        assert next(fast.parameters()).dtype == (torch.bfloat16 if chosen == "bf16" else torch.float32)
+    monkeypatch.setattr(optimizing, "time_step", lambda *a: pytest.fail("the products decide where bf16 is slower"))
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=50e9))
+    slow = vitkit.optimize(model, "auto")
+    assert slow.precision == "fp32" and slow.measured is None

@@ -116,6 +116,37 @@ def test_a_bf16_table_says_which_attention_path_this_cpu_measured_faster(monkeyp
     ) in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_bench_auto_lets_the_models_own_step_decide(monkeypatch, capsys, train):
+    """--precision auto where the products favour bf16: the model's step in each precision decides (its real
+    steps run, faked times), and the table says so and times the precision chosen."""
+    import importlib
+
+    from vitkit.analysis import precision
+    from vitkit.analysis.precision import MatmulRates, StepTimes
+
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
+    ran = []
+
+    def fake(step, rounds=3):
+        for i, bf16 in enumerate((False, True)):
+            step(bf16, i)
+            ran.append(bf16)
+        return StepTimes(fp32=0.01, bf16=0.03)
+
+    module = "vitkit.perf.bench" if train else "vitkit.perf.optimize"
+    monkeypatch.setattr(importlib.import_module(module), "time_step", fake)
+    args = ["bench", "vit_tiny_patch16_224", "--batch-size", "2", "--img-size", "32", "--rounds", "1"]
+    assert main(args + ["--precision", "auto"] + (["--train"] if train else [])) == 0
+    assert ran == [False, True]
+    captured = capsys.readouterr()
+    step = "training step" if train else "forward"
+    why = f"this model's {step} 30 ms in bf16 against 10 in fp32: fp32"
+    assert f"precision fp32 (auto: measured on this CPU: bf16 0.65 TFLOP/s, fp32 0.10; {why})" in captured.err
+    assert f"precision auto takes fp32 (measured on this CPU: bf16 0.65 TFLOP/s, fp32 0.10; {why})" in captured.out
+    assert "vitkit fp32" in captured.out and "bf16" not in captured.out.split("candidate")[1]
+
+
 def test_cpu_features_name_amx_where_torch_sees_it(monkeypatch):
     from vitkit.analysis import precision
 

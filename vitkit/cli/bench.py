@@ -17,7 +17,7 @@ from vitkit.analysis.precision import (
 from vitkit.cli.messages import cli_option
 from vitkit.cli.options import add_memory_option, add_renamed_option, memory_flags, parse_size
 from vitkit.kernels.probe import cpu_bf16_attention
-from vitkit.perf.bench import COMPARE, Report, bench, compared_detectors
+from vitkit.perf.bench import COMPARE, Report, bench, compared_detectors, model_step_times
 from vitkit.train import create_optimizer
 from vitkit.util import counted
 
@@ -56,8 +56,14 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    auto = None
     if args.precision == AUTO:
         args.precision, why = auto_precision(args.device)
+        if args.precision == "bf16" and torch.device(args.device).type == "cpu" and not args.compile:
+            times = model_step_times(args.model, args.batch_size, args.img_size, args.train, args.device)
+            step = "training step" if args.train else "forward"
+            args.precision, why = times.choice(), f"{why}; {times.describe(step)}"
+        auto = (args.precision, why)
         print(f"precision {args.precision} (auto: {why})", file=sys.stderr)
     slow = slow_precision(args.precision, args.device, cli_option)
     if slow is not None:
@@ -77,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         allow_memory=args.ignore_memory_check,
         memory_names=memory_flags(batch="--batch-size", grad_checkpointing=None, strategy=None),
     )
-    auto = auto_precision(args.device)  # measured once per machine (cached): both rates, and the faster
+    auto = auto or auto_precision(args.device)  # the products' rates (cached per machine), and the faster
     if args.json:
         print(json.dumps({**report.to_dict(), "auto_precision": {"precision": auto[0], "why": auto[1]}}, indent=2))
     else:

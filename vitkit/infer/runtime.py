@@ -29,23 +29,29 @@ def autocast(device: torch.device, precision: str) -> torch.autocast:
 PROBE_BATCH = 8  # the most images of the forward `inference_step_times` times
 
 
-def inference_step_times(model: torch.nn.Module, device: str | torch.device, batch: int = 1) -> StepTimes:
-    """`model`'s inference forward timed in fp32 and under bf16 autocast (`vitkit.analysis.precision.time_step`), on
-    random images of its input size, `batch` of them (at most PROBE_BATCH): where a command's `--precision auto`
-    meets products that favour bf16, the model decides. A detector's images change width each round, as photographs'
-    aspects do, so that each round sets up kernels for a new shape as a detector's inference does."""
+def probe_images(model: torch.nn.Module, batch: int, i: int, generator: torch.Generator) -> torch.Tensor:
+    """Round `i`'s random images (min(batch, PROBE_BATCH), C, H, W) of `model`'s input size, for timing its forward:
+    a detector's width grows by 16 px a round, as photographs' shapes differ, so that each round sets up kernels
+    for a new shape as a detector's inference does."""
     from vitkit.layers import to_2tuple
     from vitkit.models.interface import VitkitDetector
 
-    config, device = model.config, torch.device(device)
+    config = model.config
     height, width = to_2tuple(config.img_size)
-    varies = isinstance(model, VitkitDetector)
-    generator = torch.Generator().manual_seed(0)
+    inner = getattr(model, "model", model)  # an `optimize`d model's
+    width += 16 * i if isinstance(inner, VitkitDetector) else 0
+    return torch.randn(min(batch, PROBE_BATCH), config.in_chans, height, width, generator=generator)
+
+
+def inference_step_times(model: torch.nn.Module, device: str | torch.device, batch: int = 1) -> StepTimes:
+    """`model`'s inference forward timed in fp32 and under bf16 autocast (`vitkit.analysis.precision.time_step`), on
+    `probe_images`, `batch` of them: where a command's `--precision auto` meets products that favour bf16, the model
+    decides."""
+    device, generator = torch.device(device), torch.Generator().manual_seed(0)
     model.eval()
 
     def step(autocast_on: bool, i: int) -> None:
-        size = (height, width + 16 * i) if varies else (height, width)
-        images = torch.randn(min(batch, PROBE_BATCH), config.in_chans, *size, generator=generator).to(device)
+        images = probe_images(model, batch, i, generator).to(device)
         with torch.inference_mode(), autocast(device, "bf16" if autocast_on else "fp32"):
             model(images)
 
