@@ -134,8 +134,7 @@ def test_bench_auto_lets_the_models_own_step_decide(monkeypatch, capsys, train):
             ran.append(bf16)
         return StepTimes(fp32=0.01, bf16=0.03)
 
-    module = "vitkit.perf.bench" if train else "vitkit.perf.optimize"
-    monkeypatch.setattr(importlib.import_module(module), "time_step", fake)
+    monkeypatch.setattr(importlib.import_module("vitkit.perf.bench"), "time_step", fake)
     args = ["bench", "vit_tiny_patch16_224", "--batch-size", "2", "--img-size", "32", "--rounds", "1"]
     assert main(args + ["--precision", "auto"] + (["--train"] if train else [])) == 0
     assert ran == [False, True]

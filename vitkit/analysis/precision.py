@@ -11,6 +11,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +122,16 @@ class StepTimes:
             f"this model's {what} {1000 * self.bf16:.0f} ms in bf16 against {1000 * self.fp32:.0f} in fp32: "
             f"{self.choice()}"
         )
+
+
+def outputs_sum(outputs: Any) -> torch.Tensor:
+    """The sum of every tensor in a model's outputs (a tensor, or dicts, lists and tuples of them), in fp32: a loss
+    that reaches every parameter the outputs used, for a timed training step (and a step that must keep processes
+    in step without a real loss)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.float().sum()
+    values = outputs.values() if isinstance(outputs, dict) else outputs
+    return sum(outputs_sum(value) for value in values)
 
 
 def time_step(step: Callable[[bool, int], object], rounds: int = 3) -> StepTimes:

@@ -25,7 +25,7 @@ from torch.profiler import record_function
 
 from vitkit.analysis.estimate import MemoryEstimate, MemoryEstimator
 from vitkit.analysis.memory import PeakMemory
-from vitkit.analysis.precision import StepTimes, cpu_features, precision_dtype, time_step
+from vitkit.analysis.precision import StepTimes, cpu_features, outputs_sum, precision_dtype, time_step
 from vitkit.analysis.preflight import SettingNames, enforce
 from vitkit.analysis.profile import profile
 from vitkit.errors import OptionError
@@ -557,38 +557,33 @@ def model_step_times(
     model_name: str, batch: int, img_size: int | tuple[int, int] | None, train: bool, device: str = "cpu"
 ) -> StepTimes:
     """What `--precision auto` decides by where the products favour bf16: the model's own step, fp32 against bf16,
-    on random weights and images (`vitkit.analysis.precision.time_step`). Inference: its `optimize`d copies'
-    forwards (`optimize(model, "auto")`); training: the forward under autocast or not, and the backward of the
-    outputs' sum, on at most 8 images."""
+    on random weights and at most 8 random images of the bench's size (`vitkit.analysis.precision.time_step`).
+    Inference: its fp32 and bf16 `optimize`d copies' forwards; training: the forward under autocast or not, and the
+    backward of the outputs' sum."""
     config = model_entry(model_name).config
     size = to_2tuple(img_size if img_size is not None else config.img_size)
     detector = family(model_entry(model_name).family).task == DETECTION
     dynamic = size != to_2tuple(config.img_size) and not detector
     torch.manual_seed(0)
     model = create_model(model_name, **({"dynamic_img_size": True} if dynamic else {})).to(device)
-    if not train:
-        measured = optimize(model.eval(), "auto", batch=batch).measured
-        if measured is None:  # the products favour fp32 here: nothing was timed
-            raise ValueError(f"{device}'s products do not favour bf16: the model's step is not timed")
-        return measured
-    model.train()
     x = torch.randn(min(batch, 8), config.in_chans, *size, device=device)
+    if not train:  # the copies `optimize` makes in each precision, on the bench's images
+        copies = {False: optimize(model.eval(), "fp32"), True: optimize(model, "bf16")}
+
+        def forward(bf16: bool, i: int) -> None:
+            with torch.inference_mode():
+                copies[bf16](x)
+
+        return time_step(forward)
+    model.train()
 
     def step(autocast: bool, i: int) -> None:
         with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=autocast):
             outputs = model(x)
-        sum(t.float().sum() for t in _output_tensors(outputs)).backward()
+        outputs_sum(outputs).backward()
         model.zero_grad(set_to_none=True)
 
     return time_step(step)
-
-
-def _output_tensors(outputs: object) -> list[torch.Tensor]:
-    """Every tensor in a model's outputs (a tensor, or dicts and lists of them)."""
-    if isinstance(outputs, torch.Tensor):
-        return [outputs]
-    values = outputs.values() if isinstance(outputs, dict) else outputs
-    return [t for value in values for t in _output_tensors(value)]
 
 
 def bench(

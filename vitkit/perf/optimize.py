@@ -213,7 +213,9 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False, b
         batch: the images a call will take, for "auto"'s timing.
     """
     device = next(iter(model.parameters()), torch.empty(0)).device
-    if precision == AUTO and not compile and device.type == "cpu" and resolve_precision(AUTO, device) == "bf16":
+    timed = precision == AUTO and not compile and device.type == "cpu"
+    timed = timed and hasattr(getattr(model, "config", None), "img_size")  # inputs can be made up to time it
+    if timed and resolve_precision(AUTO, device) == "bf16":
         return _faster_copy(model, batch)
     precision = resolve_precision(precision, device)  # "auto": the faster of the two here
     dtype = precision_dtype(precision)

@@ -55,7 +55,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from vitkit.analysis.precision import AUTO, auto_precision, slow_precision, time_step
+from vitkit.analysis.precision import AUTO, auto_precision, outputs_sum, slow_precision, time_step
 from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.check import check_detection_folder
@@ -80,7 +80,7 @@ from vitkit.train.outputs import CURVES_NAME, METRICS_NAME, OutLock, RunHints, a
 from vitkit.train.recipe import CLASSIFICATION, DataChoice
 from vitkit.train.resume import resolve_run
 from vitkit.train.sharding import full_state_dict, load_sharded, save_sharded, shard
-from vitkit.train.task import Task, create_task, outputs_sum
+from vitkit.train.task import Task, create_task
 from vitkit.util import counted
 from vitkit.viz.curves import write_curves
 from vitkit.weights import load_report, model_info

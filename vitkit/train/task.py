@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.ops import box_convert
 from torchvision.transforms import v2
 
+from vitkit.analysis.precision import outputs_sum
 from vitkit.data import (
     DetectionAugment,
     EpochSampler,
@@ -80,19 +81,6 @@ def _batch_mixer(config: TrainConfig, num_classes: int) -> v2.Transform | None:
     if not mixers:
         return None
     return mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers)
-
-
-def _tensors(outputs: Any) -> list[torch.Tensor]:
-    """Every tensor in a model's outputs (a tensor, or dicts and lists of them)."""
-    if isinstance(outputs, torch.Tensor):
-        return [outputs]
-    values = outputs.values() if isinstance(outputs, dict) else outputs
-    return [t for value in values for t in _tensors(value)]
-
-
-def outputs_sum(outputs: Any) -> torch.Tensor:
-    """The sum of every tensor in a model's outputs, in fp32: a loss that reaches every parameter the outputs used."""
-    return sum(t.float().sum() for t in _tensors(outputs))
 
 
 def _zero_loss(outputs: Any) -> torch.Tensor:
