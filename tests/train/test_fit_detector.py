@@ -464,3 +464,37 @@ def test_auto_keeps_bf16_only_where_the_models_own_step_measures_faster(
         fit(tiny_detector_config(tmp_path / "auto", epochs=2, precision="auto", lr=1e-3), resume=True)
     fit(tiny_detector_config(tmp_path / "auto", epochs=2, precision="auto", warmup_epochs=0.2), resume=True)
     assert json.loads((tmp_path / "auto" / "config.json").read_text())["precision"] == faster
+
+
+def test_timing_the_step_leaves_buffers_gradients_and_random_numbers_as_they_were():
+    """`Run._time_step` on a module whose training step moves BatchNorm's statistics and draws dropout's random
+    numbers: after it, the statistics, the gradients (none) and torch's generator are as before, while the steps it
+    timed ran at each of the task's sizes."""
+    from types import SimpleNamespace
+
+    from vitkit.train.loop import PROBE_ROUNDS, Run
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Dropout(0.5), torch.nn.AdaptiveAvgPool2d(1)
+    )
+    sizes, seen = [(16, 16 + 4 * i) for i in range(PROBE_ROUNDS + 1)], []
+
+    def forward(model, images):
+        seen.append(tuple(images.shape[-2:]))
+        return model(images)
+
+    task = SimpleNamespace(image_shape=(3, 16, 16), probe_sizes=lambda count: sizes[:count], images_forward=forward)
+    cpu = SimpleNamespace(device=torch.device("cpu"))
+    run = SimpleNamespace(task=task, config=SimpleNamespace(batch_size=4), env=cpu)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    state = torch.get_rng_state()
+    times = Run._time_step(run, net)
+    assert times.fp32 > 0 and times.bf16 > 0
+    assert sorted(set(seen)) == sizes and len(seen) == 2 * (PROBE_ROUNDS + 1)
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert all(p.grad is None for p in net.parameters())
+    assert torch.equal(torch.get_rng_state(), state)
+    net.train()
+    net(torch.randn(4, 3, 16, 16))  # the step does move them: what was restored
+    assert not torch.equal(before["1.running_mean"], net.state_dict()["1.running_mean"])

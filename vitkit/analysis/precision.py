@@ -106,8 +106,8 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
 
 @dataclass(frozen=True)
 class StepTimes:
-    """Seconds of one step of a model (a training step: forward and backward) in fp32 and under bf16 autocast, as
-    `time_step` measured them."""
+    """Seconds of one step of a model (a training step, forward and backward, or an inference forward) in fp32 and
+    in bf16 (under autocast, or `optimize`d), as `time_step` measured them."""
 
     fp32: float
     bf16: float

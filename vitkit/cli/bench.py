@@ -32,7 +32,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         "--precision",
         choices=(*PRECISIONS, AUTO),
         default="fp32",
-        help="fp32, bf16, or auto: the one whose matrix products measure faster on this device (default fp32)",
+        help="fp32, bf16, or auto: the faster on this device, as matrix products measure and, where they favour bf16, "
+        "the model's own step (default fp32)",
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile the vitkit model")
     parser.add_argument(
@@ -83,7 +84,11 @@ def run(args: argparse.Namespace) -> int:
         allow_memory=args.ignore_memory_check,
         memory_names=memory_flags(batch="--batch-size", grad_checkpointing=None, strategy=None),
     )
-    auto = auto or auto_precision(args.device)  # the products' rates (cached per machine), and the faster
+    if auto is None:  # the products' rates (cached per machine); where they favour bf16, the model's step decides
+        auto = auto_precision(args.device)
+        if auto[0] == "bf16" and torch.device(args.device).type == "cpu":
+            why = f"the products favour bf16, {auto[1]}; the model's own step decides: --precision auto times it"
+            auto = ("bf16 or fp32", why)
     if args.json:
         print(json.dumps({**report.to_dict(), "auto_precision": {"precision": auto[0], "why": auto[1]}}, indent=2))
     else:

@@ -83,9 +83,9 @@ def _run_detector(args: argparse.Namespace) -> int:
         check_keeps_inputs(args.plot, [p for p in (args.data, args.model_dir) if p], "--plot")
     run = run_config(args.model_dir)
     batch = args.batch_size if args.batch_size is not None else run.get("batch_size") or DETECTOR_BATCH
-    precision = run_precision(args, batch=batch)
     saved = read_model_info(args.model_dir).tile
     tile, overlap = tiling(args, saved)
+    precision = run_precision(args, batch=batch if tile is None else 1)  # tiles are read one at a time
     if tile is not None:
         mine = " (the model's)" if args.tile is None else ""
         print(f"vitkit eval: whole images in tiles of {tile} px{mine}, sharing {overlap:g} of a side", file=sys.stderr)

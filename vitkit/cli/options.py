@@ -294,8 +294,9 @@ def add_precision_option(parser: argparse.ArgumentParser) -> None:
         "--precision",
         choices=(*PRECISIONS, AUTO),
         default=None,
-        help="bf16: under bfloat16 autocast; auto: the one whose matrix products measure faster on this device "
-        "(default: the precision of the run that wrote the model, as it was validated, else fp32)",
+        help="bf16: under bfloat16 autocast; auto: the faster on this device, as matrix products measure and, where "
+        "they favour bf16, the model's own forward (default: the precision of the run that wrote the model, as it was "
+        "validated, else fp32)",
     )
 
 

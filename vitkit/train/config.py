@@ -216,8 +216,8 @@ class TrainConfig:
     # bf16: bfloat16 autocast of the forward pass
     precision: str = option(
         "fp32",
-        help="fp32, bf16 autocast, or auto: the one whose matrix products measure faster on the device (said at the "
-        "start)",
+        help="fp32, bf16 autocast, or auto: the faster on the device, as matrix products measure and, where they "
+        "favour bf16, the model's own training step (said at the start)",
         choices=(*PRECISIONS, AUTO),
     )
     device: str | None = option(None, help="cpu or cuda (default: cuda when available)", choices=("cpu", "cuda"))

@@ -55,7 +55,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from vitkit.analysis.precision import AUTO, auto_precision, outputs_sum, slow_precision, time_step
+from vitkit.analysis.precision import AUTO, StepTimes, auto_precision, outputs_sum, slow_precision, time_step
 from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.check import check_detection_folder
@@ -239,14 +239,16 @@ class Run:
         if self.own_normalisation:
             self.task.info = dataclasses.replace(self.task.info, mean=started.mean, std=started.std)
         net = self.task.prepare(self.model)  # the model, or the model with the task's training-only parts
-        if auto and config.precision == "bf16" and env.device.type == "cpu":
-            self._step_precision(net)
-            config = self.config
         # before the optimizer state and the first batch: refuse a run that would exhaust memory
         _check_training_memory(self.model, config, env, allow_memory, memory_names or SettingNames())
-        torch.manual_seed(config.seed + env.rank)  # dropout and mixing differ between processes
         if config.grad_checkpointing:
             enable_grad_checkpointing(self.model)
+        if auto and config.precision == "bf16" and env.device.type == "cpu":
+            self._step_precision(net)  # the step as it will train, after the memory check
+            if self.config.precision != config.precision:  # fp32's activations are larger: checked again
+                config = self.config
+                _check_training_memory(self.model, config, env, allow_memory, memory_names or SettingNames())
+        torch.manual_seed(config.seed + env.rank)  # dropout and mixing differ between processes
         self.ema = ModelEma(self.model, config.ema_decay) if config.ema_decay > 0 else None
         self.sharded = config.strategy == "fsdp"  # sharded checkpoints, and on several processes a sharded model
         if env.world_size > 1 and self.sharded:
@@ -277,31 +279,46 @@ class Run:
         PROBE_BATCH images, of the sizes training gives the model: `Task.probe_sizes`), runs at least FASTER_BY times
         faster in it than in fp32 (`time_step`); else fp32, in every process. The step is the task's forward and the
         backward of its outputs' sum. The run's random numbers, the model's buffers and gradients are as they were."""
-        times = None
+        times, failed = None, None
         if self.env.is_main:
-            task, generator = self.task, torch.Generator().manual_seed(0)
-            batch, channels = min(self.config.batch_size, PROBE_BATCH), task.image_shape[0]
-            sizes = task.probe_sizes(PROBE_ROUNDS + 1)  # as training varies them: new kernels for new shapes
-            buffers = [b.detach().clone() for b in net.buffers()]  # BatchNorm's statistics move in training mode
-
-            def step(autocast: bool, i: int) -> None:
-                images = torch.randn(batch, channels, *sizes[i], generator=generator).to(self.env.device)
-                with torch.autocast(self.env.device.type, torch.bfloat16, enabled=autocast):
-                    outputs = task.images_forward(net, images)
-                outputs_sum(outputs).backward()
-                net.zero_grad(set_to_none=True)
-
-            net.train()
-            with torch.random.fork_rng(devices=[]):
-                times = time_step(step, PROBE_ROUNDS)
-            with torch.no_grad():
-                for kept, buffer in zip(buffers, net.buffers(), strict=True):
-                    buffer.copy_(kept)
-        times = broadcast_object(times, self.env)
+            try:
+                times = self._time_step(net)
+            except Exception as error:  # said to every process, so that none waits for the others
+                failed = f"{type(error).__name__}: {error}"
+                if self.env.world_size == 1:
+                    raise
+        times, failed = broadcast_object((times, failed), self.env)
+        if failed is not None:
+            raise RuntimeError(f"precision auto: timing the training step failed in the first process ({failed})")
         self.config = dataclasses.replace(self.config, precision=times.choice())
         self.task.config = self.config
         if self.env.is_main:
             self.precision_why = f"{self.precision_why[:-1]}; {times.describe()})"
+
+    def _time_step(self, net: nn.Module) -> StepTimes:
+        """`_step_precision`'s timing, in this process: `time_step` on synthetic batches, the model's buffers and
+        gradients and torch's random numbers left as they were."""
+        task, generator = self.task, torch.Generator().manual_seed(0)
+        batch, channels = min(self.config.batch_size, PROBE_BATCH), task.image_shape[0]
+        sizes = task.probe_sizes(PROBE_ROUNDS + 1)  # as training varies them: new kernels for new shapes
+        buffers = [b.detach().clone() for b in net.buffers()]  # BatchNorm's statistics move in training mode
+
+        def step(autocast: bool, i: int) -> None:
+            images = torch.randn(batch, channels, *sizes[i], generator=generator).to(self.env.device)
+            with torch.autocast(self.env.device.type, torch.bfloat16, enabled=autocast):
+                outputs = task.images_forward(net, images)
+            outputs_sum(outputs).backward()
+            net.zero_grad(set_to_none=True)
+
+        net.train()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                return time_step(step, PROBE_ROUNDS)
+        finally:
+            net.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for kept, buffer in zip(buffers, net.buffers(), strict=True):
+                    buffer.copy_(kept)
 
     def _fresh_partial(self) -> dict[str, float]:
         """Sums over this epoch's steps so far: of train_loss (`loss_sum`) and of each loss part, per image."""

@@ -390,15 +390,16 @@ class DetectionTask(Task):
         return ", ".join(parts)
 
     def probe_sizes(self, count: int) -> list[tuple[int, int]]:
-        """Sizes spread over the shorter sides training jitters the images to, at the input's aspect: a new image
-        size at most steps, as the scale jitter, the crops and the images' own shapes give them."""
+        """A new size each time, as batches of a detector come: spread over the shorter sides training jitters the
+        images to, at the input's aspect; without the jitter, the input's size 16 px wider each time (images of
+        their own shapes, batched and padded)."""
         height, width = self.image_shape[1:]
         if self.config.scale_jitter and getattr(self.train_set, "transform", None) is not None:
             low, high = jittered_sides(self.train_set.short_side, self.config.scale_jitter)
             sides = [round(low + (high - low) * i / max(count - 1, 1)) for i in range(count)]
             return [(side, round(side * width / height)) if height <= width else (round(side * height / width), side)
                     for side in sides]  # fmt: skip
-        return super().probe_sizes(count)
+        return [(height, width + 16 * i) for i in range(count)]
 
     def set_epoch(self, epoch: int, start: int) -> None:
         super().set_epoch(epoch, start)
