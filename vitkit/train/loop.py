@@ -55,7 +55,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from vitkit.analysis.precision import AUTO, StepTimes, auto_precision, outputs_sum, slow_precision, time_step
+from vitkit.analysis.precision import (
+    AUTO,
+    StepTimes,
+    auto_precision,
+    cpu_matmul_rates,
+    outputs_sum,
+    slow_precision,
+    time_step,
+)
 from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.check import check_detection_folder
@@ -91,7 +99,7 @@ from vitkit.weights.io import save_pretrained
 log = logging.getLogger("vitkit.train")
 
 PROGRESS_DELAY = 3.0  # seconds an epoch runs before its progress bar appears (short epochs show none)
-PROBE_BATCH = 8  # the most images of the step `precision="auto"` times (`Run._step_precision`)
+PROBE_BATCH = 8  # the most images of the step `precision="auto"` times (`Run._measured_step`)
 PROBE_ROUNDS = 3  # its timed steps in each precision
 
 
@@ -207,12 +215,13 @@ class Run:
         memory_names: SettingNames | None = None,
         hints: RunHints | None = None,
         resuming: dict[str, torch.Tensor] | None = None,
-        auto: bool = False,
+        probe: str | None = None,
     ) -> None:
         """`resuming`: the model weights of the checkpoint the run continues (a sharded one's: None), which the
         family fits the model to before its optimizer is built (`FamilyWeights.adapt`: a mask head of an earlier
-        vitkit's layout). `auto`: `config.precision` is what `precision="auto"` took from the products' rates; on a
-        CPU, bf16 is then kept only if the model's own step measures faster in it (`_step_precision`)."""
+        vitkit's layout). `probe`, a fresh run's on a CPU where `config.precision` is bf16: "auto" (what `precision=
+        "auto"` took from the products' rates: kept only if the model's own step measures faster in it) or "bf16"
+        (asked for: kept, and the summary warns where the model's step measures slower in it); `_measured_step`."""
         self.config, self.env = config, env
         self.hints = hints or RunHints()  # how messages name the ways on
         self.out = Path(config.out)
@@ -227,7 +236,9 @@ class Run:
         # the published weights the model started from (directly, or through the model directory it was saved in)
         started = model_info(self.model)
         self.task.info = dataclasses.replace(self.task.info, weights=started.weights)
+        auto = probe == AUTO
         self.precision_why = ""  # for the summary: why `auto` took the precision it took, as the first process measured
+        self.slower_step: StepTimes | None = None  # an explicit bf16's step where it measured slower than fp32's
         if auto and env.is_main:
             self.precision_why = f" (auto: {auto_precision(env.device)[1]})"
         # a classifier's weights trained on images normalised their own way (timm's CLIP, SigLIP, augreg: mean and
@@ -243,11 +254,20 @@ class Run:
         _check_training_memory(self.model, config, env, allow_memory, memory_names or SettingNames())
         if config.grad_checkpointing:
             enable_grad_checkpointing(self.model)
-        if auto and config.precision == "bf16" and env.device.type == "cpu":
-            self._step_precision(net)  # the step as it will train, after the memory check
-            if self.config.precision != config.precision:  # fp32's activations are larger: checked again
-                config = self.config
+        measure = probe is not None and config.precision == "bf16" and env.device.type == "cpu"
+        if measure and not auto:  # asked for: where the products already measure slower, their warning says it
+            faster = cpu_matmul_rates().bf16_speedup >= 1 if env.is_main else None
+            measure = broadcast_object(faster, env)  # every process times the step, or none
+        if measure:
+            times = self._measured_step(net)  # the step as it will train, after the memory check
+            if auto and times.choice() != config.precision:  # fp32's activations are larger: checked again
+                self.config = config = dataclasses.replace(config, precision=times.choice())
+                self.task.config = config
                 _check_training_memory(self.model, config, env, allow_memory, memory_names or SettingNames())
+            if auto and env.is_main:
+                self.precision_why = f"{self.precision_why[:-1]}; {times.describe()})"
+            if not auto and times.bf16 > times.fp32:
+                self.slower_step = times
         torch.manual_seed(config.seed + env.rank)  # dropout and mixing differ between processes
         self.ema = ModelEma(self.model, config.ema_decay) if config.ema_decay > 0 else None
         self.sharded = config.strategy == "fsdp"  # sharded checkpoints, and on several processes a sharded model
@@ -274,11 +294,10 @@ class Run:
         self.sized: list[DataChoice] = []  # the options the data chose (`TrainConfig.data_choices`), for the summary
         self.curves = True  # whether curves.png is drawn (off after matplotlib failed once)
 
-    def _step_precision(self, net: nn.Module) -> None:
-        """Keep bf16 only where the model's training step, timed by the first process on synthetic batches (at most
-        PROBE_BATCH images, of the sizes training gives the model: `Task.probe_sizes`), runs at least FASTER_BY times
-        faster in it than in fp32 (`time_step`); else fp32, in every process. The step is the task's forward and the
-        backward of its outputs' sum. The run's random numbers, the model's buffers and gradients are as they were."""
+    def _measured_step(self, net: nn.Module) -> StepTimes:
+        """The model's training step timed by the first process in fp32 and bf16 (`_time_step`: synthetic batches of
+        at most PROBE_BATCH images at the sizes training gives the model, `Task.probe_sizes`), in every process; a
+        failure reaches every process. `precision="auto"` keeps bf16 only where it is FASTER_BY times faster."""
         times, failed = None, None
         if self.env.is_main:
             try:
@@ -289,14 +308,11 @@ class Run:
                     raise
         times, failed = broadcast_object((times, failed), self.env)
         if failed is not None:
-            raise RuntimeError(f"precision auto: timing the training step failed in the first process ({failed})")
-        self.config = dataclasses.replace(self.config, precision=times.choice())
-        self.task.config = self.config
-        if self.env.is_main:
-            self.precision_why = f"{self.precision_why[:-1]}; {times.describe()})"
+            raise RuntimeError(f"timing the training step in fp32 and bf16 failed in the first process ({failed})")
+        return times
 
     def _time_step(self, net: nn.Module) -> StepTimes:
-        """`_step_precision`'s timing, in this process: `time_step` on synthetic batches, the model's buffers and
+        """`_measured_step`'s timing, in this process: `time_step` on synthetic batches, the model's buffers and
         gradients and torch's random numbers left as they were."""
         task, generator = self.task, torch.Generator().manual_seed(0)
         batch, channels = min(self.config.batch_size, PROBE_BATCH), task.image_shape[0]
@@ -375,6 +391,14 @@ class Run:
         slow = slow_precision(config.precision, env.device, self.hints.option)
         if slow is not None:  # last, where it is read
             lines.append(f"  warning {slow}")
+        if self.slower_step is not None:
+            t, option = self.slower_step, self.hints.option
+            lines.append(
+                f"  warning bf16 is slower than fp32 for this model on this CPU: its training step takes "
+                f"{1000 * t.bf16:.0f} ms in bf16 against {1000 * t.fp32:.0f} in fp32 (its many small operators gain "
+                f"nothing from faster products); use fp32 ({option('precision', 'fp32')}) or the faster of the two "
+                f"({option('precision', AUTO)})"
+            )
         init = load_report(self.model)
         if init is not None and init.adapted:  # what the checkpoint gave, where the model is not it as it was
             lines.insert(1, f"  init    {init.format} layout: {describe_init(init, task.num_classes)}")
@@ -676,8 +700,8 @@ def fit(
         if state is not None and state["epoch"] >= resolved.epochs and has_final(Path(resolved.out)):
             return _complete(resolved, state, env, hints)  # else it is written below from the checkpoint
         resuming = state.get("model") if state is not None else None
-        auto = config.precision == AUTO and state is None  # a resumed run keeps the precision it was started in
-        run = Run(resolved, env, allow_memory, memory_names, hints, resuming, auto)  # data, model, memory: before OUT
+        probe = config.precision if state is None else None  # a resumed run keeps the precision it began in
+        run = Run(resolved, env, allow_memory, memory_names, hints, resuming, probe)  # data, model, memory: before OUT
         run.sized = config.data_choices() if state is None else []
         lock.acquire(config)  # OUT is created now where it was missing
         _begin(run, state)
