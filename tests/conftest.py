@@ -179,3 +179,22 @@ def point_table(monkeypatch):
         monkeypatch.setitem(registry._MODELS, entry.name, dataclasses.replace(entry, **changes))
 
     return point
+
+
+@pytest.fixture
+def fake_time_step():
+    """`fake_time_step(times)`: a stand-in for `vitkit.analysis.precision.time_step` that runs the step it is given
+    once in each precision (the real forwards run: fp32 as round 0, bf16 as round 1) and returns `times`; its `ran`
+    lists the precisions run, bf16 as True."""
+
+    def make(times):
+        def fake(step, rounds=3):
+            for i, bf16 in enumerate((False, True)):
+                step(bf16, i)
+                fake.ran.append(bf16)
+            return times
+
+        fake.ran = []
+        return fake
+
+    return make

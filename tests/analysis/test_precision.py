@@ -104,7 +104,7 @@ def test_a_models_own_step_decides_where_the_products_favour_bf16():
     assert slow.choice() == "fp32" and slow.bf16 > slow.fp32
 
 
-def test_a_commands_auto_lets_the_models_forward_decide(monkeypatch, tmp_path, capsys):
+def test_a_commands_auto_lets_the_models_forward_decide(monkeypatch, tmp_path, capsys, fake_time_step):
     """eval and predict with --precision auto: where the products favour bf16, the model's inference forward is
     timed (real forwards, faked times) and decides; a detector's images change width from round to round."""
     import argparse
@@ -118,16 +118,9 @@ def test_a_commands_auto_lets_the_models_forward_decide(monkeypatch, tmp_path, c
     args = argparse.Namespace(precision="auto", model_dir=str(model_dir), device="cpu", command="eval")
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
     for times, chosen in ((StepTimes(fp32=0.02, bf16=0.04), "fp32"), (StepTimes(fp32=0.06, bf16=0.02), "bf16")):
-        ran = []
-
-        def fake(step, rounds=3, times=times, ran=ran):
-            for i, autocast in enumerate((False, True)):
-                step(autocast, i)
-                ran.append(autocast)
-            return times
-
+        fake = fake_time_step(times)
         monkeypatch.setattr(runtime, "time_step", fake)
-        assert run_precision(args, batch=4) == chosen and ran == [False, True]
+        assert run_precision(args, batch=4) == chosen and fake.ran == [False, True]
         assert f"vitkit eval: --precision auto: {times.describe('forward')}" in capsys.readouterr().err
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=50e9))
     monkeypatch.setattr(runtime, "time_step", lambda *a: pytest.fail("the products decide where bf16 is slower"))
@@ -143,7 +136,7 @@ def test_a_commands_auto_lets_the_models_forward_decide(monkeypatch, tmp_path, c
     assert not detector.training
 
 
-def test_optimize_auto_returns_the_copy_whose_forward_measures_faster(monkeypatch):
+def test_optimize_auto_returns_the_copy_whose_forward_measures_faster(monkeypatch, fake_time_step):
     """Where the products favour bf16, `optimize(model, "auto")` builds both copies, times their forwards (real
     forwards, faked times) and returns the faster with its times; the products decide alone where bf16 is slower."""
     import importlib
@@ -153,17 +146,10 @@ def test_optimize_auto_returns_the_copy_whose_forward_measures_faster(monkeypatc
     model = vitkit.create_model("vit_tiny_patch16_224", depth=1)
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
     for times, chosen in ((StepTimes(fp32=0.02, bf16=0.04), "fp32"), (StepTimes(fp32=0.06, bf16=0.02), "bf16")):
-        ran = []
-
-        def fake(step, rounds=3, times=times, ran=ran):
-            for i, bf16 in enumerate((False, True)):
-                step(bf16, i)
-                ran.append(bf16)
-            return times
-
+        fake = fake_time_step(times)
         monkeypatch.setattr(optimizing, "time_step", fake)
         fast = vitkit.optimize(model, "auto", batch=2)
-        assert fast.precision == chosen and fast.measured == times and ran == [False, True]
+        assert fast.precision == chosen and fast.measured == times and fake.ran == [False, True]
         assert next(fast.parameters()).dtype == (torch.bfloat16 if chosen == "bf16" else torch.float32)
     monkeypatch.setattr(optimizing, "time_step", lambda *a: pytest.fail("the products decide where bf16 is slower"))
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=50e9))

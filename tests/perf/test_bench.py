@@ -117,7 +117,7 @@ def test_a_bf16_table_says_which_attention_path_this_cpu_measured_faster(monkeyp
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
-def test_bench_auto_lets_the_models_own_step_decide(monkeypatch, capsys, train):
+def test_bench_auto_lets_the_models_own_step_decide(monkeypatch, capsys, train, fake_time_step):
     """--precision auto where the products favour bf16: the model's step in each precision decides (its real
     steps run, faked times), and the table says so and times the precision chosen."""
     import importlib
@@ -126,18 +126,12 @@ def test_bench_auto_lets_the_models_own_step_decide(monkeypatch, capsys, train):
     from vitkit.analysis.precision import MatmulRates, StepTimes
 
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
-    ran = []
-
-    def fake(step, rounds=3):
-        for i, bf16 in enumerate((False, True)):
-            step(bf16, i)
-            ran.append(bf16)
-        return StepTimes(fp32=0.01, bf16=0.03)
-
-    monkeypatch.setattr(importlib.import_module("vitkit.perf.bench"), "time_step", fake)
+    fake = fake_time_step(StepTimes(fp32=0.01, bf16=0.03))
+    timing = precision if train else importlib.import_module("vitkit.perf.optimize")  # the step's, the copies'
+    monkeypatch.setattr(timing, "time_step", fake)
     args = ["bench", "vit_tiny_patch16_224", "--batch-size", "2", "--img-size", "32", "--rounds", "1"]
     assert main(args + ["--precision", "auto"] + (["--train"] if train else [])) == 0
-    assert ran == [False, True]
+    assert fake.ran == [False, True]
     captured = capsys.readouterr()
     step = "training step" if train else "forward"
     why = f"this model's {step} 30 ms in bf16 against 10 in fp32: fp32"

@@ -363,10 +363,6 @@ def test_a_bf16_run_where_bf16_is_slow_says_so_last_in_its_summary(tmp_path, tin
         return f"bf16 is slower than fp32 on this CPU (...): use fp32 ({name('precision', 'fp32')})"
 
     monkeypatch.setattr("vitkit.train.loop.slow_precision", slow)
-    from vitkit.analysis.precision import MatmulRates
-
-    # the products measure bf16 slower, as the warning says: the model's step is not timed then
-    monkeypatch.setattr("vitkit.train.loop.cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=50e9))
     with caplog.at_level(logging.INFO, logger="vitkit.train"):
         fit(tiny_config(tmp_path / "run", precision="bf16", epochs=1))
     summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("training "))

@@ -424,7 +424,7 @@ def test_a_run_of_the_earlier_mask_head_resumes_with_it(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("faster", ["fp32", "bf16"])
 def test_auto_keeps_bf16_only_where_the_models_own_step_measures_faster(
-    tmp_path, tiny_detector_config, monkeypatch, caplog, faster
+    tmp_path, tiny_detector_config, monkeypatch, caplog, faster, fake_time_step
 ):
     """The products favour bf16 (the probe's rates), the model's training step decides: timed on the run's own
     forward (faked times, the real steps run), the run trains in the faster precision and says why. Timing it leaves
@@ -432,21 +432,13 @@ def test_auto_keeps_bf16_only_where_the_models_own_step_measures_faster(
     run keeps the precision it began in."""
     from vitkit.analysis import precision
     from vitkit.analysis.precision import MatmulRates, StepTimes
-    from vitkit.train import loop
 
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
-    timed = []
-
-    def fake_time_step(step, rounds):
-        for i, autocast in enumerate((False, True)):
-            step(autocast, i)
-            timed.append(autocast)
-        return StepTimes(fp32=0.1, bf16=0.2) if faster == "fp32" else StepTimes(fp32=0.3, bf16=0.1)
-
-    monkeypatch.setattr(loop, "time_step", fake_time_step)
+    fake = fake_time_step(StepTimes(fp32=0.1, bf16=0.2) if faster == "fp32" else StepTimes(fp32=0.3, bf16=0.1))
+    monkeypatch.setattr(precision, "time_step", fake)
     with caplog.at_level(logging.INFO, logger="vitkit.train"):
         fit(tiny_detector_config(tmp_path / "auto", epochs=1, precision="auto", warmup_epochs=0.2))
-    assert timed == [False, True]
+    assert fake.ran == [False, True]
     (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training ")]
     why = "this model's training step 200 ms in bf16 against 100 in fp32: fp32" if faster == "fp32" else (
         "this model's training step 100 ms in bf16 against 300 in fp32: bf16"
@@ -456,7 +448,7 @@ def test_auto_keeps_bf16_only_where_the_models_own_step_measures_faster(
     fit(tiny_detector_config(tmp_path / "asked", epochs=1, precision=faster, warmup_epochs=0.2))
     chosen, asked = (from_pretrained(tmp_path / name / "final").state_dict() for name in ("auto", "asked"))
     assert all(torch.equal(chosen[k], asked[k]) for k in asked)  # buffers, random numbers, gradients untouched
-    monkeypatch.setattr(loop, "time_step", lambda *args: pytest.fail("a resumed run is not timed again"))
+    monkeypatch.setattr(precision, "time_step", lambda *args: pytest.fail("a resumed run is not timed again"))
     other = "bf16" if faster == "fp32" else "fp32"  # the products now favour the other one: the run keeps its own
     rates = MatmulRates(fp32=100e9, bf16=650e9 if other == "bf16" else 50e9)
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: rates)
@@ -501,19 +493,17 @@ def test_timing_the_step_leaves_buffers_gradients_and_random_numbers_as_they_wer
 
 
 def test_an_explicit_bf16_slower_for_the_model_runs_as_asked_and_warns_with_both_times(
-    tmp_path, tiny_detector_config, monkeypatch, caplog
+    tmp_path, tiny_detector_config, monkeypatch, caplog, fake_time_step
 ):
     """--precision bf16 where the products favour bf16 but the model's step measures slower in it: the run trains
     in bf16 and its summary warns with both times and the ways out; faster in bf16, nothing is said; where the
     products already measure bf16 slower, their warning says it and the step is not timed."""
     from vitkit.analysis import precision
     from vitkit.analysis.precision import MatmulRates, StepTimes
-    from vitkit.train import loop
 
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
-    monkeypatch.setattr(loop, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
     for times, warned in ((StepTimes(fp32=0.1, bf16=0.2), True), (StepTimes(fp32=0.2, bf16=0.1), False)):
-        monkeypatch.setattr(loop, "time_step", lambda step, rounds, times=times: times)
+        monkeypatch.setattr(precision, "time_step", fake_time_step(times))
         caplog.clear()
         out = tmp_path / f"bf16_{warned}"
         with caplog.at_level(logging.INFO, logger="vitkit.train"):
@@ -529,8 +519,7 @@ def test_an_explicit_bf16_slower_for_the_model_runs_as_asked_and_warns_with_both
         assert (warning in summary) is warned
     slow = MatmulRates(fp32=100e9, bf16=50e9)
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: slow)
-    monkeypatch.setattr(loop, "cpu_matmul_rates", lambda: slow)
-    monkeypatch.setattr(loop, "time_step", lambda *args: pytest.fail("the products' warning says it"))
+    monkeypatch.setattr(precision, "time_step", lambda *args: pytest.fail("the products' warning says it"))
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="vitkit.train"):
         fit(tiny_detector_config(tmp_path / "bf16_slow_products", epochs=1, precision="bf16"))

@@ -152,6 +152,36 @@ def time_step(step: Callable[[bool, int], object], rounds: int = 3) -> StepTimes
     return StepTimes(fp32=statistics.median(times[False]), bf16=statistics.median(times[True]))
 
 
+def time_training_step(
+    net: torch.nn.Module,
+    forward: Callable[[torch.Tensor], Any],
+    images: Callable[[int], torch.Tensor],
+    device: torch.device,
+    rounds: int = 3,
+) -> StepTimes:
+    """`time_step` of a training step of `net`: `forward(images(i))` in training mode, under bf16 autocast or not,
+    and the backward of its outputs' sum. Afterwards `net`'s buffers (BatchNorm's statistics), its gradients (none)
+    and torch's CPU random numbers are as they were, even where a step failed."""
+    buffers = [b.detach().clone() for b in net.buffers()]  # BatchNorm's statistics move in training mode
+
+    def step(autocast: bool, i: int) -> None:
+        x = images(i)
+        with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
+            outputs = forward(x)
+        outputs_sum(outputs).backward()
+        net.zero_grad(set_to_none=True)
+
+    net.train()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return time_step(step, rounds)
+    finally:
+        net.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for kept, buffer in zip(buffers, net.buffers(), strict=True):
+                buffer.copy_(kept)
+
+
 def cpu_features() -> str:
     """The CPU's bf16-related instruction sets as torch sees them, e.g. "AVX512, native bf16 with AMX" or
     "AVX2, no native bf16 (...)"."""

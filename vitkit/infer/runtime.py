@@ -38,8 +38,7 @@ def probe_images(model: torch.nn.Module, batch: int, i: int, generator: torch.Ge
 
     config = model.config
     height, width = to_2tuple(config.img_size)
-    inner = getattr(model, "model", model)  # an `optimize`d model's
-    width += 16 * i if isinstance(inner, VitkitDetector) else 0
+    width += 16 * i if isinstance(model, VitkitDetector) else 0
     return torch.randn(min(batch, PROBE_BATCH), config.in_chans, height, width, generator=generator)
 
 

@@ -25,13 +25,13 @@ from torch.profiler import record_function
 
 from vitkit.analysis.estimate import MemoryEstimate, MemoryEstimator
 from vitkit.analysis.memory import PeakMemory
-from vitkit.analysis.precision import StepTimes, cpu_features, outputs_sum, precision_dtype, time_step
+from vitkit.analysis.precision import StepTimes, cpu_features, precision_dtype, time_training_step
 from vitkit.analysis.preflight import SettingNames, enforce
 from vitkit.analysis.profile import profile
 from vitkit.errors import OptionError
 from vitkit.layers.helpers import to_2tuple
 from vitkit.models.registry import DETECTION, create_model, families, family, model_entry
-from vitkit.perf.optimize import optimize
+from vitkit.perf.optimize import optimize, time_copies
 from vitkit.util import listed
 from vitkit.weights.convert import export_weights
 
@@ -557,9 +557,9 @@ def model_step_times(
     model_name: str, batch: int, img_size: int | tuple[int, int] | None, train: bool, device: str = "cpu"
 ) -> StepTimes:
     """What `--precision auto` decides by where the products favour bf16: the model's own step, fp32 against bf16,
-    on random weights and at most 8 random images of the bench's size (`vitkit.analysis.precision.time_step`).
-    Inference: its fp32 and bf16 `optimize`d copies' forwards; training: the forward under autocast or not, and the
-    backward of the outputs' sum."""
+    on random weights and at most 8 random images of the bench's size. Inference: its fp32 and bf16 `optimize`d
+    copies' forwards (`vitkit.perf.optimize.time_copies`); training: the forward under autocast or not, and the
+    backward of the outputs' sum (`vitkit.analysis.precision.time_training_step`)."""
     config = model_entry(model_name).config
     size = to_2tuple(img_size if img_size is not None else config.img_size)
     detector = family(model_entry(model_name).family).task == DETECTION
@@ -568,22 +568,8 @@ def model_step_times(
     model = create_model(model_name, **({"dynamic_img_size": True} if dynamic else {})).to(device)
     x = torch.randn(min(batch, 8), config.in_chans, *size, device=device)
     if not train:  # the copies `optimize` makes in each precision, on the bench's images
-        copies = {False: optimize(model.eval(), "fp32"), True: optimize(model, "bf16")}
-
-        def forward(bf16: bool, i: int) -> None:
-            with torch.inference_mode():
-                copies[bf16](x)
-
-        return time_step(forward)
-    model.train()
-
-    def step(autocast: bool, i: int) -> None:
-        with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=autocast):
-            outputs = model(x)
-        outputs_sum(outputs).backward()
-        model.zero_grad(set_to_none=True)
-
-    return time_step(step)
+        return time_copies(model.eval(), lambda i: x)[1]
+    return time_training_step(model, model, lambda i: x, torch.device(device))
 
 
 def bench(

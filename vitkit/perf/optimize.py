@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import functools
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -256,20 +257,27 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False, b
 
 
 def _faster_copy(model: nn.Module, batch: int) -> OptimizedModel:
-    """The faster of `model`'s fp32 and bf16 `optimize`d copies, as their forwards on `probe_images` time
-    (`vitkit.analysis.precision.time_step`), with the times in its `measured`: products that run faster in bf16 do
-    not make every model faster (a small detector on one image at a time on a Xeon with AMX: 37 ms in fp32 against 53
-    in bf16 at image sizes not seen before)."""
+    """The faster of `model`'s fp32 and bf16 `optimize`d copies (`time_copies` on `probe_images`), with the times in
+    its `measured`: products that run faster in bf16 do not make every model faster (a small detector on one image
+    at a time on a Xeon with AMX: 37 ms in fp32 against 53 in bf16 at image sizes not seen before)."""
     from vitkit.infer.runtime import probe_images
 
-    copies = {False: optimize(model, "fp32"), True: optimize(model, "bf16")}
     generator = torch.Generator().manual_seed(0)
-
-    def step(bf16: bool, i: int) -> None:
-        with torch.inference_mode():
-            copies[bf16](probe_images(copies[bf16], batch, i, generator))
-
-    times = time_step(step)
-    chosen = copies[times.choice() == "bf16"]
+    copies, times = time_copies(model, lambda i: probe_images(model, batch, i, generator))
+    chosen = copies[times.choice()]
     chosen.measured = times
     return chosen
+
+
+def time_copies(
+    model: nn.Module, images: Callable[[int], torch.Tensor]
+) -> tuple[dict[str, OptimizedModel], StepTimes]:
+    """`model`'s fp32 and bf16 `optimize`d copies by precision, and their forwards on `images(i)` timed
+    (`vitkit.analysis.precision.time_step`)."""
+    copies = {"fp32": optimize(model, "fp32"), "bf16": optimize(model, "bf16")}
+
+    def forward(bf16: bool, i: int) -> None:
+        with torch.inference_mode():
+            copies["bf16" if bf16 else "fp32"](images(i))
+
+    return copies, time_step(forward)

@@ -59,10 +59,8 @@ from vitkit.analysis.precision import (
     AUTO,
     StepTimes,
     auto_precision,
-    cpu_matmul_rates,
-    outputs_sum,
     slow_precision,
-    time_step,
+    time_training_step,
 )
 from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memory
 from vitkit.data import Unreadable, summarize_unreadable
@@ -254,10 +252,12 @@ class Run:
         _check_training_memory(self.model, config, env, allow_memory, memory_names or SettingNames())
         if config.grad_checkpointing:
             enable_grad_checkpointing(self.model)
+        # why the precision would run slower than fp32 on this device, for the summary (bf16 only where the products
+        # favour it, whether auto or the model's step keeps it)
+        self.slow = slow_precision(config.precision, env.device, self.hints.option) if env.is_main else None
         measure = probe is not None and config.precision == "bf16" and env.device.type == "cpu"
         if measure and not auto:  # asked for: where the products already measure slower, their warning says it
-            faster = cpu_matmul_rates().bf16_speedup >= 1 if env.is_main else None
-            measure = broadcast_object(faster, env)  # every process times the step, or none
+            measure = broadcast_object(self.slow is None if env.is_main else None, env)  # all processes time it or none
         if measure:
             times = self._measured_step(net)  # the step as it will train, after the memory check
             if auto and times.choice() != config.precision:  # fp32's activations are larger: checked again
@@ -312,29 +312,16 @@ class Run:
         return times
 
     def _time_step(self, net: nn.Module) -> StepTimes:
-        """`_measured_step`'s timing, in this process: `time_step` on synthetic batches, the model's buffers and
-        gradients and torch's random numbers left as they were."""
-        task, generator = self.task, torch.Generator().manual_seed(0)
+        """`_measured_step`'s timing, in this process (`time_training_step`): synthetic batches at `Task.probe_sizes`,
+        through the task's forward."""
+        task, generator, device = self.task, torch.Generator().manual_seed(0), self.env.device
         batch, channels = min(self.config.batch_size, PROBE_BATCH), task.image_shape[0]
         sizes = task.probe_sizes(PROBE_ROUNDS + 1)  # as training varies them: new kernels for new shapes
-        buffers = [b.detach().clone() for b in net.buffers()]  # BatchNorm's statistics move in training mode
 
-        def step(autocast: bool, i: int) -> None:
-            images = torch.randn(batch, channels, *sizes[i], generator=generator).to(self.env.device)
-            with torch.autocast(self.env.device.type, torch.bfloat16, enabled=autocast):
-                outputs = task.images_forward(net, images)
-            outputs_sum(outputs).backward()
-            net.zero_grad(set_to_none=True)
+        def images(i: int) -> torch.Tensor:
+            return torch.randn(batch, channels, *sizes[i], generator=generator).to(device)
 
-        net.train()
-        try:
-            with torch.random.fork_rng(devices=[]):
-                return time_step(step, PROBE_ROUNDS)
-        finally:
-            net.zero_grad(set_to_none=True)
-            with torch.no_grad():
-                for kept, buffer in zip(buffers, net.buffers(), strict=True):
-                    buffer.copy_(kept)
+        return time_training_step(net, lambda x: task.images_forward(net, x), images, device, PROBE_ROUNDS)
 
     def _fresh_partial(self) -> dict[str, float]:
         """Sums over this epoch's steps so far: of train_loss (`loss_sum`) and of each loss part, per image."""
@@ -388,9 +375,8 @@ class Run:
             check = check_detection_folder(config.data)
             lines.insert(2, f"  check   {check.summary()}")
             lines += [f"  warning {warning}" for warning in check.warnings]
-        slow = slow_precision(config.precision, env.device, self.hints.option)
-        if slow is not None:  # last, where it is read
-            lines.append(f"  warning {slow}")
+        if self.slow is not None:  # last, where it is read
+            lines.append(f"  warning {self.slow}")
         if self.slower_step is not None:
             t, option = self.slower_step, self.hints.option
             lines.append(
