@@ -5,6 +5,7 @@ masks."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -16,6 +17,7 @@ from vitkit.detection.masks import (
     canvas_masks,
     mask_costs,
     mask_losses,
+    mask_pair_losses,
     point_sample,
     uncertain_points,
 )
@@ -174,3 +176,36 @@ def test_the_mask_cost_decides_between_queries_with_the_same_box():
     no_masks = HungarianMatcher(classification="focal", no_object_logit=False, cost_mask=0, cost_dice=0)
     costs = no_masks.cost_matrix(outputs, targets)
     assert costs[0, 0, 0] == costs[0, 1, 0]  # boxes and classes alone cannot tell them apart
+
+
+def test_a_matcher_without_mask_costs_does_not_compute_them():
+    """Mask costs weighted 0 are not computed: masks that would make them NaN leave the matching to the boxes."""
+    outputs = {
+        "pred_logits": torch.zeros(1, 2, 1),
+        "pred_boxes": torch.tensor([[[0.7, 0.5, 0.2, 0.2], [0.375, 0.5, 0.25, 0.5]]]),
+        "pred_masks": torch.full((1, 2, 8, 8), float("nan")),
+    }
+    targets = [{"labels": torch.tensor([0]), "boxes": torch.tensor([[0.375, 0.5, 0.25, 0.5]])}]
+    targets[0]["masks"] = torch.ones(1, 32, 32)
+    boxes_only = HungarianMatcher(classification="focal", no_object_logit=False, cost_mask=0, cost_dice=0)
+    ((query,), _), = boxes_only(outputs, targets)
+    assert query == 1
+    wrong = "not finite: NaN or inf values in pred_logits 0, pred_boxes 0, pred_masks 128;"
+    with pytest.raises(ValueError, match=wrong):
+        HungarianMatcher(classification="focal", no_object_logit=False)(outputs, targets)
+
+
+def test_pairs_named_by_their_objects_rows_score_as_the_objects_masks_repeated():
+    """`rows` names each pair's object among the objects' masks: the losses equal those of the masks repeated per
+    pair, at every logit and on sampled points (the same draws)."""
+    torch.manual_seed(0)
+    objects = (torch.rand(3, 24, 28) > 0.5).float()  # on the canvas
+    rows = torch.tensor([2, 0, 2, 1, 2])
+    pred = torch.randn(5, 6, 7, dtype=torch.float64)
+    for count in (None, 20):
+        torch.manual_seed(1)
+        want = mask_pair_losses(pred, objects[rows], count)
+        torch.manual_seed(1)
+        got = mask_pair_losses(pred, objects, count, rows=rows)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)

@@ -80,7 +80,7 @@ class HungarianMatcher(nn.Module):
             model declares (`vitkit.models.interface.has_no_object_logit`); "ce" needs it True.
         cost_mask, cost_dice: weights of the mask costs (`vitkit.detection.masks.mask_costs`: sigmoid focal and
             dice on sampled points), added where the outputs hold `pred_masks` and the targets `masks` (1 and 1:
-            `vitkit.detection.masks.MASK_COSTS`).
+            `vitkit.detection.masks.MASK_COSTS`); both 0: not computed, the masks match on boxes and classes.
     """
 
     def __init__(
@@ -188,7 +188,8 @@ class HungarianMatcher(nn.Module):
             stacked = {key: torch.cat([layers[n][0][key] for n in group]) for key in ("pred_logits", "pred_boxes")}
             Q = outputs["pred_logits"].shape[1]
             cost = self.cost_matrix(stacked, targets).view(len(group), -1, Q, sum(sizes))  # (G, B, Q, T), float32
-            masks = uses_masks(outputs, targets)  # then every layer of the group has them (`_stackable`)
+            # then every layer of the group has them (`_stackable`)
+            masks = uses_masks(outputs, targets) and self.cost_mask + self.cost_dice > 0
             if masks and canvas is None:
                 canvas = canvas_masks(targets, canvas_size(outputs["pred_masks"]))
             for i, block in enumerate(cost.split(sizes, dim=-1)):  # block i: (G, B, Q, n_i)
@@ -201,13 +202,13 @@ class HungarianMatcher(nn.Module):
         costs = torch.cat(blocks).cpu() if blocks else torch.empty(0)
         if not torch.isfinite(costs).all():
             bad = {
-                name: sum(int((~outputs[name].isfinite()).sum()) for outputs, _ in layers)
-                for name in ("pred_logits", "pred_boxes")
+                name: sum(int((~outputs[name].isfinite()).sum()) for outputs, _ in layers if name in outputs)
+                for name in ("pred_logits", "pred_boxes", "pred_masks")
             }
+            held = ", ".join(f"{name} {count}" for name, count in bad.items() if name != "pred_masks" or count)
             raise ValueError(
-                f"the matching cost is not finite: pred_logits hold {bad['pred_logits']} and pred_boxes "
-                f"{bad['pred_boxes']} NaN or inf values; the model has diverged (try a lower learning rate, "
-                "gradient clipping, or fp32 instead of bf16)"
+                f"the matching cost is not finite: NaN or inf values in {held}; the model has diverged (try a lower "
+                "learning rate, gradient clipping, or fp32 instead of bf16)"
             )
         matched: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in layers]
         start = 0
