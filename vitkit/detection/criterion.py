@@ -224,7 +224,7 @@ class SetCriterion(nn.Module):
         losses = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
         if "masks" in wanted and all("pred_masks" in layer for layer in layers):
             masks = torch.stack([layer_outputs["pred_masks"] for layer_outputs in layers])  # (L, B, Q, H / 4, W / 4)
-            per_pair = torch.stack(mask_pair_losses(masks[matched], wanted["masks"][box]))  # (2, M)
+            per_pair = torch.stack(mask_pair_losses(masks[matched], wanted["masks"], rows=box))  # (2, M)
             sums = per_pair.new_zeros(2, len(layers)).index_add(1, layer, per_pair)  # (2, L)
             losses["loss_mask"], losses["loss_dice"] = (sums + masks.sum() * 0) / num_boxes  # in the graph if M is 0
         return losses

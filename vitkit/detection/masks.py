@@ -148,14 +148,19 @@ def mask_costs(pred: Tensor, target: Tensor, count: int | None = None) -> tuple[
     return focal, dice
 
 
-def mask_pair_losses(pred: Tensor, target: Tensor, count: int | None = None) -> tuple[Tensor, Tensor]:
+def mask_pair_losses(
+    pred: Tensor, target: Tensor, count: int | None = None, rows: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """(focal loss, dice loss), each (M,), of matched predicted masks `pred` (M, h, w) (logits) against their
     objects' masks `target` (M, H, W) (on the canvas), at `count` points each (`uncertain_points`; None: at every
     logit of a mask that has at most MASK_POINTS, else MASK_POINTS points): the focal loss the mean over a pair's
-    points, neither summed nor divided."""
+    points, neither summed nor divided. With `rows` (M,), `target` holds the objects' masks (T, H, W) and pair m is
+    compared with object rows[m]: each object is read at the logits once, however many pairs it is in."""
     if count is None and every_logit(pred):
-        logits, wanted = pred.flatten(1), at_logits(target, pred.shape[-2:])  # (M, h * w)
+        wanted = at_logits(target, pred.shape[-2:])  # (T | M, h * w)
+        logits, wanted = pred.flatten(1), wanted if rows is None else wanted[rows]  # (M, h * w)
     else:
+        target = target if rows is None else target[rows]  # (M, H, W)
         points = uncertain_points(pred.detach(), count or MASK_POINTS)  # (M, K, 2)
         logits = point_sample(pred, points)  # (M, K)
         with torch.no_grad():
