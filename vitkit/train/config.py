@@ -443,7 +443,10 @@ class TrainConfig:
         except ValueError as err:
             why = f"the annotations have segmentations, but this model's mask head cannot be built ({err}): boxes only"
             return [DataChoice("masks", False, why)]
-        why = "every training annotation has a segmentation: the mask head (pred_masks) trains beside the boxes"
+        why = (
+            "every training annotation has a segmentation: the mask head (pred_masks) trains beside the boxes "
+            "(boxes only, in shorter steps: --model-arg masks=false)"
+        )
         return [DataChoice("masks", True, why)]
 
     def minimal(self) -> TrainConfig:
