@@ -39,6 +39,38 @@ def test_rates_are_measured_once_and_cached_per_machine(tmp_path, monkeypatch):
     cpu_matmul_rates.cache_clear()
 
 
+def test_figures_cached_for_another_kind_of_cpu_of_the_same_name_are_not_read(tmp_path, monkeypatch):
+    """A cache shared between machines, or a run under an instruction-set cap: the key holds what sets the speed of
+    the products beside the CPU's name, which a hypervisor may report generically ("Intel(R) Xeon(R) Processor",
+    with AMX and with AMX hidden). Figures of another kind are measured again, not read."""
+    from vitkit.kernels import probe
+
+    for name in probe.ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(probe, "cpu_model", lambda: "Intel(R) Xeon(R) Processor")
+    amx = {"amx_bf16": True, "avx512_bf16": True, "avx512_f": True, "avx2": True, "sse2": True}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: amx)
+    with_amx = probe.probe_key()
+    assert "amx_bf16 avx512_bf16 avx512_f avx2 |" in with_amx and "sse2" not in with_amx
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # oneDNN kept from AMX: another kind's speed
+    capped = probe.probe_key()
+    assert capped != with_amx and "| ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 |" in capped
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {**amx, "amx_bf16": False})  # AMX hidden
+    hidden = probe.probe_key()
+    assert len({with_amx, capped, hidden}) == 3 and "avx512_bf16 avx512_f avx2 |" in hidden
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path))
+    (tmp_path / "matmul_rates.json").write_text(json.dumps({with_amx: {"fp32": 1e11, "bf16": 6e11}}))
+    cpu_matmul_rates.cache_clear()
+    monkeypatch.setattr(precision, "_time_rates", lambda: {"fp32": 2.55e11, "bf16": 1.62e11})
+    assert cpu_matmul_rates() == MatmulRates(fp32=2.55e11, bf16=1.62e11)  # measured here, not the AMX figures
+    assert json.loads((tmp_path / "matmul_rates.json").read_text()) == {
+        with_amx: {"fp32": 1e11, "bf16": 6e11},
+        hidden: {"fp32": 2.55e11, "bf16": 1.62e11},
+    }
+    cpu_matmul_rates.cache_clear()
+
+
 def test_auto_takes_bf16_only_where_it_measures_faster(monkeypatch):
     """The decision on fake timings: the flags say nothing, the rates decide, with a margin."""
     assert choose_precision(MatmulRates(fp32=255e9, bf16=162e9)) == "fp32"  # a Xeon with AVX512-BF16, no AMX

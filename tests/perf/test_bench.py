@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+import vitkit
 from vitkit import create_model
 from vitkit.analysis import MemoryWarning, NotEnoughMemory, estimate_memory, profile
 from vitkit.analysis.precision import cpu_features
@@ -142,11 +143,37 @@ def test_bench_auto_lets_the_models_own_step_decide(monkeypatch, capsys, train, 
 
 def test_cpu_features_name_amx_where_torch_sees_it(monkeypatch):
     from vitkit.analysis import precision
+    from vitkit.kernels.probe import ISA_CAPS
 
+    for name in ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(precision, "native_cpu_bf16", lambda: True)
     for amx, expected in ((True, ", native bf16 with AMX"), (False, ", native bf16")):
         monkeypatch.setattr(precision, "cpu_amx", lambda amx=amx: amx)
         assert cpu_features() == torch.backends.cpu.get_cpu_capability() + expected
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # oneDNN kept from the AMX it has
+    assert cpu_features().endswith(", native bf16; capped by ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16")
+
+
+def test_a_slower_bf16_is_said_once_in_the_commands_words(monkeypatch, capsys):
+    """`vitkit bench --precision bf16` where bf16's products measure slower (faked): one warning, naming the
+    command's options; `optimize`'s own warning, in Python's words, is not repeated."""
+    import warnings
+
+    from vitkit.analysis import precision
+    from vitkit.analysis.precision import MatmulRates, SlowPrecisionWarning
+
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=255e9, bf16=162e9))
+    args = ["bench", "vit_tiny_patch16_224", "--batch-size", "1", "--img-size", "32", "--rounds", "1"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(args + ["--precision", "bf16"]) == 0
+    assert not [w for w in caught if issubclass(w.category, SlowPrecisionWarning)]
+    err = capsys.readouterr().err
+    assert err.count("bf16 is slower than fp32") == 1
+    assert "warning: bf16 is slower than fp32 on this CPU" in err and "use fp32 (--precision fp32)" in err
+    with pytest.warns(SlowPrecisionWarning, match=r'use fp32 \(optimize\(model, "fp32"\)\)'):  # the library says it
+        vitkit.optimize(create_model("vit_tiny_patch16_224", depth=1), "bf16")
 
 
 class ProductClock(TorchDispatchMode):

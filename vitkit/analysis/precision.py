@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from vitkit.errors import Namer, python_option
-from vitkit.kernels.probe import best_time, cpu_amx, measured, native_cpu_bf16
+from vitkit.kernels.probe import best_time, cpu_amx, isa_caps, measured, native_cpu_bf16
 
 PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -184,11 +184,17 @@ def time_training_step(
 
 def cpu_features() -> str:
     """The CPU's bf16-related instruction sets as torch sees them, e.g. "AVX512, native bf16 with AMX" or
-    "AVX2, no native bf16 (...)"."""
-    capability = torch.backends.cpu.get_cpu_capability()
+    "AVX2, no native bf16 (...)", and any cap on them set in the environment (`isa_caps`)."""
+    capability, caps = torch.backends.cpu.get_cpu_capability(), isa_caps()
+    capped = f"; capped by {caps}" if caps else ""
     if native_cpu_bf16():
-        return f"{capability}, native bf16{' with AMX' if cpu_amx() else ''}"
-    return f"{capability}, no native bf16 (neither AVX512-BF16 nor AMX)"
+        return f"{capability}, native bf16{' with AMX' if cpu_amx() else ''}{capped}"
+    return f"{capability}, no native bf16 (neither AVX512-BF16 nor AMX){capped}"
+
+
+class SlowPrecisionWarning(UserWarning):
+    """A precision asked for that runs slower than fp32 here (`slow_precision`'s message): `vitkit.optimize` warns
+    with it."""
 
 
 def slow_precision(precision: str, device: torch.device | str, name: Namer = python_option) -> str | None:

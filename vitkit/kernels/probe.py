@@ -1,5 +1,6 @@
 """What vitkit measures about the machine it runs on, rather than reads from its flags: a few short timings, taken
-once per machine and cached in `cache_dir()` under `probe_key()` (the CPU model, torch's version, the threads).
+once per machine and cached in `cache_dir()` under `probe_key()` (the CPU model and what sets its speed, torch's
+version, the threads).
 
 - `measured`: a probe's figures, read from its cache file or measured and written there.
 - `cpu_bf16_attention`: dense attention's fused kernel against the explicit product in bf16 on this CPU, without
@@ -47,9 +48,53 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+"""Environment variables that cap the instruction sets of oneDNN, MKL and torch's own kernels."""
+
+KEY_FEATURES = ("amx_bf16", "avx512_bf16", "avx512_fp16", "avx512_f", "avx2")
+"""The instruction sets (as `torch.cpu.get_capabilities` names them) that set the speed of the products probed."""
+
+
+def cpu_numbers() -> str:
+    """The CPU's family and model numbers, as /proc/cpuinfo gives them ("family 6 model 207"), else ""."""
+    found: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() in ("cpu family", "model") and name.strip() not in found:
+                found[name.strip()] = value.strip()
+            if len(found) == 2 or not line.strip():
+                break
+    except OSError:
+        pass
+    return f"family {found['cpu family']} model {found['model']}" if len(found) == 2 else ""
+
+
+def isa_caps() -> str:
+    """The caps on instruction sets set in the environment (`ISA_CAPS`), e.g. "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16",
+    else ""."""
+    return " ".join(f"{name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name))
+
+
+def cpu_signature() -> str:
+    """What sets a CPU's speed besides its model name: the family and model numbers, the instruction sets among
+    `KEY_FEATURES` it has, and any cap on them set in the environment (`isa_caps`). The name alone can mislead. A
+    hypervisor may report "Intel(R) Xeon(R) Processor" both for a Xeon with AMX and for one whose AMX it hides, where
+    bf16 products run 6-7x and 0.6-0.8x fp32's speed."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    try:
+        present = capabilities() if capabilities is not None else {}
+    except RuntimeError:  # a build or platform that cannot read the CPU's features
+        present = {}
+    features = " ".join(name for name in KEY_FEATURES if present.get(name)) or "no features read"
+    return " | ".join(part for part in (cpu_numbers(), features, isa_caps()) if part)
+
+
 def probe_key() -> str:
-    """What a probe's figures hold for: the CPU model, torch's version and the threads it runs on."""
-    return f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    """What a probe's figures hold for: the CPU (`cpu_model`, `cpu_signature`), torch's version and the threads it
+    runs on. A cache shared between machines (a home folder on several kinds of nodes, a disk moved to another
+    instance type) or a run under an instruction-set cap reads only the figures measured for its own kind."""
+    return f"{cpu_model()} | {cpu_signature()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
 @functools.cache
