@@ -204,6 +204,38 @@ def test_precision_runs_the_forward_under_bf16_autocast_and_defaults_to_the_runs
     assert rows(model_dir, "--precision", "fp32") == fp32
 
 
+def test_a_bf16_that_measures_slower_here_runs_as_asked_and_is_said_once(model, images, capsys, tmp_path, monkeypatch):
+    """`--precision bf16`, or a run's saved bf16, on a CPU whose bf16 products measure slower than fp32 (a Xeon
+    with AVX512-BF16 and no AMX, faked): the command runs bf16 and says so once, with both rates; fp32 and `auto`
+    say nothing."""
+    from vitkit.analysis import precision
+
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: precision.MatmulRates(fp32=255e9, bf16=162e9))
+    run = tmp_path / "run"
+    model_dir = save_pretrained(model, run / "best", ModelInfo(CLASSES, MEAN, STD, data="d"))
+    args = ["predict", "--model-dir", str(model_dir), str(images / "6.png"), "--json"]
+    assert main(args) == 0
+    fp32 = capsys.readouterr()
+    assert "warning" not in fp32.err
+    for saved, flags in ((None, ["--precision", "bf16"]), ("bf16", [])):
+        if saved:  # the run that wrote the model validated in bf16
+            (run / "config.json").write_text(json.dumps({"batch_size": 2, "epochs": 1, "data": "d", "out": str(run),
+                                                         "precision": saved}))  # fmt: skip
+        assert main(args + flags) == 0
+        captured = capsys.readouterr()
+        assert json.loads(captured.out) != json.loads(fp32.out)  # run as asked: in bf16
+        assert captured.err.count("warning") == 1
+        assert (
+            "vitkit predict: warning: bf16 is slower than fp32 on this CPU "
+        ) in captured.err and (
+            "matrix products run at 162.0 GFLOP/s in bf16 against 255.0 in fp32 (1.6x slower); use fp32 (--precision "
+            "fp32) or the faster of the two (--precision auto)"
+        ) in captured.err
+    for flags in (["--precision", "fp32"], ["--precision", "auto"]):
+        assert main(args + flags) == 0
+        assert "warning" not in capsys.readouterr().err
+
+
 def test_a_high_depth_image_that_reads_nearly_black_gets_a_note(model_dir, capsys, tmp_path):
     """16-bit images are scaled to 8 bits by their depth: one whose values reach 235 of 0..65535 (8-bit values stored
     in 16 bits, as microscopes write) reads as 0..1 and gets a note with the fix; one that fills its range, an 8-bit

@@ -14,8 +14,9 @@ from PIL import Image
 from torch import nn
 
 from vitkit.analysis.available import available_memory
-from vitkit.analysis.precision import AUTO, PRECISIONS, resolve_precision
+from vitkit.analysis.precision import AUTO, PRECISIONS, resolve_precision, slow_precision
 from vitkit.analysis.preflight import SettingNames, check_memory
+from vitkit.cli.messages import cli_option
 from vitkit.data.check import dim_image_note
 from vitkit.data.tiles import DEFAULT_OVERLAP, MIN_TILE
 from vitkit.detection.postprocess import DEFAULT_THRESHOLD
@@ -310,7 +311,12 @@ def run_precision(args: argparse.Namespace, model: nn.Module | None = None, batc
     saved = run_config(model_dir).get("precision") if model_dir else None
     given, device = args.precision or saved or "fp32", resolve_device(args.device)
     precision = resolve_precision(given, device)
-    if given != AUTO or precision != "bf16" or device != "cpu":
+    if given != AUTO:  # asked for, or the run's: it runs as asked, said once where it is the slower one here
+        slow = slow_precision(precision, device, cli_option)
+        if slow is not None:
+            print(f"vitkit {args.command}: warning: {slow}", file=sys.stderr)
+        return precision
+    if precision != "bf16" or device != "cpu":
         return precision
     model = model if model is not None else load_source(args).to(device)
     times = inference_step_times(model, device, batch)

@@ -19,7 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.analysis.precision import AUTO, StepTimes, precision_dtype, resolve_precision, slow_precision, time_step
+from vitkit.analysis.precision import (
+    AUTO,
+    SlowPrecisionWarning,
+    StepTimes,
+    precision_dtype,
+    resolve_precision,
+    slow_precision,
+    time_step,
+)
 from vitkit.cost.rows import GELU_FLOPS, CostContext, OpCost, Value, linear_op, numel
 from vitkit.cost.tracer import linear_row
 from vitkit.kernels.probe import cpu_bf16_attention, native_cpu_bf16
@@ -222,7 +230,7 @@ def optimize(model: nn.Module, precision: str = "bf16", compile: bool = False, b
     dtype = precision_dtype(precision)
     slow = slow_precision(precision, device, name=lambda option, value: f'optimize(model, "{value}")')
     if slow is not None:
-        warnings.warn(slow, stacklevel=2)
+        warnings.warn(slow, SlowPrecisionWarning, stacklevel=2)
     model = copy.deepcopy(model).eval()
     for module in list(model.modules()):
         if callable(getattr(module, "fold_norms", None)):  # a detector's frozen-norm backbone
