@@ -86,7 +86,7 @@ def cpu_signature() -> str:
         present = capabilities() if capabilities is not None else {}
     except RuntimeError:  # a build or platform that cannot read the CPU's features
         present = {}
-    features = " ".join(name for name in KEY_FEATURES if present.get(name)) or "no features read"
+    features = " ".join(name for name in KEY_FEATURES if present.get(name))
     return " | ".join(part for part in (cpu_numbers(), features, isa_caps()) if part)
 
 
