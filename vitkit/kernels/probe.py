@@ -37,15 +37,24 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitkit"
 
 
-def cpu_model() -> str:
-    """The CPU's model name, as /proc/cpuinfo gives it (else the platform's processor name)."""
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ("model name", "cpu family", "model", ...); {} where there is
+    none."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if not line.strip():  # the end of the first processor's block
+                break
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it (else the platform's processor name)."""
+    return cpu_info().get("model name") or platform.processor() or platform.machine()
 
 
 ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
@@ -57,17 +66,8 @@ KEY_FEATURES = ("amx_bf16", "avx512_bf16", "avx512_fp16", "avx512_f", "avx2")
 
 def cpu_numbers() -> str:
     """The CPU's family and model numbers, as /proc/cpuinfo gives them ("family 6 model 207"), else ""."""
-    found: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() in ("cpu family", "model") and name.strip() not in found:
-                found[name.strip()] = value.strip()
-            if len(found) == 2 or not line.strip():
-                break
-    except OSError:
-        pass
-    return f"family {found['cpu family']} model {found['model']}" if len(found) == 2 else ""
+    info = cpu_info()
+    return f"family {info['cpu family']} model {info['model']}" if "cpu family" in info and "model" in info else ""
 
 
 def isa_caps() -> str:
