@@ -394,17 +394,18 @@ def test_a_model_whose_mask_head_cannot_be_built_trains_boxes_and_says_why(tmp_p
     vitkit.create_model("detr_digits", **config.resolved().model_args)  # builds
 
 
-def test_a_run_of_the_earlier_mask_head_resumes_with_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_run_of_the_earlier_mask_head_resumes_with_it(tmp_path, monkeypatch, strategy):
     """A run started with the mask head's earlier pixel path (Mask DINO's, `use_mask_dino_pixels`) resumes with that
-    head: the family fits the new model to the checkpoint before the optimizer is built, and the model saved predicts
-    with it."""
+    head: the family fits the new model to the checkpoint before the optimizer is built (from its shards' names and
+    sizes where the checkpoint is sharded), and the model saved predicts with it."""
     from vitkit.data.shapes import write_shapes_folder
     from vitkit.models.query_masks import QueryMasks
 
     write_shapes_folder(tmp_path / "shapes", train=8, val=4)
     config = TrainConfig(
         data=str(tmp_path / "shapes"), model="deformable_detr_small", model_args=TINY_DEFORMABLE_DETR,
-        out=str(tmp_path / "run"), epochs=1, batch_size=4, device="cpu",
+        out=str(tmp_path / "run"), epochs=1, batch_size=4, device="cpu", strategy=strategy,
     )  # fmt: skip
     built = QueryMasks.__init__
 
@@ -415,7 +416,8 @@ def test_a_run_of_the_earlier_mask_head_resumes_with_it(tmp_path, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(QueryMasks, "__init__", earlier)
         fit(config)
-    assert "mask_head.pixel_conv.weight" in load_checkpoint(tmp_path / "run" / "checkpoint.pt")["model"]
+    if strategy == "ddp":
+        assert "mask_head.pixel_conv.weight" in load_checkpoint(tmp_path / "run" / "checkpoint.pt")["model"]
     fit(TrainConfig.for_resume(tmp_path / "run", epochs=2), resume=True)
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
     model = from_pretrained(tmp_path / "run" / "final")

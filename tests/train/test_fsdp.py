@@ -33,7 +33,16 @@ from vitkit.data import (
 )
 from vitkit.train import TrainConfig, fit, forward_loss
 from vitkit.train.distributed import DistEnv, barrier, cleanup, setup
-from vitkit.train.sharding import POINTER_NAME, TRAINER_STATE, Lockstep, resharded_batch, shard
+from vitkit.train.sharding import (
+    POINTER_NAME,
+    TRAINER_STATE,
+    Lockstep,
+    load_sharded,
+    resharded_batch,
+    save_sharded,
+    shard,
+    sharded_model_state,
+)
 
 TINY_MODEL = {"img_size": 28, "patch_size": 7, "embed_dim": 16, "depth": 2, "num_heads": 2, "mlp_ratio": 1.0}
 pytestmark = pytest.mark.xdist_group("fsdp")  # one worker makes the runs the tests share (make test: loadgroup)
@@ -252,6 +261,30 @@ def test_ddp_checkpoint_names_fsdp_when_the_processes_change(runs):
     out = runs.finished("ddp", 2, "ddp")
     with pytest.raises(ValueError, match="written by 2 processes and this run has 1.*strategy='fsdp'"):
         fit(TrainConfig.for_resume(out, epochs=3), resume=True)
+
+
+def test_a_sharded_checkpoint_of_another_model_is_refused_naming_its_tensors(tmp_path):
+    """Resuming reads a sharded checkpoint into the model the run builds: where that model has other tensors (its data
+    or the model it started from changed since), the error names them before anything is read, not DCP's missing
+    key deep in its planner. Their names and sizes come from the checkpoint's metadata alone."""
+    env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), owns_group=False)
+    saved = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    folder = save_sharded(tmp_path, saved, torch.optim.AdamW(saved.parameters()), {"epoch": 1}, env)
+    shapes = sharded_model_state(folder)
+    assert {k: (tuple(v.shape), v.device.type) for k, v in shapes.items()} == {
+        "0.weight": ((8, 4), "meta"), "0.bias": ((8,), "meta"), "1.weight": ((2, 8), "meta"), "1.bias": ((2,), "meta"),
+    }  # fmt: skip
+    other = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2), nn.Linear(2, 2))
+    expected = (
+        r"the sharded checkpoint .*checkpoint-1 does not fit the model this run builds \(the model's tensors it "
+        r"lacks: 2\.bias, 2\.weight; saved sizes against the model's: 0\.bias \(8,\) against \(6,\), "
+        r"0\.weight \(8, 4\) against \(6, 4\), 1\.weight \(2, 8\) against \(2, 6\)\)"
+    )
+    with pytest.raises(ValueError, match=expected):
+        load_sharded(folder, other, torch.optim.AdamW(other.parameters()))
+    same = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    load_sharded(folder, same, torch.optim.AdamW(same.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), same.state_dict().values(), strict=True))
 
 
 def test_fsdp_refuses_an_ema():

@@ -85,7 +85,7 @@ from vitkit.train.optim import apply_schedule, create_optimizer, warmup_cosine
 from vitkit.train.outputs import CURVES_NAME, METRICS_NAME, OutLock, RunHints, aside_list, clear_out, has_final
 from vitkit.train.recipe import CLASSIFICATION, DataChoice
 from vitkit.train.resume import resolve_run
-from vitkit.train.sharding import full_state_dict, load_sharded, save_sharded, shard
+from vitkit.train.sharding import full_state_dict, load_sharded, save_sharded, shard, sharded_model_state
 from vitkit.train.task import Task, create_task
 from vitkit.util import counted
 from vitkit.viz.curves import write_curves
@@ -215,11 +215,12 @@ class Run:
         resuming: dict[str, torch.Tensor] | None = None,
         probe: str | None = None,
     ) -> None:
-        """`resuming`: the model weights of the checkpoint the run continues (a sharded one's: None), which the
-        family fits the model to before its optimizer is built (`FamilyWeights.adapt`: a mask head of an earlier
-        vitkit's layout). `probe`, a fresh run's on a CPU where `config.precision` is bf16: "auto" (what `precision=
-        "auto"` took from the products' rates: kept only if the model's own step measures faster in it) or "bf16"
-        (asked for: kept, and the summary warns where the model's step measures slower in it); `_measured_step`."""
+        """`resuming`: the model weights of the checkpoint the run continues (a sharded one's: their names and sizes,
+        on the meta device), which the family fits the model to before its optimizer is built (`FamilyWeights.adapt`:
+        a mask head of an earlier vitkit's layout). `probe`, a fresh run's on a CPU where `config.precision` is bf16:
+        "auto" (what `precision="auto"` took from the products' rates: kept only if the model's own step measures
+        faster in it) or "bf16" (asked for: kept, and the summary warns where the model's step measures slower in it);
+        `_measured_step`."""
         self.config, self.env = config, env
         self.hints = hints or RunHints()  # how messages name the ways on
         self.out = Path(config.out)
@@ -686,6 +687,8 @@ def fit(
         if state is not None and state["epoch"] >= resolved.epochs and has_final(Path(resolved.out)):
             return _complete(resolved, state, env, hints)  # else it is written below from the checkpoint
         resuming = state.get("model") if state is not None else None
+        if state is not None and "sharded" in state:  # its tensors' names and sizes
+            resuming = sharded_model_state(state["sharded"])
         probe = config.precision if state is None else None  # a resumed run keeps the precision it began in
         run = Run(resolved, env, allow_memory, memory_names, hints, resuming, probe)  # data, model, memory: before OUT
         run.sized = config.data_choices() if state is None else []

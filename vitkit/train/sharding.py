@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -156,10 +157,36 @@ def load_trainer_state(folder: str | os.PathLike) -> dict[str, Any]:
     return load_checkpoint(Path(folder) / TRAINER_STATE)
 
 
+def sharded_model_state(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The model's tensors in the sharded checkpoint `folder`, by name, as tensors on the meta device of the sizes and
+    dtypes saved: read from its metadata alone, no shard read. What a family fits the model to before it resumes
+    (`FamilyWeights.adapt`: a mask head of an earlier vitkit's layout)."""
+    saved = dcp.FileSystemReader(Path(folder)).read_metadata().state_dict_metadata
+    prefix = "model."
+    return {
+        name[len(prefix) :]: torch.empty(meta.size, dtype=meta.properties.dtype, device="meta")
+        for name, meta in saved.items()
+        if name.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
+    }
+
+
 def load_sharded(folder: str | os.PathLike, net: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Read `net`'s weights and `optimizer`'s state from the sharded checkpoint `folder`, whatever number of
-    processes wrote it (each process reads the parts of the shards it now holds). Every process calls it."""
+    processes wrote it (each process reads the parts of the shards it now holds). Every process calls it. A
+    checkpoint of another model (other tensor names or sizes) is refused, naming them, before anything is read."""
     model_state, optimizer_state = get_state_dict(net, optimizer)
+    saved = sharded_model_state(folder)
+    mine = {name: tuple(tensor.shape) for name, tensor in model_state.items()}
+    theirs = {name: tuple(tensor.shape) for name, tensor in saved.items()}
+    if mine != theirs:
+        missing, unexpected = sorted(mine.keys() - theirs.keys()), sorted(theirs.keys() - mine.keys())
+        common = sorted(mine.keys() & theirs.keys())
+        resized = [f"{k} {theirs[k]} against {mine[k]}" for k in common if mine[k] != theirs[k]]
+        parts = [f"{what}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}" for what, names in (
+            ("the model's tensors it lacks", missing), ("tensors the model has not", unexpected),
+            ("saved sizes against the model's", resized),
+        ) if names]  # fmt: skip
+        raise ValueError(f"the sharded checkpoint {folder} does not fit the model this run builds ({'; '.join(parts)})")
     state = {"model": model_state, "optimizer": optimizer_state}
     with _single_process_quiet():
         dcp.load(state, checkpoint_id=Path(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
