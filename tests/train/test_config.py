@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import shutil
 
 import pytest
 import torch
+from PIL import Image
 
 import vitkit
 from vitkit.cli import build_parser
@@ -201,6 +203,36 @@ def test_a_detector_run_saved_before_tiles_resumes_on_whole_images(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(classifier))
     assert TrainConfig.load(tmp_path).tile is None  # a classifier has no tiles
     assert _comparable({"tile": 0})["tile"] == _comparable({})["tile"] is None
+
+
+def test_a_hint_to_start_afresh_keeps_an_option_typed_as_the_old_data_chose_it(tmp_path):
+    """`vitkit train --resume --data OTHER --img-size 128` on a run whose data chose 128: the hint that trains the
+    new data in a new folder keeps the size typed, though it equals the saved value, where the new data would choose
+    another (images twice the size: 256)."""
+    small = write_shapes_folder(tmp_path / "small", train=8, val=4)
+    large = tmp_path / "large"
+    shutil.copytree(small, large)
+    for split in ("train", "val"):
+        for image in (large / split).glob("*.png"):
+            with Image.open(image) as read:
+                doubled = read.resize((read.width * 2, read.height * 2))
+            doubled.save(image)
+        path = large / "annotations" / f"instances_{split}.json"
+        data = json.loads(path.read_text())
+        for image in data["images"]:
+            image["width"], image["height"] = image["width"] * 2, image["height"] * 2
+        for ann in data["annotations"]:
+            ann["bbox"] = [2 * v for v in ann["bbox"]]
+            ann["segmentation"] = [[2 * v for v in polygon] for polygon in ann["segmentation"]]
+            ann["area"] *= 4
+        path.write_text(json.dumps(data))
+    out = tmp_path / "run"
+    out.mkdir()
+    saved = TrainConfig(data=str(small), out=str(out)).resolved()
+    saved.save(out)
+    assert saved.img_size == 128 and TrainConfig(data=str(large)).resolved().img_size == 256
+    assert TrainConfig.for_resume(out, data=str(large)).fresh().img_size is None  # the new data's choice
+    assert TrainConfig.for_resume(out, data=str(large), img_size=128).fresh().img_size == 128
 
 
 def test_a_hint_to_start_afresh_on_other_data_leaves_the_choices_the_old_data_made(tmp_path):

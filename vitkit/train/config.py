@@ -489,10 +489,11 @@ class TrainConfig:
             return self.minimal()
         if absolute_data(saved.data) == absolute_data(self.data):
             return self.minimal()
+        given = getattr(self, "_given", frozenset())  # typed, even where equal to the saved value (`for_resume`)
         changed = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if getattr(self, f.name) != getattr(saved, f.name)
+            if f.name in given or getattr(self, f.name) != getattr(saved, f.name)
         }
         try:
             base = saved.minimal()
@@ -555,8 +556,11 @@ class TrainConfig:
                 differ from the checkpoint's.
         """
         if (Path(out) / CONFIG_NAME).is_file():
-            return dataclasses.replace(cls.load(out), out=os.fspath(out), **changes)
-        return cls(out=os.fspath(out), **changes)
+            config = dataclasses.replace(cls.load(out), out=os.fspath(out), **changes)
+        else:
+            config = cls(out=os.fspath(out), **changes)
+        object.__setattr__(config, "_given", frozenset(changes))  # for `fresh`: what was given, not only changed
+        return config
 
 
 MODEL_CHOICES = ("num_queries", "masks")  # data choices that are model fields (`model_args`), not run options
