@@ -182,10 +182,11 @@ def point_table(monkeypatch):
 
 
 @pytest.fixture
-def fake_time_step():
+def fake_time_step(monkeypatch, tmp_path):
     """`fake_time_step(times)`: a stand-in for `vitkit.analysis.precision.time_step` that runs the step it is given
     once in each precision (the real forwards run: fp32 as round 0, bf16 as round 1) and returns `times`; its `ran`
-    lists the precisions run, bf16 as True."""
+    lists the precisions run, bf16 as True. The test gets a cache of its own: no step timed by another is read."""
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / "vitkit_cache"))
 
     def make(times):
         def fake(step, rounds=3):

@@ -424,6 +424,30 @@ def test_a_run_of_the_earlier_mask_head_resumes_with_it(tmp_path, monkeypatch, s
     assert hasattr(model.mask_head, "pixel_conv")
 
 
+def test_auto_times_the_models_step_once_per_machine_and_model(
+    tmp_path, tiny_detector_config, monkeypatch, caplog, fake_time_step
+):
+    """The model's training step behind `precision="auto"` is cached per machine, as the products' rates: a second
+    run of the same model, batch and sizes reads its times and says the same; another batch is timed anew."""
+    from vitkit.analysis import precision
+    from vitkit.analysis.precision import MatmulRates, StepTimes
+
+    monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
+    fake = fake_time_step(StepTimes(fp32=0.3, bf16=0.1))
+    monkeypatch.setattr(precision, "time_step", fake)
+    for name in ("first", "again"):
+        with caplog.at_level(logging.INFO, logger="vitkit.train"):
+            fit(tiny_detector_config(tmp_path / name, epochs=1, precision="auto", warmup_epochs=0.2))
+        assert json.loads((tmp_path / name / "config.json").read_text())["precision"] == "bf16"
+    assert fake.ran == [False, True]  # timed by the first run only
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training ")]
+    why = "this model's training step 100 ms in bf16 against 300 in fp32: bf16"
+    assert len(said) == 2 and all(why in line for line in said)
+    batch = tiny_detector_config(tmp_path / "first").batch_size - 1  # the step's batch: at most PROBE_BATCH
+    fit(tiny_detector_config(tmp_path / "other", epochs=1, precision="auto", warmup_epochs=0.2, batch_size=batch))
+    assert fake.ran == [False, True, False, True]
+
+
 @pytest.mark.parametrize("faster", ["fp32", "bf16"])
 def test_auto_keeps_bf16_only_where_the_models_own_step_measures_faster(
     tmp_path, tiny_detector_config, monkeypatch, caplog, faster, fake_time_step

@@ -135,11 +135,13 @@ def isolated(call: Callable[[], dict[str, float]]) -> dict[str, float]:
     return result["figures"]
 
 
-def measured(file: str, names: tuple[str, ...], measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+def measured(
+    file: str, names: tuple[str, ...], measure: Callable[[], dict[str, float]], what: str = ""
+) -> dict[str, float]:
     """This machine's figures `names` of one probe: read from `cache_dir() / file` when measured before under
-    `probe_key()`, else `measure()`d and written there beside other machines' (a read-only cache: measured again
-    next time)."""
-    path, key = cache_dir() / file, probe_key()
+    `probe_key()` (followed by `what`, where the figures hold for one thing measured, such as a model's step), else
+    `measure()`d and written there beside other machines' (a read-only cache: measured again next time)."""
+    path, key = cache_dir() / file, " | ".join(part for part in (probe_key(), what) if part)
     try:
         figures = json.loads(path.read_text())[key]
         if set(figures) == set(names) and all(isinstance(figures[name], (int, float)) for name in names):

@@ -35,6 +35,7 @@ Under torchrun every process trains its shard of each batch (DistributedDataPara
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -66,6 +67,7 @@ from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memor
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.check import check_detection_folder
 from vitkit.detection import FOCAL_PRIOR
+from vitkit.kernels.probe import measured
 from vitkit.layers import to_2tuple
 from vitkit.models.registry import create_model, family_of
 from vitkit.train.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint, set_rng_state
@@ -99,6 +101,7 @@ log = logging.getLogger("vitkit.train")
 PROGRESS_DELAY = 3.0  # seconds an epoch runs before its progress bar appears (short epochs show none)
 PROBE_BATCH = 8  # the most images of the step `precision="auto"` times (`Run._measured_step`)
 PROBE_ROUNDS = 3  # its timed steps in each precision
+STEP_TIMES_FILE = "step_times.json"  # those steps' times per machine and model, in `vitkit.kernels.probe.cache_dir()`
 
 
 @dataclass(frozen=True)
@@ -314,7 +317,8 @@ class Run:
 
     def _time_step(self, net: nn.Module) -> StepTimes:
         """`_measured_step`'s timing, in this process (`time_training_step`): synthetic batches at `Task.probe_sizes`,
-        through the task's forward."""
+        through the task's forward. Measured once per machine, as the products' rates are: cached with them
+        (`vitkit.kernels.probe.measured`) under the model (its whole config), the task, the batch and the sizes."""
         task, generator, device = self.task, torch.Generator().manual_seed(0), self.env.device
         batch, channels = min(self.config.batch_size, PROBE_BATCH), task.image_shape[0]
         sizes = task.probe_sizes(PROBE_ROUNDS + 1)  # as training varies them: new kernels for new shapes
@@ -322,7 +326,13 @@ class Run:
         def images(i: int) -> torch.Tensor:
             return torch.randn(batch, channels, *sizes[i], generator=generator).to(device)
 
-        return time_training_step(net, lambda x: task.images_forward(net, x), images, device, PROBE_ROUNDS)
+        def measure() -> dict[str, float]:
+            times = time_training_step(net, lambda x: task.images_forward(net, x), images, device, PROBE_ROUNDS)
+            return dataclasses.asdict(times)
+
+        built = hashlib.sha256(repr(self.model.config).encode()).hexdigest()[:16]  # every field the model was built of
+        step = f"{self.config.model} {built} | {task.name} | {batch} x {channels} at {' '.join(map(str, sizes))}"
+        return StepTimes(**measured(STEP_TIMES_FILE, ("fp32", "bf16"), measure, what=step))
 
     def _fresh_partial(self) -> dict[str, float]:
         """Sums over this epoch's steps so far: of train_loss (`loss_sum`) and of each loss part, per image."""
