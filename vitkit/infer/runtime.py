@@ -5,9 +5,12 @@ Training and inference both use these.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from vitkit.analysis.precision import StepTimes, time_step
+from vitkit.kernels.probe import config_digest, measured
 
 
 def resolve_device(device: str | None) -> str:
@@ -27,6 +30,7 @@ def autocast(device: torch.device, precision: str) -> torch.autocast:
 
 
 PROBE_BATCH = 8  # the most images of the forward `inference_step_times` times
+FORWARD_TIMES_FILE = "forward_times.json"  # its times per machine and model, in `vitkit.kernels.probe.cache_dir()`
 
 
 def probe_images(model: torch.nn.Module, batch: int, i: int, generator: torch.Generator) -> torch.Tensor:
@@ -45,7 +49,8 @@ def probe_images(model: torch.nn.Module, batch: int, i: int, generator: torch.Ge
 def inference_step_times(model: torch.nn.Module, device: str | torch.device, batch: int = 1) -> StepTimes:
     """`model`'s inference forward timed in fp32 and under bf16 autocast (`vitkit.analysis.precision.time_step`), on
     `probe_images`, `batch` of them: where a command's `--precision auto` meets products that favour bf16, the model
-    decides."""
+    decides. Measured once per machine: cached as the products' rates are (`vitkit.kernels.probe.measured`), under
+    the model's class and config, the device and the images' batch."""
     device, generator = torch.device(device), torch.Generator().manual_seed(0)
     model.eval()
 
@@ -54,4 +59,8 @@ def inference_step_times(model: torch.nn.Module, device: str | torch.device, bat
         with torch.inference_mode(), autocast(device, "bf16" if autocast_on else "fp32"):
             model(images)
 
-    return time_step(step)
+    def measure() -> dict[str, float]:
+        return dataclasses.asdict(time_step(step))
+
+    what = f"{type(model).__name__} {config_digest(model.config)} | forward | {min(batch, PROBE_BATCH)} images"
+    return StepTimes(**measured(FORWARD_TIMES_FILE, ("fp32", "bf16"), measure, what=f"{what} on {device.type}"))

@@ -2,7 +2,8 @@
 once per machine and cached in `cache_dir()` under `probe_key()` (the CPU model and what sets its speed, torch's
 version, the threads).
 
-- `measured`: a probe's figures, read from its cache file or measured and written there.
+- `measured`: a probe's figures, read from its cache file or measured and written there; also a model's timed step
+  (`vitkit train`'s and the inference commands' `auto`), keyed beside by the model's `config_digest`.
 - `cpu_bf16_attention`: dense attention's fused kernel against the explicit product in bf16 on this CPU, without
   and with a gradient, as `vitkit.kernels.policy.attention_path` asks for `auto`.
 
@@ -13,6 +14,7 @@ same kind.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -158,6 +160,12 @@ def measured(
     except (OSError, ValueError):
         pass
     return figures
+
+
+def config_digest(config: object) -> str:
+    """A short digest of a model's config (every field it was built of, as its repr gives them): what a cached
+    timing of that model is keyed by, beside `probe_key` (`measured`'s `what`)."""
+    return hashlib.sha256(repr(config).encode()).hexdigest()[:16]
 
 
 def best_time(call: Callable[[], object], repeats: int = 3) -> float:

@@ -35,7 +35,6 @@ Under torchrun every process trains its shard of each batch (DistributedDataPara
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -67,7 +66,7 @@ from vitkit.analysis.preflight import NotEnoughMemory, SettingNames, check_memor
 from vitkit.data import Unreadable, summarize_unreadable
 from vitkit.data.check import check_detection_folder
 from vitkit.detection import FOCAL_PRIOR
-from vitkit.kernels.probe import measured
+from vitkit.kernels.probe import config_digest, measured
 from vitkit.layers import to_2tuple
 from vitkit.models.registry import create_model, family_of
 from vitkit.train.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint, set_rng_state
@@ -330,7 +329,7 @@ class Run:
             times = time_training_step(net, lambda x: task.images_forward(net, x), images, device, PROBE_ROUNDS)
             return dataclasses.asdict(times)
 
-        built = hashlib.sha256(repr(self.model.config).encode()).hexdigest()[:16]  # every field the model was built of
+        built = config_digest(self.model.config)
         step = f"{self.config.model} {built} | {task.name} | {batch} x {channels} at {' '.join(map(str, sizes))}"
         return StepTimes(**measured(STEP_TIMES_FILE, ("fp32", "bf16"), measure, what=step))
 
