@@ -77,12 +77,12 @@ def test_each_problem_gets_its_warning(shapes, tmp_path):
     check = check_detection_folder(root)
     text = "\n".join(check.warnings)
     assert check.category_ids == (0, 1, 3, 4)
-    assert "category ids [0, 1, 3, 4] start at 0 or skip numbers" in text
+    assert "category ids [0, 1, 3, 4] start at 0 and skip 2: vitkit maps them" in text
     assert "rare classes in train, fewer than 10 boxes: cross (1)" in text
     assert "train: 6 of" in text and "6 wholly outside" in text
     assert "val: 5 of 6 images have no box" in text
     assert f"1 image of val also in train (000003.png = {first_val})" in text
-    assert "entries left out (outside image: 6)" in text
+    assert "train: entries left out (outside image: 6): annotation " in text and "; ... 1 more" in text
     assert "loading: skipped 6 (outside image: 6)" in check.report()
 
 
@@ -358,3 +358,29 @@ def test_a_file_named_by_two_image_entries_is_warned_of(shapes, tmp_path):
     (warning,) = [w for w in check.warnings if "more than one image entry" in w]
     assert warning.startswith(f"train: 1 image file named by more than one image entry (for example {name}: ids ")
     assert all(s.shared_files == () for s in check_detection_folder(shapes).splits)
+
+
+@pytest.mark.parametrize(
+    "ids, said",
+    [
+        ((0, 1, 2, 3), "category ids 0-3 start at 0:"),
+        ((1, 2, 4, 9), "category ids [1, 2, 4, 9] skip 3, 5, 6, 7 and 8:"),
+        ((2, 1, 3), "category ids [2, 1, 3] are not in increasing order:"),
+        ((0, 2, 1), "category ids [0, 2, 1] start at 0 and are not in increasing order:"),
+        (tuple(range(1, 30, 2)), "skip 2, 4, 6, 8, 10 and 9 more:"),
+    ],
+)
+def test_the_category_id_warning_says_what_it_found(ids, said):
+    """The warning names what holds of the ids (start at 0, the numbers skipped, the order), not a list of what
+    might, and shows ids that run without a gap as a range."""
+    from vitkit.data.check import _id_list, _id_problems
+
+    assert said in f"category ids {_id_list(ids)} {_id_problems(ids)}:"
+
+
+def test_a_missing_image_is_named(tmp_path):
+    """check-data names each entry left out, the missing file's path with it, not only their count."""
+    root = write_shapes_folder(tmp_path / "shapes", train=8, val=4)
+    (root / "train" / "000002.png").unlink()
+    text = "\n".join(check_detection_folder(root).warnings)
+    assert f"train: entries left out (missing file: 1): image 3: missing file ({root / 'train' / '000002.png'})" in text

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -56,6 +57,7 @@ class SplitCheck:
     masks_off_boxes: tuple[int, str] = (0, "")  # objects whose mask's own box overlaps their annotated box by less
     # than MASK_BOX_IOU, and the first one
     shared_files: tuple[tuple[str, tuple[int, ...]], ...] = ()  # files that several image entries name: (file, ids)
+    left_out: tuple[str, ...] = ()  # "image 5: missing file (path)" for each entry left out, in the file's order
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,7 @@ def _split(split: str, data: CocoDetection) -> SplitCheck:
         masks_off_boxes=_masks_off_boxes(data),
         shared_files=_shared_files(data),
         segmented=report.masks,
+        left_out=tuple(f"{s.kind} {s.id}: {s.reason}" + (f" ({s.detail})" if s.detail else "") for s in report.skipped),
     )
 
 
@@ -303,14 +306,38 @@ def _duplicates(train: CocoDetection, val: CocoDetection) -> list[tuple[str, str
     return pairs
 
 
+LEFT_OUT_SHOWN = 5  # entries left out that a split's warning names, before "... N more"
+
+
+def _id_list(ids: Sequence[int]) -> str:
+    """Category ids as a message shows them: "0-20" where they run in order without a gap, else the first 12."""
+    ids = list(ids)
+    if len(ids) > 2 and ids == list(range(ids[0], ids[0] + len(ids))):
+        return f"{ids[0]}-{ids[-1]}"
+    return f"{ids[:12]}{' ...' if len(ids) > 12 else ''}"
+
+
+def _id_problems(ids: Sequence[int]) -> str:
+    """What of "start at 0", "skip ..." and "are not in increasing order" holds for category ids."""
+    problems = ["start at 0"] if min(ids) == 0 else []
+    if missing := sorted(set(range(min(ids), max(ids) + 1)) - set(ids)):
+        shown = [str(i) for i in missing[:5]] + ([f"{len(missing) - 5} more"] if len(missing) > 5 else [])
+        problems.append(f"skip {listed(shown)}")
+    if repeated := sorted({i for i in ids if list(ids).count(i) > 1}):
+        problems.append(f"repeat {listed([str(i) for i in repeated])}")
+    if list(ids) != sorted(ids):
+        problems.append("are not in increasing order")
+    return listed(problems)
+
+
 def _warnings(check: DataCheck) -> list[str]:
     out = []
     ids = check.category_ids
     if ids and (min(ids) == 0 or list(ids) != list(range(min(ids), min(ids) + len(ids)))):
         out.append(
-            f"category ids {list(ids)[:12]}{' ...' if len(ids) > 12 else ''} start at 0 or skip numbers: vitkit maps "
-            "them to classes 0..K-1 in the file's order (above) and writes them back as they were; a tool that reads "
-            "id 0 as background, or ids as class indices, would not: renumber them from 1 for such tools"
+            f"category ids {_id_list(ids)} {_id_problems(ids)}: vitkit maps them to classes 0..K-1 in the file's "
+            "order (above) and writes them back as they were; a tool that reads id 0 as background, or ids as class "
+            "indices, would not: renumber them from 1, in order, for such tools"
         )
     named: dict[str, list[int]] = defaultdict(list)
     for category, name in zip(ids, check.classes, strict=True):
@@ -412,7 +439,9 @@ def _warnings(check: DataCheck) -> list[str]:
             )
         if s.skipped:
             reasons = ", ".join(f"{reason}: {n}" for reason, n in s.skipped.items())
-            out.append(f"{s.split}: entries left out ({reasons}): `vitkit train` lists each with its id")
+            shown = "; ".join(s.left_out[:LEFT_OUT_SHOWN])
+            more = f"; ... {len(s.left_out) - LEFT_OUT_SHOWN} more" if len(s.left_out) > LEFT_OUT_SHOWN else ""
+            out.append(f"{s.split}: entries left out ({reasons}): {shown}{more}")
     if check.duplicates:
         shown = ", ".join(f"{Path(a).name} = {Path(b).name}" for a, b in check.duplicates[:3])
         out.append(
