@@ -4,6 +4,7 @@ description, checked against explicit computations."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from PIL import Image
 
 import vitkit.cli.eval as eval_cli
 from vitkit.cli import main
-from vitkit.infer import evaluate_model_dir
+from vitkit.infer import evaluate_detector_dir, evaluate_model_dir
 from vitkit.models.registry import create_model
 from vitkit.viz import confusion_image
 from vitkit.weights import ModelInfo, save_pretrained
@@ -89,6 +90,20 @@ def test_a_directory_without_its_datas_description_needs_the_data(model, data, c
     assert {k: report[k] for k in ("images", "loss", "top1")} == pytest.approx(_expected(model, data), rel=1e-4)
     assert list(report["per_class"]) == list(CLASSES) and err.count("note:") == 1
     assert "using the class names saved with the model, the mean / std saved with the model" in err
+
+
+def test_a_model_whose_training_data_is_gone_names_it_as_the_models(model, data, capsys, tmp_path):
+    """The data a model directory records, moved or deleted since: the error says it is the data the model was
+    trained on (the user never typed that path) and how to evaluate on other data; for a detector too."""
+    gone = tmp_path / "gone"
+    moved = save_pretrained(model, tmp_path / "moved", ModelInfo(CLASSES, MEAN, STD, data=str(gone)))
+    assert main(["eval", "--model-dir", str(moved)]) == 2
+    said = f"{moved} was trained on {gone}, which is gone (moved or deleted): name the data to evaluate on (--data)"
+    assert said in capsys.readouterr().err
+    detector = create_model("deformable_detr_small", num_classes=2, img_size=64)
+    directory = save_pretrained(detector, tmp_path / "detector", ModelInfo(("a", "b"), MEAN, STD, data=str(gone)))
+    with pytest.raises(ValueError, match=rf"{re.escape(str(gone))}, which is gone .*to evaluate on \(data\)$"):
+        evaluate_detector_dir(str(directory))
 
 
 def test_a_model_without_class_names_takes_the_datas(model, data, capsys, tmp_path):

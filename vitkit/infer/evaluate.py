@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from vitkit.data import (
+    BUILTIN_PREFIX,
     EpochSampler,
     TransformedImages,
     Unreadable,
@@ -175,6 +177,19 @@ def evaluate(
     )
 
 
+def _recorded_data(model_dir: str, data: str) -> str:
+    """`data`, the training data `model_dir`'s config.json records, where it can still be read; OptionError naming
+    it as the model's (the caller never typed it) where a folder or file it names is gone."""
+    if not data.startswith(BUILTIN_PREFIX) and not Path(data).exists():
+        raise OptionError(
+            lambda name: (
+                f"{model_dir} was trained on {data}, which is gone (moved or deleted): name the data to evaluate on "
+                f"({name('data')})"
+            )
+        )
+    return data
+
+
 def evaluate_model_dir(
     model_dir: str,
     data: str | None = None,
@@ -207,6 +222,7 @@ def evaluate_model_dir(
                 )
             )
         # A fixed split is saved as fraction 0, which means "none given" here.
+        _recorded_data(model_dir, saved.data)
         _, held, found = load_data(saved.data, saved.val_fraction or None, saved.split_seed or 0)
         held = eval_classes(saved.data, held, found.classes, info.classes)
     else:
@@ -370,7 +386,7 @@ def evaluate_detector_dir(
             )
         )
     side = min(to_2tuple(model.config.img_size))
-    source = data or saved.data
+    source = data or _recorded_data(model_dir, saved.data)
     tile = (saved.tile if tile is None else tile) or None
     if tile is not None and source.startswith("builtin:"):
         raise OptionError(
