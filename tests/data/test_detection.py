@@ -270,6 +270,15 @@ def test_digits_round_trip_through_a_coco_folder(tmp_path, digits):
         (other / split / "_annotations.coco.json").write_text(annotations)
     flat_train, flat_val, _ = load_coco_folder(other, short_side=None)
     assert (len(flat_train), len(flat_val)) == (6, 4)
+    leftover = other / "train" / "_annotations.old.json"  # a copy kept beside the file: which one is meant?
+    leftover.write_text(annotations)
+    with pytest.raises(ValueError, match="no COCO-format train split") as err:
+        load_coco_folder(other)
+    assert str(err.value).endswith(
+        "train/ holds 2 such files (_annotations.coco.json and _annotations.old.json), and vitkit does not guess which "
+        "describes the train images: keep that one there and move the others out"
+    )
+    leftover.unlink()
     # annotations/train.json and val.json beside train/ and val/
     named = tmp_path / "named"
     (named / "annotations").mkdir(parents=True)

@@ -689,6 +689,7 @@ def _find_split(root: Path, split: str) -> tuple[Path, Path]:
     found = sorted(annotations.glob(f"instances_{split}*.json"))
     if len(found) == 1:
         return found[0], root / found[0].stem[len("instances_") :]
+    several = found  # one split's candidate files, where more than one would do
     if not found:
         named = sorted(annotations.glob(f"{split}*.json"))  # annotations/train.json beside train/
         if len(named) == 1 and (root / named[0].stem).is_dir():
@@ -697,6 +698,7 @@ def _find_split(root: Path, split: str) -> tuple[Path, Path]:
         jsons = [j for folder in folders for j in sorted(folder.glob("*.json"))]
         if len(folders) == 1 and len(jsons) == 1:
             return jsons[0], folders[0]
+        several = jsons if len(folders) == 1 and len(jsons) > 1 else []
     seen = sorted({str(p.relative_to(root)) for p in [*root.glob("*.json"), *root.glob("*/*.json")]})
     seen_text = f"found the .json files {seen[:8]}{' ...' if len(seen) > 8 else ''}" if seen else "found no .json file"
     whole, labelme = other_annotations(root)
@@ -706,6 +708,12 @@ def _find_split(root: Path, split: str) -> tuple[Path, Path]:
             f"found labelme's annotation files, one .json per image ({shown}), not COCO files: convert each "
             "split's into one COCO file (labelme's examples/instance_segmentation/labelme2coco.py writes one with "
             f"its images), then put them in {root / 'train'}/ and {root / 'val'}/"
+        )
+    elif several:  # a leftover copy beside the file, or another tool's export
+        where = several[0].parent.relative_to(root)
+        seen_text = (
+            f"{where}/ holds {len(several)} such files ({listed([p.name for p in several])}), and vitkit does not "
+            f"guess which describes the {split} images: keep that one there and move the others out"
         )
     elif whole:  # labelme2coco's and many tools' export: one file for every image, no split
         seen_text = (
