@@ -57,3 +57,30 @@ def test_plot_scaling_draws_the_points_in_a_png(tmp_path, saved_figures):
         for x, y in zip(line.get_xdata()[::2], line.get_ydata()[::2], strict=True):
             column, row = ax.transData.transform((x, y))
             assert np.abs(pixels[round(pixels.shape[0] - row), round(column)] - BLUE).max() <= 12, (x, y)
+
+
+@pytest.mark.parametrize("classes, boxed", [(21, (9, 15, 18)), (80, tuple(range(5)))])
+def test_a_pr_plot_names_the_classes_without_ground_truth_within_the_figure(classes, boxed):
+    """Many classes without ground truth (a VOC-named folder holding three of them; 75 of 80) are named in lines that
+    stay inside the figure, the rest counted; the curves drawn take the palette's first colours in their order."""
+    from matplotlib import colormaps
+
+    from vitkit.viz.plots import ABSENT_LINES, pr_curves_figure
+
+    names = [f"class name {i}" for i in range(classes)]
+    recall = np.linspace(0, 1, 101)
+    rows = [{"boxes": 2 if k in boxed else 0, "ap50": 0.5} for k in range(classes)]
+    curves = [np.linspace(1, 0, 101) if k in boxed else np.full(101, -1.0) for k in range(classes)]
+    figure = pr_curves_figure(recall, curves, names, rows)
+    figure.canvas.draw()
+    ax = figure.axes[0]
+    title = ax.title.get_window_extent()
+    assert 0 <= title.x0 and title.x1 <= figure.bbox.width
+    lines = ax.get_title().splitlines()
+    absent = classes - len(boxed)
+    assert lines[1].startswith(f"(no ground truth for {absent}: class name ") and lines[-1].endswith(")")
+    assert len(lines) <= 1 + ABSENT_LINES
+    named = ax.get_title().count("class name ")
+    assert named == absent or lines[-1].endswith(f" and {absent - named} more)")
+    tab = "tab20" if len(boxed) > 10 else "tab10"
+    assert [line.get_color() for line in ax.lines] == [colormaps[tab](k) for k in range(len(boxed))]

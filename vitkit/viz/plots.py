@@ -204,6 +204,26 @@ def plot_scaling(points: list[ScalePoint], path: str | os.PathLike, title: str) 
     save_picture(figure, path)
 
 
+ABSENT_WIDTH = 70  # characters of a line of a precision-recall plot's title that fit beside its legend
+ABSENT_LINES = 3  # lines of classes without ground truth it names before "and N more"
+
+
+def _wrapped(lead: str, names: Sequence[str]) -> list[str]:
+    """`lead` and `names`, comma-separated, in lines of at most ABSENT_WIDTH characters; past ABSENT_LINES lines the
+    rest are counted ("and 12 more")."""
+    lines, line = [], lead
+    for i, name in enumerate(names):
+        word = f" {name}" + ("," if i < len(names) - 1 else "")
+        last = len(lines) == ABSENT_LINES - 1
+        if len(line) + len(word) > ABSENT_WIDTH - (len(" and 99 more") if last else 0):
+            if last:  # what is left, counted
+                return [*lines, f"{line} and {len(names) - i} more"]
+            lines, line = [*lines, line], word.lstrip()
+        else:
+            line += word
+    return [*lines, line]
+
+
 def pr_curves_figure(
     recall: Sequence[float],
     precision: Sequence[Sequence[float]],
@@ -219,9 +239,10 @@ def pr_curves_figure(
     figure = new_figure(9 if len(classes) > 8 else 7, 5, dpi=110)
     fonts, missing = fonts_for(classes)
     ax = figure.subplots()
-    colours = colormaps["tab20" if len(classes) > 10 else "tab10"]
+    drawn = sum(row["boxes"] > 0 for row in per_class)
+    colours = colormaps["tab20" if drawn > 10 else "tab10"]  # in the order drawn: classes without boxes take none
     absent = []
-    for k, (name, curve, row) in enumerate(zip(classes, precision, per_class, strict=True)):
+    for name, curve, row in zip(classes, precision, per_class, strict=True):
         shown = spell(name[:MAX_LABEL], missing)
         if row["boxes"] == 0:
             absent.append(shown)
@@ -229,11 +250,13 @@ def pr_curves_figure(
         ap50 = row["ap50"]
         boxes = f"{row['boxes']} box" + ("" if row["boxes"] == 1 else "es")
         label = f"{shown}  AP50 {ap50:.2f}  ({boxes})" if not math.isnan(ap50) else shown
+        k = len(ax.lines)
         ax.plot(recall, curve, "-", color=colours(k % colours.N), linewidth=1.6, label=label)
     heading = title or "precision-recall at IoU 0.5, per class"
     if absent:
-        heading += f"\n(no ground truth: {', '.join(absent)})"
-    ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1.01), ylim=(0, 1.02), title=heading)
+        heading += "\n(" + "\n".join(_wrapped(f"no ground truth for {len(absent)}:", absent)) + ")"
+    # a curve along precision 0 (a class never found) sits above the axis, not under it
+    ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1.01), ylim=(-0.02, 1.02), title=heading)
     ax.grid(alpha=0.3)
     if len(classes) > len(absent):
         ax.legend(
