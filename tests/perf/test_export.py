@@ -13,6 +13,7 @@ from torch import nn
 
 import vitkit
 from vitkit.cli import main
+from vitkit.cli.messages import cli_option
 from vitkit.layers import attention_layers
 from vitkit.perf import export as export_module
 from vitkit.perf.export import CHECK_BATCHES, EXPORT_BATCH, export_model
@@ -266,8 +267,39 @@ def test_the_check_is_absolute_for_small_values_and_relative_for_large_ones(tmp_
         assert held == pytest.approx(error / max(1.0, float(expected.max())), rel=0.01)
     else:
         largest = r" x .*, the largest of PyTorch's values" if scale > 1 else ""
-        with pytest.raises(ValueError, match=rf"differ from PyTorch's by up to .*, more than atol 0.0001{largest};"):
+        said = rf"differ from PyTorch's by up to .*, more than atol 0.0001{largest};"
+        with pytest.raises(ValueError, match=said) as e:
             export_module._max_abs_diff(run, model, check, signature, "onnx", tmp_path / "m.onnx", 1e-4)
+        if error == error:  # a small difference: the way to accept it, in the caller's words
+            assert str(e.value).endswith("the two runtimes' float rounding: the check accepts it with atol=0.001")
+            assert e.value.message(cli_option).endswith("accepts it with --atol 0.001")
+        else:
+            assert "float rounding" not in str(e.value)
+
+
+def test_mask_logits_are_compared_where_predict_reads_them():
+    """A detector's mask logits (B, Q, h, w) of a padded batch are compared as `detection_masks` reads them, resampled
+    to each image's own pixels: a difference deep in the padding counts for nothing, one in the row just past the
+    image for the share the image's edge pixels read of it (bilinear, x4), one inside the image whole."""
+    pixels = torch.zeros(2, 32, 32, dtype=torch.bool)
+    pixels[0] = True
+    pixels[1, :12, :20] = True  # image 1: 3 x 5 cells of 8 x 8
+    expected = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0)).double().numpy()
+    inputs = (torch.zeros(2, 3, 32, 32), pixels)
+
+    def differing(rows: slice, cols: slice) -> float:
+        got = expected.copy()
+        got[1, 2, rows, cols] += 1.0
+        error, largest = export_module._difference("pred_masks", inputs, expected, got)
+        assert largest == pytest.approx(max(abs(expected[0]).max(), abs(expected[1, :, :4, :6]).max()))
+        return error
+
+    assert differing(slice(5, 8), slice(0, 8)) == 0.0  # padding
+    assert differing(slice(3, 4), slice(0, 8)) == pytest.approx(3 / 8)  # the first row of padding
+    assert differing(slice(0, 3), slice(0, 4)) == pytest.approx(1.0)  # inside the image
+    got = expected.copy()
+    got[1, 0, 6, 6] += 1.0
+    assert export_module._difference("pred_logits", inputs, expected, got)[0] == pytest.approx(1.0)  # every value
 
 
 def test_the_check_line_says_which_difference_atol_holds():
