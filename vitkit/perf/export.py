@@ -14,7 +14,8 @@ pred_boxes (B, Q, 4), and pred_masks (B, Q, H / 4, W / 4) where it `predicts_mas
 `predict`, the last decoder layer's predictions that inference reads (`aux_outputs` serve the training losses and are
 left out of the graph). With `config.dynamic_img_size` (both detectors' default) H and W
 are dynamic as well as B, and the check also runs at a second image size, on a batch padded as images of different
-sizes are. DETR's mask path
+sizes are. The mask logits are compared as predictions read them, resampled to each image's own pixels: the padding
+beyond holds no mask (`_difference`). DETR's mask path
 is written to export as it runs: no nested tensors or per-image loops (which fix the batch size in the graph), the
 cumulative sums of the position encoding on a float copy of the mask (ONNX has no CumSum on booleans), and the
 mask resampled to the feature map by index arithmetic that picks the same pixels as PyTorch (ONNX's nearest Resize
