@@ -85,6 +85,12 @@ def test_detections_json_holds_rle_and_the_picture_fills_the_masks(model, image_
     colour = drawn[8 * factor, 35 * factor]  # the box's outline: the class colour
     assert tuple(edge) == tuple(colour) and tuple(inside) not in ((128, 128, 128), tuple(colour))
     assert pictures[0].exists()
+    # three overlapping masks of one class: filled once where they overlap, each edge drawn
+    shifted = [np.roll(mask, (dy, dx), axis=(0, 1)) for dy, dx in ((0, 0), (2, 3), (4, 6))]
+    boxes = [(18 + dx, 8 + dy, 52 + dx, 32 + dy) for dy, dx in ((0, 0), (2, 3), (4, 6))]
+    crowd = np.asarray(draw_detections(grey, boxes, ["a"] * 3, [0.9, 0.8, 0.7], CLASSES, masks=shifted))
+    assert tuple(crowd[20 * factor, 35 * factor]) == tuple(inside)  # in all three: as in one
+    assert tuple(crowd[12 * factor, 35 * factor]) == tuple(colour)  # the second mask's top edge, inside the first
 
 
 def test_masks_found_in_tiles_lie_where_their_boxes_do(model, image_path):

@@ -268,15 +268,21 @@ def _fill_masks(
     picture: Image.Image, masks: Sequence[np.ndarray | None], colours: Sequence[tuple[int, int, int]], factor: int
 ) -> Image.Image:
     """`picture` (the image enlarged `factor` times) with each mask (in image pixels, the most probable first)
-    filled at MASK_ALPHA in its colour and its edge pixels drawn in full colour; the most probable on top."""
+    filled at MASK_ALPHA in its colour and its edge pixels drawn in full colour; the most probable on top. Masks of
+    one colour (one class) are filled once where they overlap, so that a crowd of them does not hide the image: their
+    edges tell them apart."""
     canvas = np.asarray(picture.convert("RGB")).astype(np.float32)  # (H f, W f, 3)
+    filled: dict[tuple[int, int, int], np.ndarray] = {}  # each colour's pixels filled so far
     for mask, colour in reversed(list(zip(masks, colours, strict=True))):
         if mask is None or not mask.any():
             continue
         inside, edge = _mask_pixels(mask, factor, canvas.shape[:2])
+        done = filled.get(tuple(colour))
+        fresh = inside if done is None else inside & ~done
         rgb = np.array(colour, dtype=np.float32)
-        canvas[inside] = canvas[inside] * (1 - MASK_ALPHA) + rgb * MASK_ALPHA
+        canvas[fresh] = canvas[fresh] * (1 - MASK_ALPHA) + rgb * MASK_ALPHA
         canvas[edge] = rgb
+        filled[tuple(colour)] = inside if done is None else done | inside
     return Image.fromarray(np.clip(canvas, 0, 255).astype(np.uint8))
 
 
