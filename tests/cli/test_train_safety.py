@@ -335,3 +335,35 @@ def test_a_folder_of_the_users_named_like_an_aside_is_neither_named_nor_deleted(
     assert "run.old-baseline" not in said.out + said.err
     assert (mine / "notes.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("run.old")] == ["run.old-baseline"]
+
+
+def test_a_saved_models_folder_is_no_runs_and_a_lost_config_resumes_from_the_checkpoint(data, tmp_path, capsys):
+    """A run's final/ holds a saved model: training there, forced or resumed, is refused before anything moves,
+    naming the run above it and --init; the model still loads. A run whose config.json was lost resumes from the
+    settings its checkpoint saved."""
+    out = tmp_path / "run"
+    assert main(_train(data, out)) == 0
+    before = _files(out / "final")
+    for extra, init in ((("--force",), f"--init {out / 'final'}"), (("--resume",), "the run's init")):
+        assert main(_train(data, out / "final", *extra)) == 2
+        err = capsys.readouterr().err
+        said = f"{out / 'final'} holds a saved model (its config.json names the model's family), not a training run"
+        assert said in err and f"The run that wrote it is {out}." in err and init in err
+    assert _files(out / "final") == before
+    (out / "config.json").unlink()
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2"]) == 0
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_run_whose_data_moved_resumes_from_its_new_place(data, tmp_path, capsys):
+    """The data folder moved after the run began: resuming says so (not that the path is some other kind of data)
+    and takes the folder's new place, the only setting that may change for it."""
+    old, new, out = tmp_path / "digits", tmp_path / "moved", tmp_path / "run"
+    shutil.copytree(data, old)
+    assert main(_train(old, out)) == 0
+    old.rename(new)
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2"]) == 2
+    said = f"the run in {out} trained on {old}, which is gone (moved or deleted): put it back, or give its new place"
+    assert said in capsys.readouterr().err
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2", "--data", str(new)]) == 0
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2

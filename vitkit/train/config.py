@@ -537,6 +537,8 @@ class TrainConfig:
         """The configuration an earlier run saved in `directory`/config.json."""
         path = Path(directory) / CONFIG_NAME
         values = read_json(path)
+        if is_model_config(values):
+            raise ValueError(model_folder_words(Path(directory)))
         unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ValueError(f"{path}: unknown training option(s) {unknown}")
@@ -557,10 +559,46 @@ class TrainConfig:
         """
         if (Path(out) / CONFIG_NAME).is_file():
             config = dataclasses.replace(cls.load(out), out=os.fspath(out), **changes)
+        elif (saved := checkpoint_config(Path(out))) is not None:  # config.json lost: the checkpoint's copy
+            config = dataclasses.replace(cls(**saved), out=os.fspath(out), **changes)
         else:
             config = cls(out=os.fspath(out), **changes)
         object.__setattr__(config, "_given", frozenset(changes))  # for `fresh`: what was given, not only changed
         return config
+
+
+def is_model_config(values: dict[str, Any]) -> bool:
+    """Whether a config.json's `values` are a saved model's (`vitkit.save_pretrained`: its family and config), not a
+    training run's."""
+    return "family" in values and "config" in values
+
+
+def model_folder_words(out: Path) -> str:
+    """Why `out`, a saved model's folder (a run's best/ or final/), is no run's output folder, and where to go."""
+    run = out.parent
+    above = f" The run that wrote it is {run}." if (run / CONFIG_NAME).is_file() else ""
+    return (
+        f"{out} holds a saved model (its config.json names the model's family), not a training run: a run there "
+        f"would write its own config.json over the model's.{above} Train into a folder of its own; to start from "
+        f"this model's weights, pass it as the run's init"
+    )
+
+
+def checkpoint_config(out: Path) -> dict[str, Any] | None:
+    """The settings the run in `out` saved with its checkpoint (checkpoint.pt, or a sharded checkpoint's trainer
+    state): what resumes it where its config.json was lost; None where there is none, or it cannot be read."""
+    from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
+    from vitkit.train.sharding import POINTER_NAME, TRAINER_STATE
+
+    try:
+        if (out / POINTER_NAME).is_file():
+            folder = out / json.loads((out / POINTER_NAME).read_text())["folder"]
+            return json.loads(load_checkpoint(folder / TRAINER_STATE)["config"])
+        if (out / CHECKPOINT_NAME).is_file():
+            return json.loads(load_checkpoint(out / CHECKPOINT_NAME)["config"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return None
 
 
 MODEL_CHOICES = ("num_queries", "masks")  # data choices that are model fields (`model_args`), not run options

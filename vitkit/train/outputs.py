@@ -29,7 +29,7 @@ from typing import Any
 
 from vitkit.errors import python_option
 from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
-from vitkit.train.config import CONFIG_NAME, TrainConfig
+from vitkit.train.config import CONFIG_NAME, TrainConfig, is_model_config, model_folder_words
 from vitkit.train.distributed import DistEnv, barrier, broadcast_object
 from vitkit.train.sharding import FOLDER_PREFIX, POINTER_NAME, load_trainer_state, sharded_checkpoint
 from vitkit.weights.io import WEIGHTS_NAME
@@ -197,6 +197,13 @@ def new_folder(out: Path) -> Path:
 def check_out(out: Path, resume: bool, force: bool, given: TrainConfig, hints: RunHints) -> dict[str, Any] | None:
     """The checkpoint to resume from, or None for a fresh run; ValueError, with the ways that work (worded by
     `hints`), when OUT does not hold what `resume` / `force` expect. Changes nothing."""
+    if (out / CONFIG_NAME).is_file():  # a saved model's folder is no run's, whatever force says
+        try:
+            holds_model = is_model_config(json.loads((out / CONFIG_NAME).read_text()))
+        except (OSError, ValueError):
+            holds_model = False
+        if holds_model:
+            raise ValueError(model_folder_words(out).replace("as the run's init", f"as {hints.option('init', out)}"))
     checkpoint = out / CHECKPOINT_NAME
     sharded = sharded_checkpoint(out)
     force_option = hints.option("force", True)
