@@ -367,3 +367,12 @@ def test_a_run_whose_data_moved_resumes_from_its_new_place(data, tmp_path, capsy
     assert said in capsys.readouterr().err
     assert main(["train", "--out", str(out), "--resume", "--epochs", "2", "--data", str(new)]) == 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_warmup_as_long_as_the_run_is_said(data, tmp_path, capsys):
+    """A warmup of the whole run never anneals the learning rate: the run trains, and says so at its start."""
+    assert main(_train(data, tmp_path / "run", "--warmup-epochs", "2")) == 0
+    said = "--warmup-epochs 2.0 is not shorter than the run's 1 epoch: the learning rate rises the whole run"
+    assert said in capsys.readouterr().out
+    assert main(_train(data, tmp_path / "short", "--warmup-epochs", "0.5")) == 0
+    assert "is not shorter than the run's" not in capsys.readouterr().out

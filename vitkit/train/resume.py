@@ -53,6 +53,12 @@ def resolve_run(
     if env.is_main:
         for message in given.ignored():
             log.warning(message)
+        if config.warmup_epochs >= config.epochs:  # the schedule's peak at the run's end: no annealing at all
+            log.warning(
+                f"{hints.option('warmup_epochs', config.warmup_epochs)} is not shorter than the run's "
+                f"{config.epochs} epoch{'s' if config.epochs != 1 else ''}: the learning rate rises the whole run "
+                f"and never anneals, and the model ends at its peak rate; warm up for a part of the run"
+            )
     state = check_out(Path(config.out), resume, force, given, hints)
     if state is not None:
         compared = config if given.init == original else dataclasses.replace(config, init=_absolute(original))
