@@ -14,6 +14,7 @@ from vitkit import create_model
 from vitkit.analysis import MemoryWarning, NotEnoughMemory, estimate_memory, profile
 from vitkit.analysis.precision import cpu_features
 from vitkit.cli import main
+from vitkit.cli.messages import cli_option
 from vitkit.perf.bench import (
     SPLIT,
     adamw,
@@ -254,6 +255,9 @@ def test_errors():
         bench("vit_tiny_patch16_224", compare="hf")
     with pytest.raises(ValueError, match="unknown model"):
         bench("vit_tiny")
+    with pytest.raises(ValueError, match=r"compile with warmup=0 would time torch.compile's compilation") as err:
+        bench("vit_tiny_patch16_224", compile=True, warmup=0)  # refused before any model is built or compiled
+    assert err.value.message(cli_option).endswith("give it a warm-up step (--warmup 1 or more)")
 
 
 def test_compile_applies_to_training_steps():

@@ -627,6 +627,13 @@ def bench(
         raise ValueError(f"compare must be one of {COMPARE}, got {compare!r}")
     if batch < 1 or rounds < 1 or warmup < 0:
         raise ValueError(f"need batch >= 1, rounds >= 1, warmup >= 0; got {batch}, {rounds}, {warmup}")
+    if compile and warmup == 0:  # the first call compiles: timed, it would be reported as the model's speed
+        raise OptionError(
+            lambda name: (
+                f"{name('compile')} with {name('warmup', 0)} would time torch.compile's compilation as the model's "
+                f"first step; give it a warm-up step ({name('warmup', 1)} or more)"
+            )
+        )
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' asked for, but torch sees no CUDA device")
