@@ -65,6 +65,9 @@ def test_bad_arguments(capsys):
     assert "expected a size like 224 or 256x320, got '22ax3'" in capsys.readouterr().err
     assert main(["profile", "vit_tiny_patch16_224", "--img-size", "100"]) == 2
     assert "not a positive multiple of patch size 16" in capsys.readouterr().err
+    assert main(["profile", "vit_tiny_patch16_224", "--plot", "costs.txt"]) == 2  # before the report, not after
+    said = capsys.readouterr()
+    assert said.out == "" and "costs.txt: .txt is not a picture format vitkit can write" in said.err
 
 
 def test_dtype_and_device_pick_the_attention_path_counted(capsys, native_bf16):

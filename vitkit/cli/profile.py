@@ -15,6 +15,7 @@ from vitkit.cli.options import add_memory_option, add_renamed_option, memory_fla
 from vitkit.layers import BACKENDS
 from vitkit.models.registry import backend_overrides
 from vitkit.viz import plot_scaling
+from vitkit.viz.attention import check_picture_path
 
 HELP = "cost of a model: FLOPs per operator (attention included), parameters, activation memory, shape flow"
 
@@ -89,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
             names=memory_flags(batch="--batch-size", grad_checkpointing=None),
             overrides=overrides,
         )
-    if args.plot:  # before any work: a model of one size has no sweep
+    if args.plot:  # before any work: a model of one size has no sweep, a name no picture can take
         check_scalable(args.model)
+        check_picture_path(args.plot, figure=True)
     report = profile(args.model, args.img_size, args.batch_size, args.measure, dtype, args.device, overrides)
     if args.json:
         data = report.to_dict()
