@@ -165,3 +165,14 @@ def test_unsupported_configs_and_exports(tmp_path):
     narrow_dc5 = vitkit.create_model("detr_tiny", dilation=True)
     with pytest.raises(ValueError, match="dilates \\(DC5\\) timm's ResNets only"):
         vitkit.export_weights(narrow_dc5, tmp_path / "out", format="hf")
+
+
+@pytest.mark.parametrize("name", ["detr_digits", "deformable_detr_small"])
+def test_timm_weights_of_a_detr_are_refused_naming_the_formats_that_hold_it(tmp_path, name):
+    """timm has no DETR: its format, vitkit's names under another name, is refused for one, and nothing is
+    written; the formats named are those that hold the whole model."""
+    model = vitkit.create_model(name)
+    said = r"timm has no (Deformable )?DETR models, so no timm weights of one to write; write vitkit or hf"
+    with pytest.raises(ValueError, match=said):
+        vitkit.export_weights(model, tmp_path / "weights.pth", "timm")
+    assert not list(tmp_path.iterdir())

@@ -980,6 +980,13 @@ def export_weights(model: nn.Module, path: str | os.PathLike, format: str, info:
         return _write_directory(path, format, lambda staging: save_pretrained(model, staging, info))
     fam = family_of(model).name
     weights = family_weights(fam)
+    if format == "timm" and not weights.in_timm:
+        own = ["vitkit", *(["hf"] if weights.hf_export is not None else [])]
+        own += [f for f in source_formats() if f != "hf" and _writes(weights.layout(f), model.config)]
+        raise ValueError(
+            f"timm has no {family_of(model).display_name or fam} models, so no timm weights of one to write; write "
+            f"{listed(own, 'or')}"
+        )
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if format == "hf":
         described = info_for(model, info, source="export_weights")
@@ -1000,6 +1007,18 @@ def export_weights(model: nn.Module, path: str | os.PathLike, format: str, info:
         wrapper = layout.wrapper
     _write_state_dict(state, path, wrapper)
     return path
+
+
+def _writes(layout: Layout | None, config: Any) -> bool:
+    """Whether `layout` can hold a model of `config` whole (not a format of its backbone alone)."""
+    if layout is None:
+        return False
+    try:
+        if layout.check_export is not None:
+            layout.check_export(config)
+    except ValueError:
+        return False
+    return True
 
 
 def _write_directory(path: Path, format: str, write: Callable[[Path], object]) -> Path:

@@ -538,6 +538,7 @@ def mask_head_of(model: nn.Module, state: Mapping[str, torch.Tensor]) -> list[st
 
 
 WEIGHTS = FamilyWeights(
+    in_timm=False,  # timm has no DETR: its format would be vitkit's own names, under another name
     markers=("level_embed", "encoder.layers.0.norm1.weight", "decoder.layers.0.norm3.weight"),
     # the class heads only (every decoder layer's and two-stage's proposal head): the box heads predict boxes of any
     # class, so fine-tuning keeps them

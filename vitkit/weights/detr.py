@@ -496,6 +496,7 @@ def hf_resnet_config(config: Any, stages: list[int]) -> dict[str, Any]:
 
 
 WEIGHTS = FamilyWeights(
+    in_timm=False,  # timm has no DETR: its format would be vitkit's own names, under another name
     # facebookresearch/detr's files have the first two as well; its decoder's norm sits under `transformer.`
     markers=("input_proj.weight", "query_embed.weight", "decoder.norm.weight"),
     head=("class_embed.",),  # the class head only: the box head predicts boxes of any class, so fine-tuning keeps it

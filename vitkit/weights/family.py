@@ -72,6 +72,8 @@ class FamilyWeights:
     hf_export: HfExporter | None = None  # writes a model as transformers' save_pretrained does; None: no such class
     hf_image_processor: bool = False  # whether an exported Hugging Face directory gets a `preprocessor_config.json`
     # (`vitkit.weights.hf.image_processor`: resize and crop, rescale, normalise) when the normalisation is known
+    in_timm: bool = True  # timm has models of the family, with vitkit's names: its "timm" format is vitkit's;
+    # False (the DETRs): no timm model reads them, and writing "timm" weights is refused
     timm_fixed: Mapping[str, Any] = field(default_factory=dict)  # timm model arguments that are no config field, with
     # the value the family's models have (a timm directory's "model_args" naming another value are refused)
     key_hint: Callable[[Sequence[str], Sequence[str]], str] = no_hint  # (keys the checkpoint lacks, keys the model
