@@ -64,3 +64,12 @@ def test_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["example-data", "coco", "--out", str(tmp_path / "new")])
     assert "invalid choice: 'coco'" in capsys.readouterr().err
+    assert main(["example-data", "shapes", "--out", str(tmp_path / "file" / "sub")]) == 2
+    said = f"{tmp_path / 'file'} is a file, so {tmp_path / 'file' / 'sub'} cannot be a folder"
+    assert said in capsys.readouterr().err
+    assert main(["example-data", "shapes", "--out", str(tmp_path / "new"), "--seed", "-1"]) == 2
+    assert "seed must be in 0 .. 2**32 - 1, got -1" in capsys.readouterr().err
+    # more than the disk holds: refused before the first file, naming what it would take
+    assert main(["example-data", "shapes", "--out", str(tmp_path / "new"), "--train", str(10**15)]) == 2
+    assert "images of shapes take about 36,000,000,000.0 GB, and the disk of" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()

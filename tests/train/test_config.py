@@ -258,3 +258,9 @@ def test_a_hint_to_start_afresh_on_other_data_leaves_the_choices_the_old_data_ma
     other = TrainConfig.for_resume(out, data=str(boxes))
     assert other.fresh() == dataclasses.replace(given, data=str(boxes))  # no masks=true, no image size
     assert other.minimal().model_args == {"masks": True}  # what the saved settings alone would name
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_a_seed_numpy_and_torch_cannot_take_is_refused_naming_the_option(seed):
+    with pytest.raises(ValueError, match=rf"seed must be in 0 \.\. 2\*\*32 - 1, got {seed}"):
+        TrainConfig(seed=seed)

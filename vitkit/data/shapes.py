@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,8 @@ class Layout:
 # shrunk to a detector's few hundred pixels would be a few pixels each
 LAYOUTS = {SHAPES: Layout(), SHAPES_LARGE: Layout(((1600, 1200), (1200, 1600), (1792, 1344)), (120, 240), (10, 40))}
 EXAMPLE_SIZES = {SHAPES: (300, 100), SHAPES_LARGE: (24, 6), DIGITS_DETECT: (300, 100)}  # default (train, val) images
+EXAMPLE_BYTES = {SHAPES: 36_000, SHAPES_LARGE: 4_100_000, DIGITS_DETECT: 4_300}  # on disk an image, its annotations
+# with it (measured: the default sizes' folders over their images)
 
 # Object colours, chosen whatever the class.
 PALETTE = {
@@ -400,9 +403,20 @@ def write_example_data(
     val = EXAMPLE_SIZES[name][1] if val is None else val
     if train < 1 or val < 1:
         raise ValueError(f"expected at least 1 train and 1 val image, got train={train} and val={val}")
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be in 0 .. 2**32 - 1, got {seed}")
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise FileExistsError(f"{root} is a file: expected a new or empty folder to write the dataset into")
+    existing = next(p for p in (root.absolute(), *root.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{existing} is a file, so {root} cannot be a folder: name a folder to write into")
+    need, free = (train + val) * EXAMPLE_BYTES[name], shutil.disk_usage(existing).free
+    if need > free:  # before the first file: a run out of disk would leave a folder without its annotations
+        raise ValueError(
+            f"{train + val} images of {name} take about {need / 1e9:,.1f} GB, and the disk of {existing} has "
+            f"{free / 1e9:,.1f} GB free: write fewer (train and val)"
+        )
     if root.is_dir() and any(root.iterdir()) and not force:
         raise OptionFileExistsError(
             lambda name: (

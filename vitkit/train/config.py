@@ -273,6 +273,8 @@ class TrainConfig:
         for name, value in nonnegative.items():
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        if not 0 <= self.seed < 2**32:  # numpy's and torch's seeds
+            raise ValueError(f"seed must be in 0 .. 2**32 - 1, got {self.seed}")
         if self.label_smoothing is not None and not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if not 0.0 <= self.ema_decay < 1.0:
