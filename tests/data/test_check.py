@@ -384,3 +384,10 @@ def test_a_missing_image_is_named(tmp_path):
     (root / "train" / "000002.png").unlink()
     text = "\n".join(check_detection_folder(root).warnings)
     assert f"train: entries left out (missing file: 1): image 3: missing file ({root / 'train' / '000002.png'})" in text
+
+
+def test_a_builtin_dataset_is_no_folder_to_check_and_the_message_says_how_to_see_it(capsys):
+    assert main(["check-data", "builtin:digits-detect"]) == 2
+    said = "builtin:digits-detect is a dataset that comes with vitkit, not a folder of annotations to check; to see"
+    err = capsys.readouterr().err
+    assert said in err and "vitkit example-data digits-detect --out DIR" in err

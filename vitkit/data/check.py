@@ -23,7 +23,8 @@ from pycocotools import mask as mask_utils
 
 from vitkit.data.coco import CocoDetection, crowd_objects_words, crowd_words, header_problem, load_coco_folder
 from vitkit.data.detection_stats import SMALL_OBJECT, DetectionStats, detection_stats
-from vitkit.data.sources import UnreadableImageError, open_image
+from vitkit.data.shapes import EXAMPLE_DATA
+from vitkit.data.sources import BUILTIN_PREFIX, UnreadableImageError, open_image
 from vitkit.data.transforms import integer_depth
 from vitkit.util import counted, listed
 
@@ -454,6 +455,13 @@ def _warnings(check: DataCheck) -> list[str]:
 
 def check_detection_folder(root: str | Path) -> DataCheck:
     """Check a COCO-format detection folder (the layouts `vitkit.data.load_coco_folder` reads): see the module."""
+    if str(root).startswith(BUILTIN_PREFIX):  # vitkit's own, nothing a user annotated
+        raise ValueError(
+            f"{root} is a dataset that comes with vitkit, not a folder of annotations to check; to see its images and "
+            f"boxes as files, write it as one: vitkit example-data {str(root)[len(BUILTIN_PREFIX) :]} --out DIR"
+            if str(root)[len(BUILTIN_PREFIX) :] in EXAMPLE_DATA
+            else f"{root} is a dataset that comes with vitkit, not a folder of annotations to check"
+        )
     train, val, info = load_coco_folder(root, short_side=None)
     splits = tuple(_split(name, data) for name, data in (("train", train), ("val", val)) if data is not None)
     duplicates = _duplicates(train, val) if train is not None else []
