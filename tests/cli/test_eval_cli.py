@@ -106,6 +106,17 @@ def test_a_model_whose_training_data_is_gone_names_it_as_the_models(model, data,
         evaluate_detector_dir(str(directory))
 
 
+def test_a_classifier_on_detection_data_is_told_so(model, tmp_path, capsys):
+    from vitkit.data import write_shapes_folder
+
+    directory = save_pretrained(model, tmp_path / "classifier", ModelInfo(CLASSES, MEAN, STD))
+    shapes = write_shapes_folder(tmp_path / "shapes", train=2, val=1)
+    for data in (str(shapes), "builtin:digits-detect"):
+        assert main(["eval", "--model-dir", str(directory), "--data", data]) == 2
+        said = f"{directory} holds a classifier, and {data} is detection data (boxes, not class folders)"
+        assert said in capsys.readouterr().err
+
+
 def test_a_model_without_class_names_takes_the_datas(model, data, capsys, tmp_path):
     plain = save_pretrained(model, tmp_path / "plain")  # neither names nor statistics: ImageNet's
     report, err = _eval(plain, data, capsys)

@@ -19,6 +19,7 @@ from vitkit.infer import (
     missing_info_note,
     run_config,
 )
+from vitkit.train.recipe import is_detection_data
 from vitkit.viz.attention import check_keeps_inputs, check_picture_path, picture_formats, save_picture
 from vitkit.viz.plots import confusion_figure, pr_curves_figure
 from vitkit.weights import read_model_info
@@ -146,6 +147,11 @@ def run(args: argparse.Namespace) -> int:
         return _run_detector(args)
     if args.tile is not None or args.overlap is not None:
         raise ValueError(f"--tile and --overlap apply to a detector; {args.model_dir} holds a classifier")
+    if args.data is not None and is_detection_data(args.data):  # before its layout is read as class folders
+        raise ValueError(
+            f"{args.model_dir} holds a classifier, and {args.data} is detection data (boxes, not class folders): "
+            "evaluate a detector on it, or this classifier on a folder of class folders"
+        )
     set_max_pixels(args)
     if args.plot:  # before the evaluation, not after it
         check_picture_path(args.plot, figure=True)
