@@ -170,3 +170,17 @@ def test_mask_resampling_matches_interpolate_in_pytorch_and_onnx(tmp_path):
             got = session.run(None, {mask_name: mask.numpy(), features_name: np.zeros((1, 4, h, 2), np.float32)})
             assert np.array_equal(got[0], expected.numpy()), (H, h)
 
+
+
+@pytest.mark.parametrize("name, smallest", [("detr_digits", 32), ("deformable_detr_small", 48)])
+def test_an_example_too_small_for_the_graph_to_stay_dynamic_is_refused_naming_the_size_that_works(
+    tmp_path, name, smallest
+):
+    """At 16 px a detector's coarsest map is 1 wide, a size the export fixes as a constant (ONNX Runtime then fails
+    at other sizes, blaming the export): refused before any export work, naming the smallest size whose maps are 2
+    wide."""
+    model = vitkit.create_model(name, num_classes=2)
+    with pytest.raises(ValueError, match=rf"a 16x16 example gives this detector a feature map 1 wide, .* export at "
+                       rf"{smallest} px or more: the graph takes images of any size"):  # fmt: skip
+        export_model(model, tmp_path / "model.onnx", "onnx", img_size=16)
+    assert not list(tmp_path.iterdir())

@@ -278,6 +278,18 @@ def _torchscript_runner(path: str, signature: Signature) -> Runner:
     return run
 
 
+def _narrowest_map(model: nn.Module, size: tuple[int, int]) -> int:
+    """The narrowest side of the feature maps a detector makes of images of `size` (its levels' sizes, or its
+    backbone's maps'); a large number for a model that says neither."""
+    if hasattr(model, "level_sizes"):
+        sizes = model.level_sizes(size)
+    elif hasattr(getattr(model, "backbone", None), "feature_sizes"):
+        sizes = model.backbone.feature_sizes(size)
+    else:
+        return 1 << 30
+    return min(min(s) for s in sizes)
+
+
 def _difference(name: str, inputs: Inputs, expected: np.ndarray, got: np.ndarray) -> tuple[float, float]:
     """(the largest |exported - PyTorch| of output `name`, the largest |PyTorch value| it is measured against). A
     detector's mask logits (B, Q, h, w) are compared as `vitkit.detection.masks.detection_masks` reads them:
@@ -395,6 +407,12 @@ def export_model(
     export, load = _format_functions(format)
     (H, W), in_chans = _input_size(model, img_size)
     signature = _signature(model, format)
+    if signature.dynamic_img_size and _narrowest_map(model, (H, W)) < 2:  # a map 1 wide: exported as a constant
+        side = next(s for s in range(max(H, W), 4097, 16) if _narrowest_map(model, (s, s)) >= 2)
+        raise ValueError(
+            f"a {H}x{W} example gives this detector a feature map 1 wide, which the export would fix as a constant "
+            f"(its graph would refuse other sizes); export at {side} px or more: the graph takes images of any size"
+        )
     reference, exported = _models(model, format, signature)
     carried = info_for(model, None, "export_model") if hasattr(model, "config") else None  # any module: nothing
     metadata = {METADATA_KEY: json.dumps(carried.to_json())} if carried is not None else {}
