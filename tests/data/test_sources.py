@@ -116,8 +116,12 @@ def test_empty_and_classless_folders_are_clear_errors(tmp_path):
 def test_split_too_small_to_validate(tmp_path):
     _write(tmp_path / "a" / "x.png")
     _write(tmp_path / "b" / "x.png")
-    with pytest.raises(ValueError, match="leaves 2 to train and 0 to validate"):
+    with pytest.raises(ValueError, match="leaves 2 to train and 0 to validate") as err:
         load_folder(tmp_path, val_fraction=0.1)
+    assert str(err.value).endswith(  # the ways out
+        f"hold out more (a larger val_fraction), or split the folder yourself: {tmp_path}/train/<class>/ and "
+        f"{tmp_path}/val/<class>/"
+    )
     with pytest.raises(ValueError, match="val_fraction must be in"):
         load_folder(tmp_path, val_fraction=0.0)
 

@@ -371,7 +371,8 @@ def load_folder(
     if not kept or not held:
         raise ValueError(
             f"val_fraction {fraction} of {len(labels)} images leaves {len(kept)} to train and {len(held)} to "
-            "validate; both need at least one"
+            f"validate; both need at least one: hold out {'more (a larger' if not held else 'less (a smaller'} "
+            f"val_fraction), or split the folder yourself: {root}/train/<class>/ and {root}/val/<class>/"
         )
     train = ImageFiles([paths[i] for i in kept], [labels[i] for i in kept])
     val = ImageFiles([paths[i] for i in held], [labels[i] for i in held])
