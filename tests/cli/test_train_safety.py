@@ -365,6 +365,8 @@ def test_a_run_whose_data_moved_resumes_from_its_new_place(data, tmp_path, capsy
     assert main(["train", "--out", str(out), "--resume", "--epochs", "2"]) == 2
     said = f"the run in {out} trained on {old}, which is gone (moved or deleted): put it back, or give its new place"
     assert said in capsys.readouterr().err
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2", "--data", str(tmp_path / "typo")]) == 2
+    assert "which is gone" not in capsys.readouterr().err  # a place given that does not exist: not the run's data
     assert main(["train", "--out", str(out), "--resume", "--epochs", "2", "--data", str(new)]) == 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
 

@@ -42,7 +42,8 @@ def resolve_run(
     if given.precision == AUTO:  # measured by rank 0 only: every process must run the same precision
         chosen = resolve_precision(AUTO, env.device) if env.is_main else None
         given = dataclasses.replace(given, precision=broadcast_object(chosen, env))
-    if resume and _gone(given.data):
+    typed = getattr(given, "_given", frozenset())  # the options given beside the saved ones (`for_resume`)
+    if resume and "data" not in typed and _gone(given.data):  # the saved data, moved since
         raise ValueError(
             f"the run in {given.out} trained on {given.data}, which is gone (moved or deleted): put it back, or give "
             f"its new place to resume with ({hints.option('data')})"
