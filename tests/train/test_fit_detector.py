@@ -424,16 +424,20 @@ def test_a_run_of_the_earlier_mask_head_resumes_with_it(tmp_path, monkeypatch, s
     assert hasattr(model.mask_head, "pixel_conv")
 
 
-def test_auto_times_the_models_step_once_per_machine_and_model(
-    tmp_path, tiny_detector_config, monkeypatch, caplog, fake_time_step
-):
+def test_auto_times_the_models_step_once_per_machine_and_model(tmp_path, tiny_detector_config, monkeypatch, caplog):
     """The model's training step behind `precision="auto"` is cached per machine, as the products' rates: a second
     run of the same model, batch and sizes reads its times and says the same; another batch is timed anew."""
     from vitkit.analysis import precision
     from vitkit.analysis.precision import MatmulRates, StepTimes
 
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
-    fake = fake_time_step(StepTimes(fp32=0.3, bf16=0.1))
+
+    def fake(step, rounds=3):  # the times alone: the steps timed are another test's
+        fake.ran += [False, True]
+        return StepTimes(fp32=0.3, bf16=0.1)
+
+    fake.ran = []
     monkeypatch.setattr(precision, "time_step", fake)
     for name in ("first", "again"):
         with caplog.at_level(logging.INFO, logger="vitkit.train"):
@@ -484,10 +488,11 @@ def test_auto_keeps_bf16_only_where_the_models_own_step_measures_faster(
     assert json.loads((tmp_path / "auto" / "config.json").read_text())["precision"] == faster
 
 
-def test_timing_the_step_leaves_buffers_gradients_and_random_numbers_as_they_were():
+def test_timing_the_step_leaves_buffers_gradients_and_random_numbers_as_they_were(monkeypatch, tmp_path):
     """`Run._time_step` on a module whose training step moves BatchNorm's statistics and draws dropout's random
     numbers: after it, the statistics, the gradients (none) and torch's generator are as before, while the steps it
     timed ran at each of the task's sizes."""
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path))  # timed here, not read from another test's figures
     from types import SimpleNamespace
 
     from vitkit.train.loop import PROBE_ROUNDS, Run
@@ -502,9 +507,12 @@ def test_timing_the_step_leaves_buffers_gradients_and_random_numbers_as_they_wer
         seen.append(tuple(images.shape[-2:]))
         return model(images)
 
-    task = SimpleNamespace(image_shape=(3, 16, 16), probe_sizes=lambda count: sizes[:count], images_forward=forward)
+    task = SimpleNamespace(
+        name="classification", image_shape=(3, 16, 16), probe_sizes=lambda count: sizes[:count], images_forward=forward
+    )
     cpu = SimpleNamespace(device=torch.device("cpu"))
-    run = SimpleNamespace(task=task, config=SimpleNamespace(batch_size=4), env=cpu)
+    config = SimpleNamespace(batch_size=4, model="a conv, a norm and dropout")
+    run = SimpleNamespace(task=task, config=config, env=cpu, model=SimpleNamespace(config=repr(net)))
     before = {k: v.clone() for k, v in net.state_dict().items()}
     state = torch.get_rng_state()
     times = Run._time_step(run, net)
@@ -529,6 +537,7 @@ def test_an_explicit_bf16_slower_for_the_model_runs_as_asked_and_warns_with_both
 
     monkeypatch.setattr(precision, "cpu_matmul_rates", lambda: MatmulRates(fp32=100e9, bf16=650e9))
     for times, warned in ((StepTimes(fp32=0.1, bf16=0.2), True), (StepTimes(fp32=0.2, bf16=0.1), False)):
+        monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / f"cache_{warned}"))  # another machine: its own step times
         monkeypatch.setattr(precision, "time_step", fake_time_step(times))
         caplog.clear()
         out = tmp_path / f"bf16_{warned}"

@@ -63,4 +63,5 @@ def inference_step_times(model: torch.nn.Module, device: str | torch.device, bat
         return dataclasses.asdict(time_step(step))
 
     what = f"{type(model).__name__} {config_digest(model.config)} | forward | {min(batch, PROBE_BATCH)} images"
-    return StepTimes(**measured(FORWARD_TIMES_FILE, ("fp32", "bf16"), measure, what=f"{what} on {device.type}"))
+    key = f"{what} on {device.type}"
+    return StepTimes(**measured(FORWARD_TIMES_FILE, ("fp32", "bf16"), measure, what=key, isolate=False))

@@ -138,11 +138,13 @@ def isolated(call: Callable[[], dict[str, float]]) -> dict[str, float]:
 
 
 def measured(
-    file: str, names: tuple[str, ...], measure: Callable[[], dict[str, float]], what: str = ""
+    file: str, names: tuple[str, ...], measure: Callable[[], dict[str, float]], what: str = "", isolate: bool = True
 ) -> dict[str, float]:
     """This machine's figures `names` of one probe: read from `cache_dir() / file` when measured before under
     `probe_key()` (followed by `what`, where the figures hold for one thing measured, such as a model's step), else
-    `measure()`d and written there beside other machines' (a read-only cache: measured again next time)."""
+    `measure()`d and written there beside other machines' (a read-only cache: measured again next time). `isolate`:
+    measured in a thread of its own (`isolated`), as the products' probes are; False for a model's own step, which
+    runs in the caller's thread as the caller set it up, as before it was cached."""
     path, key = cache_dir() / file, " | ".join(part for part in (probe_key(), what) if part)
     try:
         figures = json.loads(path.read_text())[key]
@@ -150,7 +152,7 @@ def measured(
             return figures
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    figures = isolated(measure)
+    figures = isolated(measure) if isolate else measure()
     try:
         known = json.loads(path.read_text()) if path.is_file() else {}
         known = known if isinstance(known, dict) else {}

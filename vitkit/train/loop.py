@@ -331,7 +331,7 @@ class Run:
 
         built = config_digest(self.model.config)
         step = f"{self.config.model} {built} | {task.name} | {batch} x {channels} at {' '.join(map(str, sizes))}"
-        return StepTimes(**measured(STEP_TIMES_FILE, ("fp32", "bf16"), measure, what=step))
+        return StepTimes(**measured(STEP_TIMES_FILE, ("fp32", "bf16"), measure, what=step, isolate=False))
 
     def _fresh_partial(self) -> dict[str, float]:
         """Sums over this epoch's steps so far: of train_loss (`loss_sum`) and of each loss part, per image."""
