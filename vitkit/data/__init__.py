@@ -27,6 +27,7 @@ from vitkit.data.sources import (
     ImageFiles,
     UnreadableImageError,
     augment_defaults,
+    data_gone,
     eval_classes,
     eval_split,
     list_builtin,
@@ -57,6 +58,7 @@ from vitkit.data.transforms import (
 __all__ = [
     "BUILTIN_PREFIX",
     "DEFAULT_DATA",
+    "data_gone",
     "DEFAULT_VAL_FRACTION",
     "DIGITS_DETECT",
     "EXAMPLE_DATA",

@@ -181,6 +181,12 @@ BUILTIN = {
     ),
 }
 DEFAULT_DATA = BUILTIN_PREFIX + "mnist5k"
+
+
+def data_gone(source: str | None) -> bool:
+    """Whether `source`, a `--data` value recorded by a run or a model, names a folder or file that is no longer
+    there (moved or deleted); a builtin dataset never is."""
+    return source is not None and not source.startswith(BUILTIN_PREFIX) and not Path(source).exists()
 FOLDER_AUGMENT = {"min_scale": 0.25, "hflip": 0.5}  # augmentation defaults for ImageFolder data
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,10 +20,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from vitkit.data import (
-    BUILTIN_PREFIX,
     EpochSampler,
     TransformedImages,
     Unreadable,
+    data_gone,
     detection_sampler,
     eval_classes,
     eval_split,
@@ -180,7 +179,7 @@ def evaluate(
 def _recorded_data(model_dir: str, data: str) -> str:
     """`data`, the training data `model_dir`'s config.json records, where it can still be read; OptionError naming
     it as the model's (the caller never typed it) where a folder or file it names is gone."""
-    if not data.startswith(BUILTIN_PREFIX) and not Path(data).exists():
+    if data_gone(data):
         raise OptionError(
             lambda name: (
                 f"{model_dir} was trained on {data}, which is gone (moved or deleted): name the data to evaluate on "

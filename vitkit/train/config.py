@@ -575,14 +575,15 @@ def is_model_config(values: dict[str, Any]) -> bool:
     return "family" in values and "config" in values
 
 
-def model_folder_words(out: Path) -> str:
-    """Why `out`, a saved model's folder (a run's best/ or final/), is no run's output folder, and where to go."""
+def model_folder_words(out: Path, init: str = "the run's init") -> str:
+    """Why `out`, a saved model's folder (a run's best/ or final/), is no run's output folder, and where to go
+    (`init`: how the message names the option that starts a run from its weights)."""
     run = out.parent
     above = f" The run that wrote it is {run}." if (run / CONFIG_NAME).is_file() else ""
     return (
         f"{out} holds a saved model (its config.json names the model's family), not a training run: a run there "
         f"would write its own config.json over the model's.{above} Train into a folder of its own; to start from "
-        f"this model's weights, pass it as the run's init"
+        f"this model's weights, pass it as {init}"
     )
 
 
@@ -590,12 +591,11 @@ def checkpoint_config(out: Path) -> dict[str, Any] | None:
     """The settings the run in `out` saved with its checkpoint (checkpoint.pt, or a sharded checkpoint's trainer
     state): what resumes it where its config.json was lost; None where there is none, or it cannot be read."""
     from vitkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
-    from vitkit.train.sharding import POINTER_NAME, TRAINER_STATE
+    from vitkit.train.sharding import load_trainer_state, sharded_checkpoint
 
     try:
-        if (out / POINTER_NAME).is_file():
-            folder = out / json.loads((out / POINTER_NAME).read_text())["folder"]
-            return json.loads(load_checkpoint(folder / TRAINER_STATE)["config"])
+        if (folder := sharded_checkpoint(out)) is not None:
+            return json.loads(load_trainer_state(folder)["config"])
         if (out / CHECKPOINT_NAME).is_file():
             return json.loads(load_checkpoint(out / CHECKPOINT_NAME)["config"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -203,7 +203,7 @@ def check_out(out: Path, resume: bool, force: bool, given: TrainConfig, hints: R
         except (OSError, ValueError):
             holds_model = False
         if holds_model:
-            raise ValueError(model_folder_words(out).replace("as the run's init", f"as {hints.option('init', out)}"))
+            raise ValueError(model_folder_words(out, hints.option("init", out)))
     checkpoint = out / CHECKPOINT_NAME
     sharded = sharded_checkpoint(out)
     force_option = hints.option("force", True)

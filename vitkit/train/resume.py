@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.analysis.precision import AUTO, PRECISIONS, resolve_precision
-from vitkit.data import BUILTIN_PREFIX
+from vitkit.data import data_gone
 from vitkit.train.config import CONFIG_NAME, TrainConfig, absolute_data
 from vitkit.train.distributed import DistEnv, broadcast_object
 from vitkit.train.outputs import RunHints, check_out, new_folder
@@ -43,7 +43,7 @@ def resolve_run(
         chosen = resolve_precision(AUTO, env.device) if env.is_main else None
         given = dataclasses.replace(given, precision=broadcast_object(chosen, env))
     typed = getattr(given, "_given", frozenset())  # the options given beside the saved ones (`for_resume`)
-    if resume and "data" not in typed and _gone(given.data):  # the saved data, moved since
+    if resume and "data" not in typed and data_gone(given.data):  # the saved data, moved since
         raise ValueError(
             f"the run in {given.out} trained on {given.data}, which is gone (moved or deleted): put it back, or give "
             f"its new place to resume with ({hints.option('data')})"
@@ -79,17 +79,12 @@ def resolve_run(
     return config, state
 
 
-def _gone(data: str | None) -> bool:
-    """Whether `data`, a run's data folder (not a builtin dataset), is no longer where the run found it."""
-    return data is not None and not data.startswith(BUILTIN_PREFIX) and not Path(data).exists()
-
-
 def check_resume(saved: dict[str, Any], config: TrainConfig, given: TrainConfig, hints: RunHints) -> None:
     """ValueError unless the resolved `config` continues the run whose resolved settings the checkpoint saved:
     only `RESUME_MAY_CHANGE` may differ, and epochs only grow. A setting the run does not use (a `val_fraction`
     resolved to None) cannot differ. `given`: the configuration as the caller gave it, for the ways on (worded by
     `hints`)."""
-    moved = {"data"} if _gone(saved.get("data")) else set()  # a folder moved: its new place (the classes are checked)
+    moved = {"data"} if data_gone(saved.get("data")) else set()  # moved: its new place (the classes are checked)
     saved, current = _comparable(saved), _comparable(config.to_dict())
     unused = {"val_fraction"} if current.get("val_fraction") is None else set()
     unused |= moved
